@@ -1,0 +1,170 @@
+"""`DataConfig`: what data to train on, validated up front.
+
+Why: a typo in a mixture weight or a task name should fail in the first second of a job,
+not after the model has been built and sharded.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import DataError
+
+VERIFY_MODES = ("full", "size")
+
+
+def parse_mixture_string(spec: str) -> list[dict]:
+    """Parse ``"path_a=0.7,path_b=0.3"`` (the text after ``mixture:``) into mixture entries."""
+    out = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if "=" not in part:
+            raise DataError(
+                f"DataConfig.source: mixture entry {part!r} has no weight; write it as PATH=WEIGHT, "
+                "e.g. 'mixture:/data/web=0.7,/data/code=0.3'"
+            )
+        path, _, weight = part.rpartition("=")
+        out.append({"path": path, "weight": weight})
+    return out
+
+
+def normalize_mixture(mixture: Any) -> list[dict]:
+    """Check mixture entries and return them with float weights (not yet normalised)."""
+    if not isinstance(mixture, (list, tuple)) or not mixture:
+        raise DataError(
+            "DataConfig.mixture must be a non-empty list of {path, weight} dicts, "
+            f"got {mixture!r}; e.g. mixture=[{{'path': 'data/web', 'weight': 0.7}}, ...]"
+        )
+    out = []
+    for i, entry in enumerate(mixture):
+        if not isinstance(entry, dict) or "path" not in entry or "weight" not in entry:
+            raise DataError(
+                f"DataConfig.mixture[{i}] = {entry!r} must be a dict with keys 'path' and 'weight'"
+            )
+        extra = set(entry) - {"path", "weight"}
+        if extra:
+            raise DataError(f"DataConfig.mixture[{i}] has unknown keys {sorted(extra)}; only 'path' and 'weight' are allowed")
+        raw = entry["weight"]
+        try:
+            if isinstance(raw, bool):
+                raise TypeError
+            weight = float(raw)
+        except (TypeError, ValueError):
+            raise DataError(
+                f"DataConfig.mixture[{i}] (path {entry['path']!r}): weight {raw!r} is not a number; "
+                "use a non-negative number such as 0.3"
+            ) from None
+        if not math.isfinite(weight) or weight < 0:
+            raise DataError(
+                f"DataConfig.mixture[{i}] (path {entry['path']!r}): weight {raw!r} must be finite and >= 0"
+            )
+        if not isinstance(entry["path"], str) or not entry["path"]:
+            raise DataError(f"DataConfig.mixture[{i}]: path must be a non-empty string, got {entry['path']!r}")
+        out.append({"path": entry["path"], "weight": weight})
+    total = sum(e["weight"] for e in out)
+    if total <= 0:
+        raise DataError(
+            f"DataConfig.mixture weights sum to {total}; at least one weight must be > 0 "
+            "(weights are relative and are normalised to sum to 1)"
+        )
+    return out
+
+
+@dataclass
+class DataConfig:
+    """Where training sequences come from.
+
+    source:
+        a prepared shard directory (output of ``python -m data_pipeline.prepare``),
+        ``"mixture"`` (entries in ``mixture``) or ``"mixture:PATH=W,PATH=W"``,
+        or ``"synthetic:<task>"`` (see ``data_pipeline.synthetic.list_tasks()``).
+    mixture: list of ``{"path": shard_dir, "weight": w}``; weights are relative.
+    task_args: knobs of a synthetic task (``n_pairs``, ``n_digits``, ``k``, ``p``, ``n_val``...).
+    seed: fixes the global order (and the content of synthetic tasks).
+    val_fraction: tail fraction of every shard dataset held out for validation.
+    return_doc_ids: also return per-position document ids (for a document attention mask).
+    tokenizer: tokenizer directory the model was configured with; checked against manifests.
+    vocab_size: the model's vocabulary size; checked against manifests when given.
+    verify: ``"full"`` (sha256 + token-range check of every shard at start) or ``"size"``
+        (byte length only; for very large corpora whose hashes were checked once).
+    """
+
+    source: str
+    mixture: list[dict] | None = None
+    task_args: dict = field(default_factory=dict)
+    seed: int = 1234
+    val_fraction: float = 0.01
+    return_doc_ids: bool = False
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    verify: str = "full"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise DataError(
+                "DataConfig.source must be a shard directory, 'mixture' or 'synthetic:<task>', "
+                f"got {self.source!r}"
+            )
+        self.source = self.source.strip()
+        if self.source.startswith("mixture:") and self.source != "mixture:":
+            if self.mixture:
+                raise DataError("DataConfig: give the mixture either in source='mixture:...' or in mixture=[...], not both")
+            self.mixture = parse_mixture_string(self.source[len("mixture:"):])
+            self.source = "mixture"
+        if self.source == "mixture:":
+            self.source = "mixture"
+        if self.source == "mixture":
+            self.mixture = normalize_mixture(self.mixture)
+        elif self.mixture is not None:
+            raise DataError(
+                f"DataConfig.mixture is set but source={self.source!r}; set source='mixture' to train on the mixture"
+            )
+        if self.source.startswith("synthetic:"):
+            from .synthetic import TASKS
+
+            name = self.source.split(":", 1)[1]
+            if name not in TASKS:
+                raise DataError(
+                    f"DataConfig.source: unknown synthetic task {name!r}; choose one of {sorted(TASKS)}"
+                )
+        if not isinstance(self.task_args, dict):
+            raise DataError(f"DataConfig.task_args must be a dict, got {type(self.task_args).__name__}")
+        if self.task_args and not self.source.startswith("synthetic:"):
+            raise DataError("DataConfig.task_args only applies to source='synthetic:<task>'; remove it")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise DataError(f"DataConfig.seed must be a non-negative int, got {self.seed!r}")
+        try:
+            self.val_fraction = float(self.val_fraction)
+        except (TypeError, ValueError):
+            raise DataError(f"DataConfig.val_fraction must be a number in [0, 0.5], got {self.val_fraction!r}") from None
+        if not (0.0 <= self.val_fraction <= 0.5):
+            raise DataError(f"DataConfig.val_fraction must be in [0, 0.5], got {self.val_fraction}")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
+            raise DataError(f"DataConfig.vocab_size must be a positive int or None, got {self.vocab_size!r}")
+        if self.verify not in VERIFY_MODES:
+            raise DataError(f"DataConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+        self.return_doc_ids = bool(self.return_doc_ids)
+
+    @property
+    def kind(self) -> str:
+        """``"synthetic"``, ``"mixture"`` or ``"shards"``."""
+        if self.source.startswith("synthetic:"):
+            return "synthetic"
+        if self.source == "mixture":
+            return "mixture"
+        return "shards"
+
+    @property
+    def task_name(self) -> str | None:
+        return self.source.split(":", 1)[1] if self.kind == "synthetic" else None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DataConfig":
+        """Build from a YAML/JSON mapping; unknown keys are an error (they are usually typos)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise DataError(f"data config has unknown keys {sorted(unknown)}; known keys: {sorted(known)}")
+        return cls(**d)

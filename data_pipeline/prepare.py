@@ -1,0 +1,337 @@
+"""Tokenise a corpus into verified, resumable token shards.
+
+CLI::
+
+    python -m data_pipeline.prepare --source data/*.txt --tokenizer tok/ --out shards/ \
+        [--workers K] [--shard-tokens N] [--text-field text]
+    python -m data_pipeline.prepare --source hf:NAME[:CONFIG][:SPLIT] ...   # streaming=True
+
+Why it looks like this:
+* Shard boundaries depend only on the document sequence and the tokenizer (a shard is
+  closed after the first document that brings it to >= ``shard_tokens`` tokens), so the
+  output is byte-identical for any ``--workers`` and across interruptions.
+* Each finished shard is recorded in ``progress.json`` (atomically) after it is renamed
+  into place; a re-run skips those documents without tokenising them again.
+* Inputs are checked (exist, non-empty, reachable) before the tokenizer or any worker starts.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError
+from .shards import (FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, write_shard)
+from .tokenizer import load_tokenizer
+
+DEFAULT_SHARD_TOKENS = 1 << 26  # 64M tokens = 128 MiB of uint16 per shard
+EXT_BUILDER = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
+               ".parquet": "parquet"}
+# For tests of crash safety only: seconds to sleep between writing a shard and renaming it.
+DELAY_ENV = "DATA_PIPELINE_PREPARE_DELAY_S"
+
+
+@dataclass
+class SourceSpec:
+    kind: str                      # "local" or "hf"
+    builder: str = ""              # text / json / parquet for local files
+    files: list[str] = field(default_factory=list)
+    hf_name: str = ""
+    hf_config: str | None = None
+    hf_split: str = "train"
+
+    def fingerprint(self) -> dict:
+        if self.kind == "hf":
+            return {"hf": [self.hf_name, self.hf_config, self.hf_split]}
+        return {"builder": self.builder, "files": [[f, os.path.getsize(f)] for f in self.files]}
+
+
+def resolve_source(sources: list[str] | str) -> SourceSpec:
+    """Turn ``--source`` arguments into a checked list of files (or an HF dataset spec)."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [str(sources)]
+    sources = [str(s) for s in sources]
+    if not sources:
+        raise DataError("prepare: --source is empty; pass local text/jsonl/parquet files or hf:NAME")
+    if any(s.startswith("hf:") for s in sources):
+        if len(sources) != 1:
+            raise DataError("prepare: an hf:NAME source cannot be combined with other sources; prepare them separately and use a mixture")
+        parts = sources[0][3:].split(":")
+        if not parts[0]:
+            raise DataError("prepare: hf source needs a dataset name: hf:NAME[:CONFIG][:SPLIT]")
+        return SourceSpec(kind="hf", hf_name=parts[0], hf_config=(parts[1] or None) if len(parts) > 1 else None,
+                          hf_split=parts[2] if len(parts) > 2 and parts[2] else "train")
+    files: list[str] = []
+    for s in sources:
+        p = Path(s)
+        if any(c in s for c in "*?["):
+            matched = sorted(glob.glob(s, recursive=True))
+            if not matched:
+                raise DataError(f"prepare: --source pattern {s!r} matches no files; check the path")
+            files += matched
+        elif p.is_dir():
+            matched = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in EXT_BUILDER)
+            if not matched:
+                raise DataError(f"prepare: --source directory {s} has no .txt/.jsonl/.json/.parquet files")
+            files += matched
+        elif not p.exists():
+            raise DataError(f"prepare: input file {s} does not exist; check the path (for a HuggingFace dataset write hf:NAME)")
+        else:
+            files.append(s)
+    builders = set()
+    for f in files:
+        ext = Path(f).suffix.lower()
+        if ext not in EXT_BUILDER:
+            raise DataError(f"prepare: input file {f} has unsupported extension {ext!r}; use .txt, .jsonl/.json or .parquet")
+        if os.path.getsize(f) == 0:
+            raise DataError(f"prepare: input file {f} is empty; remove it from --source or regenerate it")
+        builders.add(EXT_BUILDER[ext])
+    if len(builders) > 1:
+        raise DataError(f"prepare: --source mixes file types {sorted(builders)}; prepare each type into its own --out and combine them with a mixture")
+    return SourceSpec(kind="local", builder=builders.pop(), files=[str(Path(f).resolve()) for f in files])
+
+
+def _hf_offline_error(spec: SourceSpec, e: Exception) -> DataError:
+    return DataError(
+        f"prepare: HuggingFace dataset {spec.hf_name!r} cannot be reached ({type(e).__name__}: {e}). "
+        "Offline or without network access, download the data elsewhere and pass local files instead, e.g. "
+        "--source /data/corpus/*.parquet (or .jsonl/.txt); they are read with the datasets "
+        "parquet/json/text builders."
+    )
+
+
+def open_dataset(spec: SourceSpec, text_field: str):
+    """A streaming ``datasets.IterableDataset`` of the source; fails fast on unusable input."""
+    import datasets
+
+    if spec.kind == "hf":
+        try:
+            ds = datasets.load_dataset(spec.hf_name, spec.hf_config, split=spec.hf_split, streaming=True)
+        except Exception as e:  # noqa: BLE001 - any failure to reach the dataset gets the same advice
+            raise _hf_offline_error(spec, e) from e
+    else:
+        kwargs = {"sample_by": "line"} if spec.builder == "text" else {}
+        ds = datasets.load_dataset(spec.builder, data_files=spec.files, split="train", streaming=True, **kwargs)
+    try:
+        first = next(iter(ds))
+    except StopIteration:
+        raise DataError(f"prepare: source {spec.files or spec.hf_name} yields no records; check the input") from None
+    except Exception as e:  # noqa: BLE001
+        if spec.kind == "hf":
+            raise _hf_offline_error(spec, e) from e
+        raise DataError(f"prepare: cannot read {spec.files}: {type(e).__name__}: {e}") from e
+    if text_field not in first:
+        where = spec.files[0] if spec.files else spec.hf_name
+        raise DataError(
+            f"prepare: records of {where} have no field {text_field!r} (fields: {sorted(first)}); "
+            "pass --text-field NAME"
+        )
+    return ds
+
+
+def _iter_text_batches(ds, text_field: str, skip: int, batch_docs: int):
+    """Yield (index of first doc, list of texts), skipping the first ``skip`` documents cheaply."""
+    idx = 0
+    for batch in ds.iter(batch_size=batch_docs):
+        texts = batch[text_field]
+        n = len(texts)
+        if idx + n <= skip:
+            idx += n
+            continue
+        start = max(0, skip - idx)
+        yield idx + start, [t if isinstance(t, str) else ("" if t is None else str(t)) for t in texts[start:]]
+        idx += n
+
+
+def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+            text_field: str = "text", batch_docs: int = 512, progress: bool = True) -> dict:
+    """Tokenise ``source`` into shards under ``out`` and return the manifest (see module doc)."""
+    if workers < 1:
+        raise DataError(f"prepare: --workers must be >= 1, got {workers}")
+    if shard_tokens < 1:
+        raise DataError(f"prepare: --shard-tokens must be >= 1, got {shard_tokens}")
+    spec = resolve_source(source)
+    tok = load_tokenizer(tokenizer)
+    out = Path(out)
+    config = {"format_version": FORMAT_VERSION, "source": spec.fingerprint(), "tokenizer_id": tok.identity,
+              "shard_tokens": int(shard_tokens), "text_field": text_field, "append_eos": True,
+              "skip_whitespace_docs": True}
+    mpath, ppath = out / MANIFEST, out / PROGRESS
+    if mpath.is_file():
+        m = json.loads(mpath.read_text())
+        if m.get("config") == config and m.get("complete"):
+            if progress:
+                print(f"[prepare] {out} is already complete ({m['num_tokens']} tokens in {len(m['shards'])} shards)", file=sys.stderr)
+            return m
+        raise DataError(
+            f"prepare: {mpath} was written by a different prepare run (source, tokenizer or shard size differ); "
+            "use a new --out directory or delete this one"
+        )
+    state = {"config": config, "shards": [], "next_doc": 0}
+    if ppath.is_file():
+        state = json.loads(ppath.read_text())
+        if state.get("config") != config:
+            raise DataError(
+                f"prepare: {ppath} belongs to an interrupted run with different settings; re-run that exact command "
+                "to finish it, or use a new --out directory (or delete this one)"
+            )
+    ds = open_dataset(spec, text_field)  # after the cheap checks, before any worker starts
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in out.glob("*.tmp"):
+        stray.unlink()
+    dtype = dtype_for_vocab(tok.vocab_size)
+    delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+    shards: list[dict] = list(state["shards"])
+    done_tokens = sum(s["num_tokens"] for s in shards)
+    if shards and progress:
+        print(f"[prepare] resuming at shard {len(shards)} (document {state['next_doc']}, {done_tokens} tokens done)",
+              file=sys.stderr, flush=True)
+
+    buf_tokens: list[np.ndarray] = []
+    buf_lengths: list[np.ndarray] = []
+    buf_count = 0
+    max_seen = -1
+    pbar = None
+    if progress:
+        from tqdm import tqdm
+
+        pbar = tqdm(total=None, initial=done_tokens, unit="tok", unit_scale=True, desc="prepare", file=sys.stderr,
+                    mininterval=0.5, smoothing=0.1)
+
+    def flush(next_doc: int) -> None:
+        nonlocal buf_tokens, buf_lengths, buf_count
+        toks = np.concatenate(buf_tokens) if buf_tokens else np.zeros(0, dtype=np.int64)
+        lens = np.concatenate(buf_lengths) if buf_lengths else np.zeros(0, dtype=np.int64)
+        lens = lens[lens > 0]
+        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        info = write_shard(out, len(shards), toks.astype(dtype), offsets, delay_s=delay)
+        shards.append(info)
+        state["shards"] = shards
+        state["next_doc"] = int(next_doc)
+        atomic_write_json(ppath, state)
+        buf_tokens, buf_lengths, buf_count = [], [], 0
+
+    def consume(first_doc: int, flat: np.ndarray, lengths: np.ndarray, mx: int) -> None:
+        nonlocal buf_count, max_seen
+        max_seen = max(max_seen, mx)
+        if mx >= tok.vocab_size:
+            raise DataError(f"prepare: tokenizer {tok.path} produced id {mx} >= its vocab size {tok.vocab_size}")
+        cum = np.cumsum(lengths)
+        pos_doc, pos_tok = 0, 0          # position inside this batch
+        while pos_doc < len(lengths):
+            base = int(cum[pos_doc - 1]) if pos_doc else 0
+            need = shard_tokens - buf_count
+            # first doc j >= pos_doc whose end brings the shard to >= shard_tokens tokens
+            j = int(np.searchsorted(cum, base + need, side="left"))
+            if j >= len(lengths):
+                buf_tokens.append(flat[pos_tok:])
+                buf_lengths.append(lengths[pos_doc:])
+                buf_count += int(cum[-1]) - base
+                return
+            end_tok = int(cum[j])
+            buf_tokens.append(flat[pos_tok:end_tok])
+            buf_lengths.append(lengths[pos_doc:j + 1])
+            buf_count += end_tok - base
+            flush(first_doc + j + 1)
+            pos_doc, pos_tok = j + 1, end_tok
+
+    batches = _iter_text_batches(ds, text_field, int(state["next_doc"]), batch_docs)
+    t0 = time.time()
+    new_tokens = 0
+    if workers == 1:
+        for first, texts in batches:
+            flat, lengths, mx = encode_docs_local(texts, tok)
+            consume(first, flat, lengths, mx)
+            new_tokens += len(flat)
+            if pbar is not None:
+                pbar.update(len(flat))
+    else:
+        import multiprocessing as mp
+
+        from ._encode import encode_docs, init_worker
+
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(workers, initializer=init_worker, initargs=(tok.path,)) as pool:
+            pending: deque = deque()
+            exhausted = False
+            while True:
+                while not exhausted and len(pending) < 2 * workers:   # bounded: memory stays flat
+                    try:
+                        first, texts = next(batches)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    pending.append((first, pool.apply_async(encode_docs, (texts,))))
+                if not pending:
+                    break
+                first, res = pending.popleft()
+                flat, lengths, mx = res.get()
+                consume(first, flat, lengths, mx)
+                new_tokens += len(flat)
+                if pbar is not None:
+                    pbar.update(len(flat))
+    if pbar is not None:
+        pbar.close()
+    # Every document of the source counts, including skipped whitespace-only ones.
+    total_docs = int(state["next_doc"]) + sum(len(x) for x in buf_lengths)
+    if buf_count > 0:
+        flush(total_docs)
+    num_tokens = sum(s["num_tokens"] for s in shards)
+    if num_tokens == 0:
+        where = ", ".join(spec.files) if spec.files else spec.hf_name
+        raise DataError(f"prepare: {where} contains no non-empty documents; check --source and --text-field")
+    manifest = {
+        "format_version": FORMAT_VERSION, "complete": True, "config": config,
+        "tokenizer_id": tok.identity, "tokenizer_path": tok.path, "vocab_size": tok.vocab_size,
+        "dtype": dtype.name, "eos_id": tok.eos_id, "pad_id": tok.pad_id, "bos_id": tok.bos_id,
+        "num_tokens": num_tokens, "num_docs": sum(s["num_docs"] for s in shards),
+        "source_docs": total_docs, "shards": shards,
+    }
+    atomic_write_json(mpath, manifest)
+    ppath.unlink(missing_ok=True)
+    if progress:
+        dt = time.time() - t0
+        print(f"[prepare] wrote {len(shards)} shards, {num_tokens} tokens ({new_tokens / max(dt, 1e-9):,.0f} tok/s this run) -> {out}",
+              file=sys.stderr, flush=True)
+    return manifest
+
+
+def encode_docs_local(texts, tok):
+    from ._encode import encode_docs
+
+    return encode_docs(texts, tok)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m data_pipeline.prepare",
+                                 description="Tokenise local text/jsonl/parquet files or hf:NAME into token shards.")
+    ap.add_argument("--source", nargs="+", required=True,
+                    help="files, globs or directories (.txt: one document per line; .jsonl/.parquet: --text-field), "
+                         "or hf:NAME[:CONFIG][:SPLIT]")
+    ap.add_argument("--tokenizer", required=True, help="tokenizer directory (SentencePiece or HuggingFace)")
+    ap.add_argument("--out", required=True, help="output directory for shards and manifest.json")
+    ap.add_argument("--workers", type=int, default=1, help="tokeniser processes")
+    ap.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="target tokens per shard")
+    ap.add_argument("--text-field", default="text", help="field holding the text in jsonl/parquet/hf records")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        prepare(args.source, args.tokenizer, args.out, workers=args.workers, shard_tokens=args.shard_tokens,
+                text_field=args.text_field, progress=not args.quiet)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Tokenizers: train a SentencePiece BPE model, or load one (SentencePiece or a local HF dir).
+
+Why a wrapper: shards, manifests and checkpoints all record the tokenizer *identity*
+(a content hash), so data made with one tokenizer can never silently be trained with another.
+
+CLI::
+
+    python -m data_pipeline.tokenizer train --input a.txt b.txt --vocab-size 8000 --out tok/
+    python -m data_pipeline.tokenizer info tok/
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .errors import DataError
+
+SP_MODEL = "tokenizer.model"
+META = "tokenizer_meta.json"
+# Files that define an HF tokenizer; hashed (in this order, when present) for its identity.
+HF_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+def _sha256_file(path: Path, h=None):
+    h = h or hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h
+
+
+class Tokenizer:
+    """Common face of a SentencePiece or HF tokenizer.
+
+    Attributes: ``identity`` (e.g. ``"sp:3fa2...")``, ``vocab_size``, ``eos_id``, ``bos_id``,
+    ``pad_id`` (may equal ``eos_id`` when the tokenizer has none), ``path``, ``kind``.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(Path(path).resolve())
+        p = Path(self.path)
+        self._sp = None
+        self._hf = None
+        if p.is_file() and p.suffix == ".model":
+            p = p.parent
+            self.path = str(p)
+        if (p / SP_MODEL).is_file() and not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+            import sentencepiece as spm
+
+            self.kind = "sentencepiece"
+            self._sp = spm.SentencePieceProcessor(model_file=str(p / SP_MODEL))
+            self.identity = "sp:" + _sha256_file(p / SP_MODEL).hexdigest()[:16]
+            self.vocab_size = int(self._sp.get_piece_size())
+            self.eos_id = int(self._sp.eos_id())
+            self.bos_id = int(self._sp.bos_id())
+            pad = int(self._sp.pad_id())
+            self.pad_id = pad if pad >= 0 else self.eos_id
+            if self.eos_id < 0:
+                raise DataError(f"{p / SP_MODEL}: the SentencePiece model has no EOS piece; retrain it with eos_id set")
+        elif any((p / f).is_file() for f in HF_FILES):
+            from transformers import AutoTokenizer
+
+            self.kind = "hf"
+            try:
+                self._hf = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False, local_files_only=True)
+            except Exception as e:  # noqa: BLE001 - re-raised with the directory and fix
+                raise DataError(
+                    f"{self.path}: could not load as a HuggingFace tokenizer directory ({type(e).__name__}: {e}); "
+                    "it must contain tokenizer.json or tokenizer_config.json written by save_pretrained()"
+                ) from e
+            h = hashlib.sha256()
+            for name in HF_FILES:
+                if (p / name).is_file():
+                    h.update(name.encode() + b"\0")
+                    _sha256_file(p / name, h)
+            self.identity = "hf:" + h.hexdigest()[:16]
+            self.vocab_size = int(len(self._hf))
+            eos = self._hf.eos_token_id
+            if eos is None:
+                eos = self._hf.sep_token_id
+            if eos is None:
+                raise DataError(
+                    f"{self.path}: this HF tokenizer defines no eos_token (nor sep_token); documents are separated "
+                    "by EOS, so set tokenizer.eos_token and save_pretrained() again"
+                )
+            self.eos_id = int(eos)
+            self.bos_id = -1 if self._hf.bos_token_id is None else int(self._hf.bos_token_id)
+            self.pad_id = self.eos_id if self._hf.pad_token_id is None else int(self._hf.pad_token_id)
+        else:
+            if not p.exists():
+                raise DataError(
+                    f"tokenizer directory {self.path} does not exist; train one with "
+                    "'python -m data_pipeline.tokenizer train --input FILES --vocab-size N --out DIR' "
+                    "or point at a local HuggingFace tokenizer directory"
+                )
+            raise DataError(
+                f"{self.path}: no tokenizer found (expected {SP_MODEL} from 'python -m data_pipeline.tokenizer train' "
+                "or tokenizer.json/tokenizer_config.json of a HuggingFace tokenizer)"
+            )
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without BOS/EOS (the shard writer appends EOS)."""
+        if self._sp is not None:
+            return self._sp.encode(texts, out_type=int, num_threads=1)
+        return self._hf(texts, add_special_tokens=False)["input_ids"]
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self._sp is not None:
+            return self._sp.decode(ids)
+        return self._hf.decode(ids)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.kind}, {self.identity}, vocab={self.vocab_size})"
+
+
+_CACHE: dict[str, Tokenizer] = {}
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Load a tokenizer directory (SentencePiece ``tokenizer.model`` or a local HF tokenizer).
+
+    Never runs remote code and never touches the network.
+    """
+    key = str(Path(path).resolve())
+    tok = _CACHE.get(key)
+    if tok is None:
+        tok = _CACHE[key] = Tokenizer(key)
+    return tok
+
+
+def tokenizer_identity(path: str | os.PathLike) -> str:
+    return load_tokenizer(path).identity
+
+
+def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLike, *,
+                        max_sentences: int = 2_000_000, character_coverage: float = 0.9995,
+                        quiet: bool = False) -> Tokenizer:
+    """Train a byte-fallback BPE SentencePiece model on local text files.
+
+    Special ids: unk=0, bos=1, eos=2, pad=3.
+    The input is read in file order and not shuffled, so training is deterministic.
+    """
+    import sentencepiece as spm
+
+    files = [Path(f) for f in inputs]
+    if not files:
+        raise DataError("tokenizer train: no --input files given; pass one or more local text files")
+    for f in files:
+        if not f.is_file():
+            raise DataError(f"tokenizer train: input file {f} does not exist; check the path (local text files only)")
+        if f.stat().st_size == 0:
+            raise DataError(f"tokenizer train: input file {f} is empty; remove it from --input or fill it with text")
+    if vocab_size < 260 + 4:
+        raise DataError(
+            f"tokenizer train: --vocab-size {vocab_size} is too small; byte fallback needs 256 byte pieces "
+            "plus special tokens, so use at least 264"
+        )
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    total = sum(f.stat().st_size for f in files)
+    t0 = time.time()
+    if not quiet:
+        print(f"[tokenizer] training BPE vocab={vocab_size} on {len(files)} file(s), {total / 1e6:.1f} MB ...",
+              file=sys.stderr, flush=True)
+    prefix = out / "tokenizer.tmp"
+    spm.SentencePieceTrainer.train(
+        input=",".join(str(f) for f in files),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=character_coverage,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=False,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+    os.replace(f"{prefix}.model", out / SP_MODEL)
+    if Path(f"{prefix}.vocab").exists():
+        os.replace(f"{prefix}.vocab", out / "tokenizer.vocab")
+    _CACHE.pop(str(out.resolve()), None)
+    tok = load_tokenizer(out)
+    meta = {"identity": tok.identity, "vocab_size": tok.vocab_size, "kind": "sentencepiece", "model_type": "bpe",
+            "byte_fallback": True, "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id,
+            "inputs": [str(f) for f in files]}
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    if not quiet:
+        print(f"[tokenizer] done in {time.time() - t0:.1f}s: {tok.identity} vocab={tok.vocab_size} -> {out}",
+              file=sys.stderr, flush=True)
+    return tok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m data_pipeline.tokenizer", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train a SentencePiece BPE tokenizer (byte fallback) on local text files")
+    t.add_argument("--input", nargs="+", required=True, help="local text files, one sentence/paragraph per line")
+    t.add_argument("--vocab-size", type=int, required=True)
+    t.add_argument("--out", required=True, help="output directory (gets tokenizer.model + tokenizer_meta.json)")
+    t.add_argument("--max-sentences", type=int, default=2_000_000, help="lines read for training")
+    i = sub.add_parser("info", help="print identity and special ids of a tokenizer directory")
+    i.add_argument("path")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "train":
+            train_sentencepiece(args.input, args.vocab_size, args.out, max_sentences=args.max_sentences)
+        else:
+            tok = load_tokenizer(args.path)
+            print(json.dumps({"identity": tok.identity, "kind": tok.kind, "vocab_size": tok.vocab_size,
+                              "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id}, indent=2))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
