@@ -1,0 +1,228 @@
+"""Model configuration: one dataclass that fully determines the network.
+
+A config is everything needed to rebuild a model bit-for-bit, including the
+MixiT seed: the fixed random mixing matrices are regenerated from it rather than
+stored, so checkpoints stay small and two constructions always agree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# The variants and what each one is made of: which token mixer, and which named
+# parameter groups start frozen. Every variant is a preset of the same freezing
+# mechanism (model/freezing.py), so schedules and overrides compose with all of them.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "standard": {"mixer": "softmax", "frozen": ()},
+    "frozen_qk": {"mixer": "softmax", "frozen": ("qk",)},
+    "frozen_mlp": {"mixer": "softmax", "frozen": ("mlp",)},
+    "mixit": {"mixer": "mixit", "frozen": ()},
+    # Zhong & Andreas: only the embeddings and the output head train.
+    "random_transformer": {"mixer": "softmax", "frozen": ("blocks", "norms")},
+}
+# Named parameter groups a schedule or override can freeze (model/freezing.py maps names to groups).
+PARAM_GROUPS = ("qk", "v", "o", "mlp", "norms", "embeddings", "head", "blocks")
+ATTN_IMPLS = ("auto", "sdpa", "eager", "flash")
+MIXIT_IMPLS = ("auto", "dense", "blocked", "triton")
+# MixiT counters are i*T + j in 32 bits (the Triton RNG's offset), so T*T < 2**31.
+MAX_MIXIT_SEQ_LEN = 46340
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the fix."""
+
+
+def _bad(field_name: str, problem: str, fix: str) -> ConfigError:
+    return ConfigError(f"model.{field_name}: {problem}. Fix: {fix}.")
+
+
+@dataclass
+class ModelConfig:
+    # Shape
+    vocab_size: int = 32000
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None          # None -> num_heads (no GQA)
+    intermediate_size: int | None = None     # None -> 8/3 * hidden, rounded up to a multiple of 64
+    max_seq_len: int = 256                   # T: RoPE table / MixiT matrix size
+    # Llama details
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    bias: bool = False                       # biases on every projection (the reference turned them on)
+    init_std: float = 0.02
+    qk_init_std: float | None = None         # std of Q/K when they start frozen; None -> 1/sqrt(hidden) (the paper; the reference code used 0.02)
+    # Variant and freezing
+    variant: str = "standard"
+    frozen_groups: list[str] | None = None   # None -> the variant's preset
+    # Freeze/unfreeze schedule: [[step, [groups...]], ...]; from `step` on, exactly these groups are frozen.
+    freeze_schedule: list[list[Any]] = field(default_factory=list)
+    # MixiT (VARIANTS.md); only read when variant == "mixit"
+    mixit_seed: int = 0
+    mixit_beta: float = 1.0
+    mixit_depth_alpha: float = 0.0           # != 0 selects the reference's other path (no identity, sigma=1/sqrt(T), branch scale)
+    mixit_depth_base_layers: int = 2         # L_base in the branch scale (L_base / L) ** alpha
+    mixit_residual_scale: float | None = 0.5  # s in h <- s h + sqrt(1-s^2) f(norm(h)); None -> plain residual
+    mixit_leaky_c: float | None = -1.0       # gated LeakyReLU slope a = 1 + c/sqrt(d); None -> SwiGLU
+    mixit_width_base: int | None = 512       # projection outputs times sqrt(base/fan_in); None -> off
+    mixit_pos_embedding: bool = True         # learned absolute positions added to token embeddings
+    causal: bool = True                      # False: bidirectional (sequence classification)
+    # Implementation choices (do not change the function computed)
+    attn_impl: str = "auto"
+    mixit_impl: str = "auto"
+    mixit_block_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads is None:
+            self.num_kv_heads = self.num_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 64 * math.ceil(8 * self.hidden_size / 3 / 64)
+        if self.qk_init_std is None:
+            self.qk_init_std = 1.0 / math.sqrt(self.hidden_size)
+        if self.frozen_groups is not None:
+            self.frozen_groups = list(self.frozen_groups)
+        self.freeze_schedule = [[int(s), list(g)] for s, g in self.freeze_schedule]
+        self.validate()
+
+    # ---- validation: one clear error per rule -------------------------------------------
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "intermediate_size", "max_seq_len", "mixit_block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise _bad(name, f"must be a positive integer, got {value!r}", f"set {name} to an integer >= 1")
+        if self.variant not in VARIANTS:
+            close = difflib.get_close_matches(self.variant, VARIANTS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise _bad("variant", f"unknown variant {self.variant!r}", f"{hint}choose one of {sorted(VARIANTS)}")
+        if self.hidden_size % self.num_heads:
+            raise _bad("hidden_size", f"{self.hidden_size} is not divisible by num_heads={self.num_heads}",
+                       "choose hidden_size a multiple of num_heads")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise _bad("num_heads", f"head dim {self.hidden_size // self.num_heads} is odd; RoPE needs an even head dim",
+                       "choose num_heads so hidden_size/num_heads is even")
+        if self.num_heads % self.num_kv_heads:
+            raise _bad("num_kv_heads", f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}",
+                       "choose num_kv_heads dividing num_heads (GQA groups must be equal)")
+        if self.variant == "mixit" and self.max_seq_len > MAX_MIXIT_SEQ_LEN:
+            raise _bad("max_seq_len", f"{self.max_seq_len} exceeds the MixiT limit {MAX_MIXIT_SEQ_LEN} (32-bit RNG counters)",
+                       f"use max_seq_len <= {MAX_MIXIT_SEQ_LEN}")
+        if self.variant == "mixit" and self.mixit_residual_scale is not None and not 0.0 < self.mixit_residual_scale <= 1.0:
+            raise _bad("mixit_residual_scale", f"{self.mixit_residual_scale} is outside (0, 1]",
+                       "use a value in (0, 1], e.g. 0.5, or null for the plain residual")
+        if not (self.rope_theta > 0 and self.rms_norm_eps > 0 and self.init_std > 0 and self.qk_init_std > 0):
+            raise _bad("rope_theta/rms_norm_eps/init_std/qk_init_std", "must be positive", "set positive values")
+        if self.mixit_seed < 0 or self.mixit_seed >= 2**32:
+            raise _bad("mixit_seed", f"{self.mixit_seed} is outside [0, 2**32)", "use a 32-bit unsigned seed")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise _bad("attn_impl", f"unknown {self.attn_impl!r}", f"choose one of {list(ATTN_IMPLS)}")
+        if self.mixit_impl not in MIXIT_IMPLS:
+            raise _bad("mixit_impl", f"unknown {self.mixit_impl!r}", f"choose one of {list(MIXIT_IMPLS)}")
+        groups = list(self.frozen_groups or [])
+        for step, sched_groups in self.freeze_schedule:
+            if step < 0:
+                raise _bad("freeze_schedule", f"negative step {step}", "use steps >= 0")
+            groups += sched_groups
+        for g in groups:
+            if g not in PARAM_GROUPS:
+                close = difflib.get_close_matches(g, PARAM_GROUPS, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise _bad("frozen_groups", f"unknown parameter group {g!r}", f"{hint}choose from {list(PARAM_GROUPS)}")
+        steps = [s for s, _ in self.freeze_schedule]
+        if steps != sorted(set(steps)):
+            raise _bad("freeze_schedule", f"steps {steps} are not strictly increasing", "list each step once, in order")
+
+    # ---- derived quantities ------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def mixer(self) -> str:
+        return VARIANTS[self.variant]["mixer"]
+
+    def initial_frozen_groups(self) -> set[str]:
+        """Groups frozen at step 0 (the variant preset, or the explicit override)."""
+        return self.frozen_groups_at(0)
+
+    def frozen_groups_at(self, step: int) -> set[str]:
+        """Frozen groups in effect at optimizer step `step` under the freeze schedule."""
+        groups = set(VARIANTS[self.variant]["frozen"] if self.frozen_groups is None else self.frozen_groups)
+        for start, sched_groups in self.freeze_schedule:
+            if step >= start:
+                groups = set(sched_groups)
+        return groups
+
+    def schedule_boundaries(self) -> list[int]:
+        return [s for s, _ in self.freeze_schedule if s > 0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = [k for k in d if k not in names]
+        if unknown:
+            k = unknown[0]
+            close = difflib.get_close_matches(k, names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {sorted(names)}"
+            raise ConfigError(f"model.{k}: unknown key. Fix: {hint}")
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# A size ladder for scaling studies. The big ones are the Llama-3 shapes
+# (Llama-3.2-1B/3B, Llama-3-8B); the small ones run on a CPU.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=192),
+    "xs": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384),
+    "s": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=768),
+    "m": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536),
+    "l": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=2048),
+    "xl": dict(hidden_size=1024, num_layers=16, num_heads=16, num_kv_heads=8, intermediate_size=2816),
+    "1b": dict(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+               vocab_size=128256, tie_embeddings=True, rope_theta=500000.0, rms_norm_eps=1e-5, max_seq_len=2048),
+    "3b": dict(hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8, intermediate_size=8192,
+               vocab_size=128256, tie_embeddings=True, rope_theta=500000.0, rms_norm_eps=1e-5, max_seq_len=2048),
+    "8b": dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, intermediate_size=14336,
+               vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, max_seq_len=2048),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A ModelConfig from the size ladder, with field overrides."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"model.preset: unknown preset {name!r}. Fix: {hint}choose one of {list(PRESETS)}.")
+    return ModelConfig(**{**PRESETS[name], **overrides})
+
+
+def param_count(cfg: ModelConfig) -> dict[str, int]:
+    """Closed-form parameter counts (the test checks them against real modules).
+
+    Returns total, embedding (token + MixiT positions), head (0 when tied) and
+    per-layer counts. Biases follow cfg.bias: q,k,v,o and the three MLP projections.
+    """
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    kv = cfg.num_kv_heads * cfg.head_dim
+    b = 1 if cfg.bias else 0
+    if cfg.mixer == "mixit":
+        attn = (d * kv + b * kv) + (d * d + b * d)          # v, o only
+    else:
+        attn = (d * d + b * d) + 2 * (d * kv + b * kv) + (d * d + b * d)
+    mlp = 2 * (d * f + b * f) + (f * d + b * d)
+    norms = 2 * d
+    layer = attn + mlp + norms
+    embed = v * d + (cfg.max_seq_len * d if cfg.mixer == "mixit" and cfg.mixit_pos_embedding else 0)
+    head = 0 if cfg.tie_embeddings else v * d
+    total = embed + cfg.num_layers * layer + d + head
+    return {"total": total, "embedding": embed, "head": head, "per_layer": layer,
+            "attention_per_layer": attn, "mlp_per_layer": mlp, "non_embedding": total - embed}

@@ -1,0 +1,186 @@
+"""HuggingFace interop: export to / import from `transformers` checkpoints (safetensors).
+
+Softmax variants (standard, frozen_qk, frozen_mlp, random_transformer) are Llama-3
+networks and export to a plain `LlamaForCausalLM` directory: parameter names already
+match, so export is adding the `model.` prefix. The config's `trainable_parts` entry
+keeps our ModelConfig (variant, freeze schedule) so an import restores it exactly.
+
+MixiT is not a Llama: it exports to `MixiTForCausalLM`, a PreTrainedModel subclass
+registered with the Auto classes when this module is imported (no remote code).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PretrainedConfig,
+                          PreTrainedModel)
+from transformers.modeling_outputs import CausalLMOutput
+
+from .config import ModelConfig
+from .transformer import IGNORE_INDEX, Transformer
+
+MIXIT_MODEL_TYPE = "trainable_parts_mixit"
+
+
+# ---- Llama (softmax variants) -----------------------------------------------------------
+def llama_config(cfg: ModelConfig) -> LlamaConfig:
+    if cfg.mixer != "softmax" or not cfg.causal:
+        raise ValueError(f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama; use export_hf, "
+                         "which writes MixiT to the registered MixiTForCausalLM class")
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.bias, mlp_bias=cfg.bias,
+        hidden_act="silu", initializer_range=cfg.init_std, bos_token_id=None, eos_token_id=None,
+        trainable_parts=cfg.to_dict(),
+    )
+
+
+def to_llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    sd = {}
+    for k, v in model.state_dict().items():
+        sd[k if k.startswith("lm_head.") else f"model.{k}"] = v
+    return sd
+
+
+def to_hf_llama(model: Transformer) -> LlamaForCausalLM:
+    """An in-memory LlamaForCausalLM with our weights (same dtype, on CPU)."""
+    hf = LlamaForCausalLM(llama_config(model.cfg)).to(next(model.parameters()).dtype)
+    missing, unexpected = hf.load_state_dict(to_llama_state_dict(model), strict=False)
+    if unexpected or [m for m in missing if not (model.cfg.tie_embeddings and m == "lm_head.weight")]:
+        raise RuntimeError(f"HF export mismatch: missing={missing} unexpected={unexpected}")
+    return hf.eval()
+
+
+# ---- MixiT (registered class) -----------------------------------------------------------
+class MixiTConfig(PretrainedConfig):
+    model_type = MIXIT_MODEL_TYPE
+
+    def __init__(self, trainable_parts: dict[str, Any] | None = None, **kwargs: Any):
+        self.trainable_parts = trainable_parts or {"variant": "mixit"}
+        cfg = ModelConfig.from_dict(self.trainable_parts)
+        kwargs.setdefault("tie_word_embeddings", cfg.tie_embeddings)
+        super().__init__(**kwargs)
+        self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
+        self.num_hidden_layers, self.max_position_embeddings = cfg.num_layers, cfg.max_seq_len
+
+
+class MixiTForCausalLM(PreTrainedModel):
+    config_class = MixiTConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["Block"]
+
+    def __init__(self, config: MixiTConfig):
+        super().__init__(config)
+        self.model = Transformer(ModelConfig.from_dict(config.trainable_parts))
+        if self.model.cfg.tie_embeddings:
+            self._tied_weights_keys = {"model.lm_head.weight": "model.embed_tokens.weight"}
+        self.post_init()
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        pass   # Transformer initialises itself; loading overwrites every tensor anyway
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.model.lm_head
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, **_: Any) -> CausalLMOutput:
+        logits = self.model(input_ids)
+        loss = None
+        if labels is not None:   # HF convention: labels are the inputs, shifted here
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
+                                                     ignore_index=IGNORE_INDEX)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+AutoConfig.register(MIXIT_MODEL_TYPE, MixiTConfig, exist_ok=True)
+AutoModelForCausalLM.register(MixiTConfig, MixiTForCausalLM, exist_ok=True)
+
+
+# ---- export / import --------------------------------------------------------------------
+def to_hf(model: Transformer) -> PreTrainedModel:
+    if model.cfg.mixer == "mixit":
+        hf = MixiTForCausalLM(MixiTConfig(trainable_parts=model.cfg.to_dict()))
+        hf.model.load_state_dict(model.state_dict())
+        return hf.to(next(model.parameters()).dtype).eval()
+    return to_hf_llama(model)
+
+
+def export_hf(model: Transformer, out_dir: str | os.PathLike) -> Path:
+    """Write a `from_pretrained`-loadable directory (safetensors, true dtype)."""
+    out = Path(out_dir)
+    to_hf(model).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = [p.name for p in path.glob("*.safetensors")]
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights; convert the checkpoint to safetensors "
+                                "(pickle .bin files are not loaded, since they can run code)")
+    sd: dict[str, torch.Tensor] = {}
+    for name in files:
+        sd.update(load_file(str(path / name)))
+    return sd
+
+
+def config_from_llama(hf_cfg: dict[str, Any], **overrides: Any) -> ModelConfig:
+    if "trainable_parts" in hf_cfg:
+        return ModelConfig.from_dict({**hf_cfg["trainable_parts"], **overrides})
+    rope = hf_cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") not in ("default", None) or hf_cfg.get("rope_scaling"):
+        raise ValueError(f"RoPE type {rope.get('rope_type') or hf_cfg.get('rope_scaling')} is not supported "
+                         "(only the default rotary embedding); use a checkpoint without RoPE scaling")
+    heads = hf_cfg["num_attention_heads"]
+    if hf_cfg.get("head_dim") not in (None, hf_cfg["hidden_size"] // heads):
+        raise ValueError("head_dim != hidden_size / num_attention_heads is not supported")
+    return ModelConfig(
+        vocab_size=hf_cfg["vocab_size"], hidden_size=hf_cfg["hidden_size"],
+        intermediate_size=hf_cfg["intermediate_size"], num_layers=hf_cfg["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf_cfg.get("num_key_value_heads") or heads,
+        max_seq_len=hf_cfg.get("max_position_embeddings", 2048), rms_norm_eps=hf_cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)),
+        tie_embeddings=hf_cfg.get("tie_word_embeddings", False),
+        bias=bool(hf_cfg.get("attention_bias", False)), **overrides)
+
+
+def import_hf(path: str | os.PathLike, **overrides: Any) -> Transformer:
+    """Load a local HF Llama (or exported MixiT) directory into our model.
+
+    `overrides` set ModelConfig fields, e.g. variant="frozen_qk" to freeze parts of a
+    pretrained Llama. Only safetensors weights are read; nothing executes remote code.
+    """
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a HuggingFace model directory")
+    hf_cfg = json.loads(cfg_file.read_text())
+    model_type = hf_cfg.get("model_type")
+    if model_type not in ("llama", MIXIT_MODEL_TYPE):
+        raise ValueError(f"{path}: model_type {model_type!r} is not supported (expected 'llama' or '{MIXIT_MODEL_TYPE}')")
+    if model_type == "llama" and hf_cfg.get("mlp_bias", False) != hf_cfg.get("attention_bias", False):
+        raise ValueError("attention_bias and mlp_bias must agree (our `bias` switch covers both)")
+    cfg = config_from_llama(hf_cfg, **overrides)
+    sd = _read_hf_weights(path)
+    sd = {k.removeprefix("model."): v for k, v in sd.items()}
+    if cfg.tie_embeddings:
+        sd.setdefault("lm_head.weight", sd["embed_tokens.weight"])
+    model = Transformer(cfg)
+    dtype = next(iter(sd.values())).dtype
+    model.to(dtype).load_state_dict(sd, strict=True)
+    return model

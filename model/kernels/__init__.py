@@ -1,0 +1,1 @@
+"""Optional fused kernels (GPU); every one has a plain-PyTorch reference in model/."""

@@ -1,0 +1,260 @@
+"""Building blocks of the Llama-3 decoder and its variants (plain PyTorch).
+
+Module and parameter names follow HuggingFace's LlamaForCausalLM (q_proj, k_proj,
+v_proj, o_proj, gate_proj, up_proj, down_proj, input_layernorm, ...) so that export
+and import are a rename of the top-level prefix and nothing else.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import mixit
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32, cast back, then scale: the same order as HF Llama.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class ScaledLinear(nn.Linear):
+    """nn.Linear whose output is multiplied by a constant (MixiT's width factor sqrt(base/fan_in))."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, out_scale: float = 1.0):
+        super().__init__(in_features, out_features, bias=bias)
+        self.out_scale = out_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        return y if self.out_scale == 1.0 else y * self.out_scale
+
+
+def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:
+    if cfg.mixer == "mixit" and cfg.mixit_width_base is not None:
+        return ScaledLinear(fan_in, fan_out, cfg.bias, math.sqrt(cfg.mixit_width_base / fan_in))
+    return nn.Linear(fan_in, fan_out, bias=cfg.bias)
+
+
+def rope_cos_sin(cfg: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (…, t, head_dim) in fp32 for the half-rotation convention HF Llama uses."""
+    dh = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2, device=positions.device, dtype=torch.int64).float() / dh))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (b, heads, t, dh); cos/sin: (t, dh) or (b, t, dh)."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU (Llama) or MixiT's gated LeakyReLU with gain sqrt(2 / (1 + a^2))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = linear(cfg, d, f)
+        self.up_proj = linear(cfg, d, f)
+        self.down_proj = linear(cfg, f, d)
+        self.leaky_slope = None
+        if cfg.mixer == "mixit" and cfg.mixit_leaky_c is not None:
+            self.leaky_slope = 1.0 + cfg.mixit_leaky_c / math.sqrt(d)
+            self.leaky_gain = math.sqrt(2.0 / (1.0 + self.leaky_slope ** 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate_proj(x)
+        if self.leaky_slope is None:
+            act = F.silu(gate)
+        else:
+            act = F.leaky_relu(gate, self.leaky_slope) * self.leaky_gain
+        return self.down_proj(act * self.up_proj(x))
+
+
+class KVCache:
+    """Per-layer cache for incremental decoding: keys and values (softmax), values only (MixiT)."""
+
+    def __init__(self, num_layers: int):
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far (read before a forward; layers use past_length during one)."""
+        return self.past_length(0)
+
+    def past_length(self, layer: int) -> int:
+        return 0 if self.v[layer] is None else self.v[layer].shape[2]
+
+    def update(self, layer: int, k: torch.Tensor | None, v: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if self.v[layer] is not None:
+            v = torch.cat([self.v[layer], v], dim=2)
+            k = None if k is None else torch.cat([self.k[layer], k], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+
+def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class SoftmaxAttention(nn.Module):
+    """Causal (or bidirectional) multi-head attention with RoPE and GQA."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.k_proj = nn.Linear(d, kv, bias=cfg.bias)
+        self.v_proj = nn.Linear(d, kv, bias=cfg.bias)
+        self.o_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.record_attn = False            # eval probes: keep the last attention pattern
+        self.last_attn: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.past_length(self.layer)
+            k, v = cache.update(self.layer, k, v)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        impl = cfg.attn_impl
+        if self.record_attn or impl == "eager":
+            out = self._eager(q, _expand_kv(k, groups), _expand_kv(v, groups), past, attn_mask)
+        elif impl == "flash" or (impl == "auto" and _flash_ok(q, attn_mask, past)):
+            from .kernels.flash import flash_attention   # GPU only; selected where installed
+            out = flash_attention(q, k, v, causal=cfg.causal)
+        else:
+            mask, causal = self._sdpa_mask(t, past, attn_mask, q.device)
+            out = F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups),
+                                                 attn_mask=mask, is_causal=causal)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
+
+    def _sdpa_mask(self, t: int, past: int, attn_mask: torch.Tensor | None, device: torch.device):
+        if attn_mask is None and (not self.cfg.causal or past == 0):
+            return None, self.cfg.causal
+        return _full_mask(self.cfg.causal, t, past, attn_mask, device), False
+
+    def _eager(self, q, k, v, past, attn_mask):
+        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.cfg.head_dim)
+        mask = _full_mask(self.cfg.causal, q.shape[2], past, attn_mask, q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = scores.softmax(-1)
+        if self.record_attn:
+            self.last_attn = probs.detach()
+        return (probs @ v.float()).to(q.dtype)
+
+
+def _full_mask(causal: bool, t: int, past: int, attn_mask: torch.Tensor | None, device) -> torch.Tensor | None:
+    """Boolean (…, t, past + t) mask: True = may attend. attn_mask: (b, t, past + t) extra constraint."""
+    mask = None
+    if causal:
+        mask = torch.ones(t, past + t, dtype=torch.bool, device=device).tril(diagonal=past)
+    if attn_mask is not None:
+        extra = attn_mask[:, None]
+        mask = extra if mask is None else (mask & extra)
+    return mask
+
+
+def _flash_ok(q: torch.Tensor, attn_mask: torch.Tensor | None, past: int) -> bool:
+    if not q.is_cuda or attn_mask is not None or past or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    from .kernels.flash import flash_available
+    return flash_available()
+
+
+class MixingAttention(nn.Module):
+    """MixiT's token mixer: concat_h(A_h V_h) W_o with fixed A (no Q, no K, no softmax).
+
+    A is regenerated from the config seed on first use on a device and cached there
+    (an attribute, not a buffer: it is never saved, never cast by .to(dtype), never broadcast).
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+        self.v_proj = linear(cfg, d, kv)
+        self.o_proj = linear(cfg, d, d)
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def matrix(self, t: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A for sequence length t, (H, t, t): the leading block of the T x T matrix when causal."""
+        full_t = self.cfg.max_seq_len if self.cfg.causal else t
+        key = (str(device), dtype, full_t)
+        if key not in self._cache:
+            self._cache[key] = mixit.mixing_matrix(self.cfg, self.layer, full_t, device).to(dtype)
+        return self._cache[key][:, :t, :t]
+
+    def forward(self, x: torch.Tensor, cos=None, sin=None, cache: KVCache | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        if attn_mask is not None:
+            raise NotImplementedError("MixiT has no attention scores to mask; document masking is not supported for mixit")
+        v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        past = 0
+        if cache is not None:
+            past = cache.past_length(self.layer)
+            _, v = cache.update(self.layer, None, v)
+        total = past + t
+        if total > cfg.max_seq_len:
+            raise ValueError(f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)")
+        v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
+        a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]     # rows of the new positions
+        out = torch.matmul(a, v)                                              # (b, H, t, dh)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block. MixiT scales the residual: h <- s h + sqrt(1 - s^2) f(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MixingAttention(cfg, layer) if cfg.mixer == "mixit" else SoftmaxAttention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.skip_scale, self.branch_scale = 1.0, 1.0
+        if cfg.mixer == "mixit":
+            if cfg.mixit_depth_alpha != 0:
+                self.branch_scale = mixit.branch_scale(cfg)
+            elif cfg.mixit_residual_scale is not None:
+                s = cfg.mixit_residual_scale
+                self.skip_scale, self.branch_scale = s, math.sqrt(1.0 - s * s)
+
+    def _residual(self, h: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        if self.skip_scale == 1.0 and self.branch_scale == 1.0:
+            return h + f
+        return self.skip_scale * h + self.branch_scale * f
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self._residual(h, self.self_attn(self.input_layernorm(h), cos, sin, cache, attn_mask))
+        return self._residual(h, self.mlp(self.post_attention_layernorm(h)))

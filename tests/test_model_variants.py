@@ -1,0 +1,148 @@
+"""Every variant: causality, freezing semantics, the freeze schedule, masking, caching."""
+import pytest
+import torch
+
+from model import VARIANTS, build_model, preset
+from model.freezing import groups_of
+
+V, T = 97, 24
+
+
+def tiny(variant, **kw):
+    return preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, **kw)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_causality(variant):
+    model = build_model(tiny(variant), seed=0).eval()
+    x = torch.randint(0, V, (2, T))
+    for i in (0, 7, T - 2):
+        y = x.clone()
+        y[:, i + 1:] = torch.randint(0, V, (2, T - i - 1))
+        with torch.no_grad():
+            a, b = model(x), model(y)
+        assert torch.equal(a[:, : i + 1], b[:, : i + 1])
+        assert not torch.allclose(a[:, i + 1:], b[:, i + 1:])
+
+
+EXPECTED_FROZEN = {
+    "standard": set(),
+    "frozen_qk": {"q_proj", "k_proj"},
+    "frozen_mlp": {"gate_proj", "up_proj", "down_proj"},
+    "mixit": set(),
+    "random_transformer": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                           "input_layernorm", "post_attention_layernorm", "norm"},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_frozen_tensors_unchanged_and_stateless(variant):
+    torch.manual_seed(0)
+    model = build_model(tiny(variant), seed=0)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    kinds = {n.split(".")[-2] for n in frozen}
+    assert kinds == EXPECTED_FROZEN[variant]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-2, weight_decay=0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    for _ in range(20):
+        x = torch.randint(0, V, (4, T))
+        loss = model(x[:, :-1], labels=x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                assert p.grad is not None and p.grad.abs().sum() > 0, f"{n} got no gradient"
+            else:
+                assert p.grad is None, f"frozen {n} got a gradient"
+        opt.step()
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p, frozen[n]), f"frozen {n} changed"
+        else:
+            assert not torch.equal(p, before[n]), f"trainable {n} did not change"
+    state_ids = {id(p) for p in opt.state}
+    assert all(id(p) not in state_ids for n, p in model.named_parameters() if n in frozen)
+
+
+def test_frozen_qk_init_std_is_configurable():
+    d = 256
+    cfg = preset("s", variant="frozen_qk", vocab_size=V, max_seq_len=T)
+    model = build_model(cfg, seed=0)
+    q = model.layers[0].self_attn.q_proj.weight
+    assert abs(q.std().item() - d ** -0.5) < 0.05 * d ** -0.5            # paper: N(0, 1/d)
+    model = build_model(cfg.replace(qk_init_std=0.02), seed=0)          # reference code: 0.02
+    assert abs(model.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002
+    std = build_model(preset("s", vocab_size=V, max_seq_len=T), seed=0)  # standard: 0.02 for Q/K too
+    assert abs(std.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002
+
+
+def test_freeze_schedule_unfreezes():
+    model = build_model(tiny("frozen_qk", freeze_schedule=[[5, []]]), seed=0)
+    q = model.layers[0].self_attn.q_proj.weight
+    assert not q.requires_grad
+    model.set_step(4)
+    assert not q.requires_grad
+    model.set_step(5)
+    assert q.requires_grad and all(p.requires_grad for p in model.parameters())
+
+
+def test_groups_of_names():
+    assert groups_of("layers.3.self_attn.q_proj.weight") == {"qk", "blocks"}
+    assert groups_of("layers.0.mlp.down_proj.bias") == {"mlp", "blocks"}
+    assert groups_of("embed_positions.weight") == {"embeddings"}
+    assert groups_of("lm_head.weight") == {"head"}
+    assert groups_of("embed_tokens.weight", tied=True) == {"embeddings", "head"}
+    assert groups_of("norm.weight") == {"norms"}
+
+
+def test_tied_embeddings_share_storage():
+    model = build_model(tiny("standard", tie_embeddings=True), seed=0)
+    assert model.lm_head.weight is model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("variant", ["standard", "mixit"])
+def test_shorter_sequences_are_prefixes(variant):
+    model = build_model(tiny(variant), seed=0).eval()
+    x = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        full, short = model(x), model(x[:, :10])
+    torch.testing.assert_close(short, full[:, :10], rtol=1e-5, atol=1e-5)
+
+
+def test_too_long_sequence_is_a_clear_error():
+    model = build_model(tiny("standard"), seed=0)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros(1, T + 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cached_decoding_equals_full_forward(variant):
+    model = build_model(tiny(variant), seed=0).eval()
+    x = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache()
+        parts = [model(x[:, :9], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(9, T)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_document_mask_isolates_documents():
+    model = build_model(tiny("standard"), seed=0).eval()
+    a, b = torch.randint(0, V, (1, 10)), torch.randint(0, V, (1, 14))
+    packed = torch.cat([a, b], dim=1)
+    doc_ids = torch.tensor([[0] * 10 + [1] * 14])
+    with torch.no_grad():
+        out = model(packed, doc_ids=doc_ids)
+        torch.testing.assert_close(out[:, :10], model(a), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[:, 10:], model(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["standard", "mixit"])
+def test_bf16_forward_close_to_fp32(variant):
+    model = build_model(tiny(variant), seed=0).eval()
+    x = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        ref = model(x)
+        low = model.to(torch.bfloat16)(x).float()
+    assert (low - ref).abs().max() < 0.1
