@@ -1,0 +1,474 @@
+"""Synthetic tasks for the frozen-parts experiments, deterministic from a seed.
+
+Every task has its own small fixed vocabulary (``<pad>`` = 0, ``<eos>`` = 1, then task
+symbols), an identity ``synthetic:<task>:v1`` and ``sample(index, split) -> (tokens, loss_mask)``
+where ``loss_mask[t] == 1`` marks the positions whose token is scored (the answer).
+Example ``i`` of split ``s`` is drawn from ``numpy.random.default_rng([seed, s, i, task])``,
+so it is a pure function of its arguments: no state, any order, any number of workers.
+Train and test use different split codes (disjoint seed streams); modular addition uses a
+fixed 95/5 split of all pairs; memorization's test set is its train set by definition.
+
+Defaults are sized so a 2-layer transformer of width 64-128 learns them on CPU within a
+few thousand steps with ``seq_len`` around 64.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+
+from .errors import DataError
+
+SPLIT_CODES = {"train": 0, "test": 1, "val": 1, "validation": 1}
+PAD, EOS = "<pad>", "<eos>"
+
+
+def _name_code(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
+
+
+class Task:
+    """Base class: vocabulary handling, argument checking and the per-example RNG."""
+
+    name = "task"
+    version = "v1"
+    DEFAULTS: dict = {}
+    train_size: int | None = None   # None = an unbounded stream of fresh examples
+    test_size: int | None = None
+    word_sep = " "
+
+    def __init__(self, seed: int = 1234, **args):
+        unknown = set(args) - set(self.DEFAULTS)
+        if unknown:
+            raise DataError(
+                f"synthetic task {self.name!r}: unknown task_args {sorted(unknown)}; valid: {sorted(self.DEFAULTS)}"
+            )
+        self.args = {**self.DEFAULTS, **args}
+        self.seed = int(seed)
+        for k, v in self.args.items():
+            setattr(self, k, v)
+        self.symbols = [PAD, EOS] + self.build_symbols()
+        self.ids = {s: i for i, s in enumerate(self.symbols)}
+        if len(self.ids) != len(self.symbols):
+            raise AssertionError(f"{self.name}: duplicate symbols")
+        self.pad_id, self.eos_id = 0, 1
+        self.check()
+
+    # -- to override ---------------------------------------------------------------------
+    def build_symbols(self) -> list[str]:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        pass
+
+    def generate(self, rng: np.random.Generator, index: int, split: str) -> tuple[list[str], list[int]]:
+        raise NotImplementedError
+
+    @property
+    def max_len(self) -> int:
+        raise NotImplementedError
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.symbols)
+
+    @property
+    def tokenizer_id(self) -> str:
+        return f"synthetic:{self.name}:{self.version}"
+
+    def size(self, split: str) -> int | None:
+        return self.train_size if self._split(split) == "train" else self.test_size
+
+    def _split(self, split: str) -> str:
+        if split not in SPLIT_CODES:
+            raise DataError(f"synthetic task {self.name!r}: split must be 'train' or 'test'/'val', got {split!r}")
+        return "train" if split == "train" else "test"
+
+    def sample(self, index: int, split: str = "train") -> tuple[list[int], list[int]]:
+        """Example ``index`` of ``split`` as (token ids, loss mask); ends with ``<eos>``."""
+        split = self._split(split)
+        n = self.size(split)
+        index = int(index)
+        if index < 0 or (n is not None and index >= n):
+            raise IndexError(f"synthetic task {self.name!r}: index {index} out of range for split {split!r} (size {n})")
+        rng = np.random.default_rng([self.seed, SPLIT_CODES[split], index, _name_code(self.name)])
+        words, mask = self.generate(rng, index, split)
+        words = words + [EOS]
+        mask = list(mask) + [0]
+        return [self.ids[w] for w in words], mask
+
+    def decode(self, tokens) -> str:
+        """Readable text of token ids (pads dropped)."""
+        return self.word_sep.join(self.symbols[int(t)] for t in tokens if int(t) != self.pad_id)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.args}, vocab={self.vocab_size}, max_len={self.max_len})"
+
+
+def _digits(n: int, width: int) -> list[str]:
+    return list(str(n).zfill(width))
+
+
+class Addition(Task):
+    """Reversed decimal addition: ``rev(a) + rev(b) = rev(a+b) <eos>``; scored: the sum and <eos>.
+
+    Reversed digits put the least significant digit first, so the carry flows left-to-right
+    the way an autoregressive model generates.
+    """
+
+    name = "addition"
+    DEFAULTS = {"n_digits": 4}
+    word_sep = ""
+
+    def build_symbols(self):
+        return [str(d) for d in range(10)] + ["+", "="]
+
+    def check(self):
+        if not 1 <= self.n_digits <= 18:
+            raise DataError(f"addition: n_digits must be in [1, 18], got {self.n_digits}")
+
+    @property
+    def max_len(self):
+        return 3 * self.n_digits + 4
+
+    def generate(self, rng, index, split):
+        n = self.n_digits
+        a, b = (int(x) for x in rng.integers(0, 10 ** n, size=2))
+        prompt = _digits(a, n)[::-1] + ["+"] + _digits(b, n)[::-1] + ["="]
+        answer = _digits(a + b, n + 1)[::-1]
+        return prompt + answer, [0] * len(prompt) + [1] * len(answer)
+
+    def sample(self, index, split="train"):
+        toks, mask = super().sample(index, split)
+        mask[-1] = 1  # the stop token is part of the answer
+        return toks, mask
+
+
+def _balanced(s) -> bool:
+    depth = 0
+    for c in s:
+        depth += 1 if c == "(" else -1
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+class Dyck1(Task):
+    """Is a bracket string balanced? ``( ) ( ( ) ) ? T <eos>``; scored: the T/F token.
+
+    Negatives are half count-mismatched (one bracket flipped) and half count-matched but
+    with a prefix that goes negative (a swapped pair), so counting alone is not enough.
+    """
+
+    name = "dyck"
+    DEFAULTS = {"min_length": 2, "max_length": 16}
+
+    def build_symbols(self):
+        return ["(", ")", "?", "T", "F"]
+
+    def check(self):
+        if self.min_length < 2 or self.max_length < self.min_length or self.max_length % 2 or self.min_length % 2:
+            raise DataError("dyck: need even min_length >= 2 and even max_length >= min_length")
+
+    @property
+    def max_len(self):
+        return self.max_length + 3
+
+    def _random_balanced(self, rng, length):
+        out, depth = [], 0
+        for pos in range(length):
+            remaining = length - pos
+            if depth == 0:
+                c = "("
+            elif depth == remaining:
+                c = ")"
+            else:
+                c = "(" if rng.random() < 0.5 else ")"
+            depth += 1 if c == "(" else -1
+            out.append(c)
+        return out
+
+    def generate(self, rng, index, split):
+        length = int(rng.integers(self.min_length // 2, self.max_length // 2 + 1)) * 2
+        s = self._random_balanced(rng, length)
+        balanced = rng.random() < 0.5
+        if not balanced:
+            if rng.random() < 0.5 or length < 4:
+                i = int(rng.integers(length))
+                s[i] = "(" if s[i] == ")" else ")"
+            else:
+                for _ in range(100):
+                    opens = [i for i, c in enumerate(s) if c == "("]
+                    i = opens[int(rng.integers(len(opens)))]
+                    closes = [j for j, c in enumerate(s) if c == ")" and j > i]
+                    j = closes[int(rng.integers(len(closes)))]
+                    t = list(s)
+                    t[i], t[j] = t[j], t[i]
+                    if not _balanced(t):
+                        s = t
+                        break
+                else:  # pragma: no cover - a swap of the first '(' with the last ')' always works
+                    s[0], s[-1] = ")", "("
+        label = "T" if _balanced(s) else "F"
+        words = s + ["?", label]
+        return words, [0] * (len(words) - 1) + [1]
+
+
+class KVRetrieval(Task):
+    """Key-value retrieval / needle in a haystack: ``k v k v ... ? k -> v``; scored: the value.
+
+    Between ``min_pairs`` and ``n_pairs`` distinct keys, each with a random value; the query
+    is one of them. Raising ``n_pairs`` turns it into a longer haystack.
+    """
+
+    name = "kv_retrieval"
+    DEFAULTS = {"n_pairs": 8, "min_pairs": 1, "n_keys": 16, "n_values": 16}
+
+    def build_symbols(self):
+        return [f"k{i}" for i in range(self.n_keys)] + [f"v{i}" for i in range(self.n_values)] + ["?"]
+
+    def check(self):
+        if not 1 <= self.min_pairs <= self.n_pairs <= self.n_keys:
+            raise DataError(f"kv_retrieval: need 1 <= min_pairs <= n_pairs <= n_keys, got {self.args}")
+
+    @property
+    def max_len(self):
+        return 2 * self.n_pairs + 4
+
+    def generate(self, rng, index, split):
+        n = int(rng.integers(self.min_pairs, self.n_pairs + 1))
+        keys = rng.choice(self.n_keys, size=n, replace=False)
+        vals = rng.integers(0, self.n_values, size=n)
+        q = int(rng.integers(n))
+        words = []
+        for k, v in zip(keys, vals):
+            words += [f"k{k}", f"v{v}"]
+        words += ["?", f"k{keys[q]}", f"v{vals[q]}"]
+        return words, [0] * (len(words) - 1) + [1]
+
+
+class ModularAddition(Task):
+    """``a + b = (a+b) mod p``; scored: the result. A fixed split of all p*p pairs (95/5 by default)."""
+
+    name = "modular_addition"
+    DEFAULTS = {"p": 97, "train_fraction": 0.95}
+
+    def build_symbols(self):
+        return [str(i) for i in range(self.p)] + ["+", "="]
+
+    def check(self):
+        if self.p < 2 or not 0 < self.train_fraction < 1:
+            raise DataError(f"modular_addition: need p >= 2 and 0 < train_fraction < 1, got {self.args}")
+        perm = np.random.default_rng([self.seed, _name_code(self.name), self.p]).permutation(self.p * self.p)
+        self.train_size = int(round(self.train_fraction * self.p * self.p))
+        self.test_size = self.p * self.p - self.train_size
+        self._pairs = perm
+
+    @property
+    def max_len(self):
+        return 6
+
+    def pair(self, index: int, split: str) -> tuple[int, int]:
+        j = index if self._split(split) == "train" else self.train_size + index
+        return divmod(int(self._pairs[j]), self.p)
+
+    def generate(self, rng, index, split):
+        a, b = self.pair(index, split)
+        words = [str(a), "+", str(b), "=", str((a + b) % self.p)]
+        return words, [0, 0, 0, 0, 1]
+
+
+def memorization_capacity_bits(n_pairs: int, n_labels: int, accuracy: float) -> float:
+    """Bits stored by a model that labels ``n_pairs`` random pairs with ``accuracy``.
+
+    Labels are uniform over C = ``n_labels`` classes. A model that is right with probability
+    ``a`` and otherwise wrong uniformly is a C-ary symmetric channel, whose information per
+    pair is ``I(a) = log2 C - H2(a) - (1 - a) * log2(C - 1)`` (H2 = binary entropy), clipped
+    at 0 for chance accuracy ``a <= 1/C``. Capacity = ``n_pairs * I(a)``; at ``a = 1`` this is
+    ``n_pairs * log2 C``.
+    """
+    C = int(n_labels)
+    if C < 2:
+        raise ValueError("n_labels must be >= 2")
+    a = min(max(float(accuracy), 0.0), 1.0)
+    if a <= 1.0 / C:
+        return 0.0
+
+    def xlog2(x):
+        return 0.0 if x <= 0 else x * math.log2(x)
+
+    h2 = -xlog2(a) - xlog2(1 - a)
+    per_pair = math.log2(C) - h2 - (1 - a) * math.log2(C - 1)
+    return float(n_pairs) * max(0.0, per_pair)
+
+
+class Memorization(Task):
+    """Random labels for every pair ``(x1, x2)``: ``x1 x2 = y``; scored: y. Train = test."""
+
+    name = "memorization"
+    DEFAULTS = {"n1": 32, "n2": 32, "n_labels": 16}
+
+    def build_symbols(self):
+        return ([f"a{i}" for i in range(self.n1)] + [f"b{i}" for i in range(self.n2)] + ["="]
+                + [f"y{i}" for i in range(self.n_labels)])
+
+    def check(self):
+        if self.n1 < 1 or self.n2 < 1 or self.n_labels < 2:
+            raise DataError(f"memorization: need n1, n2 >= 1 and n_labels >= 2, got {self.args}")
+        self.train_size = self.test_size = self.n1 * self.n2
+        self.labels = np.random.default_rng([self.seed, _name_code(self.name)]).integers(0, self.n_labels, self.train_size)
+
+    @property
+    def n_pairs(self) -> int:
+        return self.n1 * self.n2
+
+    @property
+    def max_len(self):
+        return 5
+
+    def capacity_bits(self, accuracy: float) -> float:
+        return memorization_capacity_bits(self.n_pairs, self.n_labels, accuracy)
+
+    def generate(self, rng, index, split):
+        x1, x2 = divmod(index, self.n2)
+        return [f"a{x1}", f"b{x2}", "=", f"y{self.labels[index]}"], [0, 0, 0, 1]
+
+
+class MQAR(Task):
+    """Multi-query associative recall: ``k v k v ... | q a q a ...``; scored: every answer a."""
+
+    name = "mqar"
+    DEFAULTS = {"n_pairs": 8, "n_queries": 4, "n_keys": 32, "n_values": 32}
+
+    def build_symbols(self):
+        return [f"k{i}" for i in range(self.n_keys)] + [f"v{i}" for i in range(self.n_values)]
+
+    def check(self):
+        if not (1 <= self.n_queries <= self.n_pairs <= self.n_keys):
+            raise DataError(f"mqar: need 1 <= n_queries <= n_pairs <= n_keys, got {self.args}")
+
+    @property
+    def max_len(self):
+        return 2 * self.n_pairs + 2 * self.n_queries + 1
+
+    def generate(self, rng, index, split):
+        keys = rng.choice(self.n_keys, size=self.n_pairs, replace=False)
+        vals = rng.integers(0, self.n_values, size=self.n_pairs)
+        words, mask = [], []
+        for k, v in zip(keys, vals):
+            words += [f"k{k}", f"v{v}"]
+            mask += [0, 0]
+        for q in rng.choice(self.n_pairs, size=self.n_queries, replace=False):
+            words += [f"k{keys[q]}", f"v{vals[q]}"]
+            mask += [0, 1]
+        return words, mask
+
+
+def khop_target(seq, k: int):
+    """Follow 'the token after the previous occurrence of the current token' k times.
+
+    Starts at the last position; returns the token reached, or None where a hop finds no
+    earlier occurrence. Needs no two equal adjacent tokens so every hop moves strictly left.
+    """
+    pos = len(seq) - 1
+    for _ in range(k):
+        cur = seq[pos]
+        prev = next((s for s in range(pos - 1, -1, -1) if seq[s] == cur), None)
+        if prev is None:
+            return None
+        pos = prev + 1
+    return seq[pos]
+
+
+class KHopInduction(Task):
+    """k-hop induction heads: ``x_1 ... x_T = y``; y is ``khop_target(x, k)``; scored: y.
+
+    Sequences are redrawn (deterministically) until every hop is defined, and never
+    contain two equal adjacent tokens.
+    """
+
+    name = "khop"
+    DEFAULTS = {"k": 2, "length": 24, "n_symbols": 8}
+
+    def build_symbols(self):
+        return [f"s{i}" for i in range(self.n_symbols)] + ["="]
+
+    def check(self):
+        if self.k < 1 or self.n_symbols < 2 or self.length < 2 * self.k + 1:
+            raise DataError(f"khop: need k >= 1, n_symbols >= 2, length >= 2k+1, got {self.args}")
+
+    @property
+    def max_len(self):
+        return self.length + 3
+
+    def generate(self, rng, index, split):
+        for _ in range(10_000):
+            first = int(rng.integers(self.n_symbols))
+            steps = rng.integers(1, self.n_symbols, size=self.length - 1)  # never 0: no adjacent repeats
+            seq = np.concatenate([[first], (first + np.cumsum(steps)) % self.n_symbols]).tolist()
+            y = khop_target(seq, self.k)
+            if y is not None:
+                return [f"s{t}" for t in seq] + ["=", f"s{y}"], [0] * (len(seq) + 1) + [1]
+        raise DataError(f"khop: could not draw a sequence with a defined {self.k}-hop chain; raise length")
+
+
+FILLER = ["the grass is green .", "the sky is blue .", "the sun is yellow .", "here we go .",
+          "there and back again ."]
+
+
+class Passkey(Task):
+    """Passkey retrieval: filler sentences with ``the pass key is D D D D D .`` at a depth,
+    then ``what is the pass key ?`` and the digits; scored: the key digits.
+
+    ``depth`` in [0, 1] fixes where the key line goes (fraction of filler before it);
+    ``None`` draws it per example. Raise ``n_filler`` for a longer context probe.
+    """
+
+    name = "passkey"
+    DEFAULTS = {"n_digits": 5, "n_filler": 6, "depth": None}
+
+    def build_symbols(self):
+        words = sorted({w for s in FILLER for w in s.split()} | {"pass", "key", "what", "?"})
+        return words + [str(d) for d in range(10)]
+
+    def check(self):
+        if self.n_digits < 1 or self.n_filler < 0 or (self.depth is not None and not 0 <= self.depth <= 1):
+            raise DataError(f"passkey: need n_digits >= 1, n_filler >= 0, depth in [0, 1] or None, got {self.args}")
+
+    @property
+    def max_len(self):
+        filler = sum(len(FILLER[i % len(FILLER)].split()) for i in range(self.n_filler))
+        return filler + (5 + self.n_digits) + 6 + self.n_digits + 1
+
+    def generate(self, rng, index, split):
+        key = [str(int(d)) for d in rng.integers(0, 10, size=self.n_digits)]
+        depth = float(rng.random()) if self.depth is None else float(self.depth)
+        at = int(round(depth * self.n_filler))
+        words = []
+        for i in range(self.n_filler + 1):
+            if i == at:
+                words += ["the", "pass", "key", "is"] + key + ["."]
+            if i < self.n_filler:
+                words += FILLER[i % len(FILLER)].split()
+        words += ["what", "is", "the", "pass", "key", "?"]
+        mask = [0] * len(words) + [1] * self.n_digits
+        return words + key, mask
+
+
+TASKS = {cls.name: cls for cls in (Addition, Dyck1, KVRetrieval, ModularAddition, Memorization, MQAR,
+                                   KHopInduction, Passkey)}
+
+
+def list_tasks() -> list[str]:
+    return sorted(TASKS)
+
+
+def get_task(name: str, seed: int = 1234, **task_args) -> Task:
+    """The task ``name`` with ``task_args`` (see each class's DEFAULTS); ``seed`` fixes its content."""
+    if name.startswith("synthetic:"):
+        name = name.split(":", 1)[1]
+    if name not in TASKS:
+        raise DataError(f"unknown synthetic task {name!r}; choose one of {list_tasks()}")
+    return TASKS[name](seed=seed, **task_args)
