@@ -1,0 +1,128 @@
+"""Text generation: greedy / top-k / top-p sampling, with or without the incremental cache.
+
+The cache holds keys and values for softmax variants and values only for MixiT (its
+mixing weights do not depend on the input, so there are no keys to keep). The cached
+path gives the same tokens as recomputing the whole sequence at every step.
+
+CLI:
+    python -m eval.generate --checkpoint CKPT --tokenizer TOK --prompt "Once upon" \
+        --max-new-tokens 50 [--top-k 50] [--top-p 0.9] [--temperature 0.8] [--seed 0] [--no-cache]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+import torch
+
+
+def sample_next(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None,
+                temperature: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (b, V) -> next ids (b,). Greedy when temperature == 0 or neither top_k nor top_p is set."""
+    if temperature == 0 or (top_k is None and top_p is None):
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, idx = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p          # keep the smallest prefix with mass >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+@torch.no_grad()
+def generate(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int = 32, *,
+             top_k: int | None = None, top_p: float | None = None, temperature: float = 1.0,
+             seed: int = 0, use_cache: bool = True, eos_id: int | None = None,
+             return_logits: bool = False):
+    """Continue `prompt_ids` (1-D, or 2-D for a batch of equal-length prompts); returns the new ids
+    (list per row) and, with return_logits, the (b, new, V) logits that produced them."""
+    device = next(model.parameters()).device
+    x = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)
+    single = x.dim() == 1
+    if single:
+        x = x[None]
+    if x.shape[1] == 0:
+        raise ValueError("generate: empty prompt")
+    T = model.cfg.max_seq_len
+    if x.shape[1] > T:
+        raise ValueError(f"generate: prompt of {x.shape[1]} tokens exceeds max_seq_len={T}")
+    steps = min(max_new_tokens, T - x.shape[1] + 1)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    cache = model.new_cache() if use_cache else None
+    seq, new, all_logits = x, [], []
+    done = torch.zeros(x.shape[0], dtype=torch.bool, device=device)
+    for step in range(steps):
+        if use_cache:
+            logits = model(x if step == 0 else new[-1][:, None], cache=cache)[:, -1]
+        else:
+            logits = model(seq)[:, -1]
+        all_logits.append(logits.float())
+        nxt = sample_next(logits.cpu(), top_k, top_p, temperature, gen).to(device)
+        if eos_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            done |= nxt == eos_id
+        new.append(nxt)
+        seq = torch.cat([seq, nxt[:, None]], dim=1)
+        if eos_id is not None and bool(done.all()):
+            break
+        if seq.shape[1] > T:
+            break
+    ids = torch.stack(new, 1).tolist() if new else [[] for _ in range(x.shape[0])]
+    if eos_id is not None:
+        ids = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in ids]
+    out = ids[0] if single else ids
+    if return_logits:
+        lg = torch.stack(all_logits, 1)
+        return out, (lg[0] if single else lg)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .loading import EvalError, check_tokenizer, load_checkpoint, load_tokenizer
+    ap = argparse.ArgumentParser(prog="python -m eval.generate", description="Generate text from a checkpoint.")
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes'; omit to pass --prompt-ids")
+    ap.add_argument("--prompt", default="")
+    ap.add_argument("--prompt-ids", help="comma-separated token ids (no tokenizer needed)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--top-k", type=int)
+    ap.add_argument("--top-p", type=float)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-cache", action="store_true", help="recompute the full sequence every step")
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args(argv)
+    try:
+        model, info = load_checkpoint(a.checkpoint, a.device)
+        tok = load_tokenizer(a.tokenizer)
+        check_tokenizer(tok, model, info)
+        if a.prompt_ids:
+            ids = [int(t) for t in a.prompt_ids.split(",")]
+        elif tok is not None:
+            ids = tok.encode(a.prompt) or [tok.eos_id]
+            if a.prompt == "":
+                ids = [tok.eos_id]
+        else:
+            raise EvalError("give --tokenizer (with --prompt) or --prompt-ids")
+        out = generate(model, ids, a.max_new_tokens, top_k=a.top_k, top_p=a.top_p, temperature=a.temperature,
+                       seed=a.seed, use_cache=not a.no_cache, eos_id=getattr(tok, "eos_id", None))
+    except (EvalError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if tok is not None:
+        print(a.prompt + tok.decode(out))
+    else:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

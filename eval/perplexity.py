@@ -1,0 +1,125 @@
+"""Perplexity over a contiguous token stream with a sliding window (no padding).
+
+Every token after the first is scored exactly once. The first window scores all of its
+targets; each later window starts `stride` tokens later and scores only targets not yet
+scored, so each scored token sees at least `window - stride` tokens of context
+(the standard strided evaluation). All full windows have the same length, so they batch
+without padding; only the final window may be shorter and runs on its own.
+Reported token-weighted: loss (nats/token), perplexity, bits per byte (when the byte
+count of the scored text is known).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import distributed as D
+from .loading import EvalError
+
+
+def window_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, first_scored_token) per window over tokens [0, n); targets are tokens 1..n-1."""
+    if n < 2:
+        raise EvalError(f"perplexity needs at least 2 tokens, got {n}")
+    if not 1 <= stride <= window or window < 2:
+        raise EvalError(f"need 1 <= stride <= window and window >= 2 (got window={window}, stride={stride})")
+    spans, b, scored_to = [], 0, 1
+    while True:
+        e = min(b + window, n)
+        spans.append((b, e, max(scored_to, b + 1)))
+        scored_to = e
+        if e == n:
+            return spans
+        b += stride
+
+
+def text_stream(text: str, tokenizer, prefix_eos: bool = True) -> tuple[list[int], int]:
+    """Tokens of `text` (EOS first, so every text token is scored) and its UTF-8 byte count."""
+    ids = tokenizer.encode(text)
+    if prefix_eos:
+        ids = [tokenizer.eos_id] + list(ids)
+    return ids, len(text.encode("utf-8"))
+
+
+def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[list[int], int]:
+    p = Path(path)
+    if not p.is_file():
+        raise EvalError(f"text file {p} does not exist")
+    if tokenizer is None:
+        raise EvalError("perplexity on a text file needs a tokenizer (--tokenizer DIR or --tokenizer bytes)")
+    return text_stream(p.read_text(encoding="utf-8"), tokenizer, prefix_eos)
+
+
+def shard_stream(directory: str | Path, tokenizer=None, max_tokens: int | None = None,
+                 expect_tokenizer_id: str | None = None) -> tuple[np.ndarray, int | None]:
+    """Tokens of a prepared (data_pipeline) split; byte count via the tokenizer when given."""
+    from data_pipeline.shards import ShardSet
+    try:
+        shards = ShardSet(directory)
+    except ValueError as e:
+        raise EvalError(str(e)) from e
+    tid = shards.manifest.get("tokenizer_id")
+    if expect_tokenizer_id and tid and tid != expect_tokenizer_id:
+        raise EvalError(f"tokenizer mismatch: {directory} was prepared with tokenizer {tid} but the checkpoint "
+                        f"was trained with {expect_tokenizer_id}. Fix: evaluate on data prepared with the run's tokenizer.")
+    n = shards.num_tokens if max_tokens is None else min(max_tokens, shards.num_tokens)
+    toks = shards.read(0, n)
+    n_bytes = None
+    if tokenizer is not None:
+        n_bytes = len(tokenizer.decode(toks[1:].tolist()).encode("utf-8"))
+    return toks, n_bytes
+
+
+@torch.no_grad()
+def _window_batch_nll(model, tokens: torch.Tensor, spans: Sequence[tuple[int, int, int]], device) -> list[tuple[float, int]]:
+    """(sum nll in float64, n scored) per window; all spans in the batch have the same length."""
+    x = torch.stack([tokens[b:e] for b, e, _ in spans]).to(device)
+    logits = model(x[:, :-1]).float()
+    logp = F.log_softmax(logits, dim=-1)
+    nll = -logp.gather(-1, x[:, 1:, None])[..., 0].double().cpu()
+    out = []
+    for row, (b, e, first) in zip(nll, spans):
+        k = first - b - 1
+        out.append((float(row[k:].sum()), e - first))
+    return out
+
+
+def perplexity(model, tokens, window: int | None = None, stride: int | None = None, batch_size: int = 8,
+               n_bytes: int | None = None, device: str | torch.device | None = None,
+               progress: bool = True) -> dict[str, Any]:
+    """Token-weighted loss / perplexity / bits-per-byte of `tokens` (any int sequence)."""
+    device = device or next(model.parameters()).device
+    t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+    if t.numel() and int(t.max()) >= model.cfg.vocab_size:
+        raise EvalError(f"token id {int(t.max())} is outside the model vocabulary ({model.cfg.vocab_size}); "
+                        "the tokenizer does not match the checkpoint")
+    window = min(window or model.cfg.max_seq_len, model.cfg.max_seq_len + 1)
+    stride = stride or window
+    spans = window_spans(t.numel(), window, stride)
+    batches: list[list[tuple[int, int, int]]] = []
+    for s in spans:
+        if batches and len(batches[-1]) < batch_size and (batches[-1][0][1] - batches[-1][0][0]) == (s[1] - s[0]):
+            batches[-1].append(s)
+        else:
+            batches.append([s])
+    mine = D.my_batches(batches)
+    done = []
+    for i, b in tqdm(mine, desc="perplexity", disable=not progress or not D.is_main(), leave=False):
+        done.append((i, _window_batch_nll(model, t, b, device)))
+    per_window = [w for batch in D.gather_ordered(done) for w in batch]
+    total = 0.0
+    count = 0
+    for nll, n in per_window:
+        total += nll
+        count += n
+    loss = total / count
+    out = {"loss": loss, "perplexity": math.exp(loss), "tokens": count, "windows": len(spans),
+           "window": window, "stride": stride}
+    out["bits_per_byte"] = total / math.log(2) / n_bytes if n_bytes else None
+    return out

@@ -1,0 +1,165 @@
+"""In-context retrieval probes for pretrained LMs; each reports a score per length (and depth).
+
+- induction: a random-token sequence shown twice; accuracy/loss of predicting the repeat
+  (first-half loss reported alongside as the no-copy baseline). Pure tokens, no tokenizer.
+- kv_recall: `k1 v1 k2 v2 ... kn vn k_q` -> v_q with random token ids. Pure tokens.
+- passkey: a number hidden in filler text at several lengths and depths, then
+  "What is the pass key? The pass key is"; exact match of the teacher-forced greedy
+  answer tokens. Needs a tokenizer.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .loading import EvalError
+
+
+def _rng(seed: int, *key) -> random.Random:
+    return random.Random("-".join(str(k) for k in (seed,) + tuple(key)))   # str seeds are hashed deterministically
+
+
+@torch.no_grad()
+def _score(model, seqs: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], device,
+           batch_size: int = 16) -> list[tuple[float, int, int]]:
+    """For each sequence and its list of target positions p (token p predicted from tokens < p):
+    (sum nll, n correct argmax, n targets). Sequences in one call must have equal length."""
+    out = []
+    for i in range(0, len(seqs), batch_size):
+        x = torch.tensor([list(s) for s in seqs[i:i + batch_size]], dtype=torch.long, device=device)
+        logp = F.log_softmax(model(x[:, :-1]).float(), dim=-1)
+        for row, tg, s in zip(logp, targets[i:i + batch_size], x):
+            pos = torch.tensor(tg, device=device) - 1
+            true = s[pos + 1]
+            nll = -row[pos].gather(-1, true[:, None])[:, 0]
+            correct = (row[pos].argmax(-1) == true).sum()
+            out.append((float(nll.double().sum()), int(correct), len(tg)))
+    return out
+
+
+def _summ(scores: list[tuple[float, int, int]]) -> dict[str, float]:
+    nll = sum(s[0] for s in scores)
+    c = sum(s[1] for s in scores)
+    n = sum(s[2] for s in scores)
+    return {"acc": c / n, "loss": nll / n}
+
+
+def _token_range(model, tokenizer, low: int | None) -> tuple[int, int]:
+    hi = model.cfg.vocab_size if tokenizer is None else min(tokenizer.vocab_size, model.cfg.vocab_size)
+    lo = low if low is not None else 0
+    if tokenizer is not None and low is None:
+        lo = max(0, min(4, hi - 2))   # skip the usual special ids (unk/bos/eos/pad)
+    return lo, hi
+
+
+def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: int = 0, tokenizer=None,
+              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None) -> dict[str, Any]:
+    """Repeated random tokens [x_1..x_L, x_1..x_L]: accuracy and loss on the repeat, per L."""
+    device = device or next(model.parameters()).device
+    lo, hi = _token_range(model, tokenizer, token_low)
+    by_len: dict[str, Any] = {}
+    all_rep, all_first = [], []
+    for L in tqdm(lengths, desc="induction", disable=not progress, leave=False):
+        if 2 * L > model.cfg.max_seq_len:
+            continue
+        r = _rng(seed, "induction", L)
+        seqs = []
+        for _ in range(n):
+            x = [r.randrange(lo, hi) for _ in range(L)]
+            seqs.append(x + x)
+        rep = _score(model, seqs, [list(range(L + 1, 2 * L))] * n, device, batch_size)
+        first = _score(model, seqs, [list(range(1, L))] * n, device, batch_size)
+        s = _summ(rep)
+        by_len[str(L)] = {"acc": s["acc"], "loss": s["loss"], "first_half_loss": _summ(first)["loss"]}
+        all_rep += rep
+        all_first += first
+    if not by_len:
+        raise EvalError(f"induction: every length in {list(lengths)} is too long for max_seq_len={model.cfg.max_seq_len}")
+    s = _summ(all_rep)
+    return {"acc": s["acc"], "loss": s["loss"], "first_half_loss": _summ(all_first)["loss"],
+            "chance_acc": 1.0 / (hi - lo), "by_length": by_len}
+
+
+def kv_recall(model, num_pairs: Sequence[int] = (2, 4, 8), n: int = 64, seed: int = 0, tokenizer=None,
+              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None) -> dict[str, Any]:
+    """`k1 v1 ... kn vn kq` -> vq with distinct random key ids; accuracy/loss of vq, per number of pairs."""
+    device = device or next(model.parameters()).device
+    lo, hi = _token_range(model, tokenizer, token_low)
+    by_n: dict[str, Any] = {}
+    scores_all = []
+    for P in tqdm(num_pairs, desc="kv_recall", disable=not progress, leave=False):
+        if 2 * P + 2 > model.cfg.max_seq_len + 1 or P > hi - lo:
+            continue
+        r = _rng(seed, "kv", P)
+        seqs = []
+        for _ in range(n):
+            keys = r.sample(range(lo, hi), P)
+            vals = [r.randrange(lo, hi) for _ in range(P)]
+            q = r.randrange(P)
+            seqs.append([t for kv in zip(keys, vals) for t in kv] + [keys[q], vals[q]])
+        sc = _score(model, seqs, [[2 * P + 1]] * n, device, batch_size)
+        by_n[str(P)] = _summ(sc)
+        scores_all += sc
+    if not by_n:
+        raise EvalError(f"kv_recall: no pair count in {list(num_pairs)} fits max_seq_len={model.cfg.max_seq_len}")
+    s = _summ(scores_all)
+    return {"acc": s["acc"], "loss": s["loss"], "chance_acc": 1.0 / (hi - lo), "by_num_pairs": by_n}
+
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+QUESTION = " What is the pass key? The pass key is"
+
+
+def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids): filler trimmed so prompt+answer is about `length` tokens, needle at `depth`."""
+    needle = tokenizer.encode(f" The pass key is {key}. Remember it. {key} is the pass key. ")
+    question = tokenizer.encode(QUESTION)
+    answer = tokenizer.encode(f" {key}")
+    budget = length - len(needle) - len(question) - len(answer)
+    if budget < 0:
+        raise EvalError(f"passkey: length {length} is too short for the needle and question")
+    filler_unit = tokenizer.encode(FILLER)
+    filler = (filler_unit * (budget // max(1, len(filler_unit)) + 1))[:budget]
+    cut = int(round(depth * budget))
+    return filler[:cut] + needle + filler[cut:] + question, answer
+
+
+def passkey(model, tokenizer, lengths: Sequence[int] = (64, 128, 256), depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+            n: int = 4, seed: int = 0, device=None, progress: bool = True) -> dict[str, Any]:
+    """Exact-match retrieval of a 5-digit pass key, per length and depth."""
+    if tokenizer is None:
+        raise EvalError("passkey is a text probe and needs a tokenizer (--tokenizer DIR, or --tokenizer bytes)")
+    device = device or next(model.parameters()).device
+    grid: dict[str, Any] = {}
+    hits_all = tot_all = 0
+    nll_all = 0.0
+    ntok_all = 0
+    T = model.cfg.max_seq_len
+    for L in tqdm(lengths, desc="passkey", disable=not progress, leave=False):
+        if L > T + 1:
+            continue
+        r = _rng(seed, "passkey", L)
+        for d in depths:
+            hits = 0
+            nll = 0.0
+            ntok = 0
+            for _ in range(n):
+                key = r.randrange(10000, 100000)
+                prompt, ans = passkey_prompt(tokenizer, L, d, key)
+                seq = prompt + ans
+                (s_nll, correct, cnt), = _score(model, [seq], [list(range(len(prompt), len(seq)))], device)
+                hits += int(correct == cnt)
+                nll += s_nll
+                ntok += cnt
+            grid.setdefault(str(L), {})[f"{d:g}"] = {"acc": hits / n, "loss": nll / ntok}
+            hits_all += hits
+            tot_all += n
+            nll_all += nll
+            ntok_all += ntok
+    if not grid:
+        raise EvalError(f"passkey: every length in {list(lengths)} exceeds max_seq_len={T}")
+    return {"acc": hits_all / tot_all, "loss": nll_all / ntok_all, "by_length_depth": grid}

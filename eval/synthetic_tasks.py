@@ -1,0 +1,83 @@
+"""Accuracy of models trained on data_pipeline.synthetic tasks, scored only where the task marks.
+
+For a sample (tokens, loss_mask), token t with loss_mask[t] == 1 is predicted from tokens < t.
+Reported: token accuracy and loss on the marked positions, exact match (all marked tokens
+of a sample right), and the same per sample length (length tracks difficulty, e.g. the
+number of key-value pairs). Samples are grouped by length, so batches carry no padding.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .loading import EvalError
+
+
+def get_task(name: str, task_args: dict | None = None, seed: int = 1234):
+    try:
+        from data_pipeline.synthetic import get_task as _get, list_tasks
+    except ImportError as e:
+        raise EvalError("synthetic tasks need data_pipeline.synthetic, which is not importable") from e
+    try:
+        return _get(name, seed=seed, **(task_args or {}))
+    except ValueError as e:    # DataError: unknown task / bad args
+        raise EvalError(f"{e} (available: {list_tasks()})") from e
+
+
+def check_task_matches(task, model, info: dict | None = None) -> None:
+    if task.vocab_size > model.cfg.vocab_size:
+        raise EvalError(f"task {task.tokenizer_id} needs {task.vocab_size} token ids but the checkpoint has "
+                        f"vocab_size={model.cfg.vocab_size}: the checkpoint was not trained on this task")
+    want = (info or {}).get("tokenizer_id")
+    if want and want != task.tokenizer_id:
+        raise EvalError(f"tokenizer mismatch: checkpoint was trained with {want}, task uses {task.tokenizer_id}")
+
+
+@torch.no_grad()
+def evaluate_task(model, task, n: int = 256, split: str = "test", batch_size: int = 64, device=None,
+                  info: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """Token accuracy / loss / exact match of `task` (a name or a data_pipeline task object) on `n` samples."""
+    if isinstance(task, str):
+        task = get_task(task)
+    check_task_matches(task, model, info)
+    device = device or next(model.parameters()).device
+    size = task.size(split)
+    n = min(n, size) if size is not None else n
+    groups: dict[int, list[tuple[list[int], list[int]]]] = defaultdict(list)
+    for i in range(n):
+        toks, mask = task.sample(i, split)
+        if len(toks) > model.cfg.max_seq_len + 1:
+            raise EvalError(f"task sample of length {len(toks)} exceeds the model's max_seq_len={model.cfg.max_seq_len}")
+        groups[len(toks)].append((toks, mask))
+    by_len: dict[str, Any] = {}
+    tot = {"nll": 0.0, "correct": 0, "count": 0, "exact": 0, "samples": 0}
+    batches = [(L, items[j:j + batch_size]) for L, items in sorted(groups.items())
+               for j in range(0, len(items), batch_size)]
+    for L, items in tqdm(batches, desc=f"synthetic:{task.name}", disable=not progress, leave=False):
+        x = torch.tensor([t for t, _ in items], device=device)
+        m = torch.tensor([mk for _, mk in items], device=device, dtype=torch.bool)[:, 1:]
+        logp = F.log_softmax(model(x[:, :-1]).float(), dim=-1)
+        y = x[:, 1:]
+        nll = -logp.gather(-1, y[..., None])[..., 0]
+        ok = (logp.argmax(-1) == y) & m
+        g = by_len.setdefault(str(L), {"nll": 0.0, "correct": 0, "count": 0, "exact": 0, "samples": 0})
+        for acc in (g, tot):
+            acc["nll"] += float(nll[m].double().sum())
+            acc["correct"] += int(ok.sum())
+            acc["count"] += int(m.sum())
+            acc["exact"] += int((ok == m).all(-1).sum())
+            acc["samples"] += len(items)
+    if tot["count"] == 0:
+        raise EvalError(f"task {task.name}: no scored positions in {n} samples")
+
+    def fin(a):
+        return {"acc": a["correct"] / a["count"], "loss": a["nll"] / a["count"],
+                "exact_match": a["exact"] / a["samples"], "samples": a["samples"]}
+    out = fin(tot)
+    out["task"] = task.tokenizer_id
+    out["by_length"] = {k: fin(v) for k, v in by_len.items()}
+    return out
