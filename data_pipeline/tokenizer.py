@@ -182,6 +182,30 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
         print(f"[tokenizer] training BPE vocab={vocab_size} on {len(files)} file(s), {total / 1e6:.1f} MB ...",
               file=sys.stderr, flush=True)
     prefix = out / "tokenizer.tmp"
+    try:
+        _train(spm, files, prefix, vocab_size, character_coverage, max_sentences)
+    except RuntimeError as e:
+        raise DataError(
+            f"tokenizer train: SentencePiece failed on {[str(f) for f in files]}: {e}. If it says the vocabulary is "
+            "smaller than required_chars, raise --vocab-size or lower --character-coverage (rare characters then "
+            "go through byte fallback)"
+        ) from e
+    os.replace(f"{prefix}.model", out / SP_MODEL)
+    if Path(f"{prefix}.vocab").exists():
+        os.replace(f"{prefix}.vocab", out / "tokenizer.vocab")
+    _CACHE.pop(str(out.resolve()), None)
+    tok = load_tokenizer(out)
+    meta = {"identity": tok.identity, "vocab_size": tok.vocab_size, "kind": "sentencepiece", "model_type": "bpe",
+            "byte_fallback": True, "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id,
+            "inputs": [str(f) for f in files]}
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    if not quiet:
+        print(f"[tokenizer] done in {time.time() - t0:.1f}s: {tok.identity} vocab={tok.vocab_size} -> {out}",
+              file=sys.stderr, flush=True)
+    return tok
+
+
+def _train(spm, files, prefix, vocab_size, character_coverage, max_sentences):
     spm.SentencePieceTrainer.train(
         input=",".join(str(f) for f in files),
         model_prefix=str(prefix),
@@ -199,19 +223,6 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )
-    os.replace(f"{prefix}.model", out / SP_MODEL)
-    if Path(f"{prefix}.vocab").exists():
-        os.replace(f"{prefix}.vocab", out / "tokenizer.vocab")
-    _CACHE.pop(str(out.resolve()), None)
-    tok = load_tokenizer(out)
-    meta = {"identity": tok.identity, "vocab_size": tok.vocab_size, "kind": "sentencepiece", "model_type": "bpe",
-            "byte_fallback": True, "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id,
-            "inputs": [str(f) for f in files]}
-    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
-    if not quiet:
-        print(f"[tokenizer] done in {time.time() - t0:.1f}s: {tok.identity} vocab={tok.vocab_size} -> {out}",
-              file=sys.stderr, flush=True)
-    return tok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,12 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--vocab-size", type=int, required=True)
     t.add_argument("--out", required=True, help="output directory (gets tokenizer.model + tokenizer_meta.json)")
     t.add_argument("--max-sentences", type=int, default=2_000_000, help="lines read for training")
+    t.add_argument("--character-coverage", type=float, default=0.9995,
+                   help="share of characters given their own piece; the rest use byte fallback")
     i = sub.add_parser("info", help="print identity and special ids of a tokenizer directory")
     i.add_argument("path")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "train":
-            train_sentencepiece(args.input, args.vocab_size, args.out, max_sentences=args.max_sentences)
+            train_sentencepiece(args.input, args.vocab_size, args.out, max_sentences=args.max_sentences,
+                                character_coverage=args.character_coverage)
         else:
             tok = load_tokenizer(args.path)
             print(json.dumps({"identity": tok.identity, "kind": tok.kind, "vocab_size": tok.vocab_size,
