@@ -5,7 +5,10 @@ symbols), an identity ``synthetic:<task>:v1`` and ``sample(index, split) -> (tok
 where ``loss_mask[t] == 1`` marks the positions whose token is scored (the answer).
 Example ``i`` of split ``s`` is drawn from ``numpy.random.default_rng([seed, s, i, task])``,
 so it is a pure function of its arguments: no state, any order, any number of workers.
-Train and test use different split codes (disjoint seed streams); modular addition uses a
+Train and test use different split codes (disjoint seed streams) and, for the unbounded
+tasks, are also disjoint *by content*: an example whose token hash falls in the test bucket
+(1 in ``TEST_BUCKETS``) is only ever a test example, and the train stream redraws it. Short
+examples (one kv pair, small sums) would otherwise appear in both. Modular addition uses a
 fixed 95/5 split of all pairs; memorization's test set is its train set by definition.
 
 Defaults are sized so a 2-layer transformer of width 64-128 learns them on CPU within a
@@ -22,6 +25,12 @@ from .errors import DataError
 
 SPLIT_CODES = {"train": 0, "test": 1, "val": 1, "validation": 1}
 PAD, EOS = "<pad>", "<eos>"
+TEST_BUCKETS = 20
+
+
+def _is_test_example(words: list[str]) -> bool:
+    h = hashlib.blake2b(" ".join(words).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") % TEST_BUCKETS == 0
 
 
 def _name_code(name: str) -> int:
@@ -95,6 +104,14 @@ class Task:
             raise IndexError(f"synthetic task {self.name!r}: index {index} out of range for split {split!r} (size {n})")
         rng = np.random.default_rng([self.seed, SPLIT_CODES[split], index, _name_code(self.name)])
         words, mask = self.generate(rng, index, split)
+        if n is None:  # unbounded task: keep train and test disjoint by content
+            want_test = split == "test"
+            for _ in range(100 * TEST_BUCKETS):
+                if _is_test_example(words) == want_test:
+                    break
+                words, mask = self.generate(rng, index, split)
+            else:  # pragma: no cover - only for degenerate task_args with a handful of distinct examples
+                raise DataError(f"synthetic task {self.name!r}: too few distinct examples to split train/test; enlarge task_args")
         words = words + [EOS]
         mask = list(mask) + [0]
         return [self.ids[w] for w in words], mask
