@@ -1,0 +1,290 @@
+"""The experiment recipe: one YAML file loaded into dataclasses, with dotted overrides.
+
+A recipe has the sections `model`, `data`, `train`, `optim`, `parallel`, `checkpoint`,
+`logging` (plus `name` and `seed`). Every key is checked: an unknown key is an error
+that names the closest valid key. Command-line overrides are `section.key=value`
+(values parsed as YAML, so `train.lr=3e-4`, `model.tie_embeddings=true`,
+`data.task_args.n_pairs=8` all work).
+
+Batch sizes are stated either in sequences (`train.global_batch_sequences`) or in
+tokens (`train.global_batch_tokens`, which must be a multiple of `train.seq_len`);
+`train.micro_batch_sequences` is per data-parallel rank per forward pass.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
+
+
+class RecipeError(ValueError):
+    """A recipe value is missing, unknown or inconsistent; the message says how to fix it."""
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 64
+    global_batch_sequences: int | None = None     # exactly one of these two
+    global_batch_tokens: int | None = None
+    micro_batch_sequences: int = 4                # per data-parallel rank, per forward pass
+    max_steps: int | None = None                  # exactly one of max_steps / max_tokens
+    max_tokens: int | None = None
+    precision: str = "fp32"                       # fp32 | bf16 (fp16 is not supported)
+    grad_clip: float = 1.0                        # 0 disables clipping
+    activation_checkpointing: bool = False
+    device: str = "auto"                          # auto | cpu | cuda
+    init_seed: int | None = None                  # model init seed; None -> top-level seed
+    eval_every_steps: int = 0                     # 0: no periodic validation
+    eval_batches: int = 4                         # validation batches (of global_batch_sequences) per evaluation
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    decay: str = "cosine"                         # cosine | linear | constant
+    decay_steps: int | None = None                # None -> max_steps - warmup_steps
+    no_decay: list[str] = field(default_factory=lambda: ["bias", "norm", "embed"])  # name substrings without weight decay
+    torch_adam: bool = True                       # torch.optim.AdamW (no JIT build); false -> DeepSpeed's fused Adam
+
+
+@dataclass
+class ParallelConfig:
+    ds_config: str = "zero1"                      # a name in ds_configs/ or a path to a JSON file
+    pipeline_stages: int = 1
+    partition_method: str = "parameters"          # PipelineModule partitioning: parameters | uniform | type:Block
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0                          # 0: only at the end and on SIGTERM/SIGINT
+    keep_last: int = 3                            # 0 keeps all
+    save_final: bool = True
+    save_on_signal: bool = True
+    load_universal: bool = False                  # resume from a universal checkpoint (pretrain.universal)
+
+
+@dataclass
+class LoggingConfig:
+    every_steps: int = 1
+    tensorboard: bool = True
+    progress_bar: str = "auto"                    # auto (tty only) | on | off
+    peak_tflops: float | None = None              # per-device peak for MFU; None -> a table by device name, or measured
+    measure_peak: bool = False                    # measure a matmul peak at start when peak_tflops is None
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    seed: int = 1234
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    data: dict[str, Any] = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    # ---- derived ----------------------------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step across all data-parallel ranks."""
+        t = self.train
+        if t.global_batch_sequences is not None:
+            return t.global_batch_sequences
+        return t.global_batch_tokens // t.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.train.seq_len
+
+    @property
+    def max_steps(self) -> int:
+        t = self.train
+        if t.max_steps is not None:
+            return t.max_steps
+        return -(-t.max_tokens // self.tokens_per_step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def validate(self) -> None:
+        t, o, p, c = self.train, self.optim, self.parallel, self.checkpoint
+        if (t.global_batch_sequences is None) == (t.global_batch_tokens is None):
+            raise RecipeError("train: give exactly one of global_batch_sequences or global_batch_tokens "
+                              f"(got {t.global_batch_sequences!r} and {t.global_batch_tokens!r})")
+        if t.global_batch_tokens is not None and t.global_batch_tokens % t.seq_len:
+            raise RecipeError(f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
+                              f"train.seq_len={t.seq_len}; use e.g. {t.seq_len * max(1, t.global_batch_tokens // t.seq_len)}")
+        if (t.max_steps is None) == (t.max_tokens is None):
+            raise RecipeError("train: give exactly one of max_steps or max_tokens "
+                              f"(got {t.max_steps!r} and {t.max_tokens!r})")
+        for name in ("seq_len", "micro_batch_sequences"):
+            if getattr(t, name) < 1:
+                raise RecipeError(f"train.{name} must be >= 1")
+        if self.global_batch_size < 1 or self.max_steps < 1:
+            raise RecipeError("train: the global batch and the number of steps must be >= 1")
+        if t.precision not in ("fp32", "bf16"):
+            hint = " (fp16 needs loss scaling and is not supported; use bf16)" if t.precision == "fp16" else ""
+            raise RecipeError(f"train.precision must be fp32 or bf16, got {t.precision!r}{hint}")
+        if t.device not in ("auto", "cpu", "cuda"):
+            raise RecipeError(f"train.device must be auto, cpu or cuda, got {t.device!r}")
+        if o.decay not in ("cosine", "linear", "constant"):
+            raise RecipeError(f"optim.decay must be cosine, linear or constant, got {o.decay!r}")
+        if not (0 <= o.min_lr <= o.lr):
+            raise RecipeError(f"optim.min_lr={o.min_lr} must be in [0, optim.lr={o.lr}]")
+        if len(o.betas) != 2:
+            raise RecipeError(f"optim.betas must be two numbers, got {o.betas!r}")
+        if o.warmup_steps < 0:
+            raise RecipeError("optim.warmup_steps must be >= 0")
+        if p.pipeline_stages < 1:
+            raise RecipeError("parallel.pipeline_stages must be >= 1")
+        if c.keep_last < 0 or c.every_steps < 0:
+            raise RecipeError("checkpoint.keep_last and checkpoint.every_steps must be >= 0")
+        if self.logging.progress_bar not in ("auto", "on", "off"):
+            raise RecipeError("logging.progress_bar must be auto, on or off")
+
+
+SECTIONS = {"train": TrainConfig, "optim": OptimConfig, "parallel": ParallelConfig,
+            "checkpoint": CheckpointConfig, "logging": LoggingConfig}
+FREE_SECTIONS = ("model", "data")      # validated by model.ModelConfig / data_pipeline.DataConfig
+TOP_KEYS = ("name", "seed") + FREE_SECTIONS + tuple(SECTIONS)
+
+
+def _unknown(where: str, key: str, valid) -> RecipeError:
+    valid = sorted(valid)
+    close = difflib.get_close_matches(key, valid, n=3)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else f"valid keys: {valid}"
+    return RecipeError(f"{where}{key}: unknown key. Fix: {hint}")
+
+
+def model_keys() -> set[str]:
+    from model import ModelConfig
+    return {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}
+
+
+def from_dict(d: dict[str, Any]) -> RunConfig:
+    """Build a RunConfig from a plain mapping; unknown keys are errors with close matches."""
+    d = copy.deepcopy(d or {})
+    if not isinstance(d, dict):
+        raise RecipeError(f"a recipe must be a mapping of sections, got {type(d).__name__}")
+    for k in d:
+        if k not in TOP_KEYS:
+            raise _unknown("", k, TOP_KEYS)
+    kwargs: dict[str, Any] = {}
+    for k in ("name", "seed"):
+        if k in d:
+            kwargs[k] = d[k]
+    for sec in FREE_SECTIONS:
+        if sec in d:
+            if not isinstance(d[sec], dict):
+                raise RecipeError(f"{sec}: must be a mapping, got {d[sec]!r}")
+            kwargs[sec] = d[sec]
+    mk = model_keys()
+    for k in kwargs.get("model", {}):
+        if k not in mk:
+            raise _unknown("model.", k, mk)
+    for sec, cls in SECTIONS.items():
+        if sec not in d:
+            continue
+        body = d[sec] or {}
+        if not isinstance(body, dict):
+            raise RecipeError(f"{sec}: must be a mapping, got {body!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        for k in body:
+            if k not in names:
+                raise _unknown(f"{sec}.", k, names)
+        kwargs[sec] = cls(**body)
+    cfg = RunConfig(**kwargs)
+    cfg.validate()
+    return cfg
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise RecipeError(f"override {item!r} must look like section.key=value (e.g. train.lr=3e-4)")
+    key, _, raw = item.partition("=")
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise RecipeError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError as e:
+        raise RecipeError(f"override {item!r}: value is not valid YAML ({e})") from None
+    # YAML 1.1 reads 3e-4 as a string; accept it as the number it obviously is.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            pass
+    return path, value
+
+
+# Short aliases so `train.lr=3e-4` works as written in the issue (lr lives in optim).
+ALIASES = {("train", "lr"): ("optim", "lr"), ("train", "min_lr"): ("optim", "min_lr"),
+           ("train", "warmup_steps"): ("optim", "warmup_steps"),
+           ("train", "weight_decay"): ("optim", "weight_decay")}
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str] | tuple[str, ...] | dict | None) -> dict[str, Any]:
+    d = copy.deepcopy(d or {})
+    if isinstance(overrides, dict):
+        items = [(k.split("."), v) for k, v in overrides.items()]
+    else:
+        items = [parse_override(o) for o in (overrides or [])]
+    for path, value in items:
+        if len(path) >= 2 and tuple(path[:2]) in ALIASES:
+            path = list(ALIASES[tuple(path[:2])]) + path[2:]
+        if path[0] not in TOP_KEYS:
+            raise _unknown("", path[0], TOP_KEYS)
+        node = d
+        for p in path[:-1]:
+            if node.get(p) is None:
+                node[p] = {}
+            node = node[p]
+            if not isinstance(node, dict):
+                raise RecipeError(f"override {'.'.join(path)}: {p} is not a section")
+        node[path[-1]] = value
+    return d
+
+
+def load_recipe(recipe: str | Path | dict | None, overrides=None) -> RunConfig:
+    """A recipe path (or mapping) plus dotted overrides -> a validated RunConfig."""
+    if recipe is None:
+        d: dict[str, Any] = {}
+    elif isinstance(recipe, dict):
+        d = recipe
+    else:
+        path = Path(recipe)
+        if not path.is_file() and (REPO_ROOT / path).is_file():
+            path = REPO_ROOT / path
+        if not path.is_file():
+            raise RecipeError(f"recipe {recipe} not found")
+        d = yaml.safe_load(path.read_text()) or {}
+    return from_dict(apply_overrides(d, overrides))
+
+
+def resolve_ds_config_path(name: str) -> Path:
+    p = Path(name)
+    for cand in (p, REPO_ROOT / p, DS_CONFIG_DIR / p, DS_CONFIG_DIR / f"{name}.json"):
+        if cand.is_file():
+            return cand
+    names = sorted(x.stem for x in DS_CONFIG_DIR.glob("*.json"))
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f"did you mean {close}? " if close else ""
+    raise RecipeError(f"parallel.ds_config: {name!r} is neither a file nor a name in ds_configs/. Fix: {hint}choose one of {names}")

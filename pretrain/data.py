@@ -1,0 +1,156 @@
+"""Where the trainer gets batches: `data_pipeline.build_loader`, or a small built-in reader.
+
+The built-in reader exists for two cases the data pipeline does not cover:
+`text:PATH` (raw UTF-8 text files read as bytes, vocab 256; no tokenizer, no preparation
+step) and, while `data_pipeline.build_loader` is unavailable, `synthetic:<task>` (a
+key-value retrieval stand-in). It keeps the same contract as the data pipeline: each
+`next()` returns this rank's share [B // W, T] of one global batch; the state is the
+GLOBAL number of sequences consumed, so a resume with another world size continues
+the same order.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+
+
+def _pipeline_build_loader():
+    try:
+        from data_pipeline import build_loader  # type: ignore[attr-defined]
+        return build_loader
+    except ImportError:
+        return None
+
+
+def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
+                dp_rank: int, dp_world_size: int, seed: int):
+    """A per-rank batch iterator for the recipe's `data` section."""
+    data = dict(data)
+    source = str(data.get("source", ""))
+    if not source:
+        raise ValueError("data.source is required (a prepared shard dir, 'synthetic:<task>' or 'text:PATH')")
+    data.setdefault("seed", seed)
+    build_loader = _pipeline_build_loader()
+    if source.startswith("text:") or build_loader is None:
+        return BuiltinLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
+    from data_pipeline import DataConfig
+    return build_loader(DataConfig.from_dict(data), split=split, seq_len=seq_len,
+                        global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size)
+
+
+class BuiltinLoader:
+    def __init__(self, data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
+                 dp_rank: int, dp_world_size: int):
+        known = {"source", "seed", "val_fraction", "task_args"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"data: unknown keys {sorted(unknown)} for the built-in reader; known: {sorted(known)}")
+        if global_batch_size % dp_world_size:
+            raise ValueError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
+        self.source = data["source"]
+        self.seed = int(data.get("seed", 0))
+        self.split = split
+        self.T = seq_len
+        self.B = global_batch_size
+        self.rank, self.world = dp_rank, dp_world_size
+        self.samples_seen = 0
+        if self.source.startswith("text:"):
+            self._init_text(data)
+        else:
+            self._init_synthetic(data)
+
+    # ---- text: bytes of UTF-8 files ------------------------------------------------------
+    def _init_text(self, data: dict[str, Any]) -> None:
+        path = Path(self.source[len("text:"):])
+        files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise FileNotFoundError(f"data.source={self.source!r}: no .txt files found")
+        raw = b"".join(f.read_bytes() for f in files)
+        tokens = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+        n_val = int(len(tokens) * float(data.get("val_fraction", 0.05)))
+        self.tokens = tokens[len(tokens) - n_val:] if self.split == "val" else tokens[:len(tokens) - n_val]
+        self.n_windows = (len(self.tokens) - 1) // self.T
+        if self.n_windows < 1:
+            raise ValueError(f"{self.source}: split {self.split!r} is shorter than one sequence of {self.T}")
+        self.vocab_size = 256
+        self.tokenizer_id = "bytes"
+        self._perm_epoch, self._perm = -1, None
+
+    def _text_sample(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, k = divmod(j, self.n_windows)
+        if self.split == "val":
+            w = k
+        else:
+            if epoch != self._perm_epoch:
+                self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
+                self._perm_epoch = epoch
+            w = int(self._perm[k])
+        seg = self.tokens[w * self.T: w * self.T + self.T + 1]
+        return seg[:-1], seg[1:]
+
+    # ---- synthetic stand-in: key-value retrieval -----------------------------------------
+    def _init_synthetic(self, data: dict[str, Any]) -> None:
+        args = dict(data.get("task_args") or {})
+        self.n_keys = int(args.pop("n_keys", 16))
+        self.n_pairs = int(args.pop("n_pairs", 8))
+        self.n_values = int(args.pop("n_values", 16))
+        if args:
+            raise ValueError(f"data.task_args: unknown keys {sorted(args)} (built-in task knows n_keys, n_pairs, n_values)")
+        # tokens: 0 pad, 1 query marker, 2 separator, keys, values
+        self.key0, self.val0 = 3, 3 + self.n_keys
+        self.vocab_size = 3 + self.n_keys + self.n_values
+        self.tokenizer_id = f"builtin-kv-{self.n_keys}-{self.n_values}"
+        self._split_salt = 1 if self.split == "val" else 0
+
+    def _synthetic_sample(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.seed, self._split_salt, j])
+        T = self.T
+        ids = np.zeros(T + 1, dtype=np.int64)
+        labels = np.full(T, IGNORE_INDEX, dtype=np.int64)
+        pos = 0
+        while pos + 3 * self.n_pairs + 3 <= T + 1:
+            keys = rng.choice(self.n_keys, size=self.n_pairs, replace=False)
+            vals = rng.integers(0, self.n_values, size=self.n_pairs)
+            for k, v in zip(keys, vals):
+                ids[pos], ids[pos + 1], ids[pos + 2] = self.key0 + k, self.val0 + v, 2
+                pos += 3
+            q = rng.integers(0, self.n_pairs)
+            ids[pos], ids[pos + 1] = 1, self.key0 + keys[q]
+            ids[pos + 2] = self.val0 + vals[q]
+            labels[pos + 1] = ids[pos + 2]          # predict the value after the queried key
+            for i in range(pos - 3 * self.n_pairs, pos, 3):
+                labels[i] = ids[i + 1]              # values after keys are scored too (memorisable)
+            pos += 3
+        return ids[:-1], labels
+
+    # ---- iterator contract -------------------------------------------------------------
+    def _sample(self, j: int):
+        if self.source.startswith("text:"):
+            return self._text_sample(j)
+        return self._synthetic_sample(j)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        per = self.B // self.world
+        start = self.samples_seen + self.rank * per
+        xs, ys = zip(*(self._sample(j) for j in range(start, start + per)))
+        self.samples_seen += self.B
+        return {"input_ids": torch.from_numpy(np.stack(xs)), "labels": torch.from_numpy(np.stack(ys))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples_seen": self.samples_seen, "source": self.source, "seed": self.seed,
+                "fingerprint": hashlib.sha1(f"{self.source}|{self.seed}|{self.T}".encode()).hexdigest()[:12]}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if d.get("source", self.source) != self.source or d.get("seed", self.seed) != self.seed:
+            raise ValueError(f"loader state is for source={d.get('source')!r} seed={d.get('seed')}, "
+                             f"but the recipe has source={self.source!r} seed={self.seed}")
+        self.samples_seen = int(d["samples_seen"])

@@ -1,0 +1,139 @@
+"""Parallel layout: checks that refuse impossible layouts, the DeepSpeed config the
+trainer hands to the engine, and a per-rank memory estimate.
+
+The JSON in ds_configs/ only says *how* to parallelise (ZeRO stage, offload, buckets).
+Everything the recipe states (batch sizes, precision, optimizer, clipping) is filled in
+here, and a template that sets one of those keys is refused, so the two never disagree.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .config import RecipeError, RunConfig, resolve_ds_config_path
+
+# Keys the trainer owns; a ds_configs/ template must not set them.
+RECIPE_OWNED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "bf16", "fp16", "optimizer", "scheduler", "gradient_clipping", "data_types")
+
+
+@dataclass
+class Layout:
+    world_size: int
+    pipeline_stages: int
+    data_parallel: int
+    micro_batch: int          # sequences per rank per forward pass
+    grad_accum: int           # micro-batches per optimizer step (per pipeline: micro-batches in flight)
+    global_batch: int         # sequences per optimizer step
+    zero_stage: int
+    offload_optimizer: bool
+    offload_param: bool
+
+    def describe(self) -> str:
+        off = [n for n, on in (("optimizer", self.offload_optimizer), ("params", self.offload_param)) if on]
+        return (f"world={self.world_size} = pipeline {self.pipeline_stages} x data {self.data_parallel}; "
+                f"ZeRO-{self.zero_stage}{' (CPU offload: ' + ', '.join(off) + ')' if off else ''}; "
+                f"global batch {self.global_batch} seq = micro {self.micro_batch} x grad-accum {self.grad_accum} "
+                f"x data {self.data_parallel}")
+
+
+def load_template(cfg: RunConfig) -> dict[str, Any]:
+    path = resolve_ds_config_path(cfg.parallel.ds_config)
+    try:
+        tmpl = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RecipeError(f"{path}: not valid JSON ({e})") from None
+    owned = [k for k in RECIPE_OWNED if k in tmpl]
+    if owned:
+        raise RecipeError(f"{path} sets {owned}, which the recipe owns (train.*, optim.*). "
+                          "Fix: remove them from the JSON and set them in the recipe.")
+    return tmpl
+
+
+def plan_layout(cfg: RunConfig, world_size: int, num_layers: int | None = None) -> Layout:
+    """Check the layout for `world_size` ranks; raise RecipeError with the reason if impossible."""
+    tmpl = load_template(cfg)
+    zero = tmpl.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    pp = cfg.parallel.pipeline_stages
+    if world_size % pp:
+        raise RecipeError(f"world size {world_size} is not divisible by parallel.pipeline_stages={pp}. "
+                          f"Fix: use a world size that is a multiple of {pp}, or change pipeline_stages.")
+    if pp > 1 and stage >= 2:
+        raise RecipeError(f"pipeline parallelism (parallel.pipeline_stages={pp}) cannot be combined with ZeRO-{stage}: "
+                          "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only. "
+                          "Fix: parallel.ds_config=pipeline (ZeRO-1) or zero1.")
+    if pp > 1 and ("offload_optimizer" in zero or "offload_param" in zero):
+        raise RecipeError("CPU offload is not supported with pipeline parallelism. Fix: parallel.ds_config=pipeline.")
+    if num_layers is not None and pp > num_layers:
+        raise RecipeError(f"parallel.pipeline_stages={pp} exceeds the model's {num_layers} layers. "
+                          "Fix: use at most num_layers stages.")
+    dp = world_size // pp
+    mb = cfg.train.micro_batch_sequences
+    gbs = cfg.global_batch_size
+    if gbs % (mb * dp):
+        ok = [m for m in range(1, gbs + 1) if gbs % (m * dp) == 0]
+        raise RecipeError(f"global batch {gbs} sequences is not divisible by micro_batch_sequences={mb} x "
+                          f"data-parallel {dp}. Fix: choose train.micro_batch_sequences from {ok[:8]} "
+                          f"or a global batch that is a multiple of {mb * dp}.")
+    return Layout(world_size=world_size, pipeline_stages=pp, data_parallel=dp, micro_batch=mb,
+                  grad_accum=gbs // (mb * dp), global_batch=gbs, zero_stage=stage,
+                  offload_optimizer="offload_optimizer" in zero, offload_param="offload_param" in zero)
+
+
+def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool) -> dict[str, Any]:
+    """The DeepSpeed config: the template plus every value the recipe owns."""
+    ds = load_template(cfg)
+    o, t = cfg.optim, cfg.train
+    ds["train_batch_size"] = layout.global_batch
+    ds["train_micro_batch_size_per_gpu"] = layout.micro_batch
+    ds["gradient_accumulation_steps"] = layout.grad_accum
+    ds["gradient_clipping"] = float(t.grad_clip)
+    ds["bf16"] = {"enabled": t.precision == "bf16"}
+    ds["fp16"] = {"enabled": False}
+    if t.precision == "bf16" and layout.pipeline_stages > 1:
+        # Accumulate micro-batch gradients in fp32 under pipeline parallelism.
+        ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    ds["optimizer"] = {"type": "AdamW", "params": {
+        "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+        "torch_adam": bool(o.torch_adam or on_cpu), "adam_w_mode": True}}
+    return ds
+
+
+# ---- memory estimate --------------------------------------------------------------------
+
+def memory_estimate(cfg: RunConfig, layout: Layout, n_trainable: int, n_frozen: int,
+                    hidden: int, layers: int, heads: int, vocab: int) -> dict[str, float]:
+    """Rough bytes per rank: weights, gradients, optimizer state (ZeRO-sharded), activations.
+
+    fp32 training: 4 B weights + 4 B grads + 8 B Adam moments per trainable parameter.
+    bf16 training: 2 B weights + 2 B grads (4 B under pipeline fp32 accumulation) + 4 B fp32
+    master + 8 B moments. Frozen tensors: weights only. ZeRO-1 shards the optimizer state,
+    ZeRO-2 also the gradients, ZeRO-3 also the weights, over the data-parallel ranks; pipeline
+    stages split everything by the stage count. Activations follow Korthikanti et al.
+    (sbh(34 + 5as/h) bytes per layer in 16-bit; x2 in fp32), or 2sbh per layer with activation
+    checkpointing, plus the fp32 logits.
+    """
+    bf16 = cfg.train.precision == "bf16"
+    wb = 2 if bf16 else 4
+    gb = 4 if (bf16 and layout.pipeline_stages > 1) or not bf16 else 2
+    ob = 12 if bf16 else 8
+    dp, pp = layout.data_parallel, layout.pipeline_stages
+    st = layout.zero_stage
+    weights = (n_trainable + n_frozen) * wb / pp / (dp if st >= 3 else 1)
+    grads = n_trainable * gb / pp / (dp if st >= 2 else 1)
+    optim = n_trainable * ob / pp / (dp if st >= 1 else 1)
+    if layout.offload_optimizer:
+        optim = 0.0
+    if layout.offload_param:
+        weights = 0.0
+    s, b = cfg.train.seq_len, layout.micro_batch
+    per_layer = s * b * hidden * 2 * wb if cfg.train.activation_checkpointing else \
+        s * b * hidden * (34 + 5 * heads * s / hidden) * (wb / 2)
+    in_flight = min(pp, layout.grad_accum) if pp > 1 else 1
+    acts = per_layer * layers / pp * in_flight + s * b * vocab * 4 * 2
+    total = weights + grads + optim + acts
+    gib = 1024 ** 3
+    return {"weights_gib": weights / gib, "grads_gib": grads / gib, "optimizer_gib": optim / gib,
+            "activations_gib": acts / gib, "total_gib": total / gib}

@@ -1,0 +1,174 @@
+"""Throughput accounting and the three log sinks: metrics.jsonl, TensorBoard, console.
+
+FLOPs per token come from `model.flops.flops_per_token` (frozen weights' gradient work
+excluded); until that module exists a placeholder is used (see `train_flops_per_token`).
+MFU = achieved FLOP/s / (peak per device x devices); the peak is the recipe's
+`logging.peak_tflops`, else a table by GPU name, else a measured matmul peak when
+`logging.measure_peak` is true, else MFU is not reported.
+"""
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense bf16 peak TFLOP/s per device (vendor datasheets, no sparsity).
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
+               "V100": 125.0, "MI300X": 1307.0}
+
+
+def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
+    """(forward+backward FLOPs per token, source). Placeholder until model.flops exists:
+    2 N (forward) + 2 N (input gradients) + 2 N_trainable (weight gradients), N = non-embedding
+    matmul parameters plus the head, attention scores 12 L d T when softmax."""
+    try:
+        from model.flops import flops_per_token  # type: ignore
+        return float(flops_per_token(mcfg, seq_len, step=step)["train"]), "model.flops"
+    except ImportError:
+        pass
+    from model import param_count
+    from model.freezing import groups_of  # noqa: F401  (documenting where groups come from)
+    pc = param_count(mcfg)
+    frozen = mcfg.frozen_groups_at(step)
+    L, d = mcfg.num_layers, mcfg.hidden_size
+    attn, mlp = pc["attention_per_layer"], pc["mlp_per_layer"]
+    head = mcfg.vocab_size * d
+    n = L * (attn + mlp) + head
+    n_frozen = 0
+    if "blocks" in frozen:
+        n_frozen += L * (attn + mlp)
+    else:
+        if "mlp" in frozen:
+            n_frozen += L * mlp
+        if "qk" in frozen and mcfg.mixer == "softmax":
+            n_frozen += L * 2 * d * mcfg.num_kv_heads * mcfg.head_dim
+    if "head" in frozen or ("embeddings" in frozen and mcfg.tie_embeddings):
+        n_frozen += head
+    attn_scores = 12 * L * d * seq_len if mcfg.mixer == "softmax" else 6 * L * d * seq_len
+    return float(4 * n + 2 * (n - n_frozen) + attn_scores), "placeholder(6N-style)"
+
+
+def device_peak_tflops(configured: float | None, measure: bool, device: torch.device) -> tuple[float | None, str]:
+    if configured:
+        return float(configured), "configured"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for k, v in PEAK_TFLOPS.items():
+            if k in name:
+                return v, f"table:{k}"
+    if measure:
+        return measure_matmul_tflops(device), "measured"
+    return None, "unknown"
+
+
+def measure_matmul_tflops(device: torch.device, n: int = 1024, reps: int = 5) -> float:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def memory_gib(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {"mem_alloc_gib": torch.cuda.memory_allocated(device) / 2 ** 30,
+                "mem_peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30}
+    return {"mem_rss_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+
+
+class Logger:
+    """Rank-0 sinks. `log(record)` appends one JSON line, writes scalars to TensorBoard and
+    prints a console line (or updates a progress bar)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: str, total_steps: int,
+                 start_step: int):
+        self.enabled = enabled
+        self.tb = None
+        self.bar = None
+        if not enabled:
+            return
+        self.path = run_dir / "metrics.jsonl"
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+            except ImportError:
+                self.tb = None
+        use_bar = progress_bar == "on" or (progress_bar == "auto" and sys.stderr.isatty())
+        if use_bar:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True)
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop records of steps after the checkpoint (they will be recomputed)."""
+        if not self.enabled or not self.path.is_file():
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    keep.append(line)
+            except json.JSONDecodeError:
+                continue
+        self.path.write_text("".join(x + "\n" for x in keep))
+
+    def log(self, rec: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        step = rec["step"]
+        if self.tb is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tb.add_scalar(_tb_name(k), v, step)
+        line = format_line(rec)
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix_str(line, refresh=True)
+        else:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            (self.bar.write if self.bar is not None else print)(text)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _tb_name(k: str) -> str:
+    if k.startswith("val"):
+        return f"val/{k}"
+    if k in ("tokens_per_s", "tflops", "mfu", "step_time_s"):
+        return f"throughput/{k}"
+    if k.startswith("mem"):
+        return f"memory/{k}"
+    return f"train/{k}"
+
+
+def format_line(rec: dict[str, Any]) -> str:
+    parts = [f"step {rec['step']}"]
+    for k, fmt in (("loss", "{:.4f}"), ("val_loss", "{:.4f}"), ("lr", "{:.2e}"), ("grad_norm", "{:.3f}"),
+                   ("tokens_seen", "{:,}"), ("tokens_per_s", "{:,.0f}"), ("tflops", "{:.3f}"), ("mfu", "{:.1%}")):
+        v = rec.get(k)
+        if v is not None:
+            parts.append(f"{k} " + fmt.format(v))
+    return " | ".join(parts)

@@ -1,0 +1,603 @@
+"""Pretraining under the DeepSpeed engine.
+
+    python -m pretrain.train --recipe recipes/tiny_cpu.yaml [--dry-run] [--resume auto|never|PATH]
+                             [--run-dir DIR] [section.key=value ...]
+
+Runs as one plain process (world size 1; the process group is set up here with gloo or
+nccl) or under `deepspeed` / `launch.sh` / torchrun. `train(recipe, overrides)` is the
+same thing as a Python function (world size 1 in-process, or inside a launched process).
+
+What one optimizer step does, identically for every layout: each data-parallel rank
+takes its share of the global batch from the loader, splits it into micro-batches, and
+the loss of every micro-batch is the SUM of its token cross-entropies times
+dp * grad_accum / (scored tokens in the whole global batch). DeepSpeed divides by
+grad_accum and averages over dp, so the gradient is exactly that of the mean token loss
+over the global batch, whatever the layout (the per-rank mean of means would not be,
+when ranks hold different numbers of scored tokens).
+
+Freezing: the engine (and so the optimizer, gradient buffers and all-reduce) covers
+only the parameters with requires_grad at the current step. When the model's freeze
+schedule changes the trainable set, the engine is rebuilt before that step: weights,
+step, LR schedule and data position carry over; the Adam moments (and step counts) of
+every tensor restart from zero (see docs/TRAINING.md).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from . import checkpointing as ckpt
+from .config import REPO_ROOT, RecipeError, RunConfig, load_recipe
+from .data import make_loader
+from .layout import Layout, build_ds_config, memory_estimate, plan_layout
+from .metrics import Logger, device_peak_tflops, memory_gib, train_flops_per_token
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    losses: dict[int, float] = field(default_factory=dict)       # step (1-based, after the update) -> loss
+    val_losses: dict[int, float] = field(default_factory=dict)
+    final_step: int = 0
+    tokens_seen: int = 0
+    last_checkpoint: Path | None = None
+    resumed_from: Path | None = None
+    interrupted: bool = False
+
+
+# ---- small helpers ----------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(cfg: RunConfig) -> torch.device:
+    want = cfg.train.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RecipeError("train.device=cuda but no CUDA device is visible. Fix: train.device=cpu")
+    if want == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if want == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device) -> bool:
+    """Initialise torch.distributed through DeepSpeed; returns True when this call created it."""
+    import deepspeed
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return False
+    if "RANK" not in os.environ:          # a plain process: world size 1
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    if device.type == "cpu":
+        # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce op on first use
+        # (minutes on a small machine); gloo's own all-reduce is used instead.
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+        if builder is not None:
+            deepspeed.ops.__compatible_ops__[builder.NAME] = False
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+    return True
+
+
+def model_config(cfg: RunConfig, vocab_size: int | None):
+    from model import preset
+    m = dict(cfg.model)
+    name = m.pop("preset", "tiny")
+    if m.get("vocab_size") is None:
+        if vocab_size is None:
+            m.pop("vocab_size", None)
+        else:
+            m["vocab_size"] = int(vocab_size)
+    elif vocab_size is not None and m["vocab_size"] < vocab_size:
+        raise RecipeError(f"model.vocab_size={m['vocab_size']} is smaller than the data's vocabulary {vocab_size}")
+    m.setdefault("max_seq_len", cfg.train.seq_len)
+    if m["max_seq_len"] < cfg.train.seq_len:
+        raise RecipeError(f"model.max_seq_len={m['max_seq_len']} < train.seq_len={cfg.train.seq_len}")
+    return preset(name, **m)
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr."""
+    o = cfg.optim
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    if o.decay == "constant":
+        return o.lr
+    span = o.decay_steps if o.decay_steps is not None else max(1, cfg.max_steps - o.warmup_steps)
+    progress = min(1.0, (step - o.warmup_steps) / max(1, span))
+    if o.decay == "linear":
+        return o.lr - (o.lr - o.min_lr) * progress
+    return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]]:
+    """AdamW groups over TRAINABLE tensors only: decay for matrices, none for biases/norms/embeddings."""
+    decay, no_decay = [], []
+    seen = set()
+    for name, p in module.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        lname = name.lower()
+        (no_decay if p.ndim < 2 or any(s in lname for s in cfg.optim.no_decay) else decay).append(p)
+    groups = []
+    if decay:
+        groups.append({"params": decay, "weight_decay": cfg.optim.weight_decay})
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    if not groups:
+        raise RecipeError("no trainable parameters at this step (every group is frozen); check model.frozen_groups "
+                          "and model.freeze_schedule")
+    return groups
+
+
+# ---- the engine -------------------------------------------------------------------------
+
+class Trainer:
+    """Holds the model, the DeepSpeed engine and the per-step logic for one layout."""
+
+    def __init__(self, cfg: RunConfig, mcfg, layout: Layout, device: torch.device):
+        self.cfg, self.mcfg, self.layout, self.device = cfg, mcfg, layout, device
+        self.pipe = layout.pipeline_stages > 1
+        self.zero3 = layout.zero_stage >= 3
+        self.ds_config = build_ds_config(cfg, layout, on_cpu=device.type == "cpu")
+        self.engine = None
+        self.model = None
+        self.trainable_step = 0
+
+    # -- construction ---------------------------------------------------------------------
+    def build(self, step: int, state: dict[str, torch.Tensor] | None = None, load_universal: bool = False) -> None:
+        """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights."""
+        import deepspeed
+        from model import build_model
+        seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
+        model = build_model(self.mcfg, seed=seed)
+        if state is not None:
+            model.load_state_dict(state, strict=True)
+        model.set_step(step)
+        model.to(device=self.device)
+        if self.cfg.train.activation_checkpointing and not self.pipe:
+            from torch.utils.checkpoint import checkpoint
+            model.checkpoint_fn = lambda block, h, cos, sin: checkpoint(block, h, cos, sin, use_reentrant=False)
+        if self.pipe:
+            from .pipeline import build_pipeline
+            module = build_pipeline(model, self.layout.pipeline_stages, self.cfg.parallel.partition_method,
+                                    self.cfg.train.activation_checkpointing, seed)
+        else:
+            module = model
+        ds_config = dict(self.ds_config)
+        if load_universal:
+            ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
+        engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=param_groups(module, self.cfg),
+                                               config=ds_config)
+        self.model, self.module, self.engine = model, module, engine
+        self.trainable_step = step
+        self.name_of = {id(p): n for n, p in model.named_parameters()}
+        self.local_ids = {id(p) for p in module.parameters()}
+
+    def rebuild(self, step: int) -> None:
+        """A freeze-schedule boundary: keep the weights, new trainable set, fresh optimizer state."""
+        state = self.full_state_dict()
+        self.engine.destroy()
+        self.engine = None
+        self.build(step, state=state)
+
+    def _gathered(self, params):
+        if self.zero3:
+            import deepspeed
+            return deepspeed.zero.GatheredParameters(list(params), modifier_rank=None)
+        import contextlib
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the plain model (gathered under ZeRO-3), on CPU. Under pipeline
+        parallelism only this stage's tensors are current."""
+        with self._gathered(self.model.parameters()):
+            return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+
+    def frozen_tensors(self) -> dict[str, torch.Tensor]:
+        frozen = [(self.name_of[id(p)], p) for p in self.module.parameters()
+                  if not p.requires_grad and id(p) in self.name_of]
+        with self._gathered([p for _, p in frozen]):
+            return {n: p.detach().clone().cpu() for n, p in frozen}
+
+    def restore_frozen(self, tensors: dict[str, torch.Tensor]) -> int:
+        params = [(n, p) for n, p in self.model.named_parameters()
+                  if n in tensors and not p.requires_grad and id(p) in self.local_ids]
+        if not params:
+            return 0
+        if self.zero3:
+            import deepspeed
+            with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0):
+                with torch.no_grad():
+                    for n, p in params:
+                        p.copy_(tensors[n].to(p.dtype))
+        else:
+            with torch.no_grad():
+                for n, p in params:
+                    p.copy_(tensors[n].to(device=p.device, dtype=p.dtype))
+        return len(params)
+
+    # -- one step -------------------------------------------------------------------------
+    @property
+    def dp_group(self):
+        if self.pipe:
+            return self.engine.grid.get_data_parallel_group()
+        return None
+
+    def _micro_batches(self, batch: dict[str, torch.Tensor]):
+        ids, labels = batch["input_ids"], batch["labels"]
+        mb = self.layout.micro_batch
+        if ids.shape[0] != mb * self.layout.grad_accum:
+            raise RuntimeError(f"loader returned {ids.shape[0]} sequences per rank; expected "
+                               f"{mb * self.layout.grad_accum} (micro {mb} x grad-accum {self.layout.grad_accum})")
+        return [(ids[i:i + mb].to(self.device), labels[i:i + mb].to(self.device)) for i in range(0, ids.shape[0], mb)]
+
+    def _scale(self, mbs) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch.distributed as dist
+        n = torch.tensor(float(sum(int((y != IGNORE_INDEX).sum()) for _, y in mbs)), device=self.device)
+        dist.all_reduce(n, group=self.dp_group)
+        n = n.clamp_min(1.0)
+        return n, torch.tensor([self.layout.data_parallel * self.layout.grad_accum], device=self.device) / n
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.engine.optimizer.param_groups:
+            g["lr"] = lr
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> tuple[float, float | None]:
+        """One optimizer step on this rank's share of the global batch; returns (global mean loss, grad norm)."""
+        import torch.distributed as dist
+        mbs = self._micro_batches(batch)
+        n_tokens, scale = self._scale(mbs)
+        if self.pipe:
+            data = iter([(x, (y, scale)) for x, y in mbs])
+            loss = float(self.engine.train_batch(data_iter=data))
+        else:
+            total = torch.zeros((), device=self.device, dtype=torch.float32)
+            for x, y in mbs:
+                logits = self.engine(x)
+                ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
+                                     reduction="sum")
+                self.engine.backward(ce * scale.reshape(()))
+                self.engine.step()
+                total += ce.detach()
+            dist.all_reduce(total)
+            loss = float(total / n_tokens)
+        gn = self.engine.get_global_grad_norm()
+        gn = float(gn) if gn is not None else None
+        return loss, gn
+
+    @torch.no_grad()
+    def eval_loss(self, loader, batches: int) -> float:
+        import torch.distributed as dist
+        self.engine.eval()
+        losses = []
+        try:
+            for _ in range(batches):
+                try:
+                    batch = next(loader)
+                except StopIteration:
+                    break
+                mbs = self._micro_batches(batch)
+                n_tokens, scale = self._scale(mbs)
+                if self.pipe:
+                    data = iter([(x, (y, scale)) for x, y in mbs])
+                    out = self.engine.eval_batch(data_iter=data, num_micro_batches=len(mbs))
+                    losses.append(float(out))
+                else:
+                    total = torch.zeros((), device=self.device)
+                    for x, y in mbs:
+                        logits = self.engine(x)
+                        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                                 ignore_index=IGNORE_INDEX, reduction="sum")
+                    dist.all_reduce(total)
+                    losses.append(float(total / n_tokens))
+        finally:
+            self.engine.train()
+        return sum(losses) / max(1, len(losses))
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
+        import torch.distributed as dist
+        from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+        root = ckpt.ckpt_root(run_dir)
+        tag = ckpt.tag_for(step)
+        tag_dir = root / tag
+        rank = dist.get_rank()
+        if rank == 0 and (tag_dir / ckpt.COMPLETE).exists():
+            (tag_dir / ckpt.COMPLETE).unlink()        # rewriting a tag: not complete until done again
+        dist.barrier()
+        self.engine.save_checkpoint(str(root), tag=tag, client_state={UNIVERSAL_CHECKPOINT_INFO: {},
+                                                                     "trainer_state": trainer_state},
+                                    save_latest=False)
+        frozen = self.frozen_tensors()      # collective under ZeRO-3: every rank takes part
+        stage = self.engine.stage_id if self.pipe else 0
+        dp_rank = self.engine.grid.get_data_parallel_rank() if self.pipe else rank
+        if dp_rank == 0:
+            ckpt.save_frozen(tag_dir, stage, frozen)
+        ckpt.save_rng(tag_dir, rank)
+        dist.barrier()                      # every rank has finished writing
+        if rank == 0:
+            ckpt.finalize(run_dir, tag_dir, trainer_state, keep_last)
+        dist.barrier()
+        return tag_dir
+
+    def load(self, tag_dir: Path, universal: bool) -> None:
+        import torch.distributed as dist
+        load_dir, tag = str(tag_dir.parent), tag_dir.name
+        path, _ = self.engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True,
+                                              load_lr_scheduler_states=False)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
+        self.restore_frozen(ckpt.load_frozen(tag_dir))
+        if not ckpt.load_rng(tag_dir, dist.get_rank()):
+            torch.manual_seed(self.cfg.seed + dist.get_rank())
+
+
+# ---- the run ----------------------------------------------------------------------------
+
+class _Stop:
+    def __init__(self):
+        self.requested = False
+        self.signal = None
+
+    def __call__(self, signum, frame):
+        self.requested = True
+        self.signal = signum
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    return REPO_ROOT / "runs" / cfg.name
+
+
+def resolved_config(cfg: RunConfig, mcfg) -> dict[str, Any]:
+    d = cfg.to_dict()
+    d["model"] = mcfg.to_dict()
+    return d
+
+
+def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str | Path | None = None,
+          resume: str | None = "auto", stop_after_steps: int | None = None) -> RunResult:
+    """Train (or continue) a run; returns the per-step losses. `stop_after_steps` ends the
+    process's loop early at that step without a final checkpoint (for tests)."""
+    cfg = load_recipe(recipe, overrides)
+    device = pick_device(cfg)
+    import torch.distributed as dist
+    owns_pg = init_distributed(device)
+    try:
+        return _train(cfg, device, run_dir, resume, stop_after_steps)
+    finally:
+        if owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_steps) -> RunResult:
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    torch.manual_seed(cfg.seed)
+
+    # Where to continue from; the checkpoint's recipe must describe the same model.
+    resume_dir = ckpt.resolve_resume(resume, run_dir)
+    state: dict[str, Any] = ckpt.read_state(resume_dir) if resume_dir is not None else {}
+    universal = bool(cfg.checkpoint.load_universal or state.get("universal"))
+
+    # Data first: the model's vocabulary comes from it.
+    layout = plan_layout(cfg, world)
+    probe = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed)
+    mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
+    del probe
+    layout = plan_layout(cfg, world, mcfg.num_layers)
+    if state:
+        from model import ModelConfig
+        from model.io import check_compatible
+        check_compatible(mcfg, ModelConfig.from_dict(state["model_config"]), str(resume_dir))
+
+    trainer = Trainer(cfg, mcfg, layout, device)
+    start_step = int(state.get("step", 0))
+    trainer.build(int(state.get("trainable_step", start_step)), load_universal=universal)
+    if trainer.pipe:
+        dp_rank = trainer.engine.grid.get_data_parallel_rank()
+    else:
+        dp_rank = rank
+    loader = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, dp_rank,
+                         layout.data_parallel, cfg.seed)
+    tokenizer_id = getattr(loader, "tokenizer_id", None)
+
+    if resume_dir is not None:
+        trainer.load(resume_dir, universal)
+        loader.load_state_dict(state["loader"])
+
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved_config(cfg, mcfg), sort_keys=False))
+    logger = Logger(run_dir, rank == 0, cfg.logging.tensorboard, cfg.logging.progress_bar, cfg.max_steps, start_step)
+    if resume_dir is not None:
+        logger.truncate_after(start_step)
+        logger.message(f"resumed from {resume_dir} at step {start_step}")
+    logger.message(f"layout: {layout.describe()}")
+
+    stop = _Stop()
+    old_handlers = {}
+    if cfg.checkpoint.save_on_signal:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            try:
+                old_handlers[s] = signal.signal(s, stop)
+            except ValueError:       # not the main thread
+                pass
+
+    peak, _peak_src = device_peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
+    result = RunResult(run_dir=run_dir, resumed_from=resume_dir, final_step=start_step)
+    tokens_per_step = cfg.tokens_per_step
+    tokens_seen = int(state.get("tokens_seen", start_step * tokens_per_step))
+    step = start_step
+
+    def trainer_state() -> dict[str, Any]:
+        return {"step": step, "tokens_seen": tokens_seen, "trainable_step": trainer.trainable_step,
+                "loader": loader.state_dict(), "tokenizer_id": tokenizer_id, "variant": mcfg.variant,
+                "world_size": world, "layout": layout.describe(), "model_config": mcfg.to_dict(),
+                "recipe": resolved_config(cfg, mcfg), "universal": False, "time": time.time()}
+
+    def save() -> Path:
+        return trainer.save(run_dir, step, trainer_state(), cfg.checkpoint.keep_last)
+
+    def evaluate() -> float:
+        val = make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, dp_rank,
+                          layout.data_parallel, cfg.seed)
+        return trainer.eval_loss(iter(val), cfg.train.eval_batches)
+
+    flag = torch.zeros(1, device=device)
+    try:
+        while step < cfg.max_steps:
+            if mcfg.frozen_groups_at(step) != mcfg.frozen_groups_at(trainer.trainable_step):
+                logger.message(f"step {step}: freeze schedule changes the trainable set to "
+                               f"frozen={sorted(mcfg.frozen_groups_at(step))}; rebuilding the engine")
+                trainer.rebuild(step)
+            t0 = time.perf_counter()
+            batch = next(loader)
+            lr = lr_at(cfg, step)
+            trainer.set_lr(lr)
+            loss, gn = trainer.train_step(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            step += 1
+            tokens_seen += tokens_per_step
+            result.losses[step] = loss
+            rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "tokens_seen": tokens_seen}
+            do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == cfg.max_steps)
+            if do_eval:
+                rec["val_loss"] = result.val_losses[step] = evaluate()
+            if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
+                fpt, _ = train_flops_per_token(mcfg, cfg.train.seq_len, step - 1)
+                tps = tokens_per_step / dt
+                rec.update(grad_norm=gn, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / world / 1e12)
+                if peak:
+                    rec["mfu"] = rec["tflops"] / peak
+                rec.update(memory_gib(device))
+                logger.log(rec)
+            # Preemption: every rank must agree before anyone saves.
+            flag.fill_(1.0 if stop.requested else 0.0)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                logger.message(f"signal received: saving a checkpoint at step {step} and stopping")
+                result.last_checkpoint = save()
+                result.interrupted = True
+                break
+            if stop_after_steps is not None and step >= stop_after_steps:
+                break
+            if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and step < cfg.max_steps:
+                result.last_checkpoint = save()
+        else:
+            if cfg.checkpoint.save_final and step > start_step:
+                result.last_checkpoint = save()
+            elif resume_dir is not None and step == start_step:
+                result.last_checkpoint = resume_dir
+    finally:
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        logger.close()
+    result.final_step = step
+    result.tokens_seen = tokens_seen
+    if trainer.engine is not None:
+        trainer.engine.destroy()
+    return result
+
+
+# ---- dry run ----------------------------------------------------------------------------
+
+def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
+    """Print the resolved config, parameter counts, FLOPs, memory per rank and layout;
+    raise RecipeError for an impossible layout. Builds nothing real (meta tensors)."""
+    from model import Transformer
+    vocab = cfg.model.get("vocab_size")
+    vocab_note = ""
+    if vocab is None:
+        try:
+            vocab = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, 1, cfg.seed).vocab_size
+            vocab_note = " (from the data)"
+        except Exception as e:  # noqa: BLE001 - a dry run reports, it does not need the data
+            vocab_note = f" (preset default; data not readable: {e})"
+    mcfg = model_config(cfg, vocab)
+    layout = plan_layout(cfg, world_size, mcfg.num_layers)
+    with torch.device("meta"):
+        model = Transformer(mcfg)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    fpt, src = train_flops_per_token(mcfg, cfg.train.seq_len, 0)
+    mem = memory_estimate(cfg, layout, trainable, total - trainable, mcfg.hidden_size, mcfg.num_layers,
+                          mcfg.num_heads, mcfg.vocab_size)
+    info = {"params_total": total, "params_trainable": trainable, "params_frozen": total - trainable,
+            "frozen_groups": sorted(mcfg.frozen_groups_at(0)), "schedule_boundaries": mcfg.schedule_boundaries(),
+            "train_flops_per_token": fpt, "flops_source": src, "memory_per_rank_gib": mem,
+            "layout": layout.describe(), "tokens_per_step": cfg.tokens_per_step, "max_steps": cfg.max_steps}
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p("# resolved config")
+    p(yaml.safe_dump(resolved_config(cfg, mcfg), sort_keys=False).rstrip())
+    p("# summary")
+    p(f"vocab_size: {mcfg.vocab_size}{vocab_note}")
+    p(f"parameters: total {total:,} | trainable {trainable:,} | frozen {total - trainable:,} "
+      f"(frozen groups at step 0: {info['frozen_groups']}; schedule boundaries: {info['schedule_boundaries']})")
+    p(f"FLOPs per token (fwd+bwd): {fpt:,.0f} [{src}]; per step: {fpt * cfg.tokens_per_step:.3e}")
+    p(f"tokens per step: {cfg.tokens_per_step:,}; steps: {cfg.max_steps:,}; tokens: {cfg.tokens_per_step * cfg.max_steps:,}")
+    p(f"layout: {layout.describe()}")
+    p("memory per rank (estimate): " + ", ".join(f"{k[:-4]} {v:.3f} GiB" for k, v in mem.items()))
+    return info
+
+
+# ---- CLI --------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pretrain.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", required=True, help="recipes/X.yaml")
+    ap.add_argument("--dry-run", action="store_true", help="validate and print the plan; train nothing")
+    ap.add_argument("--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)")
+    ap.add_argument("--resume", default="auto", help="auto (latest complete checkpoint), never, or a path")
+    ap.add_argument("--run-dir", default=None, help="default: runs/<name>")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", help="section.key=value")
+    args = ap.parse_args(argv)
+    try:
+        if args.dry_run:
+            cfg = load_recipe(args.recipe, args.overrides)
+            dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
+            return 0
+        res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume)
+    except RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", 0)) == 0:
+        last = res.losses[max(res.losses)] if res.losses else float("nan")
+        print(f"done: step {res.final_step}, tokens {res.tokens_seen:,}, last loss {last:.4f}, "
+              f"checkpoint {res.last_checkpoint}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
