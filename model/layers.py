@@ -14,6 +14,7 @@ from torch import nn
 
 from . import mixit
 from .config import ModelConfig
+from .kernels.select import attention_backend, log_choice, mixit_backend
 
 
 class RMSNorm(nn.Module):
@@ -142,12 +143,22 @@ class SoftmaxAttention(nn.Module):
             past = cache.past_length(self.layer)
             k, v = cache.update(self.layer, k, v)
         groups = cfg.num_heads // cfg.num_kv_heads
-        impl = cfg.attn_impl
-        if self.record_attn or impl == "eager":
+        impl, reason = attention_backend(cfg.attn_impl, q, attn_mask, past, self.record_attn)
+        cu_seqlens = None
+        if impl == "flash_varlen":
+            from .kernels.flash import segments_from_mask
+            cu_seqlens = segments_from_mask(attn_mask)
+            if cu_seqlens is None:
+                impl, reason = "sdpa", "document mask is not contiguous segments"
+        log_choice("attention", impl, reason)
+        if impl == "eager":
             out = self._eager(q, _expand_kv(k, groups), _expand_kv(v, groups), past, attn_mask)
-        elif impl == "flash" or (impl == "auto" and _flash_ok(q, attn_mask, past)):
+        elif impl == "flash":
             from .kernels.flash import flash_attention   # GPU only; selected where installed
             out = flash_attention(q, k, v, causal=cfg.causal)
+        elif impl == "flash_varlen":
+            from .kernels.flash import flash_attention_varlen
+            out = flash_attention_varlen(q, k, v, cu_seqlens, causal=cfg.causal)
         else:
             mask, causal = self._sdpa_mask(t, past, attn_mask, q.device)
             out = F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups),
@@ -181,13 +192,6 @@ def _full_mask(causal: bool, t: int, past: int, attn_mask: torch.Tensor | None, 
     return mask
 
 
-def _flash_ok(q: torch.Tensor, attn_mask: torch.Tensor | None, past: int) -> bool:
-    if not q.is_cuda or attn_mask is not None or past or q.dtype not in (torch.float16, torch.bfloat16):
-        return False
-    from .kernels.flash import flash_available
-    return flash_available()
-
-
 class MixingAttention(nn.Module):
     """MixiT's token mixer: concat_h(A_h V_h) W_o with fixed A (no Q, no K, no softmax).
 
@@ -202,6 +206,25 @@ class MixingAttention(nn.Module):
         self.v_proj = linear(cfg, d, kv)
         self.o_proj = linear(cfg, d, d)
         self._cache: dict[tuple, torch.Tensor] = {}
+        self._params = None                 # kernels.mixit_blocked.MixitParams, built on first use
+
+    def impl(self, device: torch.device) -> str:
+        """The mixing implementation for this device (cfg.mixit_impl; 'auto': kernels/select.py)."""
+        impl, reason = mixit_backend(self.cfg.mixit_impl, self.cfg.max_seq_len, device)
+        log_choice("mixit", impl, reason)
+        return impl
+
+    def drift(self, t: int, device: torch.device) -> torch.Tensor:
+        """drift_h for heads 1..H-1, (H-1, n) fp32: computed blockwise once per device and cached."""
+        from .kernels.mixit_blocked import MixitParams, compute_drift
+        if self._params is None:
+            self._params = MixitParams(self.cfg, self.layer)
+        n = self.cfg.max_seq_len if self.cfg.causal else t
+        key = ("drift", str(device), n)
+        if key not in self._cache:
+            with torch.no_grad():
+                self._cache[key] = compute_drift(self._params, n, device, self.cfg.mixit_block_size)
+        return self._cache[key]
 
     def matrix(self, t: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A for sequence length t, (H, t, t): the leading block of the T x T matrix when causal."""
@@ -226,8 +249,16 @@ class MixingAttention(nn.Module):
         if total > cfg.max_seq_len:
             raise ValueError(f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)")
         v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
-        a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]     # rows of the new positions
-        out = torch.matmul(a, v)                                              # (b, H, t, dh)
+        impl = self.impl(x.device)
+        if impl == "dense":
+            a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]     # rows of the new positions
+            out = torch.matmul(a, v)                                              # (b, H, t, dh)
+        else:
+            from .kernels.mixit_blocked import mixit_blocked
+            from .kernels.mixit_triton import mixit_triton
+            fn = mixit_triton if impl == "triton" else mixit_blocked
+            drift = self.drift(total, x.device)
+            out = fn(v, self._params, drift, past, cfg.mixit_block_size)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
 
 

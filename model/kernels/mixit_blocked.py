@@ -1,0 +1,181 @@
+"""MixiT mixing without materialising A: the memory-light PyTorch path.
+
+With M_h the raw random matrix (model/mixit.py) and drift_h its causal row means,
+
+    (A_h V)_i   = V_i + beta ((M_h V)_i - drift_h[i] cumsum(V)_i)                  (forward)
+    (A_h^T G)_j = G_j + beta (sum_{i>=j} M_h[i, j] G_i - sum_{i>=j} drift_h[i] G_i)  (backward)
+
+(no identity term on the depth_alpha path; bidirectional: sums over all t positions and
+drift averaged over t). M is regenerated slab by slab from the counter-based RNG
+(rows [r0, r0 + block) x the columns those rows see), so memory is O(t * block) per
+head instead of O(t^2); drift_h is an O(T) vector computed the same way once and cached
+by the caller. Head 0 is the sink head (A_0[i, i] = A_0[i, 0] = 1/2), done elementwise.
+
+A is fixed, so the backward pass needs only dV = A^T dO: nothing is saved for it.
+Row offsets (`row_start`) serve incremental decoding: rows row_start..n-1 against keys 0..n-1.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import mixit, rng
+from ..config import ModelConfig
+
+
+class MixitParams:
+    """Per-layer constants of the random heads 1..H-1: Philox keys, sigmas (H-1 of each)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        self.cfg, self.layer = cfg, layer
+        H = cfg.num_heads
+        self.keys = [rng.mixit_key(cfg.mixit_seed, layer, h) for h in range(1, H)]
+        self.sigmas = [float(s) for s in mixit.head_sigmas(cfg, layer)[1:].float()]
+        self.beta = float(cfg.mixit_beta)
+        self.identity = cfg.mixit_depth_alpha == 0
+        self.causal = cfg.causal
+        self.T = cfg.max_seq_len
+
+    def key_tensor(self, device) -> torch.Tensor:
+        return torch.tensor(self.keys, dtype=torch.int64, device=device).view(-1, 1, 1)
+
+    def sigma_tensor(self, device) -> torch.Tensor:
+        return torch.tensor(self.sigmas, dtype=torch.float32, device=device).view(-1, 1, 1)
+
+
+def raw_slab(p: MixitParams, rows: torch.Tensor, ncols: int, keys: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    """sigma_h * z_h[i, j] for heads 1..H-1, i in rows, j < ncols: (H-1, len(rows), ncols) float32.
+
+    The same numbers as mixit.raw_block (Philox is evaluated with a per-head key tensor)."""
+    cols = torch.arange(ncols, device=rows.device, dtype=torch.int64)
+    offsets = rows[:, None].to(torch.int64) * p.T + cols[None, :]
+    return rng.randn(keys, offsets) * sigmas
+
+
+def _mask(rows: torch.Tensor, ncols: int, causal: bool) -> torch.Tensor | None:
+    if not causal:
+        return None
+    cols = torch.arange(ncols, device=rows.device)
+    return cols[None, :] <= rows[:, None]
+
+
+def compute_drift(p: MixitParams, n: int, device, block: int) -> torch.Tensor:
+    """drift_h[i] for heads 1..H-1 and i < n: (H-1, n) float32.
+
+    Causal: mean of M_h[i, :i+1] (independent of n, so drift for T serves every t <= T).
+    Bidirectional: mean of M_h[i, :n] (depends on n)."""
+    keys, sigmas = p.key_tensor(device), p.sigma_tensor(device)
+    out = torch.empty(len(p.keys), n, dtype=torch.float32, device=device)
+    for r0 in range(0, n, block):
+        rows = torch.arange(r0, min(r0 + block, n), device=device)
+        ncols = int(rows[-1]) + 1 if p.causal else n
+        m = raw_slab(p, rows, ncols, keys, sigmas)
+        mask = _mask(rows, ncols, p.causal)
+        if mask is not None:
+            m = m * mask
+            count = (rows + 1).to(torch.float32)
+        else:
+            count = torch.full((len(rows),), float(n), device=device)
+        out[:, r0:r0 + len(rows)] = m.sum(-1) / count
+    return out
+
+
+# ---- the sink head (head 0): A_0[i, i] = A_0[i, 0] = 1/2 ---------------------------------
+def sink_forward(v0: torch.Tensor, row_start: int) -> torch.Tensor:
+    """v0: (b, n, dh) values of head 0 -> (b, n - row_start, dh)."""
+    out = 0.5 * v0[:, row_start:]
+    if row_start == 0:
+        out = out.clone()
+        out[:, 1:] += 0.5 * v0[:, :1]
+    else:
+        out = out + 0.5 * v0[:, :1]
+    return out
+
+
+def sink_backward(g0: torch.Tensor, row_start: int, n: int) -> torch.Tensor:
+    """g0: (b, n - row_start, dh) output gradients of head 0 -> dV_0 (b, n, dh)."""
+    dv = torch.zeros(g0.shape[0], n, g0.shape[2], dtype=g0.dtype, device=g0.device)
+    dv[:, row_start:] = 0.5 * g0
+    first = max(row_start, 1) - row_start                 # rows i >= 1 also feed column 0
+    dv[:, 0] += 0.5 * g0[:, first:].sum(1)
+    return dv
+
+
+# ---- the random heads 1..H-1 --------------------------------------------------------------
+def blocked_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
+    """v: (b, H-1, n, dh) float32; drift (H-1, >=n) -> (b, H-1, n - row_start, dh)."""
+    n = v.shape[2]
+    dev = v.device
+    keys, sigmas = p.key_tensor(dev), p.sigma_tensor(dev)
+    cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v)
+    out = torch.empty(v.shape[0], v.shape[1], n - row_start, v.shape[3], dtype=torch.float32, device=dev)
+    for r0 in range(row_start, n, block):
+        rows = torch.arange(r0, min(r0 + block, n), device=dev)
+        ncols = int(rows[-1]) + 1 if p.causal else n
+        m = raw_slab(p, rows, ncols, keys, sigmas)
+        mask = _mask(rows, ncols, p.causal)
+        if mask is not None:
+            m = m * mask
+        mv = torch.matmul(m, v[:, :, :ncols])                                # (b, H-1, rows, dh)
+        sl = slice(r0, r0 + len(rows))
+        o = p.beta * (mv - drift[None, :, sl, None] * cs[:, :, sl])
+        if p.identity:
+            o = o + v[:, :, sl]
+        out[:, :, r0 - row_start:r0 - row_start + len(rows)] = o
+    return out
+
+
+def blocked_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_start: int, n: int,
+                     block: int) -> torch.Tensor:
+    """g: (b, H-1, n - row_start, dh) float32 -> dV (b, H-1, n, dh) = A^T g."""
+    dev = g.device
+    keys, sigmas = p.key_tensor(dev), p.sigma_tensor(dev)
+    b, Hr, _, dh = g.shape
+    dv = torch.zeros(b, Hr, n, dh, dtype=torch.float32, device=dev)
+    dg = drift[None, :, row_start:n, None] * g                                # drift_i G_i
+    if p.causal:
+        rc = dg.flip(2).cumsum(2).flip(2)                                     # sum_{i >= j, i in rows}
+        dv[:, :, row_start:] -= p.beta * rc
+        if row_start > 0:
+            dv[:, :, :row_start] -= p.beta * rc[:, :, :1]
+    else:
+        dv -= p.beta * dg.sum(2, keepdim=True)
+    if p.identity:
+        dv[:, :, row_start:] += g
+    for r0 in range(row_start, n, block):
+        rows = torch.arange(r0, min(r0 + block, n), device=dev)
+        ncols = int(rows[-1]) + 1 if p.causal else n
+        m = raw_slab(p, rows, ncols, keys, sigmas)
+        mask = _mask(rows, ncols, p.causal)
+        if mask is not None:
+            m = m * mask
+        gi = g[:, :, r0 - row_start:r0 - row_start + len(rows)]
+        dv[:, :, :ncols] += p.beta * torch.matmul(m.transpose(-1, -2), gi)
+    return dv
+
+
+class _BlockedMix(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v, p, drift, row_start, block):
+        ctx.p, ctx.drift, ctx.row_start, ctx.block, ctx.n, ctx.dtype = p, drift, row_start, block, v.shape[2], v.dtype
+        vf = v.float()
+        out0 = sink_forward(vf[:, 0], row_start)
+        rest = blocked_forward(p, vf[:, 1:], drift, row_start, block) if v.shape[1] > 1 else vf[:, 1:, row_start:]
+        return torch.cat([out0[:, None], rest], 1).to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        gf = g.float()
+        dv0 = sink_backward(gf[:, 0], ctx.row_start, ctx.n)
+        if g.shape[1] > 1:
+            rest = blocked_backward(ctx.p, gf[:, 1:], ctx.drift, ctx.row_start, ctx.n, ctx.block)
+        else:
+            rest = gf.new_zeros(g.shape[0], 0, ctx.n, g.shape[3])
+        return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None
+
+
+def mixit_blocked(v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0,
+                  block: int = 128) -> torch.Tensor:
+    """A V for rows row_start..n-1 (A the layer's mixing matrices), v: (b, H, n, dh).
+
+    drift: (H-1, >= n) from compute_drift (causal: for any n' >= n; bidirectional: for n)."""
+    return _BlockedMix.apply(v, p, drift, row_start, block)

@@ -1,0 +1,192 @@
+"""MixiT mixing as a Triton kernel that regenerates M in registers (no T x T tensor anywhere).
+
+Each program owns a (batch, head, row block) tile and walks key blocks j <= i only
+(blocks above the diagonal are skipped). M_h[i, j] = sigma_h * tl.randn(key_h, i*T + j),
+the same counter-based Philox numbers as model/rng.py, so the dense reference
+(model/mixit.py) is generated from the same RNG and the two can be compared. The
+centering (- drift_i cumsum(V)_i) and identity terms are fused into the epilogue;
+cumsum(V) and drift_h (an O(T) vector per head, cached by the caller) come from PyTorch.
+
+Backward: dV = A^T dO, the same walk over row blocks i >= j with M^T, plus the reverse
+cumulative sum of drift_i dO_i (PyTorch, O(t d)). The sink head 0 is elementwise and is
+done in PyTorch (model/kernels/mixit_blocked.py) in both directions.
+
+Runs on CUDA, and on CPU tensors under TRITON_INTERPRET=1 (the tests do that at small sizes).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .mixit_blocked import MixitParams, sink_backward, sink_forward
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:                                   # ImportError, or a broken install
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fwd(V, CS, O, KEYS, SIG, DRIFT, n, row_start, T, beta,
+            svb, svh, svt, sob, soh, sot, sdh, Hr,
+            DH: tl.constexpr, IDENT: tl.constexpr, CAUSAL: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+        pid_bh = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        b = pid_bh // Hr
+        h = pid_bh % Hr
+        rows = row_start + pid_m * BM + tl.arange(0, BM)
+        row_ok = rows < n
+        d = tl.arange(0, BD)
+        d_ok = d < DH
+        key = tl.load(KEYS + h)
+        sigma = tl.load(SIG + h)
+        v_base = V + b * svb + h * svh
+        acc = tl.zeros((BM, BD), dtype=tl.float32)
+        if CAUSAL:
+            hi = tl.minimum(n, row_start + (pid_m + 1) * BM)
+        else:
+            hi = n
+        for start in range(0, hi, BN):
+            cols = start + tl.arange(0, BN)
+            ok = row_ok[:, None] & (cols[None, :] < n)
+            if CAUSAL:
+                ok = ok & (cols[None, :] <= rows[:, None])
+            z = tl.randn(key, rows[:, None] * T + cols[None, :])
+            m = tl.where(ok, z * sigma, 0.0)
+            vb = tl.load(v_base + cols[:, None] * svt + d[None, :], mask=(cols[:, None] < n) & d_ok[None, :], other=0.0)
+            acc += tl.dot(m, vb.to(tl.float32))
+        tile = rows[:, None] * svt + d[None, :]
+        tmask = row_ok[:, None] & d_ok[None, :]
+        cs = tl.load(CS + b * svb + h * svh + tile, mask=tmask, other=0.0)
+        drift = tl.load(DRIFT + h * sdh + rows, mask=row_ok, other=0.0)
+        out = beta * (acc - drift[:, None] * cs)
+        if IDENT:
+            out += tl.load(v_base + tile, mask=tmask, other=0.0).to(tl.float32)
+        o_ptr = O + b * sob + h * soh + (rows[:, None] - row_start) * sot + d[None, :]
+        tl.store(o_ptr, out, mask=tmask)
+
+    @triton.jit
+    def bwd(G, DV, KEYS, SIG, n, T, beta,
+            sgb, sgh, sgt, Hr,
+            DH: tl.constexpr, CAUSAL: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+        # dV_j (matrix part only) = beta * sum_{i >= j} M[i, j] G_i ; row_start == 0
+        pid_bh = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        b = pid_bh // Hr
+        h = pid_bh % Hr
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < n
+        d = tl.arange(0, BD)
+        d_ok = d < DH
+        key = tl.load(KEYS + h)
+        sigma = tl.load(SIG + h)
+        g_base = G + b * sgb + h * sgh
+        acc = tl.zeros((BN, BD), dtype=tl.float32)
+        if CAUSAL:
+            lo = (pid_n * BN // BM) * BM
+        else:
+            lo = 0
+        for start in range(lo, n, BM):
+            rows = start + tl.arange(0, BM)
+            ok = (rows[:, None] < n) & col_ok[None, :]
+            if CAUSAL:
+                ok = ok & (cols[None, :] <= rows[:, None])
+            z = tl.randn(key, rows[:, None] * T + cols[None, :])
+            m = tl.where(ok, z * sigma, 0.0)
+            gb = tl.load(g_base + rows[:, None] * sgt + d[None, :], mask=(rows[:, None] < n) & d_ok[None, :], other=0.0)
+            acc += tl.dot(tl.trans(m), gb.to(tl.float32))
+        ptr = DV + b * sgb + h * sgh + cols[:, None] * sgt + d[None, :]
+        tl.store(ptr, beta * acc, mask=col_ok[:, None] & d_ok[None, :])
+
+    return fwd, bwd
+
+
+def _blocks(dh: int, block: int) -> tuple[int, int, int]:
+    bd = max(16, 1 << (dh - 1).bit_length())
+    b = max(16, min(block, 128))
+    b = 1 << (b - 1).bit_length() if b & (b - 1) else b
+    return b, b, bd
+
+
+def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
+    """Heads 1..H-1: v (b, H-1, n, dh) float32 contiguous -> (b, H-1, n - row_start, dh) float32."""
+    import triton
+    fwd, _ = _kernels()
+    b, Hr, n, dh = v.shape
+    cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
+    out = torch.empty(b, Hr, n - row_start, dh, dtype=torch.float32, device=v.device)
+    keys = torch.tensor(p.keys, dtype=torch.int64, device=v.device)
+    sig = torch.tensor(p.sigmas, dtype=torch.float32, device=v.device)
+    drift = drift.contiguous()
+    BM, BN, BD = _blocks(dh, block)
+    grid = (b * Hr, triton.cdiv(n - row_start, BM))
+    fwd[grid](v, cs, out, keys, sig, drift, n, row_start, p.T, p.beta,
+              v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), drift.stride(0), Hr,
+              DH=dh, IDENT=p.identity, CAUSAL=p.causal, BM=BM, BN=BN, BD=BD)
+    return out
+
+
+def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block: int) -> torch.Tensor:
+    """Heads 1..H-1, row_start == 0: g (b, H-1, n, dh) float32 contiguous -> dV = A^T g."""
+    import triton
+    _, bwd = _kernels()
+    b, Hr, n, dh = g.shape
+    dv = torch.empty_like(g)
+    keys = torch.tensor(p.keys, dtype=torch.int64, device=g.device)
+    sig = torch.tensor(p.sigmas, dtype=torch.float32, device=g.device)
+    BM, BN, BD = _blocks(dh, block)
+    grid = (b * Hr, triton.cdiv(n, BN))
+    bwd[grid](g, dv, keys, sig, n, p.T, p.beta, g.stride(0), g.stride(1), g.stride(2), Hr,
+              DH=dh, CAUSAL=p.causal, BM=BM, BN=BN, BD=BD)
+    dg = drift[None, :, :n, None] * g
+    if p.causal:
+        dv -= p.beta * dg.flip(2).cumsum(2).flip(2)
+    else:
+        dv -= p.beta * dg.sum(2, keepdim=True)
+    if p.identity:
+        dv += g
+    return dv
+
+
+class _TritonMix(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v, p, drift, row_start, block):
+        ctx.p, ctx.drift, ctx.row_start, ctx.block, ctx.n, ctx.dtype = p, drift, row_start, block, v.shape[2], v.dtype
+        vf = v.float()
+        out0 = sink_forward(vf[:, 0], row_start)
+        if v.shape[1] > 1:
+            rest = triton_forward(p, vf[:, 1:].contiguous(), drift, row_start, block)
+        else:
+            rest = vf[:, 1:, row_start:]
+        return torch.cat([out0[:, None], rest], 1).to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.row_start:
+            raise NotImplementedError("MixiT triton backward with a KV-cache offset (decoding is inference-only)")
+        gf = g.float()
+        dv0 = sink_backward(gf[:, 0], 0, ctx.n)
+        if g.shape[1] > 1:
+            rest = triton_backward(ctx.p, gf[:, 1:].contiguous(), ctx.drift, ctx.block)
+        else:
+            rest = gf.new_zeros(g.shape[0], 0, ctx.n, g.shape[3])
+        return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None
+
+
+def mixit_triton(v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0,
+                 block: int = 64) -> torch.Tensor:
+    """A V for rows row_start..n-1 via the fused kernel; same contract as mixit_blocked."""
+    return _TritonMix.apply(v, p, drift, row_start, block)

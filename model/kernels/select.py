@@ -1,0 +1,67 @@
+"""Run-time choice of the attention and MixiT backends, logged once per distinct choice.
+
+Softmax attention:  eager (when a probe records attention maps, or attn_impl="eager"),
+flash-attn 2 (CUDA, fp16/bf16, package installed; causal or bidirectional, and its varlen
+entry point for packed documents), otherwise PyTorch SDPA.
+MixiT mixing (cfg.mixit_impl="auto"): the Triton kernel on CUDA when Triton imports;
+otherwise the dense matrix while max_seq_len <= MIXIT_DENSE_MAX_T, else the blocked path.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("model.kernels")
+
+# Dense A costs H * T^2 * 4 bytes per layer and device (4 heads at T = 1024: 16 MiB), cached
+# for the life of the model; above this length the memory-light blocked path is used instead.
+MIXIT_DENSE_MAX_T = 1024
+
+_logged: set[tuple] = set()
+
+
+def log_choice(kind: str, choice: str, reason: str) -> None:
+    """Log `kind: choice (reason)` the first time this (kind, choice, reason) is seen."""
+    key = (kind, choice, reason)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("%s backend: %s (%s)", kind, choice, reason)
+
+
+def attention_backend(attn_impl: str, q: torch.Tensor, attn_mask: torch.Tensor | None, past: int,
+                      record_attn: bool = False) -> tuple[str, str]:
+    """(backend, reason) for one softmax-attention call: 'eager', 'flash', 'flash_varlen' or 'sdpa'."""
+    from .flash import flash_available
+    if record_attn:
+        return "eager", "attention maps are being recorded"
+    if attn_impl == "eager":
+        return "eager", "attn_impl=eager"
+    if attn_impl == "sdpa":
+        return "sdpa", "attn_impl=sdpa"
+    if attn_impl == "flash":
+        return ("flash" if attn_mask is None else "flash_varlen"), "attn_impl=flash"
+    # auto
+    if not q.is_cuda:
+        return "sdpa", "not on CUDA"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return "sdpa", f"dtype {q.dtype} (flash-attn needs fp16/bf16)"
+    if past:
+        return "sdpa", "incremental decoding with a KV cache"
+    if not flash_available():
+        return "sdpa", "flash-attn not installed"
+    if attn_mask is None:
+        return "flash", "CUDA, half precision, flash-attn installed"
+    return "flash_varlen", "packed documents, flash-attn installed"
+
+
+def mixit_backend(mixit_impl: str, max_seq_len: int, device: torch.device) -> tuple[str, str]:
+    """(impl, reason) for MixiT mixing: 'dense', 'blocked' or 'triton'."""
+    if mixit_impl != "auto":
+        return mixit_impl, f"mixit_impl={mixit_impl}"
+    from .mixit_triton import triton_available
+    if torch.device(device).type == "cuda" and triton_available():
+        return "triton", "CUDA with Triton"
+    if max_seq_len <= MIXIT_DENSE_MAX_T:
+        return "dense", f"max_seq_len {max_seq_len} <= {MIXIT_DENSE_MAX_T}"
+    return "blocked", f"max_seq_len {max_seq_len} > {MIXIT_DENSE_MAX_T}"
