@@ -17,7 +17,7 @@ def init_worker(tokenizer_path: str) -> None:
     _TOK = load_tokenizer(tokenizer_path)
 
 
-def encode_docs(texts: list[str], tok=None) -> tuple[np.ndarray, np.ndarray, int]:
+def encode_docs(texts: list[str], tok=None, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
     """Return (tokens with EOS after each kept doc, per-doc lengths incl. EOS, max id).
 
     Whitespace-only documents get length 0 and no tokens: they carry no text, and
@@ -28,7 +28,7 @@ def encode_docs(texts: list[str], tok=None) -> tuple[np.ndarray, np.ndarray, int
     keep = [i for i, t in enumerate(texts) if t and not t.isspace()]
     if not keep:
         return np.zeros(0, dtype=np.int64), lengths, -1
-    encoded = tok.encode_batch([texts[i] for i in keep])
+    encoded = tok.encode_batch([texts[i] for i in keep], num_threads=num_threads)
     eos = tok.eos_id
     for i, ids in zip(keep, encoded):
         ids.append(eos)

@@ -308,7 +308,7 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
 def encode_docs_local(texts, tok):
     from ._encode import encode_docs
 
-    return encode_docs(texts, tok)
+    return encode_docs(texts, tok, num_threads=os.cpu_count() or 1)
 
 
 def main(argv: list[str] | None = None) -> int:

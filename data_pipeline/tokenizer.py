@@ -44,6 +44,24 @@ def _sha256_file(path: Path, h=None):
     return h
 
 
+_PROBES = ("Hello, World!  12345 \u00e9\u4e2d\n\ttabs", " leading space", "UPPER lower 3.14")
+
+
+def _sp_identity(sp) -> str:
+    """Hash of what decides the encoding: every piece, score and type, plus probe encodings.
+
+    Not the raw .model bytes: those embed the trainer's input paths, so the same training
+    run in another directory would get another identity.
+    """
+    h = hashlib.sha256()
+    for i in range(sp.get_piece_size()):
+        h.update(f"{sp.id_to_piece(i)}\0{sp.get_score(i)!r}\0{int(sp.is_control(i))}{int(sp.is_unknown(i))}"
+                 f"{int(sp.is_byte(i))}{int(sp.is_unused(i))}\n".encode())
+    for text in _PROBES:
+        h.update(repr(sp.encode(text, out_type=int)).encode())
+    return h.hexdigest()[:16]
+
+
 class Tokenizer:
     """Common face of a SentencePiece or HF tokenizer.
 
@@ -64,7 +82,7 @@ class Tokenizer:
 
             self.kind = "sentencepiece"
             self._sp = spm.SentencePieceProcessor(model_file=str(p / SP_MODEL))
-            self.identity = "sp:" + _sha256_file(p / SP_MODEL).hexdigest()[:16]
+            self.identity = "sp:" + _sp_identity(self._sp)
             self.vocab_size = int(self._sp.get_piece_size())
             self.eos_id = int(self._sp.eos_id())
             self.bos_id = int(self._sp.bos_id())
@@ -113,10 +131,14 @@ class Tokenizer:
                 "or tokenizer.json/tokenizer_config.json of a HuggingFace tokenizer)"
             )
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, without BOS/EOS (the shard writer appends EOS)."""
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Token ids of each text, without BOS/EOS (the shard writer appends EOS).
+
+        ``num_threads`` > 1 lets SentencePiece use threads (for the single-process path);
+        worker processes keep 1 so K workers use K cores, not K * cores.
+        """
         if self._sp is not None:
-            return self._sp.encode(texts, out_type=int, num_threads=1)
+            return self._sp.encode(texts, out_type=int, num_threads=num_threads)
         return self._hf(texts, add_special_tokens=False)["input_ids"]
 
     def encode(self, text: str) -> list[int]:
