@@ -75,6 +75,8 @@ class ModelConfig:
     attn_impl: str = "auto"
     mixit_impl: str = "auto"
     mixit_block_size: int = 128
+    compile_blocks: bool = False             # torch.compile each decoder block (CPU and GPU)
+    loss_chunk_tokens: int = 4096            # loss from `labels` in chunks of this many tokens, never full logits; 0 -> full logits
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -120,6 +122,11 @@ class ModelConfig:
             raise _bad("mixit_seed", f"{self.mixit_seed} is outside [0, 2**32)", "use a 32-bit unsigned seed")
         if self.attn_impl not in ATTN_IMPLS:
             raise _bad("attn_impl", f"unknown {self.attn_impl!r}", f"choose one of {list(ATTN_IMPLS)}")
+        if not isinstance(self.compile_blocks, bool):
+            raise _bad("compile_blocks", f"must be true or false, got {self.compile_blocks!r}", "set compile_blocks to a boolean")
+        if not isinstance(self.loss_chunk_tokens, int) or isinstance(self.loss_chunk_tokens, bool) or self.loss_chunk_tokens < 0:
+            raise _bad("loss_chunk_tokens", f"must be an integer >= 0, got {self.loss_chunk_tokens!r}",
+                       "use e.g. 4096, or 0 to compute the loss from full logits")
         if self.mixit_impl not in MIXIT_IMPLS:
             raise _bad("mixit_impl", f"unknown {self.mixit_impl!r}", f"choose one of {list(MIXIT_IMPLS)}")
         groups = list(self.frozen_groups or [])

@@ -13,6 +13,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .freezing import apply_freeze
+from .kernels.loss import linear_cross_entropy
 from .layers import Block, KVCache, RMSNorm, rope_cos_sin
 
 IGNORE_INDEX = -100
@@ -47,6 +48,9 @@ class Transformer(nn.Module):
         self.checkpoint_fn: Callable | None = None
         self.reset_parameters()
         self.set_step(0)
+        if cfg.compile_blocks:
+            for block in self.layers:
+                block.compile()             # in place: parameter names and the state dict are unchanged
 
     # ---- initialisation and freezing ---------------------------------------------------
     @torch.no_grad()
@@ -109,6 +113,10 @@ class Transformer(nn.Module):
                 h = block(h, cos, sin, cache, attn_mask)
         if return_hidden:
             return h
+        if labels is not None and self.cfg.loss_chunk_tokens:
+            # never the full (b, t, vocab) logits: chunked, or Liger's fused kernel on CUDA (kernels/loss.py)
+            return linear_cross_entropy(self.norm(h).flatten(0, 1), self.lm_head.weight, labels.flatten(),
+                                        self.cfg.loss_chunk_tokens, IGNORE_INDEX)
         logits = self.head(h)
         if labels is None:
             return logits
