@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One interface over the DeepSpeed launcher. Prints the exact command, then runs it.
+#
+#   ./launch.sh --cpu N        [launcher opts] -- TRAIN_ARGS   N local CPU processes (gloo)
+#   ./launch.sh --gpus N       [launcher opts] -- TRAIN_ARGS   N local GPUs (nccl)
+#   ./launch.sh --hostfile F   [--gpus N]      -- TRAIN_ARGS   multi-node over ssh/pdsh (hostfile: "host slots=N")
+#   ./launch.sh --slurm                        -- TRAIN_ARGS   inside a SLURM allocation: srun, rendezvous from SLURM_*
+#   ./launch.sh --no-ssh --hostfile F --node-rank R --master-addr A [--cpu|--gpus N] -- TRAIN_ARGS
+#                                                              every node started by hand / by a scheduler
+# Launcher options: --master-addr A, --master-port P, --dry-print (print the command, do not run it).
+# TRAIN_ARGS go to `python -m pretrain.train` (e.g. --recipe recipes/tiny_cpu.yaml train.max_steps=10).
+# See docs/TRAINING.md.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PY=${PYTHON:-$PWD/.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+mode="" n="" hostfile="" node_rank="" master_addr="" master_port="" no_ssh=0 dry=0 slurm_task=0
+
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) mode=cpu; n="$2"; shift 2 ;;
+    --gpus) [ "$mode" = cpu ] || mode=gpu; n="$2"; shift 2 ;;
+    --hostfile) hostfile="$2"; shift 2 ;;
+    --slurm) mode=slurm; shift ;;
+    --no-ssh) no_ssh=1; shift ;;
+    --node-rank) node_rank="$2"; shift 2 ;;
+    --master-addr) master_addr="$2"; shift 2 ;;
+    --master-port) master_port="$2"; shift 2 ;;
+    --dry-print) dry=1; shift ;;
+    --_slurm-task) slurm_task=1; shift ;;
+    -h|--help) usage 0 ;;
+    --) shift; break ;;
+    *) echo "launch.sh: unknown option $1 (put training arguments after --)" >&2; usage ;;
+  esac
+done
+train_args=("$@")
+
+run() {
+  printf '+'; printf ' %q' "$@"; printf '\n'
+  [ "$dry" = 1 ] && return 0
+  exec "$@"
+}
+
+# Inside one srun task: derive the rendezvous from SLURM's variables, run one rank.
+if [ "$slurm_task" = 1 ]; then
+  export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID"
+  export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:-$(( SLURM_NTASKS / SLURM_NNODES ))}"
+  export LOCAL_SIZE="$LOCAL_WORLD_SIZE"
+  export MASTER_ADDR="${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
+  export MASTER_PORT="${MASTER_PORT:-29500}"
+  exec "$PY" -u -m pretrain.train "${train_args[@]}"
+fi
+
+ds=("$PY" -u -m deepspeed.launcher.runner)
+[ -n "$master_port" ] && ds+=(--master_port "$master_port")
+
+case "$mode" in
+  cpu)
+    # DeepSpeed's CPU accelerator counts "devices" from LOCAL_SIZE; gloo is used for comms.
+    export DS_ACCELERATOR=cpu LOCAL_SIZE="$n"
+    ;;
+  gpu) : ;;
+  slurm)
+    [ -n "${SLURM_JOB_ID:-}" ] || { echo "launch.sh --slurm: not inside a SLURM allocation (no SLURM_JOB_ID)" >&2; exit 2; }
+    export MASTER_ADDR="${master_addr:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
+    export MASTER_PORT="${master_port:-29500}"
+    run srun --kill-on-bad-exit=1 "$0" --_slurm-task -- "${train_args[@]}"
+    ;;
+  "") [ -n "$hostfile" ] || { echo "launch.sh: choose --cpu N, --gpus N, --hostfile F or --slurm" >&2; usage; } ;;
+esac
+
+if [ -n "$hostfile" ]; then
+  ds+=(--hostfile "$hostfile")
+  [ -n "$n" ] && ds+=(--num_gpus "$n")
+  if [ "$no_ssh" = 1 ]; then
+    [ -n "$node_rank" ] && [ -n "$master_addr" ] || { echo "launch.sh --no-ssh needs --node-rank R and --master-addr A" >&2; exit 2; }
+    ds+=(--no_ssh --node_rank "$node_rank" --master_addr "$master_addr")
+  elif [ -n "$master_addr" ]; then
+    ds+=(--master_addr "$master_addr")
+  fi
+else
+  [ "$no_ssh" = 1 ] && { echo "launch.sh --no-ssh needs --hostfile F listing every node" >&2; exit 2; }
+  ds+=(--num_gpus "$n")
+  [ -n "$master_addr" ] && ds+=(--master_addr "$master_addr")
+fi
+run "${ds[@]}" --module pretrain.train "${train_args[@]}"
