@@ -483,7 +483,12 @@ def list_tasks() -> list[str]:
 
 
 def get_task(name: str, seed: int = 1234, **task_args) -> Task:
-    """The task ``name`` with ``task_args`` (see each class's DEFAULTS); ``seed`` fixes its content."""
+    """The task ``name`` with ``task_args`` (see each class's DEFAULTS); ``seed`` fixes its content.
+
+    ``n_val`` (the loader's validation size for unbounded tasks) is accepted and ignored, so
+    the same ``task_args`` dict works here and in ``DataConfig``.
+    """
+    task_args.pop("n_val", None)
     if name.startswith("synthetic:"):
         name = name.split(":", 1)[1]
     if name not in TASKS:
