@@ -68,6 +68,8 @@ class BuiltinLoader:
     # ---- text: bytes of UTF-8 files ------------------------------------------------------
     def _init_text(self, data: dict[str, Any]) -> None:
         path = Path(self.source[len("text:"):])
+        if not path.is_absolute() and not path.exists():
+            path = Path(__file__).resolve().parent.parent / path     # relative to the repository
         files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
         if not files or not all(f.is_file() for f in files):
             raise FileNotFoundError(f"data.source={self.source!r}: no .txt files found")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -330,8 +331,8 @@ class Trainer:
         tag = ckpt.tag_for(step)
         tag_dir = root / tag
         rank = dist.get_rank()
-        if rank == 0 and (tag_dir / ckpt.COMPLETE).exists():
-            (tag_dir / ckpt.COMPLETE).unlink()        # rewriting a tag: not complete until done again
+        if rank == 0 and tag_dir.exists():
+            shutil.rmtree(tag_dir)                    # rewriting a tag: start from an empty dir
         dist.barrier()
         self.engine.save_checkpoint(str(root), tag=tag, client_state={UNIVERSAL_CHECKPOINT_INFO: {},
                                                                      "trainer_state": trainer_state},

@@ -1,0 +1,66 @@
+"""Convert a checkpoint to DeepSpeed's universal format, to resume under another layout.
+
+    python -m pretrain.universal --checkpoint RUN/checkpoints/step_00000100 --out RUN/universal
+    python -m pretrain.train --recipe R.yaml --resume RUN/universal/step_00000100 [new layout overrides]
+
+Runs `python -m deepspeed.checkpoint.ds_to_universal` on the tag dir (which needs the
+`UNIVERSAL_CHECKPOINT_INFO` client state every checkpoint of pretrain.train carries), then
+copies the trainer's own files (trainer_state.json marked universal, frozen tensors) and
+marks the result complete. Resuming from it sets `"checkpoint": {"load_universal": true}`
+in the DeepSpeed config automatically. The loader position is global, so the data order
+continues unchanged under the new data-parallel size. Per-rank RNG files are not copied
+(ranks change meaning across layouts); they are re-seeded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import checkpointing as ckpt
+
+
+def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) -> Path:
+    tag_dir = Path(tag_dir)
+    if not ckpt.is_complete(tag_dir):
+        raise FileNotFoundError(f"{tag_dir} is not a complete checkpoint")
+    out = Path(out_root) / tag_dir.name
+    if out.exists():
+        shutil.rmtree(out)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(tag_dir),
+           "--output_folder", str(out), "--num_extract_workers", str(workers), "--num_merge_workers", str(workers)]
+    print("+ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    for f in tag_dir.glob("frozen-stage*.safetensors"):
+        shutil.copy2(f, out / f.name)
+    state = ckpt.read_state(tag_dir)
+    state["universal"] = True
+    state["converted_from"] = str(tag_dir)
+    (out / ckpt.STATE).write_text(json.dumps(state, indent=1, sort_keys=True, default=str))
+    (out / ckpt.COMPLETE).write_text("ok\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pretrain.universal", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="a tag dir (RUN/checkpoints/step_N) or a run dir (latest)")
+    ap.add_argument("--out", required=True, help="directory that receives <tag>/")
+    ap.add_argument("--workers", type=int, default=1)
+    args = ap.parse_args(argv)
+    src = Path(args.checkpoint)
+    if not ckpt.is_complete(src):
+        latest = ckpt.latest_checkpoint(src)
+        if latest is None:
+            print(f"error: no complete checkpoint at {src}", file=sys.stderr)
+            return 2
+        src = latest
+    out = to_universal(src, args.out, args.workers)
+    print(f"universal checkpoint: {out}\nresume with: python -m pretrain.train --recipe R.yaml --resume {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
