@@ -166,10 +166,27 @@ FREE_SECTIONS = ("model", "data")      # validated by model.ModelConfig / data_p
 TOP_KEYS = ("name", "seed") + FREE_SECTIONS + tuple(SECTIONS)
 
 
+# Common names from other trainers -> where the setting lives here.
+SYNONYMS = {"learning_rate": "optim.lr", "lr": "optim.lr", "zero_stage": "parallel.ds_config (pick zero0..zero3)",
+            "stage": "parallel.ds_config (pick zero0..zero3)", "batch_size": "train.global_batch_sequences",
+            "global_batch_size": "train.global_batch_sequences", "micro_batch_size": "train.micro_batch_sequences",
+            "steps": "train.max_steps", "wd": "optim.weight_decay", "warmup": "optim.warmup_steps",
+            "grad_accum": "train.micro_batch_sequences (grad-accum = global / (micro x data-parallel))",
+            "gradient_accumulation_steps": "train.micro_batch_sequences (grad-accum = global / (micro x data-parallel))",
+            "bf16": "train.precision=bf16", "fp16": "train.precision (fp32 | bf16)", "pp": "parallel.pipeline_stages"}
+
+
 def _unknown(where: str, key: str, valid) -> RecipeError:
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=3)
-    hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else f"valid keys: {valid}"
+    if close:
+        hint = f"did you mean {', '.join(repr(c) for c in close)}?"
+    else:
+        everywhere = {f"{sec}.{f.name}": f.name for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+        other = [q for q, n in everywhere.items() if n in difflib.get_close_matches(key, list(everywhere.values()), n=2)]
+        if key in SYNONYMS:
+            other = [SYNONYMS[key]] + other
+        hint = (f"did you mean {', '.join(repr(o) for o in other[:3])}? " if other else "") + f"valid keys here: {valid}"
     return RecipeError(f"{where}{key}: unknown key. Fix: {hint}")
 
 

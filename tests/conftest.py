@@ -1,0 +1,59 @@
+"""Shared fixtures: spawn real training ranks (gloo on CPU) and read their metrics."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+               LOCAL_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
+               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return env
+
+
+def run_ranks(args: list[str], world: int = 2, timeout: float = 300) -> str:
+    """Run `python -m pretrain.train ARGS` as `world` real processes; return rank 0's output."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "pretrain.train", *args], cwd=REPO, env=rank_env(r, world, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{outs[r][-4000:]}"
+    return outs[0]
+
+
+def read_losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss from metrics.jsonl (a later record of the same step wins)."""
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cpu_deepspeed():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    yield

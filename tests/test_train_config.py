@@ -1,0 +1,92 @@
+"""Recipe loading, overrides, layout checks, DeepSpeed config filling and --dry-run (no processes)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from pretrain.config import RecipeError, load_recipe
+from pretrain.layout import build_ds_config, plan_layout
+from pretrain.train import dry_run, lr_at, main
+
+RECIPE = "recipes/tiny_cpu.yaml"
+
+
+def test_recipes_load_and_overrides_apply():
+    cfg = load_recipe(RECIPE, ["train.lr=1e-3", "model.variant=frozen_qk", "data.task_args.n_pairs=4",
+                               "train.global_batch_sequences=16"])
+    assert cfg.optim.lr == 1e-3 and cfg.model["variant"] == "frozen_qk"
+    assert cfg.data["task_args"] == {"n_pairs": 4} and cfg.global_batch_size == 16
+    assert load_recipe("recipes/wikitext2_cpu.yaml").data["source"].startswith("text:")
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("train.learning_rate=1", "lr"), ("optim.warmup=3", "warmup_steps"), ("model.varient=mixit", "variant"),
+    ("trian.seq_len=3", "train"), ("parallel.zero_stage=2", "ds_config")])
+def test_unknown_keys_name_close_matches(override, hint):
+    with pytest.raises(RecipeError, match=hint):
+        load_recipe(RECIPE, [override])
+
+
+def test_batch_size_in_tokens_or_sequences():
+    cfg = load_recipe(RECIPE, ["train.global_batch_sequences=null", "train.global_batch_tokens=256"])
+    assert cfg.global_batch_size == 8 and cfg.tokens_per_step == 256
+    with pytest.raises(RecipeError, match="exactly one"):
+        load_recipe(RECIPE, ["train.global_batch_tokens=256"])
+    with pytest.raises(RecipeError, match="multiple of train.seq_len"):
+        load_recipe(RECIPE, ["train.global_batch_sequences=null", "train.global_batch_tokens=100"])
+    with pytest.raises(RecipeError, match="fp16"):
+        load_recipe(RECIPE, ["train.precision=fp16"])
+
+
+def test_impossible_layouts_are_refused_with_the_reason():
+    with pytest.raises(RecipeError, match="ZeRO stage 0 or 1 only.*zero1"):
+        plan_layout(load_recipe(RECIPE, ["parallel.pipeline_stages=2", "parallel.ds_config=zero2"]), 2)
+    with pytest.raises(RecipeError, match="not divisible by parallel.pipeline_stages"):
+        plan_layout(load_recipe(RECIPE, ["parallel.pipeline_stages=2", "parallel.ds_config=pipeline"]), 3)
+    with pytest.raises(RecipeError, match="micro_batch_sequences"):
+        plan_layout(load_recipe(RECIPE, ["train.micro_batch_sequences=3"]), 2)
+    with pytest.raises(RecipeError, match="neither a file nor a name"):
+        plan_layout(load_recipe(RECIPE, ["parallel.ds_config=zero5"]), 1)
+
+
+def test_ds_config_is_filled_from_the_recipe(tmp_path):
+    cfg = load_recipe(RECIPE, ["parallel.ds_config=pipeline", "parallel.pipeline_stages=2", "train.precision=bf16"])
+    layout = plan_layout(cfg, 4)
+    ds = build_ds_config(cfg, layout, on_cpu=True)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
+    assert ds["bf16"]["enabled"] and ds["data_types"]["grad_accum_dtype"] == "fp32"
+    assert ds["optimizer"]["params"]["lr"] == cfg.optim.lr and ds["optimizer"]["params"]["torch_adam"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_batch_size": 4}))
+    with pytest.raises(RecipeError, match="recipe owns"):
+        plan_layout(load_recipe(RECIPE, [f"parallel.ds_config={bad}"]), 1)
+
+
+def test_every_ds_config_template_plans():
+    stages = {"zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "zero3_offload": 3, "cpu": 1}
+    for name, stage in stages.items():
+        assert plan_layout(load_recipe(RECIPE, [f"parallel.ds_config={name}"]), 2).zero_stage == stage
+
+
+def test_lr_schedule_warmup_then_decay_to_min():
+    cfg = load_recipe(RECIPE, ["train.max_steps=100", "optim.warmup_steps=10", "optim.lr=1.0", "optim.min_lr=0.1"])
+    lrs = [lr_at(cfg, s) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] == pytest.approx(0.1, abs=1e-3)
+    lin = load_recipe(RECIPE, ["train.max_steps=100", "optim.warmup_steps=0", "optim.decay=linear",
+                               "optim.lr=1.0", "optim.min_lr=0.0"])
+    assert lr_at(lin, 50) == pytest.approx(0.5)
+
+
+def test_dry_run_prints_plan_and_refuses(capsys):
+    out = io.StringIO()
+    info = dry_run(load_recipe(RECIPE, ["model.variant=frozen_qk", "parallel.ds_config=zero3"]), 2, out=out)
+    text = out.getvalue()
+    for word in ("resolved config", "trainable", "frozen", "FLOPs per token", "memory per rank", "ZeRO-3"):
+        assert word in text
+    assert info["params_frozen"] > 0 and info["params_trainable"] > 0
+    assert main(["--recipe", RECIPE, "--dry-run", "--world-size", "2", "parallel.pipeline_stages=2",
+                 "parallel.ds_config=zero3"]) == 2
+    assert "ZeRO stage 0 or 1 only" in capsys.readouterr().err
