@@ -3,8 +3,9 @@
 Every token after the first is scored exactly once. The first window scores all of its
 targets; each later window starts `stride` tokens later and scores only targets not yet
 scored, so each scored token sees at least `window - stride` tokens of context
-(the standard strided evaluation). All full windows have the same length, so they batch
-without padding; only the final window may be shorter and runs on its own.
+(the standard strided evaluation). Window = tokens per window (the model reads window-1 of them); stride <= window-1. The last window is pulled back to end at the
+stream's end, so every window has the same length and batches carry no padding (the same
+convention as lm-eval's rolling windows).
 Reported token-weighted: loss (nats/token), perplexity, bits per byte (when the byte
 count of the scored text is known).
 """
@@ -27,10 +28,13 @@ def window_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int]]
     """(begin, end, first_scored_token) per window over tokens [0, n); targets are tokens 1..n-1."""
     if n < 2:
         raise EvalError(f"perplexity needs at least 2 tokens, got {n}")
-    if not 1 <= stride <= window or window < 2:
-        raise EvalError(f"need 1 <= stride <= window and window >= 2 (got window={window}, stride={stride})")
+    if window < 2 or not 1 <= stride <= window - 1:
+        raise EvalError(f"need window >= 2 and 1 <= stride <= window - 1 (consecutive windows share at least the "
+                        f"one token that predicts the next window's first target); got window={window}, stride={stride}")
     spans, b, scored_to = [], 0, 1
     while True:
+        if b + window > n:          # the last window is pulled back to full length: more context, same shape
+            b = max(0, n - window)
         e = min(b + window, n)
         spans.append((b, e, max(scored_to, b + 1)))
         scored_to = e
@@ -99,8 +103,8 @@ def perplexity(model, tokens, window: int | None = None, stride: int | None = No
     if t.numel() and int(t.max()) >= model.cfg.vocab_size:
         raise EvalError(f"token id {int(t.max())} is outside the model vocabulary ({model.cfg.vocab_size}); "
                         "the tokenizer does not match the checkpoint")
-    window = min(window or model.cfg.max_seq_len, model.cfg.max_seq_len + 1)
-    stride = stride or window
+    window = min(window or model.cfg.max_seq_len + 1, model.cfg.max_seq_len + 1)   # window-1 inputs fit the model
+    stride = stride or window - 1          # default: no recomputation beyond the one shared token
     spans = window_spans(t.numel(), window, stride)
     batches: list[list[tuple[int, int, int]]] = []
     for s in spans:

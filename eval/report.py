@@ -1,0 +1,150 @@
+"""Reports over many evaluated checkpoints: flat metric names, markdown/CSV tables,
+TensorBoard scalars against the training step, and PNG plots (one line per run/variant)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+INFO_COLS = ("run", "variant", "step", "tokens_seen")
+
+
+def flatten(tasks: dict[str, Any]) -> dict[str, float]:
+    """{"induction": {"acc": .9, "by_length": {"16": {"acc": 1}}}} -> {"induction/acc": .9,
+    "induction/by_length/16/acc": 1}. Lists (per-head grids) and non-numbers are skipped."""
+    out: dict[str, float] = {}
+
+    def walk(prefix: str, v: Any) -> None:
+        if isinstance(v, bool):
+            return
+        if isinstance(v, (int, float)):
+            if not (isinstance(v, float) and math.isnan(v)):
+                out[prefix] = float(v)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}/{k}", x)
+
+    for task, res in tasks.items():
+        walk(task, res)
+    return out
+
+
+def rows_from_results(results: Iterable[dict[str, Any]], run: str | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        ck = r.get("checkpoint", {})
+        row = {"run": run or r.get("run") or Path(ck.get("path", "?")).name, "variant": ck.get("variant"),
+               "step": ck.get("step"), "tokens_seen": ck.get("tokens_seen")}
+        row.update(r.get("metrics") or flatten(r.get("tasks", {})))
+        rows.append(row)
+    return sorted(rows, key=lambda x: (str(x["run"]), x["step"] if x["step"] is not None else -1))
+
+
+def headline(metric: str) -> bool:
+    """Metrics worth a table column / plot (the per-length details stay in the JSON)."""
+    return "/by_" not in metric and not metric.endswith(("/tokens", "/windows", "/window", "/stride", "/samples",
+                                                         "sample_len", "/chance_acc"))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path | None = None,
+                all_metrics: bool = False) -> list[str]:
+    metrics = sorted({k for r in rows for k in r if k not in INFO_COLS and (all_metrics or headline(k))})
+    cols = list(INFO_COLS) + metrics
+    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    Path(md_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(md_path).write_text("\n".join(md) + "\n")
+    if csv_path is not None:
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(INFO_COLS) + sorted(
+                {k for r in rows for k in r if k not in INFO_COLS}), extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: r.get(k) for k in w.fieldnames})
+    return cols
+
+
+def write_tensorboard(rows: list[dict[str, Any]], logdir: str | Path) -> None:
+    """One scalar per metric, x = the checkpoint's training step (tag prefix `eval/`)."""
+    from torch.utils.tensorboard import SummaryWriter
+    w = SummaryWriter(log_dir=str(logdir))
+    try:
+        for r in rows:
+            if r.get("step") is None:
+                continue
+            for k, v in r.items():
+                if k not in INFO_COLS and isinstance(v, (int, float)):
+                    w.add_scalar(f"eval/{k}", v, global_step=int(r["step"]))
+    finally:
+        w.close()
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name).strip("_")
+
+
+def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[str] | None = None) -> list[Path]:
+    """One PNG per metric vs step; one line per run, labelled by variant (and run when ambiguous)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = metrics or sorted({k for r in rows for k in r if k not in INFO_COLS and headline(k)})
+    runs: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("step") is not None:
+            runs.setdefault(str(r["run"]), []).append(r)
+    variants = [rs[0].get("variant") for rs in runs.values()]
+    paths = []
+    for m in metrics:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        drew = False
+        for (run, rs), variant in zip(runs.items(), variants):
+            pts = sorted((r["step"], r[m]) for r in rs if isinstance(r.get(m), (int, float)))
+            if not pts:
+                continue
+            label = variant if variants.count(variant) == 1 else f"{variant} ({run})"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            drew = True
+        if not drew:
+            plt.close(fig)
+            continue
+        ax.set_xlabel("training step")
+        ax.set_ylabel(m)
+        ax.set_title(m, fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        p = out_dir / f"{_safe(m)}.png"
+        fig.savefig(p, dpi=80)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue    # a torn last line from an interrupted run
+    return out

@@ -1,0 +1,287 @@
+"""Evaluate one checkpoint, or every checkpoint of one or more runs (incrementally).
+
+    python -m eval.run --checkpoint PATH --tasks perplexity,induction,kv_recall --text val.txt \
+        --tokenizer TOK --out results.json
+    python -m eval.run --run-dir runs/std --run-dir runs/mixit --tasks induction,kv_recall --out-dir report/
+
+Tasks: perplexity (needs --text FILE or --val-dir DIR), induction, kv_recall, passkey (needs a
+tokenizer), mechanisms, synthetic:<task> (data_pipeline.synthetic, e.g. synthetic:kv_retrieval),
+lm_eval:<task> (an offline config in eval/tasks, e.g. lm_eval:tp_kv_recall, or any lm_eval task).
+With --run-dir, results go to RUN/eval/results.jsonl (checkpoints already evaluated with the
+same tasks and options are skipped), and the table (markdown + CSV), TensorBoard scalars and
+per-metric PNG plots go to --out-dir. Under torchrun/deepspeed, perplexity and synthetic
+batches are shared across ranks and rank 0 writes the results.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from . import distributed as D
+from .loading import EvalError, check_tokenizer, list_checkpoints, load_checkpoint, load_tokenizer
+
+BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms")
+PREFIX_TASKS = ("synthetic:", "lm_eval:")
+
+
+@dataclass
+class EvalOptions:
+    tokenizer: Any = None                  # dir, "bytes", or a tokenizer object
+    text: str | None = None                # perplexity on a text file
+    val_dir: str | None = None             # perplexity on a prepared split (data_pipeline shards)
+    window: int | None = None              # tokens per perplexity window (default: max_seq_len)
+    stride: int | None = None              # default: window (no overlap)
+    max_tokens: int | None = None
+    batch_size: int = 8
+    lengths: tuple[int, ...] = (16, 32, 64)            # induction
+    num_pairs: tuple[int, ...] = (2, 4, 8)             # kv_recall
+    passkey_lengths: tuple[int, ...] = (128, 256, 512)
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    n: int = 32                            # samples per length (probes)
+    synthetic_n: int = 256
+    task_args: dict = field(default_factory=dict)      # for synthetic:<task>
+    task_seed: int = 1234
+    lm_eval_limit: int | float | None = None
+    heatmap_dir: str | None = None
+    seed: int = 0
+    device: str = "cpu"
+    progress: bool = True
+
+    def signature(self) -> str:
+        """Hash of the options that change numbers (not device/progress/output paths)."""
+        d = dataclasses.asdict(self)
+        for k in ("device", "progress", "heatmap_dir"):
+            d.pop(k)
+        d["tokenizer"] = getattr(self.tokenizer, "identity", self.tokenizer)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def validate_tasks(tasks: list[str] | str) -> list[str]:
+    if isinstance(tasks, str):
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    if not tasks:
+        raise EvalError(f"no tasks given; choose from {list(BASE_TASKS)} or synthetic:<task>, lm_eval:<task>")
+    for t in tasks:
+        if t in BASE_TASKS:
+            continue
+        if t.startswith("synthetic:"):
+            from .synthetic_tasks import get_task
+            get_task(t.split(":", 1)[1])      # raises EvalError for unknown names
+            continue
+        if t.startswith("lm_eval:") and t.split(":", 1)[1]:
+            continue
+        close = difflib.get_close_matches(t, list(BASE_TASKS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise EvalError(f"unknown task {t!r}. {hint}Valid: {list(BASE_TASKS)}, synthetic:<task> "
+                        "(e.g. synthetic:kv_retrieval), lm_eval:<task> (e.g. lm_eval:tp_kv_recall)")
+    return list(tasks)
+
+
+def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: EvalOptions | None = None) -> dict[str, Any]:
+    """Run `tasks` on an already-loaded model; returns {"checkpoint": info, "tasks": {...}, "metrics": {...}}."""
+    from . import mechanisms, perplexity as ppl, retrieval
+    from .report import flatten
+    opts = opts or EvalOptions()
+    tasks = validate_tasks(tasks)
+    tok = load_tokenizer(opts.tokenizer if opts.tokenizer is not None else info.get("meta", {}).get("tokenizer_path"))
+    check_tokenizer(tok, model, info)
+    prog = opts.progress and D.is_main()
+    out: dict[str, Any] = {}
+    t0 = time.time()
+    for t in tasks:
+        if t == "perplexity":
+            if opts.text:
+                toks, nbytes = ppl.file_stream(opts.text, tok)
+                src = {"source": str(opts.text)}
+            elif opts.val_dir:
+                toks, nbytes = ppl.shard_stream(opts.val_dir, tok, opts.max_tokens, info.get("tokenizer_id"))
+                src = {"source": str(opts.val_dir)}
+            else:
+                raise EvalError("task perplexity needs --text FILE or --val-dir DIR (a prepared validation split)")
+            if opts.max_tokens:
+                toks = toks[:opts.max_tokens]
+                nbytes = None if tok is None else len(tok.decode(list(toks[1:])).encode("utf-8"))
+            out[t] = {**ppl.perplexity(model, toks, opts.window, opts.stride, opts.batch_size, nbytes,
+                                       progress=prog), **src}
+        elif t == "induction":
+            out[t] = retrieval.induction(model, opts.lengths, opts.n, opts.seed, tok, progress=prog)
+        elif t == "kv_recall":
+            out[t] = retrieval.kv_recall(model, opts.num_pairs, opts.n, opts.seed, tok, progress=prog)
+        elif t == "passkey":
+            out[t] = retrieval.passkey(model, tok, opts.passkey_lengths, opts.depths, max(1, opts.n // 8),
+                                       opts.seed, progress=prog)
+        elif t == "mechanisms":
+            hm = None
+            if opts.heatmap_dir and D.is_main():
+                hm = Path(opts.heatmap_dir) / f"mechanisms_{info.get('variant')}_step{info.get('step')}.png"
+            out[t] = mechanisms.mechanism_scores(model, seed=opts.seed, heatmap=hm)
+        elif t.startswith("synthetic:"):
+            from .synthetic_tasks import evaluate_task, get_task
+            task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)
+            out[t] = evaluate_task(model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info,
+                                   progress=prog)
+        elif t.startswith("lm_eval:"):
+            from .lm_eval_adapter import TrainablePartsLM, run_lm_eval
+            lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size)
+            name = t.split(":", 1)[1]
+            res = run_lm_eval(lm, [name], limit=opts.lm_eval_limit)
+            out[t] = res.get(name, res)
+    ck = {k: info.get(k) for k in ("path", "step", "tokens_seen", "variant", "tokenizer_id")}
+    ck["tokenizer_used"] = getattr(tok, "identity", None)
+    return {"checkpoint": ck, "tasks": out, "metrics": flatten(out), "options_signature": opts.signature(),
+            "seconds": round(time.time() - t0, 3)}
+
+
+def evaluate_checkpoint(path: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None,
+                        **kw: Any) -> dict[str, Any]:
+    """Load any checkpoint (native, HF, DeepSpeed tag, run dir) and evaluate `tasks` on it.
+    Keyword arguments override EvalOptions fields."""
+    opts = dataclasses.replace(opts or EvalOptions(), **kw)
+    validate_tasks(tasks)
+    model, info = load_checkpoint(path, opts.device)
+    return evaluate_model(model, info, tasks, opts)
+
+
+def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None,
+                 results_path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Evaluate every complete checkpoint of a run not yet in RUN/eval/results.jsonl (same tasks+options)."""
+    from .report import read_jsonl
+    opts = opts or EvalOptions()
+    tasks = validate_tasks(tasks)
+    run_dir = Path(run_dir)
+    results_path = Path(results_path or run_dir / "eval" / "results.jsonl")
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        raise EvalError(f"run dir {run_dir} has no complete checkpoints (looked in {run_dir / 'checkpoints'})")
+    sig = opts.signature()
+    key = (sig, tuple(tasks))
+    have = read_jsonl(results_path)
+    done = {r["checkpoint"]["step"] for r in have
+            if (r.get("options_signature"), tuple(r.get("task_list", []))) == key}
+    todo = [(s, p) for s, p in ckpts if s not in done]
+    for step, path in tqdm(todo, desc=f"checkpoints of {run_dir.name}", disable=not (opts.progress and D.is_main())):
+        model, info = load_checkpoint(path, opts.device)
+        if info.get("step") is None:
+            info["step"] = step
+        res = evaluate_model(model, info, tasks, opts)
+        res["run"] = run_dir.name
+        res["task_list"] = list(tasks)
+        if D.is_main():
+            results_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(results_path, "a") as f:
+                f.write(json.dumps(res) + "\n")
+        have.append(res)
+    return sorted([r for r in have if (r.get("options_signature"), tuple(r.get("task_list", []))) == key],
+                  key=lambda r: r["checkpoint"]["step"])
+
+
+def write_reports(results_by_run: dict[str, list[dict[str, Any]]], out_dir: str | Path) -> dict[str, Any]:
+    """results.md / results.csv, TensorBoard (out_dir/tb/<run>), plots (out_dir/plots/*.png)."""
+    from .report import plot_metrics, rows_from_results, write_table, write_tensorboard
+    out_dir = Path(out_dir)
+    rows = [r for run, res in results_by_run.items() for r in rows_from_results(res, run)]
+    write_table(rows, out_dir / "results.md", out_dir / "results.csv")
+    for run, res in results_by_run.items():
+        write_tensorboard(rows_from_results(res, run), out_dir / "tb" / run)
+    plots = plot_metrics(rows, out_dir / "plots")
+    return {"table": str(out_dir / "results.md"), "csv": str(out_dir / "results.csv"),
+            "tensorboard": str(out_dir / "tb"), "plots": [str(p) for p in plots]}
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.split(",") if x)
+
+
+def _floats(s: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in s.split(",") if x)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="native / HF / DeepSpeed checkpoint dir (or a run dir: its latest)")
+    src.add_argument("--run-dir", action="append", help="evaluate every checkpoint of this run (repeatable)")
+    ap.add_argument("--tasks", required=True, help="comma-separated task names")
+    ap.add_argument("--out", help="results JSON (--checkpoint mode)")
+    ap.add_argument("--out-dir", help="table/plots/TensorBoard dir (--run-dir mode; default RUN/eval)")
+    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes' for the byte-level fallback")
+    ap.add_argument("--text", help="perplexity: a UTF-8 text file")
+    ap.add_argument("--val-dir", help="perplexity: a prepared split directory (manifest.json + shards)")
+    ap.add_argument("--window", type=int)
+    ap.add_argument("--stride", type=int)
+    ap.add_argument("--max-tokens", type=int)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--lengths", type=_ints, default=(16, 32, 64), help="induction lengths")
+    ap.add_argument("--num-pairs", type=_ints, default=(2, 4, 8), help="kv_recall pair counts")
+    ap.add_argument("--passkey-lengths", type=_ints, default=(128, 256, 512))
+    ap.add_argument("--depths", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
+    ap.add_argument("--n", type=int, default=32, help="samples per length for the probes")
+    ap.add_argument("--synthetic-n", type=int, default=256)
+    ap.add_argument("--task-args", type=json.loads, default={}, help='JSON, e.g. \'{"n_pairs": 4}\'')
+    ap.add_argument("--task-seed", type=int, default=1234)
+    ap.add_argument("--lm-eval-limit", type=float)
+    ap.add_argument("--heatmap-dir")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    a = build_parser().parse_args(argv)
+    D.init_from_env()
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    limit = a.lm_eval_limit
+    if limit is not None and limit >= 1:
+        limit = int(limit)
+    try:
+        tasks = validate_tasks(a.tasks)
+        opts = EvalOptions(tokenizer=load_tokenizer(a.tokenizer), text=a.text, val_dir=a.val_dir, window=a.window,
+                           stride=a.stride, max_tokens=a.max_tokens, batch_size=a.batch_size, lengths=a.lengths,
+                           num_pairs=a.num_pairs, passkey_lengths=a.passkey_lengths, depths=a.depths, n=a.n,
+                           synthetic_n=a.synthetic_n, task_args=a.task_args, task_seed=a.task_seed,
+                           lm_eval_limit=limit, heatmap_dir=a.heatmap_dir, seed=a.seed, device=device,
+                           progress=not a.no_progress)
+        if a.checkpoint:
+            res = evaluate_checkpoint(a.checkpoint, tasks, opts)
+            if D.is_main():
+                text = json.dumps(res, indent=2)
+                if a.out:
+                    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+                    Path(a.out).write_text(text + "\n")
+                    print(f"wrote {a.out}", file=sys.stderr)
+                else:
+                    print(text)
+        else:
+            by_run = {}
+            for rd in a.run_dir:
+                name = Path(rd).resolve().name
+                if name in by_run:
+                    name = str(Path(rd).resolve())
+                by_run[name] = evaluate_run(rd, tasks, opts)
+            if D.is_main():
+                out_dir = a.out_dir or str(Path(a.run_dir[0]) / "eval")
+                rep = write_reports(by_run, out_dir)
+                if a.out:
+                    Path(a.out).write_text(json.dumps(by_run, indent=2) + "\n")
+                print(json.dumps(rep, indent=2))
+    except EvalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
