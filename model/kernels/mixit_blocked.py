@@ -107,17 +107,17 @@ def blocked_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_st
     dev = v.device
     keys, sigmas = p.key_tensor(dev), p.sigma_tensor(dev)
     cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v)
-    out = torch.empty(v.shape[0], v.shape[1], n - row_start, v.shape[3], dtype=torch.float32, device=dev)
+    out = torch.empty(v.shape[0], v.shape[1], n - row_start, v.shape[3], dtype=v.dtype, device=dev)
     for r0 in range(row_start, n, block):
         rows = torch.arange(r0, min(r0 + block, n), device=dev)
         ncols = int(rows[-1]) + 1 if p.causal else n
-        m = raw_slab(p, rows, ncols, keys, sigmas)
+        m = raw_slab(p, rows, ncols, keys, sigmas).to(v.dtype)
         mask = _mask(rows, ncols, p.causal)
         if mask is not None:
             m = m * mask
         mv = torch.matmul(m, v[:, :, :ncols])                                # (b, H-1, rows, dh)
         sl = slice(r0, r0 + len(rows))
-        o = p.beta * (mv - drift[None, :, sl, None] * cs[:, :, sl])
+        o = p.beta * (mv - drift[None, :, sl, None].to(v.dtype) * cs[:, :, sl])
         if p.identity:
             o = o + v[:, :, sl]
         out[:, :, r0 - row_start:r0 - row_start + len(rows)] = o
@@ -130,8 +130,8 @@ def blocked_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_s
     dev = g.device
     keys, sigmas = p.key_tensor(dev), p.sigma_tensor(dev)
     b, Hr, _, dh = g.shape
-    dv = torch.zeros(b, Hr, n, dh, dtype=torch.float32, device=dev)
-    dg = drift[None, :, row_start:n, None] * g                                # drift_i G_i
+    dv = torch.zeros(b, Hr, n, dh, dtype=g.dtype, device=dev)
+    dg = drift[None, :, row_start:n, None].to(g.dtype) * g                                # drift_i G_i
     if p.causal:
         rc = dg.flip(2).cumsum(2).flip(2)                                     # sum_{i >= j, i in rows}
         dv[:, :, row_start:] -= p.beta * rc
@@ -144,7 +144,7 @@ def blocked_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_s
     for r0 in range(row_start, n, block):
         rows = torch.arange(r0, min(r0 + block, n), device=dev)
         ncols = int(rows[-1]) + 1 if p.causal else n
-        m = raw_slab(p, rows, ncols, keys, sigmas)
+        m = raw_slab(p, rows, ncols, keys, sigmas).to(g.dtype)
         mask = _mask(rows, ncols, p.causal)
         if mask is not None:
             m = m * mask
@@ -153,18 +153,23 @@ def blocked_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_s
     return dv
 
 
+def _work(x: torch.Tensor) -> torch.Tensor:
+    """Compute in float32, or float64 when given float64 (gradcheck)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class _BlockedMix(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v, p, drift, row_start, block):
         ctx.p, ctx.drift, ctx.row_start, ctx.block, ctx.n, ctx.dtype = p, drift, row_start, block, v.shape[2], v.dtype
-        vf = v.float()
+        vf = _work(v)
         out0 = sink_forward(vf[:, 0], row_start)
         rest = blocked_forward(p, vf[:, 1:], drift, row_start, block) if v.shape[1] > 1 else vf[:, 1:, row_start:]
         return torch.cat([out0[:, None], rest], 1).to(v.dtype)
 
     @staticmethod
     def backward(ctx, g):
-        gf = g.float()
+        gf = _work(g)
         dv0 = sink_backward(gf[:, 0], ctx.row_start, ctx.n)
         if g.shape[1] > 1:
             rest = blocked_backward(ctx.p, gf[:, 1:], ctx.drift, ctx.row_start, ctx.n, ctx.block)
