@@ -119,9 +119,12 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
         raise EvalError(f"run dir {run_dir} does not exist")
     try:
         from pretrain.checkpointing import list_checkpoints as _lc
-        return [(int(s), Path(p)) for s, p in _lc(run_dir)]
+        found = [(int(s), Path(p)) for s, p in _lc(run_dir)]
+        if found:
+            return found
     except (ImportError, AttributeError):
         pass
+    # Fallback (and for runs whose checkpoints are native/HF exports): scan checkpoints/*.
     found = []
     ck = run_dir / "checkpoints"
     for p in sorted(ck.iterdir()) if ck.is_dir() else []:

@@ -1,0 +1,54 @@
+"""Bad input gives a clear error: no checkpoint at the path, a tokenizer that does not match, an unknown task."""
+import pytest
+import torch
+
+from eval.loading import EvalError, load_checkpoint
+from eval.run import evaluate_checkpoint, main, validate_tasks
+from model import build_model, preset
+from model.io import save_native
+
+torch.set_num_threads(1)
+
+
+def test_missing_and_empty_checkpoint_paths(tmp_path, capsys):
+    with pytest.raises(EvalError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EvalError, match="no checkpoint found"):
+        load_checkpoint(tmp_path / "empty")
+    assert main(["--checkpoint", str(tmp_path / "empty"), "--tasks", "induction", "--no-progress"]) == 2
+    assert "no checkpoint found" in capsys.readouterr().err
+
+
+def test_tokenizer_mismatch(tmp_path, capsys):
+    model = build_model(preset("tiny", vocab_size=300, max_seq_len=64), seed=0)
+    save_native(model, tmp_path / "ck", {"step": 1, "tokenizer_id": "sp:0123456789abcdef"})
+    (tmp_path / "t.txt").write_text("hello world " * 20)
+    with pytest.raises(EvalError, match="tokenizer mismatch"):
+        evaluate_checkpoint(tmp_path / "ck", ["perplexity"], tokenizer="bytes", text=str(tmp_path / "t.txt"),
+                            progress=False)
+    rc = main(["--checkpoint", str(tmp_path / "ck"), "--tasks", "passkey", "--tokenizer", "bytes", "--no-progress"])
+    assert rc == 2 and "tokenizer mismatch" in capsys.readouterr().err
+    # a vocabulary that cannot fit the checkpoint is refused even without a recorded identity
+    small = build_model(preset("tiny", vocab_size=100, max_seq_len=64), seed=0)
+    save_native(small, tmp_path / "small", {"step": 1})
+    with pytest.raises(EvalError, match="vocabulary"):
+        evaluate_checkpoint(tmp_path / "small", ["passkey"], tokenizer="bytes", progress=False)
+
+
+def test_unknown_task(tmp_path, capsys):
+    with pytest.raises(EvalError, match="did you mean 'perplexity'"):
+        validate_tasks("perplexty")
+    with pytest.raises(EvalError, match="unknown synthetic task"):
+        validate_tasks(["synthetic:nope"])
+    assert main(["--checkpoint", str(tmp_path), "--tasks", "induction,bogus", "--no-progress"]) == 2
+    assert "unknown task 'bogus'" in capsys.readouterr().err
+
+
+def test_tasks_needing_inputs(tmp_path):
+    model = build_model(preset("tiny", vocab_size=50, max_seq_len=32), seed=0)
+    save_native(model, tmp_path / "ck", {"step": 1})
+    with pytest.raises(EvalError, match="--text FILE or --val-dir"):
+        evaluate_checkpoint(tmp_path / "ck", ["perplexity"], progress=False)
+    with pytest.raises(EvalError, match="needs a tokenizer"):
+        evaluate_checkpoint(tmp_path / "ck", ["passkey"], progress=False)
