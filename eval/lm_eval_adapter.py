@@ -163,8 +163,7 @@ def run_lm_eval(lm: TrainablePartsLM, tasks: list[str], limit: int | float | Non
     ours = set(offline_tasks())
     specs: list[Any] = [task_config(t) if t in ours else t for t in tasks]
     # Index lm_eval's built-in task library only when a non-local task is asked for (it is slow).
-    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=not all(t in ours for t in tasks),
-                          verbosity="WARNING")
+    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=not all(t in ours for t in tasks))
     res = lm_eval.simple_evaluate(model=lm, tasks=specs, limit=limit, num_fewshot=num_fewshot, task_manager=manager,
                                   log_samples=False, bootstrap_iters=0, verbosity="WARNING")
     out: dict[str, dict[str, float]] = {}

@@ -81,6 +81,12 @@ def test_run_perplexity_matches_hf_llama(tmp_path):
     assert p["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-5)
     assert p["bits_per_byte"] == pytest.approx(nll / math.log(2) / len(TEXT.encode()), rel=1e-5)
 
+    # the HF export is itself an accepted checkpoint and gives the same number
+    from eval.run import evaluate_checkpoint
+    r = evaluate_checkpoint(tmp_path / "hf", ["perplexity"], tokenizer="bytes", text=str(tmp_path / "val.txt"),
+                            window=48, stride=20, progress=False)
+    assert r["tasks"]["perplexity"]["loss"] == pytest.approx(p["loss"], rel=1e-6)
+
 
 def test_batching_does_not_change_numbers():
     model = build_model(preset("tiny", variant="mixit", vocab_size=50, max_seq_len=32), seed=0).eval()
