@@ -24,6 +24,7 @@ every tensor restart from zero (see docs/TRAINING.md).
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
 import shutil
@@ -87,10 +88,6 @@ def init_distributed(device: torch.device) -> bool:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         return False
-    if "RANK" not in os.environ:          # a plain process: world size 1
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     if device.type == "cpu":
         # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce op on first use
@@ -104,6 +101,12 @@ def init_distributed(device: torch.device) -> bool:
         torch.cuda.set_device(device)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
     return True
+
+
+def shutdown_distributed() -> None:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def model_config(cfg: RunConfig, vocab_size: int | None):
@@ -390,12 +393,26 @@ def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str 
     cfg = load_recipe(recipe, overrides)
     device = pick_device(cfg)
     import torch.distributed as dist
+    env_keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved_env = {k: os.environ.get(k) for k in env_keys}
+    plain = "RANK" not in os.environ
+    if plain:     # a plain process: world size 1 (the environment is restored on return)
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", LOCAL_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     owns_pg = init_distributed(device)
+    if owns_pg:
+        # ZeRO-3 processes abort at exit unless the process group is destroyed. It is kept
+        # until then (DeepSpeed caches its groups), so train() can be called again in-process.
+        atexit.register(shutdown_distributed)
     try:
         return _train(cfg, device, run_dir, resume, stop_after_steps)
     finally:
-        if owns_pg and dist.is_initialized():
-            dist.destroy_process_group()
+        if plain:
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_steps) -> RunResult:
@@ -511,10 +528,10 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
                 result.last_checkpoint = save()
                 result.interrupted = True
                 break
-            if stop_after_steps is not None and step >= stop_after_steps:
-                break
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and step < cfg.max_steps:
                 result.last_checkpoint = save()
+            if stop_after_steps is not None and step >= stop_after_steps:
+                break
         else:
             if cfg.checkpoint.save_final and step > start_step:
                 result.last_checkpoint = save()
@@ -590,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
             return 0
         res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume)
+        shutdown_distributed()
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

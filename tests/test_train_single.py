@@ -1,0 +1,97 @@
+"""Single-process training (world size 1, in-process and as a real process): exact resume after
+kill -9, the freeze schedule across a resume, export, and the MixiT matrix surviving checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, read_losses
+from pretrain import checkpointing as ckpt
+from pretrain.export import load_for_eval, main as export_main
+from pretrain.train import train
+
+RECIPE = "recipes/tiny_cpu.yaml"
+FAST = ["train.eval_every_steps=0", "logging.tensorboard=false"]
+
+
+def plain_env():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT")}
+    return dict(env, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
+
+
+def test_kill9_then_resume_auto_is_bitwise_identical(tmp_path):
+    over = FAST + ["train.max_steps=12", "checkpoint.every_steps=3", "checkpoint.keep_last=2"]
+    ref = train(RECIPE, over, run_dir=tmp_path / "ref", resume="never")
+    assert sorted(ref.losses) == list(range(1, 13))
+
+    run = tmp_path / "killed"
+    kill_at = random.Random().randint(4, 8)
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *over],
+                            cwd=REPO, env=plain_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        m = run / "metrics.jsonl"
+        if m.is_file() and len(m.read_text().splitlines()) >= kill_at:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "training finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(read_losses(run))
+    resumed = train(RECIPE, over, run_dir=run, resume="auto")
+    assert resumed.resumed_from is not None and resumed.resumed_from.name == ckpt.tag_for(3 * (done // 3))
+    assert read_losses(run) == ref.losses          # bitwise, step for step
+    # retention kept the newest complete checkpoints only, and latest points at the final one
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [9, 12]
+    assert (run / "checkpoints" / "latest").read_text().strip() == ckpt.tag_for(12)
+
+
+def test_freeze_schedule_applies_at_its_step_and_across_resume(tmp_path):
+    over = FAST + ["model.variant=frozen_qk", "model.freeze_schedule=[[4, []]]", "train.max_steps=8",
+                   "checkpoint.every_steps=2", "checkpoint.keep_last=0"]
+    ref = train(RECIPE, over, run_dir=tmp_path / "ref", resume="never")
+    part = train(RECIPE, over, run_dir=tmp_path / "split", resume="never", stop_after_steps=4)
+    assert part.final_step == 4
+    rest = train(RECIPE, over, run_dir=tmp_path / "split", resume="auto")
+    assert rest.resumed_from.name == ckpt.tag_for(4)
+    assert read_losses(tmp_path / "split") == ref.losses
+    init = load_for_eval(tmp_path / "ref" / "checkpoints" / ckpt.tag_for(2))[0].state_dict()
+    at4 = load_for_eval(tmp_path / "ref" / "checkpoints" / ckpt.tag_for(4))[0].state_dict()
+    at8 = load_for_eval(tmp_path / "ref")[0].state_dict()
+    from model import build_model, preset
+    fresh = build_model(preset("tiny", variant="frozen_qk", vocab_size=at8["embed_tokens.weight"].shape[0],
+                               max_seq_len=32, freeze_schedule=[[4, []]]), seed=1234).state_dict()
+    q = "layers.0.self_attn.q_proj.weight"
+    assert torch.equal(init[q], fresh[q]) and torch.equal(at4[q], fresh[q])   # frozen for steps 0..3
+    assert not torch.equal(at8[q], fresh[q])                                   # trained from step 4 on
+
+
+def test_mixit_export_keeps_matrix_and_weights(tmp_path):
+    res = train(RECIPE, FAST + ["train.max_steps=3"], run_dir=tmp_path / "run", resume="never")
+    tag = res.last_checkpoint
+    model, meta = load_for_eval(tag)
+    assert meta["step"] == 3 and meta["variant"] == "mixit" and meta["tokens_seen"] == 3 * 8 * 32
+    assert export_main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "native")]) == 0
+    native, nmeta = load_for_eval(tmp_path / "native")
+    assert nmeta["step"] == 3
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, native.state_dict()[k]) and v.dtype == native.state_dict()[k].dtype
+    from model import build_model
+    fresh = build_model(native.cfg, seed=0)
+    a = native.layers[1].self_attn.matrix(32, torch.device("cpu"))
+    assert torch.equal(a, fresh.layers[1].self_attn.matrix(32, torch.device("cpu")))
+    ids = torch.randint(0, native.cfg.vocab_size, (2, 16))
+    assert torch.equal(model.eval()(ids), native.eval()(ids))
+    state = json.loads((tag / ckpt.STATE).read_text())
+    assert state["model_config"]["mixit_seed"] == native.cfg.mixit_seed
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_for_eval(tmp_path)
