@@ -51,7 +51,10 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[Any, dict[str, torch.T
                 if k in keymap[idx]:
                     sd[keymap[idx][k]] = v
     else:
-        states = _torch_load(next(iter(sorted(tag_dir.glob("mp_rank_*_model_states.pt")))))
+        files = sorted(tag_dir.glob("mp_rank_*_model_states.pt")) or sorted(tag_dir.glob("zero_pp_rank_*_model_states.pt"))
+        if not files:
+            raise FileNotFoundError(f"{tag_dir} holds no DeepSpeed model states (*model_states.pt)")
+        states = _torch_load(files[0])
         stage = int(states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0))
         if stage >= 3:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
