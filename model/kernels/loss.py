@@ -34,13 +34,14 @@ class _ChunkedLinearCE(torch.autograd.Function):
         n = h.shape[0]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         count = (labels != ignore_index).sum()
-        denom = count.clamp(min=1).to(torch.float32)
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        acc = torch.promote_types(h.dtype, torch.float32)         # fp32 logits, or fp64 for fp64 inputs
+        denom = count.clamp(min=1).to(acc)
+        total = torch.zeros((), dtype=acc, device=h.device)
         gh = torch.empty_like(h) if need_h else None
-        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         for s in range(0, n, chunk):
             hc, yc = h[s:s + chunk], labels[s:s + chunk]
-            logits = (hc @ weight.t()).float()
+            logits = (hc @ weight.t()).to(acc)
             total = total + F.cross_entropy(logits, yc, ignore_index=ignore_index, reduction="sum")
             if need_h or need_w:
                 valid = yc != ignore_index
@@ -51,10 +52,10 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 if need_h:
                     gh[s:s + chunk] = grad @ weight
                 if need_w:
-                    gw += (grad.t() @ hc).float()
+                    gw += (grad.t() @ hc).to(acc)
         ctx.save_for_backward(gh if need_h else None, gw.to(weight.dtype) if need_w else None)
         # mean over scored tokens; nan when none is scored, like F.cross_entropy
-        return total / count.to(torch.float32)
+        return total / count.to(acc)
 
     @staticmethod
     def backward(ctx, g):

@@ -1,0 +1,118 @@
+"""The chunked linear cross-entropy and compiled blocks give what the plain path gives."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import VARIANTS, build_model, preset
+from model.kernels.loss import chunked_linear_cross_entropy, liger_available, linear_cross_entropy
+
+V, T = 97, 24
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def reference(h, w, y):
+    return F.cross_entropy((h @ w.t()).float(), y, ignore_index=-100)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_chunked_equals_full_loss_and_grads(chunk):
+    torch.manual_seed(0)
+    h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, V, (50,))
+    y[::5] = -100
+    got = chunked_linear_cross_entropy(h, w, y, chunk)
+    want = F.cross_entropy(h @ w.t(), y, ignore_index=-100)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    g1 = torch.autograd.grad(got * 3.0, (h, w))
+    g2 = torch.autograd.grad(want * 3.0, (h, w))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_chunked_gradcheck_and_frozen_weight():
+    h = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([1, -100, 3, 10, 0, 2])
+    assert torch.autograd.gradcheck(lambda a, b: chunked_linear_cross_entropy(a, b, y, 4), (h, w))
+    w.requires_grad_(False)
+    (gh,) = torch.autograd.grad(chunked_linear_cross_entropy(h, w, y, 4), (h,))
+    assert gh.shape == h.shape
+
+
+def test_all_ignored_is_nan_like_plain_cross_entropy():
+    h, w = torch.randn(3, 4), torch.randn(5, 4)
+    y = torch.full((3,), -100)
+    assert torch.isnan(chunked_linear_cross_entropy(h, w, y, 2)) and torch.isnan(reference(h, w, y))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_model_loss_chunked_equals_full_logits(variant):
+    x = torch.randint(0, V, (3, T + 1))
+    labels = x[:, 1:].clone()
+    labels[0, :5] = -100
+    res = []
+    for chunk in (0, 10):
+        model = build_model(preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, loss_chunk_tokens=chunk),
+                            seed=0)
+        loss = model(x[:, :-1], labels=labels)
+        loss.backward()
+        res.append((loss.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(res[0][0], res[1][0], rtol=1e-6, atol=1e-6)
+    assert res[0][1].keys() == res[1][1].keys()
+    for k in res[0][1]:
+        torch.testing.assert_close(res[0][1][k], res[1][1][k], rtol=1e-5, atol=1e-6)
+
+
+def test_tied_embeddings_gradient_is_summed():
+    x = torch.randint(0, V, (2, T + 1))
+    grads = []
+    for chunk in (0, 16):
+        model = build_model(preset("tiny", vocab_size=V, max_seq_len=T, tie_embeddings=True, loss_chunk_tokens=chunk),
+                            seed=0)
+        model(x[:, :-1], labels=x[:, 1:]).backward()
+        grads.append(model.embed_tokens.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def test_no_grad_loss_does_no_backward_work():
+    from torch.utils.flop_counter import FlopCounterMode
+    h, w, y = torch.randn(8, 16), torch.randn(V, 16), torch.randint(0, V, (8,))
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        chunked_linear_cross_entropy(h, w, y, 3)
+    assert counter.get_total_flops() == 2 * 8 * 16 * V
+
+
+@pytest.mark.parametrize("variant", ["standard", "mixit"])
+def test_compiled_blocks_equal_eager(variant):
+    """compile_blocks (torch.compile per block, in place): same loss and gradients, same state dict."""
+    x = torch.randint(0, V, (2, T + 1))
+    res = []
+    for compile_blocks in (False, True):
+        model = build_model(preset("tiny", variant=variant, vocab_size=V, max_seq_len=T,
+                                   compile_blocks=compile_blocks), seed=0)
+        loss = model(x[:, :-1], labels=x[:, 1:])
+        loss.backward()
+        res.append((loss.detach(), {k: p.grad for k, p in model.named_parameters()}, list(model.state_dict())))
+    torch.testing.assert_close(res[0][0], res[1][0], rtol=1e-5, atol=1e-5)
+    assert res[0][2] == res[1][2]
+    for k, g in res[0][1].items():
+        if g is not None:
+            torch.testing.assert_close(g, res[1][1][k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_liger_equals_chunked_on_gpu():
+    if not liger_available():
+        pytest.skip("liger-kernel not installed")
+    h = torch.randn(300, 64, device="cuda", requires_grad=True)
+    w = torch.randn(1000, 64, device="cuda", requires_grad=True)
+    y = torch.randint(0, 1000, (300,), device="cuda")
+    got = linear_cross_entropy(h, w, y, 128)
+    want = chunked_linear_cross_entropy(h, w, y, 128)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    g1, g2 = torch.autograd.grad(got, (h, w)), torch.autograd.grad(want, (h, w))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
