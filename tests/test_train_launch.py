@@ -1,0 +1,58 @@
+"""launch.sh end to end: a two-"node" run on loopback (two launcher invocations, --no-ssh) and a
+2-process CPU run that learns WikiText-2 text."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, free_port, read_losses
+from pretrain import checkpointing as ckpt
+
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+
+
+def launch_env():
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT", "MASTER_ADDR")
+    return dict({k: v for k, v in os.environ.items() if k not in drop}, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+
+
+def test_two_nodes_on_loopback_train_and_checkpoint(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    run, port = tmp_path / "run", free_port()
+    procs = [subprocess.Popen(["./launch.sh", "--cpu", "1", "--hostfile", str(hostfile), "--no-ssh", "--node-rank", str(r),
+                               "--master-addr", "127.0.0.1", "--master-port", str(port), "--",
+                               "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=4",
+                               "train.eval_every_steps=0", "checkpoint.every_steps=2", "logging.tensorboard=false"],
+                              cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    assert "--no_ssh --node_rank 0 --master_addr 127.0.0.1" in outs[0]      # the printed command
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [2, 4]
+    state = ckpt.read_state(run / "checkpoints" / ckpt.tag_for(4))
+    assert state["world_size"] == 2 and state["step"] == 4
+    assert sorted(read_losses(run)) == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(not WIKITEXT.is_dir(), reason="WikiText-2 copy not present next to the repository")
+def test_two_process_cpu_run_learns_wikitext2(tmp_path):
+    run = tmp_path / "wt"
+    out = subprocess.run(["./launch.sh", "--cpu", "2", "--master-port", str(free_port()), "--",
+                          "--recipe", "recipes/wikitext2_cpu.yaml", "--run-dir", str(run), "train.max_steps=60",
+                          "train.eval_every_steps=60", "checkpoint.every_steps=0", "logging.every_steps=1"],
+                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    first, last = recs[0], recs[-1]
+    chance = math.log(256)
+    assert first["loss"] > 0.9 * chance
+    assert last["step"] == 60 and last["val_loss"] < 0.65 * chance and last["loss"] < 0.65 * chance
+    assert {"lr", "tokens_seen", "tokens_per_s", "tflops", "grad_norm"} <= set(last)
+    assert any(Path(run / "tb").iterdir())
