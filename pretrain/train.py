@@ -284,17 +284,22 @@ class Trainer:
             loss = float(self.engine.train_batch(data_iter=data))
         else:
             total = torch.zeros((), device=self.device, dtype=torch.float32)
-            for x, y in mbs:
+            own_norm = None
+            for i, (x, y) in enumerate(mbs):
                 logits = self.engine(x)
                 ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
                                      reduction="sum")
                 self.engine.backward(ce * scale.reshape(()))
+                if i == len(mbs) - 1 and self.layout.zero_stage == 0:
+                    # DeepSpeed reports no norm without ZeRO; gradients are all-reduced by now (pre-clip norm).
+                    grads = [p.grad.float().norm() for p in self.module.parameters() if p.grad is not None]
+                    own_norm = float(torch.stack(grads).norm()) if grads else 0.0
                 self.engine.step()
                 total += ce.detach()
             dist.all_reduce(total)
             loss = float(total / n_tokens)
         gn = self.engine.get_global_grad_norm()
-        gn = float(gn) if gn is not None else None
+        gn = float(gn) if gn is not None else (None if self.pipe else own_norm)
         return loss, gn
 
     @torch.no_grad()
@@ -585,7 +590,8 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     p(f"FLOPs per token (fwd+bwd): {fpt:,.0f} [{src}]; per step: {fpt * cfg.tokens_per_step:.3e}")
     p(f"tokens per step: {cfg.tokens_per_step:,}; steps: {cfg.max_steps:,}; tokens: {cfg.tokens_per_step * cfg.max_steps:,}")
     p(f"layout: {layout.describe()}")
-    p("memory per rank (estimate): " + ", ".join(f"{k[:-4]} {v:.3f} GiB" for k, v in mem.items()))
+    fmt = lambda v: f"{v:.2f} GiB" if v >= 1 else f"{v * 1024:.2f} MiB"  # noqa: E731
+    p("memory per rank (estimate): " + ", ".join(f"{k[:-4]} {fmt(v)}" for k, v in mem.items()))
     return info
 
 
@@ -600,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", default=None, help="default: runs/<name>")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="section.key=value")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     try:
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)
