@@ -28,24 +28,35 @@ def plain_env():
     return dict(env, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
 
 
-def test_kill9_then_resume_auto_is_bitwise_identical(tmp_path):
-    over = FAST + ["train.max_steps=12", "checkpoint.every_steps=3", "checkpoint.keep_last=2"]
-    ref = train(RECIPE, over, run_dir=tmp_path / "ref", resume="never")
-    assert sorted(ref.losses) == list(range(1, 13))
+OVER12 = FAST + ["train.max_steps=12", "checkpoint.every_steps=3", "checkpoint.keep_last=2"]
 
-    run = tmp_path / "killed"
-    kill_at = random.Random().randint(4, 8)
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *over],
+
+@pytest.fixture(scope="module")
+def ref12(tmp_path_factory):
+    ref = train(RECIPE, OVER12, run_dir=tmp_path_factory.mktemp("ref12"), resume="never")
+    assert sorted(ref.losses) == list(range(1, 13))
+    return ref
+
+
+def start_and_signal(run, sig, at_step):
+    """Start a real training process, send `sig` once `at_step` steps are logged; return its exit code."""
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *OVER12],
                             cwd=REPO, env=plain_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         m = run / "metrics.jsonl"
-        if m.is_file() and len(m.read_text().splitlines()) >= kill_at:
+        if m.is_file() and len(m.read_text().splitlines()) >= at_step:
             break
         time.sleep(0.05)
-    assert proc.poll() is None, "training finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    assert proc.poll() is None, "training finished before the signal"
+    proc.send_signal(sig)
+    return proc.wait(timeout=120)
+
+
+def test_kill9_then_resume_auto_is_bitwise_identical(tmp_path, ref12):
+    over, ref = OVER12, ref12
+    run = tmp_path / "killed"
+    start_and_signal(run, signal.SIGKILL, random.Random().randint(4, 8))
     done = len(read_losses(run))
     resumed = train(RECIPE, over, run_dir=run, resume="auto")
     assert resumed.resumed_from is not None and resumed.resumed_from.name == ckpt.tag_for(3 * (done // 3))
@@ -53,6 +64,17 @@ def test_kill9_then_resume_auto_is_bitwise_identical(tmp_path):
     # retention kept the newest complete checkpoints only, and latest points at the final one
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [9, 12]
     assert (run / "checkpoints" / "latest").read_text().strip() == ckpt.tag_for(12)
+
+
+def test_sigterm_saves_a_checkpoint_at_that_step_and_resume_continues(tmp_path, ref12):
+    run = tmp_path / "preempted"
+    assert start_and_signal(run, signal.SIGTERM, 4) == 0          # clean exit after saving
+    latest = ckpt.latest_checkpoint(run)
+    step = ckpt.read_state(latest)["step"]
+    assert step == max(read_losses(run)) and 4 <= step < 12
+    resumed = train(RECIPE, OVER12, run_dir=run, resume="auto")
+    assert resumed.resumed_from == latest
+    assert read_losses(run) == ref12.losses
 
 
 def test_freeze_schedule_applies_at_its_step_and_across_resume(tmp_path):
@@ -93,5 +115,9 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
     assert torch.equal(model.eval()(ids), native.eval()(ids))
     state = json.loads((tag / ckpt.STATE).read_text())
     assert state["model_config"]["mixit_seed"] == native.cfg.mixit_seed
+    assert export_main(["--checkpoint", str(tag), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0
+    hf, hmeta = load_for_eval(tmp_path / "hf")
+    assert hmeta["step"] == 3 and hf.cfg.variant == "mixit"
+    torch.testing.assert_close(hf.eval()(ids), model(ids), rtol=1e-5, atol=1e-5)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_for_eval(tmp_path)
