@@ -78,7 +78,9 @@ def pick_device(cfg: RunConfig) -> torch.device:
     if want == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if want == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        # One visible GPU per process (e.g. srun --gpus-per-task) -> cuda:0; else cuda:LOCAL_RANK.
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        return torch.device("cuda", local if local < torch.cuda.device_count() else 0)
     return torch.device("cpu")
 
 
