@@ -1,0 +1,216 @@
+"""Training-step throughput of every variant, side by side with HuggingFace Llama.
+
+For each size and variant: tokens/s, achieved TFLOP/s (model/flops.py, train FLOPs per
+token), MFU against a large matmul measured in the same run, and peak memory; plus
+`transformers.LlamaForCausalLM` at the identical config, trained by a plain AdamW loop.
+Timed rounds alternate between all entries so that drift in machine speed hits each
+one alike; the median over rounds is reported. Memory is measured per entry in a fresh
+subprocess (peak RSS on CPU, torch.cuda.max_memory_allocated on CUDA).
+
+    python benchmarks/bench_model.py                          # the CPU table of docs/PERFORMANCE.md
+    python benchmarks/bench_model.py --mixit-memory 1024 2048 4096
+    python benchmarks/bench_model.py --device cuda --dtype bf16 --compile --sizes 12x768x1024
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from model import build_model, preset  # noqa: E402
+from model.flops import flops_per_token  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+VARIANT_NAMES = ["standard", "frozen_qk", "frozen_mlp", "mixit", "random_transformer"]
+
+
+def parse_size(s: str) -> tuple[int, int, int]:
+    layers, width, seq = (int(x) for x in s.split("x"))
+    return layers, width, seq
+
+
+def make_cfg(args, size: str, variant: str, **over):
+    layers, width, seq = parse_size(size)
+    heads = max(1, width // 64)
+    return preset("s", hidden_size=width, num_layers=layers, num_heads=heads, num_kv_heads=heads,
+                  intermediate_size=None, vocab_size=args.vocab, max_seq_len=seq, variant=variant,
+                  compile_blocks=args.compile, **over)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_peak_tflops(device, dtype, n: int) -> float:
+    """Best of a few large square matmuls: the device's attainable peak for this dtype."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        sync(device)
+        best = min(best, (time.perf_counter() - t0) / 3)
+    return 2 * n ** 3 / best / 1e12
+
+
+class Entry:
+    """One thing to time: our model in a variant, or the HF reference."""
+
+    def __init__(self, args, size: str, kind: str, **over):
+        self.size, self.kind = size, kind
+        self.device, self.dtype = torch.device(args.device), DTYPES[args.dtype]
+        variant = "standard" if kind == "hf_llama" else kind
+        self.cfg = make_cfg(args, size, variant, **over)
+        torch.manual_seed(0)
+        if kind == "hf_llama":
+            from transformers import LlamaForCausalLM
+            from model.hf import llama_config
+            hf_cfg = llama_config(self.cfg.replace(compile_blocks=False))
+            hf_cfg._attn_implementation = "sdpa"
+            self.model = LlamaForCausalLM(hf_cfg).to(self.device, self.dtype).train()
+            if args.compile:
+                for layer in self.model.model.layers:
+                    layer.compile()
+        else:
+            self.model = build_model(self.cfg, seed=0, device=self.device).to(self.dtype).train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=1e-4)
+        _, _, seq = parse_size(size)
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randint(0, args.vocab, (args.batch, seq + 1), generator=g).to(self.device)
+        self.tokens = args.batch * seq
+        self.flops = flops_per_token(self.cfg, seq)["train"] * self.tokens
+        self.times: list[float] = []
+
+    def step(self):
+        inp, lab = self.x[:, :-1], self.x[:, 1:]
+        if self.kind == "hf_llama":
+            # HF shifts labels itself: give it the same t tokens and t scored targets
+            logits = self.model(input_ids=inp).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), lab.flatten())
+        else:
+            loss = self.model(inp, labels=lab)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def timed(self, steps: int):
+        sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        sync(self.device)
+        self.times.append((time.perf_counter() - t0) / steps)
+
+
+def memory_of(args, size: str, kind: str, extra: list[str]) -> float:
+    """Peak memory (MiB) of a few training steps of one entry, in a fresh process."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", kind, "--sizes", size,
+           "--vocab", str(args.vocab), "--batch", str(args.batch), "--device", args.device,
+           "--dtype", args.dtype] + (["--compile"] if args.compile else []) + extra
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def memory_child(args):
+    kind = args._memory_child
+    over = {"mixit_impl": args.mixit_impl} if args.mixit_impl else {}
+    e = Entry(args, args.sizes[0], kind, **over)
+    if e.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        e.step()
+    sync(e.device)
+    if e.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024       # KiB on Linux
+    print(json.dumps({"peak_mib": peak}))
+
+
+def mixit_memory_table(args):
+    print(f"\nMixiT memory vs T (1 layer of width {args.mixit_width}, batch 1, {args.dtype}, one fwd+bwd step; "
+          f"peak {'CUDA allocated' if args.device == 'cuda' else 'process RSS'} in MiB)")
+    print(f"{'T':>6} {'impl':>8} {'peak MiB':>10} {'H*T^2*4B per layer (MiB)':>26}")
+    for T in args.mixit_memory:
+        heads = max(1, args.mixit_width // 64)
+        for impl in args.mixit_impls:
+            a = argparse.Namespace(**{**vars(args), "batch": 1})
+            mib = memory_of(a, f"1x{args.mixit_width}x{T}", "mixit", ["--mixit-impl", impl])
+            print(f"{T:>6} {impl:>8} {mib:>10.0f} {heads * T * T * 4 / 2**20:>26.0f}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", nargs="+", default=["4x256x256"], help="LAYERSxWIDTHxSEQ (heads = width/64)")
+    ap.add_argument("--variants", nargs="+", default=VARIANT_NAMES)
+    ap.add_argument("--no-hf", action="store_true", help="skip the HuggingFace reference")
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=3, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (ours and HF's)")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--peak-n", type=int, default=0, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
+    ap.add_argument("--mixit-memory", type=int, nargs="*", default=[], help="T values for the MixiT memory table")
+    ap.add_argument("--mixit-impls", nargs="+", default=["dense", "blocked"])
+    ap.add_argument("--mixit-width", type=int, default=256)
+    ap.add_argument("--mixit-impl", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_memory-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._memory_child:
+        return memory_child(args)
+
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    print(f"device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} compile={args.compile} "
+          f"vocab={args.vocab} batch={args.batch} torch={torch.__version__}")
+    if args.variants:
+        peak = measure_peak_tflops(device, dtype, args.peak_n or (8192 if device.type == "cuda" else 2048))
+        print(f"measured peak (square matmul): {peak:.3f} TFLOP/s")
+    for size in args.sizes if args.variants else []:
+        kinds = list(args.variants) + ([] if args.no_hf else ["hf_llama"])
+        entries = [Entry(args, size, k) for k in kinds]
+        for e in entries:                       # warm-up (and compilation)
+            e.step()
+            e.step()
+        for r in range(args.rounds):            # alternate: each round times every entry once
+            for e in (entries if r % 2 == 0 else entries[::-1]):
+                e.timed(args.steps)
+        std = next((e for e in entries if e.kind == "standard"), None)
+        hf = next((e for e in entries if e.kind == "hf_llama"), None)
+        print(f"\nsize {size} (layers x width x seq), {args.batch * parse_size(size)[2]} tokens/step")
+        print(f"{'model':<20} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'GFLOP/tok':>9} {'peak MiB':>9} "
+              f"{'vs std':>7} {'vs HF':>7}")
+        for e in entries:
+            t = statistics.median(e.times)
+            tps = e.tokens / t
+            tf = e.flops / t / 1e12
+            mem = "" if args.no_memory else f"{memory_of(args, size, e.kind, []):.0f}"
+            vs_std = f"{statistics.median(std.times) / t:.2f}x" if std else ""
+            vs_hf = f"{statistics.median(hf.times) / t:.2f}x" if hf else ""
+            print(f"{e.kind:<20} {tps:>9.0f} {tf:>8.4f} {tf / peak:>6.1%} {e.flops / e.tokens / 1e9:>9.4f} "
+                  f"{mem:>9} {vs_std:>7} {vs_hf:>7}", flush=True)
+    if args.mixit_memory:
+        mixit_memory_table(args)
+
+
+if __name__ == "__main__":
+    main()
