@@ -90,3 +90,10 @@ def test_dry_run_prints_plan_and_refuses(capsys):
     assert main(["--recipe", RECIPE, "--dry-run", "--world-size", "2", "parallel.pipeline_stages=2",
                  "parallel.ds_config=zero3"]) == 2
     assert "ZeRO stage 0 or 1 only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe, world", [("recipes/tiny_cpu.yaml", 2), ("recipes/wikitext2_cpu.yaml", 2),
+                                           ("recipes/1b_gpu_zero1.yaml", 64), ("recipes/8b_gpu_pipeline.yaml", 32)])
+def test_every_recipe_dry_runs(recipe, world):
+    info = dry_run(load_recipe(recipe), world, out=io.StringIO())
+    assert info["params_trainable"] > 0 and info["train_flops_per_token"] > 0
