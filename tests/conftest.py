@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,28 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
+def start_ranks(args: list[str], world: int = 2) -> list[subprocess.Popen]:
+    """Start `python -m pretrain.train ARGS` as `world` real processes (gloo)."""
+    port = free_port()
+    return [subprocess.Popen([sys.executable, "-m", "pretrain.train", *args], cwd=REPO, env=rank_env(r, world, port),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+
+
+def wait_for_steps(run_dir: Path, steps: int, procs, timeout: float = 300) -> None:
+    """Block until metrics.jsonl has `steps` records (fails if the processes end first)."""
+    deadline = time.time() + timeout
+    m = Path(run_dir) / "metrics.jsonl"
+    while time.time() < deadline:
+        if m.is_file() and len(m.read_text().splitlines()) >= steps:
+            return
+        assert all(p.poll() is None for p in procs), "training ended before the expected step"
+        time.sleep(0.05)
+    raise TimeoutError(f"no step {steps} in {m}")
+
+
 def run_ranks(args: list[str], world: int = 2, timeout: float = 300) -> str:
     """Run `python -m pretrain.train ARGS` as `world` real processes; return rank 0's output."""
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "pretrain.train", *args], cwd=REPO, env=rank_env(r, world, port),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = start_ranks(args, world)
     outs = []
     for p in procs:
         try:

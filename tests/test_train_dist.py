@@ -1,11 +1,14 @@
-"""Two real CPU processes (gloo): every layout gives the single-process losses; ZeRO 1/2/3 resume
-keeps frozen tensors bit-identical; a universal checkpoint resumes on a different world size."""
+"""Two real CPU processes (gloo): every layout gives the single-process losses; under ZeRO 1/2/3 a
+kill -9 + --resume auto continues the same losses and keeps frozen tensors bit-identical; a universal
+checkpoint resumes on a different world size."""
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
-from conftest import read_losses, run_ranks
+from conftest import read_losses, run_ranks, start_ranks, wait_for_steps
 from pretrain import checkpointing as ckpt
 from pretrain.export import load_for_eval
 from pretrain.train import train
@@ -43,19 +46,23 @@ def assert_frozen_identical(tag_dir, frozen):
 
 
 @pytest.mark.parametrize("zero", ["zero1", "zero2", "zero3"])
-def test_zero_two_ranks_match_one_and_resume_keeps_frozen(zero, reference, tmp_path):
+def test_zero_two_ranks_match_one_across_kill9_resume_keep_frozen(zero, reference, tmp_path):
     ref, frozen = reference
     run = tmp_path / "run"
-    run_ranks(["--recipe", RECIPE, "--run-dir", str(run), f"parallel.ds_config={zero}", *COMMON])
-    assert_losses_match(read_losses(run), ref.losses, range(1, 11))
+    args = ["--recipe", RECIPE, "--run-dir", str(run), f"parallel.ds_config={zero}", *COMMON]
+    # kill -9 both ranks at a random step after the step-5 checkpoint, then --resume auto
+    procs = start_ranks(args)
+    wait_for_steps(run, random.Random().randint(6, 8), procs)
+    for p in procs:
+        p.kill()
+        p.wait()
+    assert ckpt.latest_checkpoint(run).name == ckpt.tag_for(5)
+    out = run_ranks([*args, "--resume", "auto"])
+    assert "resumed from" in out and ckpt.tag_for(5) in out
+    assert sorted(read_losses(run)) == list(range(1, 11))
+    assert_losses_match(read_losses(run), ref.losses, range(1, 11))   # same as one process, across the kill
+    assert_frozen_identical(run / "checkpoints" / ckpt.tag_for(5), frozen)
     assert_frozen_identical(run / "checkpoints" / ckpt.tag_for(10), frozen)
-    # resume the step-5 checkpoint into a new run dir: same losses, frozen tensors unchanged
-    run2 = tmp_path / "resumed"
-    run_ranks(["--recipe", RECIPE, "--run-dir", str(run2), "--resume", str(run / "checkpoints" / ckpt.tag_for(5)),
-               f"parallel.ds_config={zero}", *COMMON])
-    assert sorted(read_losses(run2)) == list(range(6, 11))
-    assert_losses_match(read_losses(run2), ref.losses, range(6, 11))
-    assert_frozen_identical(run2 / "checkpoints" / ckpt.tag_for(10), frozen)
     if zero == "zero1":
         # universal checkpoint: 2 ranks -> 1 process, continues the same loss sequence
         uni = to_universal(run / "checkpoints" / ckpt.tag_for(5), tmp_path / "universal")
