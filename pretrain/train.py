@@ -444,6 +444,16 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
         from model.io import check_compatible
         check_compatible(mcfg, ModelConfig.from_dict(state["model_config"]), str(resume_dir))
 
+    if state and not universal:
+        saved = (state.get("pipeline_stages", 1), state.get("data_parallel", state.get("world_size", 1)),
+                 state.get("zero_stage", layout.zero_stage))
+        now = (layout.pipeline_stages, layout.data_parallel, layout.zero_stage)
+        if saved != now and (max(saved[2], now[2]) >= 1 or saved[0] != now[0]):
+            raise RecipeError(
+                f"checkpoint {resume_dir} was written with pipeline {saved[0]} x data {saved[1]}, ZeRO-{saved[2]}; "
+                f"this run is pipeline {now[0]} x data {now[1]}, ZeRO-{now[2]}. DeepSpeed's partitioned files only "
+                f"load under the same layout. Fix: python -m pretrain.universal --checkpoint {resume_dir} --out "
+                f"{run_dir / 'universal'} and resume from the converted checkpoint (docs/TRAINING.md)")
     trainer = Trainer(cfg, mcfg, layout, device)
     start_step = int(state.get("step", 0))
     trainer.build(int(state.get("trainable_step", start_step)), load_universal=universal)
@@ -486,7 +496,8 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
     def trainer_state() -> dict[str, Any]:
         return {"step": step, "tokens_seen": tokens_seen, "trainable_step": trainer.trainable_step,
                 "loader": loader.state_dict(), "tokenizer_id": tokenizer_id, "variant": mcfg.variant,
-                "world_size": world, "layout": layout.describe(), "model_config": mcfg.to_dict(),
+                "world_size": world, "layout": layout.describe(), "pipeline_stages": layout.pipeline_stages,
+                "data_parallel": layout.data_parallel, "zero_stage": layout.zero_stage, "model_config": mcfg.to_dict(),
                 "recipe": resolved_config(cfg, mcfg), "universal": False, "time": time.time()}
 
     def save() -> Path:

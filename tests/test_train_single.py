@@ -15,6 +15,7 @@ import torch
 
 from conftest import REPO, read_losses
 from pretrain import checkpointing as ckpt
+from pretrain.config import RecipeError
 from pretrain.export import load_for_eval, main as export_main
 from pretrain.train import train
 
@@ -119,5 +120,8 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
     hf, hmeta = load_for_eval(tmp_path / "hf")
     assert hmeta["step"] == 3 and hf.cfg.variant == "mixit"
     torch.testing.assert_close(hf.eval()(ids), model(ids), rtol=1e-5, atol=1e-5)
+    # resuming under another layout without a universal checkpoint is refused with the fix
+    with pytest.raises(RecipeError, match="pretrain.universal"):
+        train(RECIPE, FAST + ["train.max_steps=4", "parallel.ds_config=zero2"], run_dir=tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_for_eval(tmp_path)
