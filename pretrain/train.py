@@ -512,7 +512,7 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
     try:
         while step < cfg.max_steps:
             if mcfg.frozen_groups_at(step) != mcfg.frozen_groups_at(trainer.trainable_step):
-                logger.message(f"step {step}: freeze schedule changes the trainable set to "
+                logger.message(f"after step {step}: the freeze schedule changes the trainable set to "
                                f"frozen={sorted(mcfg.frozen_groups_at(step))}; rebuilding the engine")
                 trainer.rebuild(step)
             t0 = time.perf_counter()
