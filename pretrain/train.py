@@ -18,8 +18,9 @@ when ranks hold different numbers of scored tokens).
 Freezing: the engine (and so the optimizer, gradient buffers and all-reduce) covers
 only the parameters with requires_grad at the current step. When the model's freeze
 schedule changes the trainable set, the engine is rebuilt before that step: weights,
-step, LR schedule and data position carry over; the Adam moments (and step counts) of
-every tensor restart from zero (see docs/TRAINING.md).
+step, LR schedule and data position carry over; the Adam moments of tensors that stay
+trainable carry over under ZeRO 0/1/2 and pipeline (ZeRO-1); newly trainable tensors start
+with zero moments; under ZeRO-3 and CPU offload all moments restart (docs/TRAINING.md).
 """
 from __future__ import annotations
 
@@ -208,11 +209,86 @@ class Trainer:
         self.local_ids = {id(p) for p in module.parameters()}
 
     def rebuild(self, step: int) -> None:
-        """A freeze-schedule boundary: keep the weights, new trainable set, fresh optimizer state."""
+        """A freeze-schedule boundary: keep the weights, apply the new trainable set, and carry
+        the Adam moments of tensors that stay trainable (see optimizer_snapshot)."""
         state = self.full_state_dict()
+        snap = self.optimizer_snapshot()
         self.engine.destroy()
         self.engine = None
         self.build(step, state=state)
+        if snap is not None:
+            self.optimizer_restore(*snap)
+
+    # -- Adam moments across a rebuild ----------------------------------------------------
+    def _inner_optimizer(self):
+        opt = self.engine.optimizer
+        return getattr(opt, "optimizer", opt)
+
+    def _moment_mode(self) -> str | None:
+        """'hp' (ZeRO-1/2 or bf16 wrappers: DeepSpeed's fragment API), 'plain' (ZeRO-0 fp32:
+        the torch optimizer holds the parameters themselves), None (ZeRO-3 / offload: reset)."""
+        if self.zero3 or self.layout.offload_optimizer:
+            return None
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if params and all(hasattr(p, "_hp_mapping") for p in params):
+            return "hp"
+        if self._inner_optimizer() is self.engine.optimizer and self.layout.zero_stage == 0:
+            return "plain"
+        return None
+
+    def _link_fragments(self) -> None:
+        # DeepSpeed links each parameter to its optimizer-state fragments after the first step;
+        # a freshly built (or just loaded) engine has not stepped yet.
+        opt = self.engine.optimizer
+        link = getattr(opt, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:
+            opt._hp_optimizer_states_linked = False
+            link()
+
+    def optimizer_snapshot(self):
+        """(name -> {exp_avg, exp_avg_sq}, adam step) for the current trainable tensors, or None."""
+        mode = self._moment_mode()
+        inner = self._inner_optimizer()
+        steps = [st["step"] for st in inner.state.values() if "step" in st]
+        if mode is None or not steps:
+            return None
+        from deepspeed.utils import safe_get_full_optimizer_state
+        self._link_fragments()
+        snap = {}
+        for p in self.module.parameters():
+            if not p.requires_grad or id(p) not in self.name_of:
+                continue
+            if mode == "plain":
+                st = inner.state.get(p, {})
+                snap[self.name_of[id(p)]] = {k: st[k].detach().clone() for k in ("exp_avg", "exp_avg_sq") if k in st}
+            else:
+                snap[self.name_of[id(p)]] = {k: safe_get_full_optimizer_state(p, k).detach().clone()
+                                             for k in ("exp_avg", "exp_avg_sq")}
+        return snap, float(steps[0])
+
+    def optimizer_restore(self, snap: dict[str, dict[str, torch.Tensor]], step: float) -> None:
+        """Seed the new optimizer: carried moments for tensors that stayed trainable, zeros for
+        newly trainable ones, and the old Adam step count for all (no bias-correction restart)."""
+        mode = self._moment_mode()
+        if mode is None:
+            return
+        from deepspeed.utils import safe_set_full_optimizer_state
+        inner = self._inner_optimizer()
+        for group in inner.param_groups:
+            for fp in group["params"]:
+                if len(inner.state.get(fp, {})) == 0:
+                    inner.state[fp] = {"step": torch.tensor(step), "exp_avg": torch.zeros_like(fp),
+                                       "exp_avg_sq": torch.zeros_like(fp)}
+        self._link_fragments()
+        for p in self.module.parameters():
+            name = self.name_of.get(id(p))
+            if not p.requires_grad or name not in snap:
+                continue
+            for k, v in snap[name].items():
+                if mode == "plain":
+                    inner.state[p][k].copy_(v.to(inner.state[p][k].device, inner.state[p][k].dtype))
+                else:
+                    safe_set_full_optimizer_state(p, v, k)
 
     def _gathered(self, params):
         if self.zero3:

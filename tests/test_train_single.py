@@ -125,3 +125,28 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
         train(RECIPE, FAST + ["train.max_steps=4", "parallel.ds_config=zero2"], run_dir=tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_for_eval(tmp_path)
+
+
+@pytest.mark.parametrize("zero", ["zero0", "zero1"])
+def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
+    from pretrain.train import Trainer
+    captured = {}
+    orig = Trainer.rebuild
+
+    def spy(self, step):
+        captured["before"] = self.optimizer_snapshot()
+        orig(self, step)
+        captured["after"] = self.optimizer_snapshot()
+
+    monkeypatch.setattr(Trainer, "rebuild", spy)
+    train(RECIPE, FAST + ["model.variant=frozen_qk", "model.freeze_schedule=[[2, []]]", "train.max_steps=3",
+                          f"parallel.ds_config={zero}", "checkpoint.save_final=false"], run_dir=tmp_path, resume="never")
+    (before, step_before), (after, step_after) = captured["before"], captured["after"]
+    assert step_before == step_after == 2
+    newly = set(after) - set(before)
+    assert newly and all(".q_proj." in n or ".k_proj." in n for n in newly)
+    for name, moments in before.items():
+        for k, v in moments.items():
+            assert torch.equal(after[name][k], v), (name, k)
+    for name in newly:
+        assert all(not v.any() for v in after[name].values())
