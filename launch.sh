@@ -37,10 +37,20 @@ while [ $# -gt 0 ]; do
 done
 train_args=("$@")
 
+# Run the command in its own process group and forward SIGTERM/SIGINT to all of it, so every
+# rank sees a preemption signal and writes a checkpoint (pretrain.train saves on SIGTERM/SIGINT).
 run() {
   printf '+'; printf ' %q' "$@"; printf '\n'
   [ "$dry" = 1 ] && return 0
-  exec "$@"
+  set -m
+  "$@" &
+  child=$!
+  set +m
+  trap 'kill -TERM -- -"$child" 2>/dev/null' TERM INT
+  rc=0
+  wait "$child" || rc=$?
+  while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
+  exit "$rc"
 }
 
 # Inside one srun task: derive the rendezvous from SLURM's variables, run one rank.

@@ -56,3 +56,25 @@ def test_two_process_cpu_run_learns_wikitext2(tmp_path):
     assert last["step"] == 60 and last["val_loss"] < 0.65 * chance and last["loss"] < 0.65 * chance
     assert {"lr", "tokens_seen", "tokens_per_s", "tflops", "grad_norm"} <= set(last)
     assert any(Path(run / "tb").iterdir())
+
+
+def test_sigterm_to_launch_sh_checkpoints_every_rank(tmp_path):
+    import signal
+    import time
+    run = tmp_path / "run"
+    proc = subprocess.Popen(["./launch.sh", "--cpu", "2", "--master-port", str(free_port()), "--",
+                             "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=1000",
+                             "train.eval_every_steps=0", "checkpoint.every_steps=0", "logging.tensorboard=false"],
+                            cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    m = run / "metrics.jsonl"
+    deadline = time.time() + 200
+    while time.time() < deadline and not (m.is_file() and len(m.read_text().splitlines()) >= 3):
+        assert proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=200)[0]
+    assert "signal received: saving a checkpoint" in out, out[-3000:]
+    steps = read_losses(run)
+    latest = ckpt.latest_checkpoint(run)
+    assert latest is not None and ckpt.read_state(latest)["step"] == max(steps) < 1000
+    assert len(list(latest.glob("rng/rank*.pt"))) == 2
