@@ -128,10 +128,27 @@ def memory_of(args, size: str, kind: str, extra: list[str]) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
 
 
+def _vm_hwm_mib() -> float:
+    """Peak resident memory of this process since the last reset (Linux), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def memory_child(args):
     kind = args._memory_child
     over = {"mixit_impl": args.mixit_impl} if args.mixit_impl else {}
     e = Entry(args, args.sizes[0], kind, **over)
+    try:                                        # reset the peak RSS (a forked child inherits its parent's)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
     if e.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for _ in range(2):
@@ -140,7 +157,7 @@ def memory_child(args):
     if e.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024       # KiB on Linux
+        peak = _vm_hwm_mib()
     print(json.dumps({"peak_mib": peak}))
 
 
@@ -159,7 +176,7 @@ def mixit_memory_table(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["4x256x256"], help="LAYERSxWIDTHxSEQ (heads = width/64)")
-    ap.add_argument("--variants", nargs="+", default=VARIANT_NAMES)
+    ap.add_argument("--variants", nargs="*", default=VARIANT_NAMES, help="none: only the MixiT memory table")
     ap.add_argument("--no-hf", action="store_true", help="skip the HuggingFace reference")
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--batch", type=int, default=8)

@@ -76,7 +76,7 @@ class ModelConfig:
     mixit_impl: str = "auto"
     mixit_block_size: int = 128
     compile_blocks: bool = False             # torch.compile each decoder block (CPU and GPU)
-    loss_chunk_tokens: int = 4096            # loss from `labels` in chunks of this many tokens, never full logits; 0 -> full logits
+    loss_chunk_tokens: int = 1024            # loss from `labels` in chunks of this many tokens, never full logits; 0 -> full logits
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
