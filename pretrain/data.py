@@ -1,12 +1,10 @@
-"""Where the trainer gets batches: `data_pipeline.build_loader`, or a small built-in reader.
+"""Where the trainer gets batches: `data_pipeline.build_loader`, or a small built-in byte reader.
 
-The built-in reader exists for two cases the data pipeline does not cover:
-`text:PATH` (raw UTF-8 text files read as bytes, vocab 256; no tokenizer, no preparation
-step) and, while `data_pipeline.build_loader` is unavailable, `synthetic:<task>` (a
-key-value retrieval stand-in). It keeps the same contract as the data pipeline: each
-`next()` returns this rank's share [B // W, T] of one global batch; the state is the
-GLOBAL number of sequences consumed, so a resume with another world size continues
-the same order.
+The built-in reader covers `text:PATH` (raw UTF-8 text files read as bytes, vocab 256; no
+tokenizer, no preparation step), for quick CPU runs on raw text such as WikiText-2. It keeps
+the data pipeline's contract: each `next()` returns this rank's share [B // W, T] of one
+global batch; the state is the GLOBAL number of sequences consumed, so a resume with another
+world size continues the same order.
 """
 from __future__ import annotations
 
@@ -16,8 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-IGNORE_INDEX = -100
 
 
 def _pipeline_build_loader():
@@ -36,9 +32,11 @@ def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_siz
     if not source:
         raise ValueError("data.source is required (a prepared shard dir, 'synthetic:<task>' or 'text:PATH')")
     data.setdefault("seed", seed)
-    build_loader = _pipeline_build_loader()
-    if source.startswith("text:") or build_loader is None:
+    if source.startswith("text:"):
         return BuiltinLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
+    build_loader = _pipeline_build_loader()
+    if build_loader is None:
+        raise ImportError("data_pipeline.build_loader is not available; only data.source=text:PATH works without it")
     from data_pipeline import DataConfig
     return build_loader(DataConfig.from_dict(data), split=split, seq_len=seq_len,
                         global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size)
@@ -47,7 +45,7 @@ def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_siz
 class BuiltinLoader:
     def __init__(self, data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
                  dp_rank: int, dp_world_size: int):
-        known = {"source", "seed", "val_fraction", "task_args"}
+        known = {"source", "seed", "val_fraction"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"data: unknown keys {sorted(unknown)} for the built-in reader; known: {sorted(known)}")
@@ -60,10 +58,7 @@ class BuiltinLoader:
         self.B = global_batch_size
         self.rank, self.world = dp_rank, dp_world_size
         self.samples_seen = 0
-        if self.source.startswith("text:"):
-            self._init_text(data)
-        else:
-            self._init_synthetic(data)
+        self._init_text(data)
 
     # ---- text: bytes of UTF-8 files ------------------------------------------------------
     def _init_text(self, data: dict[str, Any]) -> None:
@@ -96,46 +91,9 @@ class BuiltinLoader:
         seg = self.tokens[w * self.T: w * self.T + self.T + 1]
         return seg[:-1], seg[1:]
 
-    # ---- synthetic stand-in: key-value retrieval -----------------------------------------
-    def _init_synthetic(self, data: dict[str, Any]) -> None:
-        args = dict(data.get("task_args") or {})
-        self.n_keys = int(args.pop("n_keys", 16))
-        self.n_pairs = int(args.pop("n_pairs", 8))
-        self.n_values = int(args.pop("n_values", 16))
-        if args:
-            raise ValueError(f"data.task_args: unknown keys {sorted(args)} (built-in task knows n_keys, n_pairs, n_values)")
-        # tokens: 0 pad, 1 query marker, 2 separator, keys, values
-        self.key0, self.val0 = 3, 3 + self.n_keys
-        self.vocab_size = 3 + self.n_keys + self.n_values
-        self.tokenizer_id = f"builtin-kv-{self.n_keys}-{self.n_values}"
-        self._split_salt = 1 if self.split == "val" else 0
-
-    def _synthetic_sample(self, j: int) -> tuple[np.ndarray, np.ndarray]:
-        rng = np.random.default_rng([self.seed, self._split_salt, j])
-        T = self.T
-        ids = np.zeros(T + 1, dtype=np.int64)
-        labels = np.full(T, IGNORE_INDEX, dtype=np.int64)
-        pos = 0
-        while pos + 3 * self.n_pairs + 3 <= T + 1:
-            keys = rng.choice(self.n_keys, size=self.n_pairs, replace=False)
-            vals = rng.integers(0, self.n_values, size=self.n_pairs)
-            for k, v in zip(keys, vals):
-                ids[pos], ids[pos + 1], ids[pos + 2] = self.key0 + k, self.val0 + v, 2
-                pos += 3
-            q = rng.integers(0, self.n_pairs)
-            ids[pos], ids[pos + 1] = 1, self.key0 + keys[q]
-            ids[pos + 2] = self.val0 + vals[q]
-            labels[pos + 1] = ids[pos + 2]          # predict the value after the queried key
-            for i in range(pos - 3 * self.n_pairs, pos, 3):
-                labels[i] = ids[i + 1]              # values after keys are scored too (memorisable)
-            pos += 3
-        return ids[:-1], labels
-
     # ---- iterator contract -------------------------------------------------------------
     def _sample(self, j: int):
-        if self.source.startswith("text:"):
-            return self._text_sample(j)
-        return self._synthetic_sample(j)
+        return self._text_sample(j)
 
     def __iter__(self):
         return self

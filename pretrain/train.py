@@ -514,6 +514,8 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
     probe = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed)
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
     del probe
+    if cfg.train.eval_every_steps:     # fail now, not at the first evaluation, if there is no val split
+        make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed)
     layout = plan_layout(cfg, world, mcfg.num_layers)
     if state:
         from model import ModelConfig

@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -69,9 +67,3 @@ def read_losses(run_dir: Path) -> dict[int, float]:
         rec = json.loads(line)
         out[rec["step"]] = rec["loss"]
     return out
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _cpu_deepspeed():
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    yield

@@ -47,7 +47,7 @@ def test_mixit_round_trips_through_registered_class(tmp_path, kw):
     model = briefly_trained(build_model(preset("tiny", variant="mixit", vocab_size=V, max_seq_len=T, **kw), seed=0))
     export_hf(model, tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path).eval()      # no trust_remote_code
-    assert type(hf).__name__ == "MixiTForCausalLM"
+    assert type(hf).__name__ == "TrainablePartsForCausalLM"
     x = torch.randint(0, V, (2, T))
     with torch.no_grad():
         assert torch.equal(model(x), hf(x).logits)

@@ -30,6 +30,7 @@ EXPECTED_FROZEN = {
     "frozen_qk": {"q_proj", "k_proj"},
     "frozen_mlp": {"gate_proj", "up_proj", "down_proj"},
     "mixit": set(),
+    "shaped": set(),
     "random_transformer": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                            "input_layernorm", "post_attention_layernorm", "norm"},
 }
