@@ -78,3 +78,26 @@ def test_sigterm_to_launch_sh_checkpoints_every_rank(tmp_path):
     latest = ckpt.latest_checkpoint(run)
     assert latest is not None and ckpt.read_state(latest)["step"] == max(steps) < 1000
     assert len(list(latest.glob("rng/rank*.pt"))) == 2
+
+
+@pytest.mark.parametrize("opts, expect", [
+    (["--cpu", "2"], "--num_gpus 2 --module pretrain.train"),
+    (["--gpus", "8", "--master-port", "29999"], "--master_port 29999 --num_gpus 8 --module pretrain.train"),
+    (["--hostfile", "hf", "--gpus", "8", "--master-addr", "node0"], "--hostfile hf --num_gpus 8 --master_addr node0"),
+    (["--no-ssh", "--hostfile", "hf", "--node-rank", "1", "--master-addr", "10.0.0.1", "--gpus", "4"],
+     "--hostfile hf --num_gpus 4 --no_ssh --node_rank 1 --master_addr 10.0.0.1"),
+])
+def test_launch_sh_prints_the_exact_command(opts, expect):
+    out = subprocess.run(["./launch.sh", *opts, "--dry-print", "--", "--recipe", "recipes/tiny_cpu.yaml", "train.lr=1e-3"],
+                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("+ ") and expect in out.stdout
+    assert out.stdout.rstrip().endswith("--recipe recipes/tiny_cpu.yaml train.lr=1e-3")
+
+
+def test_launch_sh_refuses_incomplete_forms():
+    for opts in (["--slurm"], ["--no-ssh", "--hostfile", "hf"], []):
+        env = {k: v for k, v in launch_env().items() if not k.startswith("SLURM_")}
+        out = subprocess.run(["./launch.sh", *opts, "--", "--recipe", "x"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stderr, opts
