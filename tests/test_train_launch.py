@@ -101,3 +101,26 @@ def test_launch_sh_refuses_incomplete_forms():
         out = subprocess.run(["./launch.sh", *opts, "--", "--recipe", "x"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and out.stderr, opts
+
+
+def test_slurm_form_rendezvous_from_slurm_variables(tmp_path):
+    """`launch.sh --slurm` under a stand-in srun (2 tasks on this host) trains with world size 2."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n# stand-in: start 2 tasks locally with the variables srun sets\n"
+        "shift  # --kill-on-bad-exit=1\n"
+        "for i in 0 1; do SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NTASKS=2 SLURM_NNODES=1 \"$@\" & done\n"
+        "rc=0; for j in $(jobs -p); do wait $j || rc=$?; done; exit $rc\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    run = tmp_path / "run"
+    env = dict(launch_env(), PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="1", SLURM_JOB_NODELIST="localhost",
+               SLURM_NTASKS_PER_NODE="2")
+    out = subprocess.run(["./launch.sh", "--slurm", "--master-port", str(free_port()), "--", "--recipe",
+                          "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=2", "train.eval_every_steps=0",
+                          "logging.tensorboard=false"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert out.stdout.startswith("+ srun ")
+    assert ckpt.read_state(ckpt.latest_checkpoint(run))["world_size"] == 2
