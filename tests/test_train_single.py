@@ -150,3 +150,16 @@ def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
             assert torch.equal(after[name][k], v), (name, k)
     for name in newly:
         assert all(not v.any() for v in after[name].values())
+
+
+def test_bf16_on_cpu_trains_and_exports_in_true_dtype(tmp_path):
+    over = FAST + ["train.max_steps=3", "model.variant=frozen_qk"]
+    fp32 = train(RECIPE, over, run_dir=tmp_path / "fp32", resume="never")
+    bf16 = train(RECIPE, over + ["train.precision=bf16"], run_dir=tmp_path / "bf16", resume="never")
+    for s in (1, 2, 3):
+        assert bf16.losses[s] == pytest.approx(fp32.losses[s], rel=2e-2)
+    model, _ = load_for_eval(bf16.last_checkpoint)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert set(dtypes.values()) == {torch.bfloat16}
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 8))
+    assert torch.isfinite(model(ids).float()).all()
