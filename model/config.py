@@ -22,6 +22,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "mixit": {"mixer": "mixit", "frozen": ()},
     # Zhong & Andreas: only the embeddings and the output head train.
     "random_transformer": {"mixer": "softmax", "frozen": ("blocks", "norms")},
+    # Noci et al.'s shaped attention: A = I + softmax(Q K^T s) - C (C the causal uniform average).
+    "shaped": {"mixer": "softmax", "frozen": (), "shaped": True},
 }
 # Named parameter groups a schedule or override can freeze (model/freezing.py maps names to groups).
 PARAM_GROUPS = ("qk", "v", "o", "mlp", "norms", "embeddings", "head", "blocks")
@@ -70,6 +72,8 @@ class ModelConfig:
     mixit_leaky_c: float | None = -1.0       # gated LeakyReLU slope a = 1 + c/sqrt(d); None -> SwiGLU
     mixit_width_base: int | None = 512       # projection outputs times sqrt(base/fan_in); None -> off
     mixit_pos_embedding: bool = True         # learned absolute positions added to token embeddings
+    shaped_tau0: float = 1.0                 # shaped attention temperature: tau = tau0 sqrt(d_h) (d / d_base)
+    shaped_width_base: int = 512             # d_base in that temperature
     causal: bool = True                      # False: bidirectional (sequence classification)
     # Implementation choices (do not change the function computed)
     attn_impl: str = "auto"
@@ -116,6 +120,9 @@ class ModelConfig:
         if self.variant == "mixit" and self.mixit_residual_scale is not None and not 0.0 < self.mixit_residual_scale <= 1.0:
             raise _bad("mixit_residual_scale", f"{self.mixit_residual_scale} is outside (0, 1]",
                        "use a value in (0, 1], e.g. 0.5, or null for the plain residual")
+        if self.shaped_tau0 <= 0 or not isinstance(self.shaped_width_base, int) or self.shaped_width_base < 1:
+            raise _bad("shaped_tau0/shaped_width_base", f"got {self.shaped_tau0!r}/{self.shaped_width_base!r}",
+                       "use a positive temperature and a positive integer base width")
         if not (self.rope_theta > 0 and self.rms_norm_eps > 0 and self.init_std > 0 and self.qk_init_std > 0):
             raise _bad("rope_theta/rms_norm_eps/init_std/qk_init_std", "must be positive", "set positive values")
         if self.mixit_seed < 0 or self.mixit_seed >= 2**32:
@@ -151,6 +158,17 @@ class ModelConfig:
     @property
     def mixer(self) -> str:
         return VARIANTS[self.variant]["mixer"]
+
+    @property
+    def shaped(self) -> bool:
+        return bool(VARIANTS[self.variant].get("shaped", False))
+
+    @property
+    def attn_scale(self) -> float:
+        """Softmax logit scale: 1/sqrt(d_h), or shaped attention's 1/tau."""
+        if self.shaped:
+            return 1.0 / (self.shaped_tau0 * math.sqrt(self.head_dim) * (self.hidden_size / self.shaped_width_base))
+        return 1.0 / math.sqrt(self.head_dim)
 
     def initial_frozen_groups(self) -> set[str]:
         """Groups frozen at step 0 (the variant preset, or the explicit override)."""

@@ -5,8 +5,9 @@ networks and export to a plain `LlamaForCausalLM` directory: parameter names alr
 match, so export is adding the `model.` prefix. The config's `trainable_parts` entry
 keeps our ModelConfig (variant, freeze schedule) so an import restores it exactly.
 
-MixiT is not a Llama: it exports to `MixiTForCausalLM`, a PreTrainedModel subclass
-registered with the Auto classes when this module is imported (no remote code).
+MixiT, shaped attention and bidirectional models are not Llamas: they export to
+`TrainablePartsForCausalLM`, a PreTrainedModel subclass registered with the Auto classes
+when this module is imported (no remote code).
 """
 from __future__ import annotations
 
@@ -24,14 +25,19 @@ from transformers.modeling_outputs import CausalLMOutput
 from .config import ModelConfig
 from .transformer import IGNORE_INDEX, Transformer
 
-MIXIT_MODEL_TYPE = "trainable_parts_mixit"
+MODEL_TYPE = "trainable_parts"
 
 
 # ---- Llama (softmax variants) -----------------------------------------------------------
+def is_llama(cfg: ModelConfig) -> bool:
+    """True when the network is exactly a Llama (causal softmax attention, unshaped)."""
+    return cfg.mixer == "softmax" and cfg.causal and not cfg.shaped
+
+
 def llama_config(cfg: ModelConfig) -> LlamaConfig:
-    if cfg.mixer != "softmax" or not cfg.causal:
+    if not is_llama(cfg):
         raise ValueError(f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama; use export_hf, "
-                         "which writes MixiT to the registered MixiTForCausalLM class")
+                         "which writes it to the registered TrainablePartsForCausalLM class")
     return LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
@@ -60,12 +66,12 @@ def to_hf_llama(model: Transformer) -> LlamaForCausalLM:
     return hf.eval()
 
 
-# ---- MixiT (registered class) -----------------------------------------------------------
-class MixiTConfig(PretrainedConfig):
-    model_type = MIXIT_MODEL_TYPE
+# ---- every other variant (registered class) -----------------------------------------------
+class TrainablePartsConfig(PretrainedConfig):
+    model_type = MODEL_TYPE
 
     def __init__(self, trainable_parts: dict[str, Any] | None = None, **kwargs: Any):
-        self.trainable_parts = trainable_parts or {"variant": "mixit"}
+        self.trainable_parts = trainable_parts or {}
         cfg = ModelConfig.from_dict(self.trainable_parts)
         kwargs.setdefault("tie_word_embeddings", cfg.tie_embeddings)
         super().__init__(**kwargs)
@@ -73,12 +79,12 @@ class MixiTConfig(PretrainedConfig):
         self.num_hidden_layers, self.max_position_embeddings = cfg.num_layers, cfg.max_seq_len
 
 
-class MixiTForCausalLM(PreTrainedModel):
-    config_class = MixiTConfig
+class TrainablePartsForCausalLM(PreTrainedModel):
+    config_class = TrainablePartsConfig
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
 
-    def __init__(self, config: MixiTConfig):
+    def __init__(self, config: TrainablePartsConfig):
         super().__init__(config)
         self.model = Transformer(ModelConfig.from_dict(config.trainable_parts))
         if self.model.cfg.tie_embeddings:
@@ -104,14 +110,14 @@ class MixiTForCausalLM(PreTrainedModel):
         return CausalLMOutput(loss=loss, logits=logits)
 
 
-AutoConfig.register(MIXIT_MODEL_TYPE, MixiTConfig, exist_ok=True)
-AutoModelForCausalLM.register(MixiTConfig, MixiTForCausalLM, exist_ok=True)
+AutoConfig.register(MODEL_TYPE, TrainablePartsConfig, exist_ok=True)
+AutoModelForCausalLM.register(TrainablePartsConfig, TrainablePartsForCausalLM, exist_ok=True)
 
 
 # ---- export / import --------------------------------------------------------------------
 def to_hf(model: Transformer) -> PreTrainedModel:
-    if model.cfg.mixer == "mixit":
-        hf = MixiTForCausalLM(MixiTConfig(trainable_parts=model.cfg.to_dict()))
+    if not is_llama(model.cfg):
+        hf = TrainablePartsForCausalLM(TrainablePartsConfig(trainable_parts=model.cfg.to_dict()))
         hf.model.load_state_dict(model.state_dict())
         return hf.to(next(model.parameters()).dtype).eval()
     return to_hf_llama(model)
@@ -160,7 +166,7 @@ def config_from_llama(hf_cfg: dict[str, Any], **overrides: Any) -> ModelConfig:
 
 
 def import_hf(path: str | os.PathLike, **overrides: Any) -> Transformer:
-    """Load a local HF Llama (or exported MixiT) directory into our model.
+    """Load a local HF Llama (or an exported TrainablePartsForCausalLM) directory into our model.
 
     `overrides` set ModelConfig fields, e.g. variant="frozen_qk" to freeze parts of a
     pretrained Llama. Only safetensors weights are read; nothing executes remote code.
@@ -171,8 +177,8 @@ def import_hf(path: str | os.PathLike, **overrides: Any) -> Transformer:
         raise FileNotFoundError(f"{path} has no config.json: not a HuggingFace model directory")
     hf_cfg = json.loads(cfg_file.read_text())
     model_type = hf_cfg.get("model_type")
-    if model_type not in ("llama", MIXIT_MODEL_TYPE):
-        raise ValueError(f"{path}: model_type {model_type!r} is not supported (expected 'llama' or '{MIXIT_MODEL_TYPE}')")
+    if model_type not in ("llama", MODEL_TYPE):
+        raise ValueError(f"{path}: model_type {model_type!r} is not supported (expected 'llama' or '{MODEL_TYPE}')")
     if model_type == "llama" and hf_cfg.get("mlp_bias", False) != hf_cfg.get("attention_bias", False):
         raise ValueError("attention_bias and mlp_bias must agree (our `bias` switch covers both)")
     cfg = config_from_llama(hf_cfg, **overrides)

@@ -117,7 +117,12 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 class SoftmaxAttention(nn.Module):
-    """Causal (or bidirectional) multi-head attention with RoPE and GQA."""
+    """Causal (or bidirectional) multi-head attention with RoPE and GQA.
+
+    The `shaped` variant (Noci et al.) mixes with A = I + softmax(Q K^T / tau) - C, where C
+    averages uniformly over the visible positions (C[i, j] = 1/(i+1), j <= i, when causal):
+    out = V + softmax-attention(Q, K, V; 1/tau) - C V, with C V a running mean of V.
+    """
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -155,15 +160,29 @@ class SoftmaxAttention(nn.Module):
             out = self._eager(q, _expand_kv(k, groups), _expand_kv(v, groups), past, attn_mask)
         elif impl == "flash":
             from .kernels.flash import flash_attention   # GPU only; selected where installed
-            out = flash_attention(q, k, v, causal=cfg.causal)
+            out = flash_attention(q, k, v, causal=cfg.causal, softmax_scale=cfg.attn_scale)
         elif impl == "flash_varlen":
             from .kernels.flash import flash_attention_varlen
-            out = flash_attention_varlen(q, k, v, cu_seqlens, causal=cfg.causal)
+            out = flash_attention_varlen(q, k, v, cu_seqlens, causal=cfg.causal, softmax_scale=cfg.attn_scale)
         else:
             mask, causal = self._sdpa_mask(t, past, attn_mask, q.device)
             out = F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups),
-                                                 attn_mask=mask, is_causal=causal)
+                                                 attn_mask=mask, is_causal=causal, scale=cfg.attn_scale)
+        if cfg.shaped:
+            out = self._shape(out, _expand_kv(v, groups), past, attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
+
+    def _shape(self, out: torch.Tensor, v: torch.Tensor, past: int, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """Shaped attention: add the identity (V of the new rows) and subtract the uniform average C V."""
+        if attn_mask is not None:
+            raise NotImplementedError("shaped attention with document masking is not supported; pack without doc_ids")
+        vf = v.float()
+        if self.cfg.causal:
+            count = torch.arange(1, vf.shape[2] + 1, device=v.device, dtype=torch.float32)[:, None]
+            center = (vf.cumsum(dim=2) / count)[:, :, past:]
+        else:
+            center = vf.mean(dim=2, keepdim=True)
+        return (out.float() + vf[:, :, past:] - center).to(out.dtype)
 
     def _sdpa_mask(self, t: int, past: int, attn_mask: torch.Tensor | None, device: torch.device):
         if attn_mask is None and (not self.cfg.causal or past == 0):
@@ -171,7 +190,7 @@ class SoftmaxAttention(nn.Module):
         return _full_mask(self.cfg.causal, t, past, attn_mask, device), False
 
     def _eager(self, q, k, v, past, attn_mask):
-        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.cfg.head_dim)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * self.cfg.attn_scale
         mask = _full_mask(self.cfg.causal, q.shape[2], past, attn_mask, q.device)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
