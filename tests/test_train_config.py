@@ -97,3 +97,18 @@ def test_dry_run_prints_plan_and_refuses(capsys):
 def test_every_recipe_dry_runs(recipe, world):
     info = dry_run(load_recipe(recipe), world, out=io.StringIO())
     assert info["params_trainable"] > 0 and info["train_flops_per_token"] > 0
+
+
+def test_adamw_groups_hold_trainable_tensors_only():
+    from model import build_model, preset
+    from pretrain.train import param_groups
+    cfg = load_recipe(RECIPE, ["model.variant=frozen_qk", "model.tie_embeddings=true"])
+    model = build_model(preset("tiny", variant="frozen_qk", vocab_size=50, max_seq_len=32, tie_embeddings=True), seed=0)
+    decay, no_decay = param_groups(model, cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    dn = {names[id(p)] for p in decay["params"]}
+    nn_ = {names[id(p)] for p in no_decay["params"]}
+    assert not any(".q_proj." in n or ".k_proj." in n for n in dn | nn_)
+    assert decay["weight_decay"] == cfg.optim.weight_decay and no_decay["weight_decay"] == 0.0
+    assert "embed_tokens.weight" in nn_ and all("layernorm" in n or n.startswith(("norm", "embed")) for n in nn_)
+    assert len(dn | nn_) == sum(1 for p in model.parameters() if p.requires_grad)
