@@ -348,6 +348,17 @@ class Trainer:
         n = n.clamp_min(1.0)
         return n, torch.tensor([self.layout.data_parallel * self.layout.grad_accum], device=self.device) / n
 
+    def _ce_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Summed token cross-entropy of one micro-batch. Uses the model's own loss (chunked: never
+        the full [b, t, vocab] logits) except under ZeRO-3, whose parameter gathering only covers
+        submodule forwards (the chunked loss reads lm_head.weight directly), or when the micro-batch
+        scores no token (the mean would be NaN)."""
+        n = int((y != IGNORE_INDEX).sum())
+        if n and not self.zero3 and self.mcfg.loss_chunk_tokens:
+            return self.engine(x, labels=y).float() * n
+        logits = self.engine(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
     def set_lr(self, lr: float) -> None:
         for g in self.engine.optimizer.param_groups:
             g["lr"] = lr
@@ -364,9 +375,7 @@ class Trainer:
             total = torch.zeros((), device=self.device, dtype=torch.float32)
             own_norm = None
             for i, (x, y) in enumerate(mbs):
-                logits = self.engine(x)
-                ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
-                                     reduction="sum")
+                ce = self._ce_sum(x, y)
                 self.engine.backward(ce * scale.reshape(()))
                 if i == len(mbs) - 1 and self.layout.zero_stage == 0:
                     # DeepSpeed reports no norm without ZeRO; gradients are all-reduced by now (pre-clip norm).
@@ -400,9 +409,7 @@ class Trainer:
                 else:
                     total = torch.zeros((), device=self.device)
                     for x, y in mbs:
-                        logits = self.engine(x)
-                        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
-                                                 ignore_index=IGNORE_INDEX, reduction="sum")
+                        total += self._ce_sum(x, y)
                     dist.all_reduce(total)
                     losses.append(float(total / n_tokens))
         finally:
