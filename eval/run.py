@@ -5,7 +5,8 @@
     python -m eval.run --run-dir runs/std --run-dir runs/mixit --tasks induction,kv_recall --out-dir report/
 
 Tasks: perplexity (needs --text FILE or --val-dir DIR), induction, kv_recall, passkey (needs a
-tokenizer), mechanisms, synthetic:<task> (data_pipeline.synthetic, e.g. synthetic:kv_retrieval),
+tokenizer), mechanisms, classification (a classifier's accuracy and loss on its run's validation data),
+synthetic:<task> (data_pipeline.synthetic, e.g. synthetic:kv_retrieval),
 lm_eval:<task> (an offline config in eval/tasks, e.g. lm_eval:tp_kv_recall, or any lm_eval task).
 With --run-dir, results go to RUN/eval/results.jsonl (checkpoints already evaluated with the
 same tasks and options are skipped), and the table (markdown + CSV), TensorBoard scalars and
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 from . import distributed as D
 from .loading import EvalError, check_tokenizer, list_checkpoints, load_checkpoint, load_tokenizer
 
-BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms")
+BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms", "classification")
 PREFIX_TASKS = ("synthetic:", "lm_eval:")
 
 
@@ -125,6 +126,9 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
             if opts.heatmap_dir and D.is_main():
                 hm = Path(opts.heatmap_dir) / f"mechanisms_{info.get('variant')}_step{info.get('step')}.png"
             out[t] = mechanisms.mechanism_scores(model, seed=opts.seed, heatmap=hm)
+        elif t == "classification":
+            from .classification import evaluate_classification
+            out[t] = evaluate_classification(model, info, opts.task_args, max(opts.batch_size, 64))
         elif t.startswith("synthetic:"):
             from .synthetic_tasks import evaluate_task, get_task
             task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)

@@ -96,6 +96,8 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    task: str = "lm"                              # lm | classification (pretrain/classification.py)
+    classification: dict[str, Any] = field(default_factory=dict)   # num_labels, pooling, init_from
 
     # ---- derived ----------------------------------------------------------------------
     @property
@@ -158,12 +160,14 @@ class RunConfig:
             raise RecipeError("checkpoint.keep_last and checkpoint.every_steps must be >= 0")
         if self.logging.progress_bar not in ("auto", "on", "off"):
             raise RecipeError("logging.progress_bar must be auto, on or off")
+        from .classification import validate as validate_task
+        validate_task(self)
 
 
 SECTIONS = {"train": TrainConfig, "optim": OptimConfig, "parallel": ParallelConfig,
             "checkpoint": CheckpointConfig, "logging": LoggingConfig}
 FREE_SECTIONS = ("model", "data")      # validated by model.ModelConfig / data_pipeline.DataConfig
-TOP_KEYS = ("name", "seed") + FREE_SECTIONS + tuple(SECTIONS)
+TOP_KEYS = ("name", "seed", "task", "classification") + FREE_SECTIONS + tuple(SECTIONS)
 
 
 # Common names from other trainers -> where the setting lives here.
@@ -204,10 +208,10 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
         if k not in TOP_KEYS:
             raise _unknown("", k, TOP_KEYS)
     kwargs: dict[str, Any] = {}
-    for k in ("name", "seed"):
+    for k in ("name", "seed", "task"):
         if k in d:
             kwargs[k] = d[k]
-    for sec in FREE_SECTIONS:
+    for sec in FREE_SECTIONS + ("classification",):
         if sec in d:
             if not isinstance(d[sec], dict):
                 raise RecipeError(f"{sec}: must be a mapping, got {d[sec]!r}")

@@ -32,6 +32,9 @@ def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_siz
     if not source:
         raise ValueError("data.source is required (a prepared shard dir, 'synthetic:<task>' or 'text:PATH')")
     data.setdefault("seed", seed)
+    if source.startswith("classify:"):
+        from data_pipeline.classification import ClassificationLoader
+        return ClassificationLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
     if source.startswith("text:"):
         return BuiltinLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
     build_loader = _pipeline_build_loader()

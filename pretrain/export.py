@@ -70,6 +70,9 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[Any, dict[str, torch.T
 
 def model_from_checkpoint(tag_dir: str | Path, device: str | torch.device = "cpu"):
     from model import Transformer
+    from .classification import classifier_from_checkpoint, is_classification_state
+    if is_classification_state(ckpt.read_state(Path(tag_dir))):
+        return classifier_from_checkpoint(tag_dir, device)
     mcfg, sd, state = consolidated_state_dict(tag_dir)
     model = Transformer(mcfg)
     full = dict(sd)

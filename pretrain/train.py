@@ -114,6 +114,11 @@ def shutdown_distributed() -> None:
 
 def model_config(cfg: RunConfig, vocab_size: int | None):
     from model import preset
+    if cfg.task == "classification":
+        from .classification import model_config as classification_model_config
+        mcfg = classification_model_config(cfg, vocab_size)
+        if mcfg is not None:
+            return mcfg
     m = dict(cfg.model)
     name = m.pop("preset", "tiny")
     if m.get("vocab_size") is None:
@@ -182,9 +187,9 @@ class Trainer:
     def build(self, step: int, state: dict[str, torch.Tensor] | None = None, load_universal: bool = False) -> None:
         """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights."""
         import deepspeed
-        from model import build_model
+        from .classification import build_task_model
         seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
-        model = build_model(self.mcfg, seed=seed)
+        model = build_task_model(self.cfg, self.mcfg, seed)
         if state is not None:
             model.load_state_dict(state, strict=True)
         model.set_step(step)
@@ -357,7 +362,8 @@ class Trainer:
         if n and not self.zero3 and self.mcfg.loss_chunk_tokens:
             return self.engine(x, labels=y).float() * n
         logits = self.engine(x)
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
 
     def set_lr(self, lr: float) -> None:
         for g in self.engine.optimizer.param_groups:

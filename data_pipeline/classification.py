@@ -1,0 +1,278 @@
+"""Sequence-classification data: (text, label) examples -> batches of {input_ids, labels}.
+
+Sources (the recipe's `data.source`, after the `classify:` prefix the trainer routes on):
+
+    classify:data/reviews.jsonl        one JSON object per line with a text and a label field
+    classify:data/reviews.csv          a CSV with a header row naming those fields
+    classify:hf:yelp_polarity          a HuggingFace dataset (train split; val = its test split)
+
+Other `data` keys: `text_field` ("text"), `label_field` ("label"), `tokenizer` ("bytes" = UTF-8
+bytes, vocab 256, or a tokenizer dir from data_pipeline.tokenizer), `pad_id` (default 0 for
+bytes, the tokenizer's pad id otherwise), `val_fraction` (0.1; the share of a local file held
+out for validation), `val_source` (a separate validation file instead), `max_examples` (cap on
+examples read per split, e.g. for a quick run on yelp_polarity), `seed`.
+
+Labels are integers 0..C-1; string labels (in a CSV, or names) are mapped to ids in sorted
+order, or as integers when they all parse as integers. Texts are truncated to `seq_len` tokens
+and padded on the right with `pad_id`; NUL bytes are dropped under the byte tokenizer (0 is
+its pad).
+
+Order: global sample k of epoch e is example Permutation(n, key(seed, e))(k) (train) or k
+(validation, in file order, cycling). A rank takes its share of each global batch; the state
+is the number of global samples consumed, so a resume (with any world size) continues the
+same order exactly.
+
+`make_toy_dataset` writes a small local file whose label is learnable (sentiment words),
+used by the tests and the CPU recipe:
+
+    python -m data_pipeline.classification --out data/toy_sentiment.jsonl --n 2000
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError
+from .order import Permutation, derive_key
+
+PREFIX = "classify:"
+KNOWN_KEYS = {"source", "text_field", "label_field", "tokenizer", "pad_id", "val_fraction", "val_source",
+              "max_examples", "seed"}
+
+
+def _repo_path(p: str) -> Path:
+    path = Path(p)
+    if not path.is_absolute() and not path.exists():
+        cand = Path(__file__).resolve().parent.parent / path
+        if cand.exists():
+            return cand
+    return path
+
+
+def read_examples(source: str, text_field: str = "text", label_field: str = "label", split: str = "train",
+                  max_examples: int | None = None) -> list[tuple[str, Any]]:
+    """(text, raw label) pairs of a local jsonl/csv file or of `hf:NAME` (split train or test)."""
+    if source.startswith("hf:"):
+        try:
+            import datasets
+        except ImportError as e:  # pragma: no cover
+            raise DataError("data.source=hf:...: the `datasets` package is not installed") from e
+        name = source[3:]
+        hf_split = "train" if split == "train" else "test"
+        if max_examples:
+            hf_split = f"{hf_split}[:{int(max_examples)}]"
+        try:
+            ds = datasets.load_dataset(name, split=hf_split)
+        except Exception as e:  # noqa: BLE001 - network / cache errors: say what to do
+            raise DataError(f"could not load HuggingFace dataset {name!r} split {hf_split!r}: {e}. Fix: run once "
+                            "with network access (it is cached), or export it to jsonl and use a local file") from e
+        for f in (text_field, label_field):
+            if f not in ds.column_names:
+                raise DataError(f"dataset {name!r} has no column {f!r}; columns: {ds.column_names}. "
+                                "Fix: set data.text_field / data.label_field")
+        return list(zip(ds[text_field], ds[label_field]))
+    path = _repo_path(source)
+    if not path.is_file():
+        raise DataError(f"classification data {source!r} not found (a .jsonl or .csv file, or hf:NAME)")
+    out: list[tuple[str, Any]] = []
+    if path.suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = csv.DictReader(f)
+            if rows.fieldnames is None or text_field not in rows.fieldnames or label_field not in rows.fieldnames:
+                raise DataError(f"{path}: CSV header {rows.fieldnames} lacks {text_field!r}/{label_field!r}; "
+                                "set data.text_field / data.label_field")
+            out = [(r[text_field], r[label_field]) for r in rows]
+    else:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                    out.append((r[text_field], r[label_field]))
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise DataError(f"{path}:{n}: expected a JSON object with {text_field!r} and {label_field!r} "
+                                    f"({e})") from None
+    if max_examples:
+        out = out[:int(max_examples)]
+    if not out:
+        raise DataError(f"{source}: no examples")
+    return out
+
+
+def label_mapping(raw_labels) -> dict[Any, int]:
+    """Raw label -> id: integers as themselves (when all parse), else sorted names."""
+    uniq = sorted({str(x) for x in raw_labels})
+    try:
+        ints = {u: int(u) for u in uniq}
+        if min(ints.values()) >= 0:
+            return ints
+    except ValueError:
+        pass
+    return {u: i for i, u in enumerate(uniq)}
+
+
+class ByteEncoder:
+    identity = "bytes"
+    vocab_size = 256
+    pad_id = 0
+
+    def encode_batch(self, texts):
+        return [[b for b in t.encode("utf-8") if b != 0] for t in texts]
+
+
+def load_encoder(spec: str | None):
+    if spec in (None, "bytes"):
+        return ByteEncoder()
+    from .tokenizer import load_tokenizer
+    return load_tokenizer(_repo_path(str(spec)))
+
+
+def resolve_pad_id(data: dict[str, Any]) -> int:
+    if data.get("pad_id") is not None:
+        return int(data["pad_id"])
+    return int(load_encoder(data.get("tokenizer")).pad_id)
+
+
+class ClassificationLoader:
+    """This rank's share [B // W, T] of each global batch: {"input_ids", "labels" (one per sequence)}."""
+
+    def __init__(self, data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
+                 dp_rank: int = 0, dp_world_size: int = 1):
+        data = dict(data)
+        unknown = set(data) - KNOWN_KEYS
+        if unknown:
+            raise DataError(f"data: unknown keys {sorted(unknown)} for classification data; known: {sorted(KNOWN_KEYS)}")
+        if global_batch_size % dp_world_size:
+            raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
+        src = str(data["source"])
+        self.source = src[len(PREFIX):] if src.startswith(PREFIX) else src
+        self.seed = int(data.get("seed", 0))
+        self.split = "train" if split == "train" else "val"
+        self.T, self.B, self.rank, self.world = seq_len, global_batch_size, dp_rank, dp_world_size
+        self.samples_seen = 0
+        tf, lf = data.get("text_field", "text"), data.get("label_field", "label")
+        cap = data.get("max_examples")
+        if self.source.startswith("hf:"):
+            train_rows = read_examples(self.source, tf, lf, "train", cap)
+            rows = train_rows if self.split == "train" else read_examples(self.source, tf, lf, "test", cap)
+            mapping = label_mapping([lab for _, lab in train_rows])
+        elif data.get("val_source"):
+            train_rows = read_examples(self.source, tf, lf, "train", cap)
+            rows = train_rows if self.split == "train" else read_examples(str(data["val_source"]), tf, lf, "val", cap)
+            mapping = label_mapping([lab for _, lab in train_rows])
+        else:
+            every = read_examples(self.source, tf, lf, "train", cap)
+            mapping = label_mapping([lab for _, lab in every])
+            frac = float(data.get("val_fraction", 0.1))
+            n_val = int(round(frac * len(every)))
+            if not 0 < n_val < len(every):
+                raise DataError(f"{self.source}: val_fraction={frac} leaves {n_val} of {len(every)} examples for "
+                                "validation; use a fraction that gives both splits examples, or data.val_source")
+            rank_of = Permutation(len(every), derive_key(self.seed, "classify-split"))(np.arange(len(every)))
+            keep = rank_of < n_val if self.split == "val" else rank_of >= n_val
+            rows = [r for r, k in zip(every, keep) if k]
+        try:
+            labels = [mapping[str(lab)] for _, lab in rows]
+        except KeyError as e:
+            raise DataError(f"{self.source}: validation label {e} does not occur in the training data") from None
+        self.mapping = mapping
+        self.num_labels = max(mapping.values()) + 1
+        enc = load_encoder(data.get("tokenizer"))
+        self.tokenizer_id = enc.identity
+        self.vocab_size = int(enc.vocab_size)
+        self.pad_id = int(data["pad_id"]) if data.get("pad_id") is not None else int(enc.pad_id)
+        ids = enc.encode_batch([t for t, _ in rows])
+        self.n = len(rows)
+        self.input_ids = np.full((self.n, seq_len), self.pad_id, dtype=np.int64)
+        for i, toks in enumerate(ids):
+            toks = toks[:seq_len]
+            self.input_ids[i, :len(toks)] = toks
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.fingerprint = hashlib.sha1(f"{self.source}|{self.seed}|{seq_len}|{self.n}|{self.tokenizer_id}".encode()
+                                        ).hexdigest()[:12]
+        self._perm_epoch, self._perm = -1, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _index(self, j: np.ndarray) -> np.ndarray:
+        epoch, k = np.divmod(j, self.n)
+        if self.split == "val":
+            return k
+        out = np.empty_like(k)
+        for e in np.unique(epoch):
+            sel = epoch == e
+            out[sel] = Permutation(self.n, derive_key(self.seed, "classify-order", int(e)))(k[sel])
+        return out
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import torch
+        per = self.B // self.world
+        start = self.samples_seen + self.rank * per
+        idx = self._index(np.arange(start, start + per, dtype=np.int64))
+        self.samples_seen += self.B
+        return {"input_ids": torch.from_numpy(self.input_ids[idx]), "labels": torch.from_numpy(self.labels[idx])}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples_seen": self.samples_seen, "source": self.source, "seed": self.seed,
+                "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if d.get("fingerprint", self.fingerprint) != self.fingerprint:
+            raise DataError(f"loader state is for {d.get('source')!r} (seed {d.get('seed')}, fingerprint "
+                            f"{d.get('fingerprint')}), but the recipe gives {self.source!r} (seed {self.seed}, "
+                            f"fingerprint {self.fingerprint}); resume with the same data")
+        self.samples_seen = int(d["samples_seen"])
+
+
+# ---- a small learnable data set ------------------------------------------------------------
+POSITIVE = ["great", "excellent", "wonderful", "delicious", "friendly", "amazing", "lovely", "perfect"]
+NEGATIVE = ["awful", "terrible", "rude", "bland", "dirty", "horrible", "slow", "broken"]
+FILLER = ["the", "food", "was", "and", "service", "staff", "place", "really", "our", "table", "very", "we",
+          "ordered", "pizza", "coffee", "room", "night", "again"]
+
+
+def make_toy_example(rng: np.random.Generator) -> tuple[str, int]:
+    label = int(rng.integers(2))
+    words = list(rng.choice(FILLER, size=int(rng.integers(4, 9))))
+    cue = POSITIVE if label else NEGATIVE
+    for w in rng.choice(cue, size=int(rng.integers(1, 3)), replace=False):
+        words.insert(int(rng.integers(len(words) + 1)), str(w))
+    return " ".join(words), label
+
+
+def make_toy_dataset(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
+    """Write `n` jsonl examples {text, label}: label 1 iff the text holds positive (not negative) words."""
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            text, label = make_toy_example(rng)
+            f.write(json.dumps({"text": text, "label": label}) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m data_pipeline.classification",
+                                 description="write a small learnable sentiment data set (jsonl)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    print(make_toy_dataset(a.out, a.n, a.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

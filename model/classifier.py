@@ -1,0 +1,122 @@
+"""Sequence classification on top of any variant's backbone (plain PyTorch).
+
+    clf = SequenceClassifier(backbone, num_labels=2, pooling="last", pad_id=0)
+    logits = clf(input_ids)                  # (b, num_labels)
+    loss = clf(input_ids, labels)            # mean cross-entropy over sequences (labels (b,))
+
+The backbone's final hidden states are normalised with its final RMSNorm, pooled (at the last
+non-pad token, or the mean over non-pad tokens) and mapped to `num_labels` logits by `score`.
+Parameter names are `model.<backbone name>` and `score.*`, so model/freezing.py puts the head
+in group "head" and every backbone tensor in its usual group: variants, overrides and
+schedules apply unchanged. The backbone's `lm_head` is not used and is frozen (unless tied to
+the embeddings, in which case it is the embedding matrix).
+
+Padding is on the right. With a bidirectional (model.causal=false) softmax backbone, real
+tokens are masked from the pads (per-document masking), so padding does not change the
+logits; MixiT (no scores to mask) and shaped attention (its identity/centering terms have no
+masked form here) do mix the (constant) pad tokens into real tokens.
+With a causal backbone, right padding never reaches real tokens.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .freezing import apply_freeze
+from .transformer import IGNORE_INDEX, Transformer
+
+POOLINGS = ("last", "mean")
+
+
+class SequenceClassifier(nn.Module):
+    def __init__(self, backbone: Transformer, num_labels: int, pooling: str = "last", pad_id: int = 0):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"classification.pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+        if not isinstance(num_labels, int) or num_labels < 2:
+            raise ValueError(f"classification.num_labels must be an integer >= 2, got {num_labels!r}")
+        self.model = backbone
+        self.cfg = backbone.cfg
+        self.num_labels = num_labels
+        self.pooling = pooling
+        self.pad_id = int(pad_id)
+        self.score = nn.Linear(backbone.cfg.hidden_size, num_labels, bias=True)
+        with torch.no_grad():
+            self.score.weight.normal_(0.0, backbone.cfg.init_std)
+            self.score.bias.zero_()
+        self.set_step(0)
+
+    # The trainer sets this for activation checkpointing; it belongs to the backbone.
+    @property
+    def checkpoint_fn(self):
+        return self.model.checkpoint_fn
+
+    @checkpoint_fn.setter
+    def checkpoint_fn(self, fn) -> None:
+        self.model.checkpoint_fn = fn
+
+    def set_step(self, step: int) -> list[str]:
+        """The backbone's freeze schedule at `step` (group "head" covers `score`); lm_head stays frozen."""
+        frozen = apply_freeze(self, self.cfg.frozen_groups_at(step), tied=self.cfg.tie_embeddings)
+        if not self.cfg.tie_embeddings:
+            self.model.lm_head.weight.requires_grad_(False)
+            if "model.lm_head.weight" not in frozen:
+                frozen.append("model.lm_head.weight")
+        return frozen
+
+    def pool(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        real = input_ids != self.pad_id
+        if self.pooling == "mean":
+            w = real.to(h.dtype)[..., None]
+            return (h * w).sum(1) / w.sum(1).clamp_min(1.0)
+        idx = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = torch.where(real, idx, -1).max(dim=1).values.clamp_min(0)          # last non-pad position
+        return h[torch.arange(h.shape[0], device=h.device), last]
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (b, num_labels), or the mean cross-entropy when `labels` (b,) is given
+        (IGNORE_INDEX labels are skipped)."""
+        doc_ids = None
+        pads = input_ids == self.pad_id
+        if not self.cfg.causal and self.cfg.mixer == "softmax" and not self.cfg.shaped and bool(pads.any()):
+            doc_ids = pads.long()            # real tokens see only real tokens; pads see pads
+        h = self.model(input_ids, doc_ids=doc_ids, return_hidden=True)
+        logits = self.score(self.pool(self.model.norm(h), input_ids))
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def build_classifier(cfg, num_labels: int, pooling: str = "last", pad_id: int = 0, seed: int | None = None,
+                     backbone: Transformer | None = None) -> SequenceClassifier:
+    """A classifier with a fresh backbone from `cfg` (reproducible from `seed`), or around `backbone`."""
+    from .transformer import build_model
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            bb = backbone if backbone is not None else build_model(cfg)
+            return SequenceClassifier(bb, num_labels, pooling, pad_id)
+    return SequenceClassifier(backbone if backbone is not None else build_model(cfg), num_labels, pooling, pad_id)
+
+
+def load_backbone(path, cfg_overrides: dict | None = None, device="cpu") -> tuple[Transformer, dict]:
+    """A pretrained backbone (any checkpoint pretrain.export.load_for_eval reads), optionally rebuilt with
+    config changes that keep the weights' shapes (e.g. causal=False, variant, max_seq_len for non-MixiT)."""
+    from pretrain.export import load_for_eval
+    model, meta = load_for_eval(path, device=device)
+    if isinstance(model, SequenceClassifier):
+        model = model.model
+    if cfg_overrides:
+        cfg = model.cfg.replace(**cfg_overrides)
+        fresh = Transformer(cfg).to(device)
+        sd = model.state_dict()
+        missing, unexpected = fresh.load_state_dict(sd, strict=False)
+        if unexpected or [m for m in missing if not m.startswith("embed_positions")]:
+            raise ValueError(f"pretrained checkpoint {path} does not fit the classification backbone "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        if cfg.tie_embeddings:
+            fresh.lm_head.weight = fresh.embed_tokens.weight
+        fresh.set_step(0)
+        model = fresh
+    return model, meta
