@@ -267,13 +267,18 @@ class KVRetrieval(Task):
 
 
 class ModularAddition(Task):
-    """``a + b = (a+b) mod p``; scored: the result. A fixed split of all p*p pairs (95/5 by default)."""
+    """``a b (a+b mod p)``, the paper's format; scored: the result. A fixed split of all p*p pairs (95/5 by default).
+
+    No ``+``/``=`` tokens: the result is predicted at b's position, as in the paper's
+    `[a, b, (a+b) mod p]` sequences.
+    """
 
     name = "modular_addition"
+    version = "v2"          # v1 had "+" and "=" tokens
     DEFAULTS = {"p": 97, "train_fraction": 0.95}
 
     def build_symbols(self):
-        return [str(i) for i in range(self.p)] + ["+", "="]
+        return [str(i) for i in range(self.p)]
 
     def check(self):
         if self.p < 2 or not 0 < self.train_fraction < 1:
@@ -285,7 +290,7 @@ class ModularAddition(Task):
 
     @property
     def max_len(self):
-        return 6
+        return 4
 
     def pair(self, index: int, split: str) -> tuple[int, int]:
         j = index if self._split(split) == "train" else self.train_size + index
@@ -293,8 +298,7 @@ class ModularAddition(Task):
 
     def generate(self, rng, index, split):
         a, b = self.pair(index, split)
-        words = [str(a), "+", str(b), "=", str((a + b) % self.p)]
-        return words, [0, 0, 0, 0, 1]
+        return [str(a), str(b), str((a + b) % self.p)], [0, 0, 1]
 
 
 def memorization_capacity_bits(n_pairs: int, n_labels: int, accuracy: float) -> float:
