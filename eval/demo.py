@@ -1,13 +1,14 @@
-"""The README demo: the paper's headline comparison in miniature, on any laptop.
+"""The paper's comparison as a recipe set; its `demo` suite is the README's main command.
 
-Trains tiny `standard`, `frozen_qk` and `mixit` models on two generated tasks
-(modular addition scored on held-out pairs, and key-value retrieval) with the DeepSpeed trainer,
-evaluates every final checkpoint with the eval harness, and prints a table next to
-the paper's numbers, one line saying whether the paper's qualitative result holds,
-and the path of a plot. No downloads; runs on CPU (two runs at a time on two cores)
-or on a GPU when one is present. Re-running resumes and skips finished runs.
+Trains every (task, variant) of a suite with the DeepSpeed trainer (one process per run,
+two at a time on two CPU cores, one at a time on a GPU), evaluates each final checkpoint
+with the eval harness (synthetic tasks: accuracy at the positions the task scores; text:
+held-out loss in nats per byte), and prints a table next to the paper's numbers, one line
+saying whether the paper's qualitative result holds, and the path of a plot. No
+downloads. Re-running resumes and skips finished runs.
 
-    python -m eval.demo [--out outputs/demo] [--variants standard,frozen_qk,mixit] [--steps-scale 1.0]
+    python -m eval.demo                                  # suite `demo`: 2 tasks x 3 variants, ~10 min on 2 cores
+    python -m eval.demo --suite paper --out outputs/paper   # 7 tasks x 4 variants (docs/RESULTS.md)
 """
 from __future__ import annotations
 
@@ -27,18 +28,34 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class DemoTask:
-    name: str            # data_pipeline synthetic task
+    name: str            # data_pipeline synthetic task, or "text" (held-out LM loss from the run)
     recipe: str
     label: str
     task_args: dict
-    chance: float        # accuracy of a model that ignores the context
+    chance: float        # accuracy of a model that ignores the context (synthetic tasks)
+
+    @property
+    def is_text(self) -> bool:
+        return self.name == "text"
 
 
-TASKS = (
-    DemoTask("modular_addition", "recipes/demo_modadd.yaml", "modular addition (held-out pairs)", {"p": 31}, 1 / 31),
-    DemoTask("kv_retrieval", "recipes/demo_kv.yaml", "kv retrieval (value)",
-             {"n_pairs": 4, "n_keys": 8, "n_values": 8}, 1 / 8),
-)
+MODADD = DemoTask("modular_addition", "recipes/demo_modadd.yaml", "modular addition (held-out pairs)", {"p": 31},
+                  1 / 31)
+KV = DemoTask("kv_retrieval", "recipes/demo_kv.yaml", "kv retrieval (value)",
+              {"n_pairs": 4, "n_keys": 8, "n_values": 8}, 1 / 8)
+SUITES = {
+    "demo": {"tasks": (MODADD, KV), "variants": "standard,frozen_qk,mixit"},
+    "paper": {"tasks": (
+        DemoTask("addition", "recipes/paper_addition.yaml", "2-digit addition (answer digits)", {"n_digits": 2}, 0.1),
+        MODADD,
+        DemoTask("dyck", "recipes/paper_dyck.yaml", "Dyck-1 (balanced?)", {}, 0.5),
+        DemoTask("memorization", "recipes/paper_memorization.yaml", "memorization (random labels)",
+                 {"n1": 32, "n2": 32, "n_labels": 16}, 1 / 16),
+        KV,
+        DemoTask("khop", "recipes/paper_khop.yaml", "2-hop induction", {"k": 2, "length": 24, "n_symbols": 8}, 1 / 8),
+        DemoTask("text", "recipes/paper_wikitext2.yaml", "WikiText-2 bytes (val loss, nats/byte)", {}, 0.0),
+    ), "variants": "standard,frozen_qk,frozen_mlp,mixit"},
+}
 ARITHMETIC, RETRIEVAL = "modular_addition", "kv_retrieval"
 # Guessing one of the values present in the context (1 to 4 pairs, uniformly): what a model
 # that cannot address by content can still reach on this retrieval task.
@@ -46,7 +63,13 @@ CONTEXT_GUESS = sum(1 / n for n in range(1, 5)) / 4
 # The paper's numbers (VARIANTS.md), for shape rather than decimals.
 PAPER = {
     "modular_addition": {"standard": "solved", "frozen_qk": "solved", "mixit": "matches standard"},
+    "addition": {"standard": "solved", "mixit": "matches standard"},
+    "dyck": {"standard": "solved", "mixit": "matches standard"},
+    "memorization": {"standard": "2.98 bit/param", "frozen_qk": "2.25 bit/param", "mixit": "2.18 bit/param",
+                     "frozen_mlp": "1.13 bit/param"},
     "kv_retrieval": {"standard": "100%", "frozen_qk": "97.0%", "mixit": "11.2%"},
+    "khop": {"standard": "99.99% (16-hop)", "frozen_qk": "96.7%", "mixit": "48.6%"},
+    "text": {"standard": "2.78 (WT-103, nats/token)", "frozen_qk": "3.07", "mixit": "3.73"},
 }
 
 
@@ -73,17 +96,17 @@ def _max_steps(task: DemoTask, scale: float) -> int:
     return max(1, int(recipe["train"]["max_steps"] * scale))
 
 
-def train_all(out: Path, variants: list[str], scale: float, parallel: int) -> dict[tuple[str, str], Path]:
+def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int) -> dict[tuple[str, str], Path]:
     """Train every (task, variant) as its own process, `parallel` at a time, with one progress bar."""
     from tqdm import tqdm
 
-    jobs = [(t, v) for t in TASKS for v in variants]
+    jobs = [(t, v) for t in tasks for v in variants]
     total = {(t.name, v): _max_steps(t, scale) for t, v in jobs}
     pending = [(t, v) for t, v in jobs if not (_run_dir(out, t, v) / "demo_done").is_file()]
     running: list[tuple[DemoTask, str, subprocess.Popen, object]] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1" if parallel > 1 else os.environ.get("OMP_NUM_THREADS", "2"),
            "PYTHONUNBUFFERED": "1"}
-    bar = tqdm(total=sum(total.values()), desc="training", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=sum(total.values()), desc="training", unit="step", dynamic_ncols=True, mininterval=2.0)
 
     def refresh() -> None:
         bar.n = sum(min(_steps_done(_run_dir(out, t, v)), total[(t.name, v)]) for t, v in jobs)
@@ -121,14 +144,25 @@ def train_all(out: Path, variants: list[str], scale: float, parallel: int) -> di
     return {(t.name, v): _run_dir(out, t, v) for t, v in jobs}
 
 
-def evaluate_all(runs: dict[tuple[str, str], Path], n: int) -> dict[tuple[str, str], dict]:
+def _final_val_loss(run_dir: Path) -> float:
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+    if not vals:
+        raise SystemExit(f"{run_dir}: no validation loss in metrics.jsonl; set train.eval_every_steps in its recipe")
+    return float(vals[-1])
+
+
+def evaluate_all(runs: dict[tuple[str, str], Path], tasks, n: int) -> dict[tuple[str, str], dict]:
     from tqdm import tqdm
 
     from .run import EvalOptions, evaluate_checkpoint
 
     results = {}
     for (task_name, variant), run_dir in tqdm(runs.items(), desc="evaluating", unit="model", dynamic_ncols=True):
-        task = next(t for t in TASKS if t.name == task_name)
+        task = next(t for t in tasks if t.name == task_name)
+        if task.is_text:
+            results[(task_name, variant)] = {"val_loss": _final_val_loss(run_dir)}
+            continue
         opts = EvalOptions(task_args=task.task_args, synthetic_n=n, progress=False,
                            device="cuda" if torch.cuda.is_available() else "cpu")
         res = evaluate_checkpoint(run_dir, [f"synthetic:{task_name}"], opts)
@@ -140,8 +174,8 @@ def evaluate_all(runs: dict[tuple[str, str], Path], n: int) -> dict[tuple[str, s
 
 def verdict(acc: dict[tuple[str, str], float], variants: list[str]) -> str:
     """One line: does MixiT match standard on arithmetic and fail retrieval?"""
-    if not {"standard", "mixit"} <= set(variants):
-        return "(the verdict needs both standard and mixit)"
+    if not {"standard", "mixit"} <= set(variants) or (ARITHMETIC, "mixit") not in acc or (RETRIEVAL, "mixit") not in acc:
+        return "(the verdict needs standard and mixit on modular addition and kv retrieval)"
     add_std, add_mix = acc[(ARITHMETIC, "standard")], acc[(ARITHMETIC, "mixit")]
     kv_std, kv_mix = acc[(RETRIEVAL, "standard")], acc[(RETRIEVAL, "mixit")]
     matches = add_mix >= add_std - 0.10
@@ -152,35 +186,44 @@ def verdict(acc: dict[tuple[str, str], float], variants: list[str]) -> str:
             f"({kv_mix:.0%} vs {kv_std:.0%}; guessing a value from the context gets {CONTEXT_GUESS:.0%}).")
 
 
-def table(acc: dict[tuple[str, str], float], variants: list[str]) -> str:
-    lines = ["| variant | " + " | ".join(f"{t.label}: ours | paper" for t in TASKS) + " |",
-             "|---|" + "---:|---:|" * len(TASKS)]
-    for v in variants:
-        cells = [f"{acc[(t.name, v)]:.1%} | {PAPER[t.name].get(v, '—')}" for t in TASKS]
-        lines.append(f"| {v} | " + " | ".join(cells) + " |")
-    lines.append("| chance | " + " | ".join(f"{t.chance:.1%} | " for t in TASKS) + " |")
-    lines.append(f"| guess a value seen in context | — | | {CONTEXT_GUESS:.1%} | |")
+def _cell(task: DemoTask, value: float) -> str:
+    return f"{value:.3f}" if task.is_text else f"{value:.1%}"
+
+
+def table(acc: dict[tuple[str, str], float], tasks, variants: list[str]) -> str:
+    """Tasks as rows (ours | paper per variant): reads well for 2 tasks and for 7."""
+    lines = ["| task | " + " | ".join(f"{v} | paper" for v in variants) + " | chance |",
+             "|---|" + "---:|---:|" * len(variants) + "---:|"]
+    for t in tasks:
+        cells = [f"{_cell(t, acc[(t.name, v)])} | {PAPER.get(t.name, {}).get(v, '—')}" for v in variants]
+        chance = "—" if t.is_text else f"{t.chance:.1%}"
+        if t.name == RETRIEVAL:
+            chance += f" ({CONTEXT_GUESS:.0%} guessing a value seen in context)"
+        lines.append(f"| {t.label} | " + " | ".join(cells) + f" | {chance} |")
     return "\n".join(lines)
 
 
-def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str], float], variants: list[str]) -> Path:
+def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str], float], tasks,
+         variants: list[str]) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 1 + len(TASKS), figsize=(5 * (1 + len(TASKS)), 4))
+    bars = [t for t in tasks if not t.is_text]
+    fig, axes = plt.subplots(1, 1 + len(tasks), figsize=(4.5 * (1 + len(tasks)), 4))
     width = 0.8 / len(variants)
     for i, v in enumerate(variants):
-        axes[0].bar([j + i * width for j in range(len(TASKS))], [acc[(t.name, v)] for t in TASKS], width,
+        axes[0].bar([j + i * width for j in range(len(bars))], [acc[(t.name, v)] for t in bars], width,
                     label=v, color=f"C{i}")
-    for j, t in enumerate(TASKS):
+    for j, t in enumerate(bars):
         axes[0].hlines(t.chance, j - width / 2, j + width * (len(variants) - 0.5), colors="gray", linestyles=":")
-    axes[0].set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(TASKS))], [t.label for t in TASKS])
+    axes[0].set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(bars))], [t.name for t in bars],
+                       rotation=20)
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("test accuracy (scored positions)")
     axes[0].legend()
     axes[0].set_title("accuracy (dotted: chance)")
-    for ax, t in zip(axes[1:], TASKS):
+    for ax, t in zip(axes[1:], tasks):
         for i, v in enumerate(variants):
             rows = [json.loads(l) for l in (runs[(t.name, v)] / "metrics.jsonl").read_text().splitlines() if l.strip()]
             pts = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
@@ -201,29 +244,33 @@ def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="outputs/demo")
-    ap.add_argument("--variants", default="standard,frozen_qk,mixit")
+    ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
+    ap.add_argument("--out", default=None, help="default: outputs/<suite>")
+    ap.add_argument("--variants", default=None, help="default: the suite's")
     ap.add_argument("--steps-scale", type=float, default=1.0, help="multiply every recipe's max_steps")
     ap.add_argument("--parallel", type=int, default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--eval-samples", type=int, default=512)
     args = ap.parse_args(argv)
     from model import VARIANTS
-    variants = [v for v in args.variants.split(",") if v]
+    suite = SUITES[args.suite]
+    tasks = suite["tasks"]
+    variants = [v for v in (args.variants or suite["variants"]).split(",") if v]
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; choose from {sorted(VARIANTS)}")
-    out = Path(args.out)
+    out = Path(args.out or f"outputs/{args.suite}")
     out.mkdir(parents=True, exist_ok=True)
     parallel = args.parallel or (1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1)))
     device = "GPU" if torch.cuda.is_available() else "CPU"
-    print(f"[demo] training {len(TASKS) * len(variants)} tiny models on {device} ({parallel} at a time) into {out}")
+    print(f"[{args.suite}] training {len(tasks) * len(variants)} tiny models on {device} ({parallel} at a time) "
+          f"into {out}")
     start = time.time()
-    runs = train_all(out, variants, args.steps_scale, parallel)
-    results = evaluate_all(runs, args.eval_samples)
-    acc = {k: r["acc"] for k, r in results.items()}
-    text = table(acc, variants)
+    runs = train_all(out, tasks, variants, args.steps_scale, parallel)
+    results = evaluate_all(runs, tasks, args.eval_samples)
+    acc = {k: r.get("acc", r.get("val_loss")) for k, r in results.items()}
+    text = table(acc, tasks, variants)
     line = verdict(acc, variants)
-    png = plot(out, runs, acc, variants)
+    png = plot(out, runs, acc, tasks, variants)
     (out / "results.json").write_text(json.dumps({f"{t}/{v}": r for (t, v), r in results.items()}, indent=2))
     (out / "results.md").write_text(text + "\n\n" + line + "\n")
     print()
