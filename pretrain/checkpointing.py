@@ -104,7 +104,8 @@ def load_rng(tag_dir: Path, rank: int) -> bool:
     f = Path(tag_dir) / "rng" / f"rank{rank}.pt"
     if not f.is_file():
         return False
-    set_rng_state(torch.load(f, weights_only=False))
+    from .safety import safe_torch_load
+    set_rng_state(safe_torch_load(f))     # weights_only=True, allowlisted globals
     return True
 
 

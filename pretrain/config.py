@@ -44,6 +44,8 @@ class TrainConfig:
     init_seed: int | None = None                  # model init seed; None -> top-level seed
     eval_every_steps: int = 0                     # 0: no periodic validation
     eval_batches: int = 4                         # validation batches (of global_batch_sequences) per evaluation
+    nan_policy: str = "stop"                      # non-finite loss: skip | stop | rollback (pretrain/safety.py)
+    max_nan_skips: int = 5                        # more non-finite steps than this in one process stop the run
 
 
 @dataclass
@@ -65,6 +67,7 @@ class ParallelConfig:
     ds_config: str = "zero1"                      # a name in ds_configs/ or a path to a JSON file
     pipeline_stages: int = 1
     partition_method: str = "parameters"          # PipelineModule partitioning: parameters | uniform | type:Block
+    timeout_s: float = 1800.0                     # collective timeout: a dead or hung rank ends the run with a message
 
 
 @dataclass
@@ -160,6 +163,12 @@ class RunConfig:
             raise RecipeError("checkpoint.keep_last and checkpoint.every_steps must be >= 0")
         if self.logging.progress_bar not in ("auto", "on", "off"):
             raise RecipeError("logging.progress_bar must be auto, on or off")
+        from .safety import NAN_POLICIES, check_name
+        check_name(self.name)
+        if t.nan_policy not in NAN_POLICIES:
+            raise RecipeError(f"train.nan_policy must be one of {list(NAN_POLICIES)}, got {t.nan_policy!r}")
+        if t.max_nan_skips < 0 or p.timeout_s <= 0:
+            raise RecipeError("train.max_nan_skips must be >= 0 and parallel.timeout_s > 0")
         from .classification import validate as validate_task
         validate_task(self)
 
@@ -231,6 +240,8 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
             if k not in names:
                 raise _unknown(f"{sec}.", k, names)
         kwargs[sec] = cls(**body)
+        from .safety import check_types
+        check_types(sec, kwargs[sec])
     cfg = RunConfig(**kwargs)
     cfg.validate()
     return cfg

@@ -23,7 +23,8 @@ from . import checkpointing as ckpt
 
 
 def _torch_load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    from .safety import safe_torch_load
+    return safe_torch_load(path)          # weights_only=True; crafted pickles are refused
 
 
 def _module_dtype(state: dict[str, Any]) -> torch.dtype:
@@ -36,6 +37,8 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[Any, dict[str, torch.T
     from model import ModelConfig, Transformer
     tag_dir = Path(tag_dir)
     state = ckpt.read_state(tag_dir)
+    from .safety import verify_checkpoint_dir
+    verify_checkpoint_dir(tag_dir)         # zero_to_fp32 below unpickles in full: scan first
     mcfg = ModelConfig.from_dict(state["model_config"])
     dtype = _module_dtype(state)
     layer_files = sorted(tag_dir.glob("layer_*-model_states.pt"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import math
 import os
 import shutil
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 import yaml
 
 from . import checkpointing as ckpt
+from . import faults, safety
 from .config import REPO_ROOT, RecipeError, RunConfig, load_recipe
 from .data import make_loader
 from .layout import Layout, build_ds_config, memory_estimate, plan_layout
@@ -85,8 +87,9 @@ def pick_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> bool:
-    """Initialise torch.distributed through DeepSpeed; returns True when this call created it."""
+def init_distributed(device: torch.device, timeout_s: float | None = None) -> bool:
+    """Initialise torch.distributed through DeepSpeed; returns True when this call created it.
+    `timeout_s` bounds every collective (a dead or hung peer ends the run instead of hanging it)."""
     import deepspeed
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -102,7 +105,9 @@ def init_distributed(device: torch.device) -> bool:
             deepspeed.ops.__compatible_ops__[builder.NAME] = False
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+    import datetime
+    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False, **kw)
     return True
 
 
@@ -209,6 +214,7 @@ class Trainer:
         engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=param_groups(module, self.cfg),
                                                config=ds_config)
         self.model, self.module, self.engine = model, module, engine
+        safety.install_step_gate(self)       # lets a non-finite step skip its update
         self.trainable_step = step
         self.name_of = {id(p): n for n, p in model.named_parameters()}
         self.local_ids = {id(p) for p in module.parameters()}
@@ -376,12 +382,18 @@ class Trainer:
         n_tokens, scale = self._scale(mbs)
         if self.pipe:
             data = iter([(x, (y, scale)) for x, y in mbs])
+            skipped = self.gate.skipped
             loss = float(self.engine.train_batch(data_iter=data))
+            self.nonfinite = not math.isfinite(loss) or self.gate.skipped > skipped
         else:
             total = torch.zeros((), device=self.device, dtype=torch.float32)
             own_norm = None
+            bad = False
             for i, (x, y) in enumerate(mbs):
-                ce = self._ce_sum(x, y)
+                ce = faults.poison_loss(self._ce_sum(x, y), getattr(self, "batch_index", None))
+                bad = bad or not safety.is_finite(ce)
+                if i == len(mbs) - 1:        # before the boundary step: every rank agrees to skip the update
+                    self.nonfinite = self.gate.skip_next = safety.any_rank(bad, self.device)
                 self.engine.backward(ce * scale.reshape(()))
                 if i == len(mbs) - 1 and self.layout.zero_stage == 0:
                     # DeepSpeed reports no norm without ZeRO; gradients are all-reduced by now (pre-clip norm).
@@ -389,6 +401,7 @@ class Trainer:
                     own_norm = float(torch.stack(grads).norm()) if grads else 0.0
                 self.engine.step()
                 total += ce.detach()
+            self.gate.skip_next = False
             dist.all_reduce(total)
             loss = float(total / n_tokens)
         gn = self.engine.get_global_grad_norm()
@@ -442,6 +455,7 @@ class Trainer:
         if dp_rank == 0:
             ckpt.save_frozen(tag_dir, stage, frozen)
         ckpt.save_rng(tag_dir, rank)
+        faults.pause("save", step)
         dist.barrier()                      # every rank has finished writing
         if rank == 0:
             ckpt.finalize(run_dir, tag_dir, trainer_state, keep_last)
@@ -451,6 +465,7 @@ class Trainer:
     def load(self, tag_dir: Path, universal: bool) -> None:
         import torch.distributed as dist
         load_dir, tag = str(tag_dir.parent), tag_dir.name
+        safety.verify_checkpoint_dir(tag_dir)     # before DeepSpeed unpickles anything
         path, _ = self.engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True,
                                               load_lr_scheduler_states=False)
         if path is None:
@@ -483,9 +498,10 @@ def resolved_config(cfg: RunConfig, mcfg) -> dict[str, Any]:
 
 
 def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str | Path | None = None,
-          resume: str | None = "auto", stop_after_steps: int | None = None) -> RunResult:
+          resume: str | None = "auto", stop_after_steps: int | None = None, overwrite: bool = False) -> RunResult:
     """Train (or continue) a run; returns the per-step losses. `stop_after_steps` ends the
-    process's loop early at that step without a final checkpoint (for tests)."""
+    process's loop early at that step without a final checkpoint (for tests). A run dir that
+    holds another run is refused unless resumed or `overwrite` (pretrain/safety.py)."""
     cfg = load_recipe(recipe, overrides)
     device = pick_device(cfg)
     import torch.distributed as dist
@@ -495,13 +511,19 @@ def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str 
     if plain:     # a plain process: world size 1 (the environment is restored on return)
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", LOCAL_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    owns_pg = init_distributed(device)
+    owns_pg = init_distributed(device, cfg.parallel.timeout_s)
     if owns_pg:
         # ZeRO-3 processes abort at exit unless the process group is destroyed. It is kept
         # until then (DeepSpeed caches its groups), so train() can be called again in-process.
         atexit.register(shutdown_distributed)
     try:
-        return _train(cfg, device, run_dir, resume, stop_after_steps)
+        return _train(cfg, device, run_dir, resume, stop_after_steps, overwrite)
+    except Exception as e:
+        if isinstance(e, (RecipeError, safety.NonFiniteLoss, safety.UnsafeCheckpoint, safety.CheckpointWriteFailed)) \
+                or not safety.collective_failure(e):
+            raise
+        raise safety.RankFailure(safety.rank_failure_message(
+            e, cfg.parallel.timeout_s, Path(run_dir) if run_dir is not None else default_run_dir(cfg))) from e
     finally:
         if plain:
             for k, v in saved_env.items():
@@ -511,29 +533,43 @@ def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str 
                     os.environ[k] = v
 
 
-def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_steps) -> RunResult:
+def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_steps, overwrite=False) -> RunResult:
     import torch.distributed as dist
     rank, world = dist.get_rank(), dist.get_world_size()
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     torch.manual_seed(cfg.seed)
 
     # Where to continue from; the checkpoint's recipe must describe the same model.
-    resume_dir = ckpt.resolve_resume(resume, run_dir)
+    resume_dir = None if overwrite else ckpt.resolve_resume(resume, run_dir)
     state: dict[str, Any] = ckpt.read_state(resume_dir) if resume_dir is not None else {}
     universal = bool(cfg.checkpoint.load_universal or state.get("universal"))
 
     # Data first: the model's vocabulary comes from it.
     layout = plan_layout(cfg, world)
-    probe = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed)
+    try:         # bad, empty or corrupt data is reported here, before any model is built
+        probe = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel,
+                            cfg.seed)
+    except ValueError as e:      # DataError and the built-in reader's errors name the file and the fix
+        raise RecipeError(f"data: {e}") from None
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
-    del probe
     if cfg.train.eval_every_steps:     # fail now, not at the first evaluation, if there is no val split
         make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed)
     layout = plan_layout(cfg, world, mcfg.num_layers)
     if state:
         from model import ModelConfig
         from model.io import check_compatible
-        check_compatible(mcfg, ModelConfig.from_dict(state["model_config"]), str(resume_dir))
+        try:
+            check_compatible(mcfg, ModelConfig.from_dict(state["model_config"]), str(resume_dir))
+        except ValueError as e:
+            raise RecipeError(str(e)) from None
+        data_tok, ckpt_tok = getattr(probe, "tokenizer_id", None), state.get("tokenizer_id")
+        if data_tok is not None and ckpt_tok is not None and data_tok != ckpt_tok:
+            raise RecipeError(f"checkpoint {resume_dir} was trained on tokenizer {ckpt_tok} but data.source "
+                              f"{cfg.data.get('source')} uses {data_tok}; token ids would mean other things. Fix: "
+                              "the data the checkpoint was trained on, or another --run-dir / --resume never")
+    if rank == 0 or not overwrite:       # same answer on every rank; only rank 0 clears for --overwrite
+        safety.check_run_dir(run_dir, resolved_config(cfg, mcfg), resume, overwrite and rank == 0)
+    dist.barrier()
 
     if state and not universal:
         saved = (state.get("pipeline_stages", 1), state.get("data_parallel", state.get("world_size", 1)),
@@ -545,6 +581,7 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
                 f"this run is pipeline {now[0]} x data {now[1]}, ZeRO-{now[2]}. DeepSpeed's partitioned files only "
                 f"load under the same layout. Fix: python -m pretrain.universal --checkpoint {resume_dir} --out "
                 f"{run_dir / 'universal'} and resume from the converted checkpoint (docs/TRAINING.md)")
+    del probe
     trainer = Trainer(cfg, mcfg, layout, device)
     start_step = int(state.get("step", 0))
     trainer.build(int(state.get("trainable_step", start_step)), load_universal=universal)
@@ -583,16 +620,38 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
     tokens_per_step = cfg.tokens_per_step
     tokens_seen = int(state.get("tokens_seen", start_step * tokens_per_step))
     step = start_step
+    guard = safety.NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
 
     def trainer_state() -> dict[str, Any]:
         return {"step": step, "tokens_seen": tokens_seen, "trainable_step": trainer.trainable_step,
                 "loader": loader.state_dict(), "tokenizer_id": tokenizer_id, "variant": mcfg.variant,
                 "world_size": world, "layout": layout.describe(), "pipeline_stages": layout.pipeline_stages,
                 "data_parallel": layout.data_parallel, "zero_stage": layout.zero_stage, "model_config": mcfg.to_dict(),
-                "recipe": resolved_config(cfg, mcfg), "universal": False, "time": time.time()}
+                "recipe": resolved_config(cfg, mcfg), "universal": False, "time": time.time(),
+                "nan_skipped": sorted(guard.skip_positions)}
 
     def save() -> Path:
-        return trainer.save(run_dir, step, trainer_state(), cfg.checkpoint.keep_last)
+        try:
+            return trainer.save(run_dir, step, trainer_state(), cfg.checkpoint.keep_last)
+        except OSError as e:             # e.g. no space left: keep the last good checkpoint, stop clearly
+            raise safety.checkpoint_write_failed(e, ckpt.ckpt_root(run_dir) / ckpt.tag_for(step), run_dir) from e
+
+    def rollback() -> None:
+        """Reload the last complete checkpoint (weights, optimizer, data position)."""
+        nonlocal step, tokens_seen
+        tag_dir = ckpt.latest_checkpoint(run_dir)
+        if tag_dir is None:
+            raise safety.NonFiniteLoss(f"non-finite loss at step {step + 1} and train.nan_policy=rollback, but "
+                                       f"{run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
+                                       "or train.nan_policy=skip")
+        st = ckpt.read_state(tag_dir)
+        if mcfg.frozen_groups_at(int(st["trainable_step"])) != mcfg.frozen_groups_at(trainer.trainable_step):
+            trainer.rebuild(int(st["trainable_step"]))
+        trainer.load(tag_dir, False)
+        loader.load_state_dict(st["loader"])
+        step, tokens_seen = int(st["step"]), int(st["tokens_seen"])
+        logger.truncate_after(step)
+        logger.message(f"rolled back to {tag_dir} (step {step}); skipping the offending batch")
 
     def evaluate() -> float:
         val = make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, dp_rank,
@@ -607,10 +666,25 @@ def _train(cfg: RunConfig, device: torch.device, run_dir, resume, stop_after_ste
                                f"frozen={sorted(mcfg.frozen_groups_at(step))}; rebuilding the engine")
                 trainer.rebuild(step)
             t0 = time.perf_counter()
+            safety.skip_marked_batches(loader, guard)
+            position = safety.loader_position(loader)
+            trainer.batch_index = None if position is None else position // cfg.global_batch_size
             batch = next(loader)
             lr = lr_at(cfg, step)
             trainer.set_lr(lr)
             loss, gn = trainer.train_step(batch)
+            if trainer.nonfinite:            # the update was skipped on every rank
+                action = guard.on_nonfinite(step, position, cfg.global_batch_size, loss)
+                logger.message(f"non-finite loss {loss} at step {step + 1}, global samples [{position}, "
+                               f"{position + cfg.global_batch_size if position is not None else '?'}): update skipped "
+                               f"({action}; {guard.events}/{cfg.train.max_nan_skips} allowed)")
+                if rank == 0:
+                    with open(run_dir / "nonfinite.jsonl", "a") as f:
+                        f.write(json.dumps({"step": step + 1, "samples": position, "loss": str(loss),
+                                            "action": action}) + "\n")
+                if action == "rollback":
+                    rollback()
+                continue
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
@@ -708,6 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)")
     ap.add_argument("--resume", default="auto", help="auto (latest complete checkpoint), never, or a path")
     ap.add_argument("--run-dir", default=None, help="default: runs/<name>")
+    ap.add_argument("--overwrite", action="store_true", help="replace a different run already in the run dir")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     args = ap.parse_intermixed_args(argv)
@@ -716,11 +791,16 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_recipe(args.recipe, args.overrides)
             dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
             return 0
-        res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume)
+        res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
         shutdown_distributed()
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (safety.NonFiniteLoss, safety.CheckpointWriteFailed, safety.UnsafeCheckpoint, safety.RankFailure) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        if isinstance(e, safety.RankFailure):
+            os._exit(3)                  # a dead peer can make process-group teardown hang
+        return 3
     if int(os.environ.get("RANK", 0)) == 0:
         last = res.losses[max(res.losses)] if res.losses else float("nan")
         print(f"done: step {res.final_step}, tokens {res.tokens_seen:,}, last loss {last:.4f}, "

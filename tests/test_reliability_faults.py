@@ -1,0 +1,189 @@
+"""Injected faults: non-finite losses under each policy, SIGKILL in the middle of a checkpoint
+write, no space left while writing a checkpoint or a shard, one rank of two dying or hanging.
+Each fault is real (a NaN in the loss and its gradients, a real signal, an OSError from the write
+call); the code under test is the production trainer."""
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, read_losses, start_ranks, wait_for_steps
+from pretrain import checkpointing as ckpt
+from pretrain import faults
+from pretrain.export import load_for_eval
+from pretrain.safety import CheckpointWriteFailed, NonFiniteLoss
+from pretrain.train import train
+
+RECIPE = "recipes/tiny_cpu.yaml"
+FAST = ["train.eval_every_steps=0", "logging.tensorboard=false"]
+OVER = FAST + ["train.max_steps=8", "checkpoint.every_steps=3", "checkpoint.keep_last=0"]
+
+
+@pytest.fixture
+def inject(monkeypatch):
+    def set_faults(**spec):
+        monkeypatch.setenv(faults.ENV, json.dumps(spec))
+    return set_faults
+
+
+def plain_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT")}
+    return dict(env, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
+
+
+def weights_finite(tag_dir) -> bool:
+    model, _ = load_for_eval(tag_dir)
+    return all(torch.isfinite(t).all() for t in model.state_dict().values())
+
+
+# ---- non-finite losses ------------------------------------------------------------------
+
+def test_nan_skip_and_rollback_drop_the_bad_batches_and_never_update_with_nan(tmp_path, inject):
+    inject(nan_batches=[4, 6])        # batches 4 and 6 of the data order give NaN loss and NaN gradients
+    skip = train(RECIPE, OVER + ["train.nan_policy=skip"], run_dir=tmp_path / "skip", resume="never")
+    back = train(RECIPE, OVER + ["train.nan_policy=rollback"], run_dir=tmp_path / "back", resume="never")
+    # skip: steps 5 and 6 train on batches 5 and 7; rollback reloads step 3 and replays without them
+    assert sorted(read_losses(tmp_path / "skip")) == list(range(1, 9))
+    assert read_losses(tmp_path / "skip") == read_losses(tmp_path / "back")       # bitwise, step for step
+    assert all(math.isfinite(v) for v in read_losses(tmp_path / "skip").values())
+    for run, res in (("skip", skip), ("back", back)):
+        assert weights_finite(res.last_checkpoint)
+        assert ckpt.read_state(res.last_checkpoint)["nan_skipped"] == [32, 48]       # global sample positions
+        events = [json.loads(x) for x in (tmp_path / run / "nonfinite.jsonl").read_text().splitlines()]
+        assert {(e["samples"], e["action"]) for e in events} == {(32, run if run == "skip" else "rollback"),
+                                                                  (48, run if run == "skip" else "rollback")}
+    # the skip really is a skip: without the fault, steps 1-4 are the same and step 5 differs
+    inject()
+    clean = train(RECIPE, FAST + ["train.max_steps=5", "checkpoint.save_final=false"], run_dir=tmp_path / "clean",
+                  resume="never")
+    assert [clean.losses[s] for s in range(1, 5)] == [skip.losses[s] for s in range(1, 5)]
+    assert clean.losses[5] != skip.losses[5]
+
+
+def test_nan_stop_names_step_and_batch_and_keeps_the_last_checkpoint(tmp_path, inject):
+    inject(nan_batches=[4])
+    with pytest.raises(NonFiniteLoss, match=r"step 5 \(batch of global samples \[32, 40\).*nan_policy"):
+        train(RECIPE, OVER + ["train.nan_policy=stop"], run_dir=tmp_path, resume="never")
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [3]
+    assert weights_finite(ckpt.latest_checkpoint(tmp_path))
+
+
+def test_repeated_nans_stop_the_run(tmp_path, inject):
+    inject(nan_batches=[2, 3, 4])
+    with pytest.raises(NonFiniteLoss, match="3 non-finite steps.*max_nan_skips=2"):
+        train(RECIPE, OVER + ["train.nan_policy=skip", "train.max_nan_skips=2"], run_dir=tmp_path, resume="never")
+
+
+# ---- SIGKILL in the middle of a checkpoint write ----------------------------------------
+
+def test_sigkill_mid_checkpoint_write_keeps_previous_and_resume_ignores_partial(tmp_path):
+    over = OVER + ["train.max_steps=9", "checkpoint.keep_last=1"]
+    run = tmp_path / "run"
+    env = plain_env(**{faults.ENV: json.dumps({"save_pause_s": 60, "save_pause_steps": [6]})})
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *over],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    partial = run / "checkpoints" / ckpt.tag_for(6)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (partial / "rng" / "rank0.pt").is_file():
+            assert proc.poll() is None, "training ended before the checkpoint of step 6"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)        # DeepSpeed's files are written, COMPLETE is not
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert partial.is_dir() and not ckpt.is_complete(partial)
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [3]
+    assert ckpt.latest_checkpoint(run).name == ckpt.tag_for(3)
+    assert weights_finite(ckpt.latest_checkpoint(run))               # the previous one still loads
+    resumed = train(RECIPE, over, run_dir=run, resume="auto")
+    assert resumed.resumed_from.name == ckpt.tag_for(3)
+    ref = train(RECIPE, over, run_dir=tmp_path / "ref", resume="never")
+    assert read_losses(run) == ref.losses
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [9]
+
+
+# ---- no space left ------------------------------------------------------------------------
+
+def test_disk_full_during_checkpoint_stops_clearly_and_keeps_the_last_good(tmp_path, monkeypatch):
+    real_save = torch.save
+
+    def full_disk(obj, f, *a, **k):
+        if ckpt.tag_for(6) in str(f):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    run = tmp_path / "run"
+    with pytest.raises(CheckpointWriteFailed, match=r"step_00000006 \(No space left on device\).*step_00000003 is "
+                                                    r"untouched.*--resume auto"):
+        train(RECIPE, OVER, run_dir=run, resume="never")
+    assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [3] and weights_finite(ckpt.latest_checkpoint(run))
+    monkeypatch.setattr(torch, "save", real_save)          # space freed: the run continues from step 3
+    resumed = train(RECIPE, OVER, run_dir=run, resume="auto")
+    assert resumed.resumed_from.name == ckpt.tag_for(3) and resumed.final_step == 8
+
+
+def test_disk_full_during_shard_write_keeps_written_shards_and_rerun_is_identical(tmp_path, monkeypatch):
+    from data_pipeline import prepare as prep
+    from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
+    tok = make_tokenizer(tmp_path / "tok")
+    write_text(tmp_path / "corpus" / "a.txt", corpus_lines(600))
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    prep.prepare([str(tmp_path / "corpus")], tok, ref, shard_tokens=2_000, progress=False)
+    assert len(json.loads((ref / "manifest.json").read_text())["shards"]) >= 4
+    real = prep.write_shard
+
+    def full_disk(out_dir, index, *a, **k):
+        if index == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out_dir / "shard_tmp"))
+        return real(out_dir, index, *a, **k)
+
+    monkeypatch.setattr(prep, "write_shard", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        prep.prepare([str(tmp_path / "corpus")], tok, out, shard_tokens=2_000, progress=False)
+    done = json.loads((out / "progress.json").read_text())["shards"]
+    assert [s["name"] for s in done] == [s["name"] for s in json.loads((ref / "manifest.json").read_text())["shards"][:2]]
+    before = {p.name: p.read_bytes() for p in out.glob("shard_*")}
+    monkeypatch.setattr(prep, "write_shard", real)
+    prep.prepare([str(tmp_path / "corpus")], tok, out, shard_tokens=2_000, progress=False)
+    after = {p.name: p.read_bytes() for p in sorted(out.glob("shard_*"))}
+    assert after == {p.name: p.read_bytes() for p in sorted(ref.glob("shard_*"))}
+    assert all(after[n] == b for n, b in before.items())           # nothing written before was damaged
+
+
+# ---- one rank of two dies or hangs --------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
+def test_other_rank_stops_with_a_clear_message_when_one_dies_or_hangs(tmp_path, sig):
+    run = tmp_path / "run"
+    procs = start_ranks(["--recipe", RECIPE, "--run-dir", str(run), *FAST, "train.max_steps=400",
+                         "checkpoint.every_steps=2", "parallel.timeout_s=10"])
+    try:
+        wait_for_steps(run, 3, procs, timeout=120)
+        t0 = time.time()
+        os.kill(procs[1].pid, sig)
+        out = procs[0].communicate(timeout=90)[0]
+        waited = time.time() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+    assert procs[0].returncode == 3, out[-3000:]
+    assert "another rank died or hangs" in out and "--resume auto" in out and "Last complete checkpoint" in out, \
+        out[-3000:]
+    assert waited < 60
+    assert ckpt.latest_checkpoint(run) is not None
