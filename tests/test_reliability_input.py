@@ -1,0 +1,87 @@
+"""Bad input is refused with the problem and the fix, before a model or engine is built:
+wrong types, a run name that leaves runs/, a run dir holding another run, a checkpoint of another
+variant or tokenizer, a sequence length beyond the model, an empty dataset. (Unknown keys,
+impossible layouts, corrupt shards and tokenizer/data mismatches are covered elsewhere; see
+docs/RELIABILITY.md.)"""
+from __future__ import annotations
+
+import pytest
+
+from pretrain import checkpointing as ckpt
+from pretrain.config import RecipeError, load_recipe
+from pretrain.train import Trainer, train
+
+RECIPE = "recipes/tiny_cpu.yaml"
+FAST = ["train.eval_every_steps=0", "logging.tensorboard=false"]
+BASE = FAST + ["train.max_steps=2", "model.vocab_size=512"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run = tmp_path_factory.mktemp("trained")
+    train(RECIPE, BASE, run_dir=run, resume="never")
+    return run
+
+
+@pytest.fixture
+def no_engine(monkeypatch):
+    """Fail the test if a refusal comes only after the engine was built (expensive work)."""
+    def boom(*a, **k):
+        raise AssertionError("the engine was built before the error")
+    monkeypatch.setattr(Trainer, "build", boom)
+
+
+@pytest.mark.parametrize("override, msg", [
+    ("train.max_steps=ten", r"train.max_steps='ten' has type str; expected int"),
+    ("optim.lr=[0.1]", r"optim.lr=\[0.1\] has type list; expected float"),
+    ("checkpoint.save_final=1", r"checkpoint.save_final=1 has type int; expected bool"),
+    ("train.nan_policy=ignore", r"nan_policy must be one of \['skip', 'stop', 'rollback'\]"),
+    ("parallel.timeout_s=0", r"timeout_s > 0"),
+])
+def test_wrong_types_and_values_name_the_key(override, msg):
+    with pytest.raises(RecipeError, match=msg):
+        load_recipe(RECIPE, [override])
+
+
+@pytest.mark.parametrize("name", ["../../etc", "/tmp/x", "a/b", ".."])
+def test_run_name_cannot_leave_runs_dir(name):
+    with pytest.raises(RecipeError, match="single directory name"):
+        load_recipe(RECIPE, [f"name={name}"])
+
+
+def test_run_dir_with_another_run_is_refused_unless_resumed_or_overwritten(trained, no_engine):
+    with pytest.raises(RecipeError, match="already holds a run.*--resume auto.*--overwrite"):
+        train(RECIPE, BASE, run_dir=trained, resume="never")
+    with pytest.raises(RecipeError, match=r"holds a different run \(.*seed: there 1234, here 7"):
+        train(RECIPE, BASE + ["seed=7"], run_dir=trained, resume="auto")
+
+
+def test_overwrite_replaces_the_old_run(tmp_path):
+    train(RECIPE, BASE, run_dir=tmp_path, resume="never")
+    res = train(RECIPE, BASE + ["seed=7", "train.max_steps=1"], run_dir=tmp_path, resume="never", overwrite=True)
+    assert res.resumed_from is None and [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [1]
+
+
+def test_checkpoint_of_another_variant_or_shape_is_refused(trained, tmp_path, no_engine):
+    with pytest.raises(RecipeError, match="variant: config has 'standard', checkpoint has 'mixit'.*Fix"):
+        train(RECIPE, BASE + ["model.variant=standard"], run_dir=tmp_path, resume=str(trained))
+    with pytest.raises(RecipeError, match="hidden_size: config has 96"):
+        train(RECIPE, BASE + ["model.hidden_size=96"], run_dir=tmp_path, resume=str(trained))
+
+
+def test_checkpoint_of_another_tokenizer_is_refused(trained, tmp_path, no_engine):
+    text = tmp_path / "t.txt"
+    text.write_text("some bytes to train on " * 200)
+    with pytest.raises(RecipeError, match="trained on tokenizer .* uses bytes.*Fix"):
+        train(RECIPE, BASE + [f"data.source=text:{text}"], run_dir=tmp_path / "r", resume=str(trained))
+
+
+def test_sequence_length_beyond_the_model_is_refused(tmp_path, no_engine):
+    with pytest.raises(RecipeError, match="model.max_seq_len=16 < train.seq_len=32"):
+        train(RECIPE, BASE + ["model.max_seq_len=16"], run_dir=tmp_path, resume="never")
+
+
+def test_empty_dataset_is_refused_before_the_model(tmp_path, no_engine):
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(RecipeError, match="data: .*empty.txt.*shorter than one sequence"):
+        train(RECIPE, BASE + [f"data.source=text:{tmp_path / 'empty.txt'}"], run_dir=tmp_path / "r", resume="never")
