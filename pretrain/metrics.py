@@ -1,8 +1,7 @@
 """Throughput accounting and the three log sinks: metrics.jsonl, TensorBoard, console.
 
 FLOPs per token come from `model.flops.flops_per_token` (frozen weights' gradient work
-excluded); until that module exists a placeholder is used (see `train_flops_per_token`).
-MFU = achieved FLOP/s / (peak per device x devices); the peak is the recipe's
+excluded, the freeze schedule applied). MFU = achieved FLOP/s / (peak per device x devices); the peak is the recipe's
 `logging.peak_tflops`, else a table by GPU name, else a measured matmul peak when
 `logging.measure_peak` is true, else MFU is not reported.
 """
@@ -24,34 +23,10 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G
 
 
 def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
-    """(forward+backward FLOPs per token, source). Placeholder until model.flops exists:
-    2 N (forward) + 2 N (input gradients) + 2 N_trainable (weight gradients), N = non-embedding
-    matmul parameters plus the head, attention scores 12 L d T when softmax."""
-    try:
-        from model.flops import flops_per_token  # type: ignore
-        return float(flops_per_token(mcfg, seq_len, step=step)["train"]), "model.flops"
-    except ImportError:
-        pass
-    from model import param_count
-    from model.freezing import groups_of  # noqa: F401  (documenting where groups come from)
-    pc = param_count(mcfg)
-    frozen = mcfg.frozen_groups_at(step)
-    L, d = mcfg.num_layers, mcfg.hidden_size
-    attn, mlp = pc["attention_per_layer"], pc["mlp_per_layer"]
-    head = mcfg.vocab_size * d
-    n = L * (attn + mlp) + head
-    n_frozen = 0
-    if "blocks" in frozen:
-        n_frozen += L * (attn + mlp)
-    else:
-        if "mlp" in frozen:
-            n_frozen += L * mlp
-        if "qk" in frozen and mcfg.mixer == "softmax":
-            n_frozen += L * 2 * d * mcfg.num_kv_heads * mcfg.head_dim
-    if "head" in frozen or ("embeddings" in frozen and mcfg.tie_embeddings):
-        n_frozen += head
-    attn_scores = 12 * L * d * seq_len if mcfg.mixer == "softmax" else 6 * L * d * seq_len
-    return float(4 * n + 2 * (n - n_frozen) + attn_scores), "placeholder(6N-style)"
+    """(forward+backward FLOPs per token at `step`, source): model.flops, frozen weights'
+    gradient work excluded, the freeze schedule in effect at that step."""
+    from model.flops import flops_per_token
+    return float(flops_per_token(mcfg, seq_len, step=step)["train"]), "model.flops"
 
 
 def device_peak_tflops(configured: float | None, measure: bool, device: torch.device) -> tuple[float | None, str]:
