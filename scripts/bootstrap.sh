@@ -14,10 +14,13 @@ have_gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then have_gpu=1; fi
 if [ "$have_gpu" = 1 ]; then EXTRAS="${EXTRAS:+$EXTRAS,}gpu"; fi
 
-stamp_want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)-$EXTRAS-$have_gpu
-if [ -f "$VENV/.bootstrap-stamp" ] && [ "$(cat "$VENV/.bootstrap-stamp")" = "$stamp_want" ]; then
-  exit 0
-fi
+# One stamp per set of extras; a run that needs no extras accepts any up-to-date stamp
+# (every set includes the base dependencies), so demo.sh and tests/run never undo each other.
+deps_hash=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)-$have_gpu
+stamp_file="$VENV/.bootstrap-stamp-${EXTRAS:-base}"
+for f in "$stamp_file" $( [ -z "${EXTRAS//gpu/}" ] && ls "$VENV"/.bootstrap-stamp-* 2>/dev/null ); do
+  if [ -f "$f" ] && [ "$(cat "$f")" = "$deps_hash" ]; then exit 0; fi
+done
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[bootstrap] creating virtual environment in $VENV"
@@ -53,5 +56,5 @@ import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gpu"]))
 PYEOF
 fi
-echo "$stamp_want" > "$VENV/.bootstrap-stamp"
+echo "$deps_hash" > "$stamp_file"
 echo "[bootstrap] environment ready: $VENV"
