@@ -221,7 +221,7 @@ def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str]
                        rotation=20)
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("test accuracy (scored positions)")
-    axes[0].legend()
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(variants), fontsize=8)
     axes[0].set_title("accuracy (dotted: chance)")
     for ax, t in zip(axes[1:], tasks):
         for i, v in enumerate(variants):
