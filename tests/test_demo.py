@@ -1,0 +1,34 @@
+"""The README's main command at a tiny step budget: trains, evaluates, tabulates, plots."""
+from eval.demo import CONTEXT_GUESS, KV, MODADD, main, table, verdict
+
+
+def test_demo_end_to_end_small(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["--out", str(out), "--variants", "standard,mixit", "--steps-scale", "0.01",
+                 "--eval-samples", "32"]) == 0
+    text = capsys.readouterr().out
+    assert "| modular addition (held-out pairs) |" in text and "Paper's qualitative result" in text
+    assert (out / "demo.png").stat().st_size > 10_000
+    assert (out / "results.md").is_file() and (out / "results.json").is_file()
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert runs == ["kv_retrieval-mixit", "kv_retrieval-standard", "modular_addition-mixit",
+                    "modular_addition-standard"]
+    assert all((out / "runs" / r / "demo_done").is_file() for r in runs)
+    assert main(["--out", str(out), "--variants", "standard,mixit", "--steps-scale", "0.01",
+                 "--eval-samples", "32"]) == 0                     # finished runs are skipped, not retrained
+
+
+def test_verdict_reads_the_numbers():
+    good = {("modular_addition", "standard"): 1.0, ("modular_addition", "mixit"): 0.97,
+            ("kv_retrieval", "standard"): 1.0, ("kv_retrieval", "mixit"): 0.5}
+    assert "HOLDS" in verdict(good, ["standard", "mixit"])
+    bad = dict(good)
+    bad[("modular_addition", "mixit")] = 0.3
+    assert "does NOT hold" in verdict(bad, ["standard", "mixit"])
+    bad = dict(good)
+    bad[("kv_retrieval", "mixit")] = 0.95
+    assert "does NOT hold" in verdict(bad, ["standard", "mixit"])
+    assert "needs" in verdict(good, ["standard"])
+    assert abs(CONTEXT_GUESS - (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4) < 1e-12
+    md = table(good, (MODADD, KV), ["standard", "mixit"])
+    assert "97.0%" in md and "11.2%" in md
