@@ -58,6 +58,14 @@ def _mask(rows: torch.Tensor, ncols: int, causal: bool) -> torch.Tensor | None:
     return cols[None, :] <= rows[:, None]
 
 
+
+def _masked_slab(p: MixitParams, rows: torch.Tensor, n: int, keys, sigmas, dtype) -> tuple[torch.Tensor, int]:
+    """The rows' slab of M (the columns they see), causally masked, and its column count."""
+    ncols = int(rows[-1]) + 1 if p.causal else n
+    m = raw_slab(p, rows, ncols, keys, sigmas).to(dtype)
+    mask = _mask(rows, ncols, p.causal)
+    return (m if mask is None else m * mask), ncols
+
 def compute_drift(p: MixitParams, n: int, device, block: int) -> torch.Tensor:
     """drift_h[i] for heads 1..H-1 and i < n: (H-1, n) float32.
 
@@ -110,11 +118,7 @@ def blocked_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_st
     out = torch.empty(v.shape[0], v.shape[1], n - row_start, v.shape[3], dtype=v.dtype, device=dev)
     for r0 in range(row_start, n, block):
         rows = torch.arange(r0, min(r0 + block, n), device=dev)
-        ncols = int(rows[-1]) + 1 if p.causal else n
-        m = raw_slab(p, rows, ncols, keys, sigmas).to(v.dtype)
-        mask = _mask(rows, ncols, p.causal)
-        if mask is not None:
-            m = m * mask
+        m, ncols = _masked_slab(p, rows, n, keys, sigmas, v.dtype)
         mv = torch.matmul(m, v[:, :, :ncols])                                # (b, H-1, rows, dh)
         sl = slice(r0, r0 + len(rows))
         o = p.beta * (mv - drift[None, :, sl, None].to(v.dtype) * cs[:, :, sl])
@@ -143,11 +147,7 @@ def blocked_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_s
         dv[:, :, row_start:] += g
     for r0 in range(row_start, n, block):
         rows = torch.arange(r0, min(r0 + block, n), device=dev)
-        ncols = int(rows[-1]) + 1 if p.causal else n
-        m = raw_slab(p, rows, ncols, keys, sigmas).to(g.dtype)
-        mask = _mask(rows, ncols, p.causal)
-        if mask is not None:
-            m = m * mask
+        m, ncols = _masked_slab(p, rows, n, keys, sigmas, g.dtype)
         gi = g[:, :, r0 - row_start:r0 - row_start + len(rows)]
         dv[:, :, :ncols] += p.beta * torch.matmul(m.transpose(-1, -2), gi)
     return dv
