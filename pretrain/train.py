@@ -106,7 +106,16 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
     if device.type == "cuda":
         torch.cuda.set_device(device)
     import datetime
-    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    kw = {}
+    if timeout_s:
+        kw["timeout"] = datetime.timedelta(seconds=timeout_s)
+        # DeepSpeed creates its data/pipeline/ZeRO groups with `new_group(ranks)`, which takes
+        # torch's module-level default (30 min for gloo), not the world group's timeout: without
+        # this, a peer that hangs inside a sub-group collective holds this rank for 30 minutes.
+        from torch.distributed import distributed_c10d as c10d
+        c10d.default_pg_timeout = kw["timeout"]
+        if hasattr(c10d, "default_pg_nccl_timeout"):
+            c10d.default_pg_nccl_timeout = kw["timeout"]
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False, **kw)
     return True
 
