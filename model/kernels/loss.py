@@ -33,26 +33,45 @@ class _ChunkedLinearCE(torch.autograd.Function):
     def forward(ctx, h, weight, labels, chunk, ignore_index):
         n = h.shape[0]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        count = (labels != ignore_index).sum()
+        valid = labels != ignore_index
+        count = valid.sum()
         acc = torch.promote_types(h.dtype, torch.float32)         # fp32 logits, or fp64 for fp64 inputs
-        denom = count.clamp(min=1).to(acc)
+        # Each token's gradient weight: 1/count when scored, 0 when ignored. It scales the
+        # (chunk, d) side of each matmul, never the (chunk, vocab) logits.
+        row_w = valid.to(acc) / count.clamp(min=1).to(acc)
+        target = torch.where(valid, labels, 0)
         total = torch.zeros((), dtype=acc, device=h.device)
         gh = torch.empty_like(h) if need_h else None
         gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        # One (chunk, vocab) buffer serves every chunk: logits, then softmax, then the logits'
+        # gradient, all in place (a fresh buffer per step of that size is mostly page faults).
+        buf = torch.empty(min(chunk, n), weight.shape[0], dtype=acc, device=h.device)
         for s in range(0, n, chunk):
-            hc, yc = h[s:s + chunk], labels[s:s + chunk]
-            logits = (hc @ weight.t()).to(acc)
-            total = total + F.cross_entropy(logits, yc, ignore_index=ignore_index, reduction="sum")
+            hc, yc, vc = h[s:s + chunk], target[s:s + chunk], valid[s:s + chunk]
+            rows = torch.arange(hc.shape[0], device=h.device)
+            z = buf[:hc.shape[0]]
+            if weight.dtype == acc:
+                torch.mm(hc, weight.t(), out=z)
+            else:
+                z.copy_(hc @ weight.t())
+            z.sub_(z.amax(-1, keepdim=True))                              # stable: every z <= 0
+            z_target = z[rows, yc]
+            sum_exp = z.exp_().sum(-1)
+            # -log softmax(z)_y = log(sum exp z) - z_y
+            total = total + torch.where(vc, sum_exp.log() - z_target, 0).sum()
             if need_h or need_w:
-                valid = yc != ignore_index
-                grad = logits.softmax(-1)
-                grad[valid, yc[valid]] -= 1.0
-                grad[~valid] = 0.0
-                grad = (grad / denom).to(h.dtype)
+                grad = z.div_(sum_exp.unsqueeze(-1))                       # softmax
+                grad[rows, yc] -= 1.0                                      # d(-log p_y)/d logits
+                grad = grad.to(h.dtype)
+                wc = row_w[s:s + chunk, None]
                 if need_h:
-                    gh[s:s + chunk] = grad @ weight
+                    torch.mm(grad, weight, out=gh[s:s + chunk]).mul_(wc.to(h.dtype))
                 if need_w:
-                    gw += (grad.t() @ hc).to(acc)
+                    hw = hc * wc.to(hc.dtype)
+                    if gw.dtype == grad.dtype:
+                        torch.addmm(gw, grad.t(), hw, out=gw)       # in place (and seen by FLOP counters)
+                    else:
+                        gw += (grad.t() @ hw).to(acc)
         ctx.save_for_backward(gh if need_h else None, gw.to(weight.dtype) if need_w else None)
         # mean over scored tokens; nan when none is scored, like F.cross_entropy
         return total / count.to(acc)
