@@ -30,6 +30,25 @@ def test_chunked_equals_full_loss_and_grads(chunk):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
 
 
+def test_chunked_bf16_follows_the_fp32_reference():
+    """bf16 inputs: fp32 logits and softmax, bf16 matmuls for the gradients (as Liger does)."""
+    torch.manual_seed(1)
+    h = torch.randn(40, 32)
+    w = torch.randn(V, 32) * 0.2
+    y = torch.randint(0, V, (40,))
+    y[::7] = -100
+    hb, wb = h.bfloat16().requires_grad_(), w.bfloat16().requires_grad_()
+    got = chunked_linear_cross_entropy(hb, wb, y, 16)
+    got.backward()
+    h32, w32 = hb.detach().float().requires_grad_(), wb.detach().float().requires_grad_()
+    want = F.cross_entropy(h32 @ w32.t(), y, ignore_index=-100)
+    want.backward()
+    assert got.dtype == torch.float32 and hb.grad.dtype == wb.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(hb.grad.float(), h32.grad, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(wb.grad.float(), w32.grad, rtol=2e-2, atol=2e-3)
+
+
 def test_chunked_gradcheck_and_frozen_weight():
     h = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 4, dtype=torch.float64, requires_grad=True)
