@@ -95,9 +95,12 @@ def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool) -> dict[str, A
     if t.precision == "bf16" and layout.pipeline_stages > 1:
         # Accumulate micro-batch gradients in fp32 under pipeline parallelism.
         ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    torch_adam = bool(o.torch_adam or on_cpu)
     ds["optimizer"] = {"type": "AdamW", "params": {
         "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-        "torch_adam": bool(o.torch_adam or on_cpu), "adam_w_mode": True}}
+        "torch_adam": torch_adam, "adam_w_mode": True}}
+    if torch_adam and o.fused:           # passed through to torch.optim.AdamW
+        ds["optimizer"]["params"]["fused"] = True
     return ds
 
 
