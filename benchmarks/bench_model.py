@@ -2,10 +2,15 @@
 
 For each size and variant: tokens/s, achieved TFLOP/s (model/flops.py, train FLOPs per
 token), MFU against a large matmul measured in the same run, and peak memory; plus
-`transformers.LlamaForCausalLM` at the identical config, trained by a plain AdamW loop.
-Timed rounds alternate between all entries so that drift in machine speed hits each
-one alike; the median over rounds is reported. Memory is measured per entry in a fresh
-subprocess (peak RSS on CPU, torch.cuda.max_memory_allocated on CUDA).
+`transformers.LlamaForCausalLM` at the identical config, trained by a plain AdamW loop
+(ours use the trainer's optimizer, torch AdamW with its fused kernel; --plain-adamw gives
+ours the plain loop too, to separate the model's speed from the optimizer's).
+Each entry lives in its own worker process, as a training job would (so no entry pays
+for another's memory: on CPU, large allocations cost page faults that depend on what else
+the process holds). Timed rounds alternate between the workers, one active at a time, so
+that drift in machine speed hits each alike; the median over rounds is reported, and the
+matmul peak is re-measured every round (its best is used). Memory is measured per entry in
+a fresh subprocess (peak RSS on CPU, torch.cuda.max_memory_allocated on CUDA).
 
     python benchmarks/bench_model.py                          # the CPU table of docs/PERFORMANCE.md
     python benchmarks/bench_model.py --mixit-memory 1024 2048 4096
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import resource
 import statistics
@@ -51,13 +57,13 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def measure_peak_tflops(device, dtype, n: int) -> float:
+def measure_peak_tflops(device, dtype, n: int, repeats: int = 5) -> float:
     """Best of a few large square matmuls: the device's attainable peak for this dtype."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b
     best = float("inf")
-    for _ in range(5):
+    for _ in range(repeats):
         sync(device)
         t0 = time.perf_counter()
         for _ in range(3):
@@ -88,7 +94,10 @@ class Entry:
         else:
             self.model = build_model(self.cfg, seed=0, device=self.device).to(self.dtype).train()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=1e-4)
+        # ours: the trainer's optimizer (torch AdamW, fused kernel: pretrain/layout.py), unless
+        # --plain-adamw; the HF reference: a plain AdamW loop, as a HF user would write it
+        fused = kind != "hf_llama" and not args.plain_adamw
+        self.opt = torch.optim.AdamW(params, lr=1e-4, fused=True) if fused else torch.optim.AdamW(params, lr=1e-4)
         _, _, seq = parse_size(size)
         g = torch.Generator().manual_seed(1)
         self.x = torch.randint(0, args.vocab, (args.batch, seq + 1), generator=g).to(self.device)
@@ -117,11 +126,53 @@ class Entry:
         self.times.append((time.perf_counter() - t0) / steps)
 
 
+def _worker_main(conn, args, size: str, kind: str):
+    """Build one entry, warm it up, then time `steps` steps whenever asked."""
+    e = Entry(args, size, kind)
+    e.step()                                    # warm-up (and compilation)
+    e.step()
+    conn.send((e.tokens, e.flops))
+    while (steps := conn.recv()) is not None:
+        e.timed(steps)
+        conn.send(e.times[-1])
+
+
+class Worker:
+    """An Entry in its own process; the parent only asks it to run timed rounds."""
+
+    def __init__(self, args, size: str, kind: str):
+        self.kind = kind
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, args, size, kind), daemon=True)
+        self.proc.start()
+        self.tokens, self.flops = self._recv()
+        self.times: list[float] = []
+
+    def _recv(self):
+        while not self.conn.poll(1.0):
+            if not self.proc.is_alive():
+                raise RuntimeError(f"benchmark worker for {self.kind} died (exit code {self.proc.exitcode})")
+        return self.conn.recv()
+
+    def timed(self, steps: int):
+        self.conn.send(steps)
+        self.times.append(self._recv())
+
+    def close(self):
+        if self.proc.is_alive():
+            self.conn.send(None)
+            self.proc.join(60)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 def memory_of(args, size: str, kind: str, extra: list[str]) -> float:
     """Peak memory (MiB) of a few training steps of one entry, in a fresh process."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", kind, "--sizes", size,
            "--vocab", str(args.vocab), "--batch", str(args.batch), "--device", args.device,
-           "--dtype", args.dtype] + (["--compile"] if args.compile else []) + extra
+           "--dtype", args.dtype] + (["--compile"] if args.compile else []) + \
+        (["--plain-adamw"] if args.plain_adamw else []) + extra
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -185,6 +236,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (ours and HF's)")
+    ap.add_argument("--plain-adamw", action="store_true",
+                    help="give our entries HF's plain AdamW too (isolates the model from the optimizer)")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--peak-n", type=int, default=0, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
     ap.add_argument("--mixit-memory", type=int, nargs="*", default=[], help="T values for the MixiT memory table")
@@ -199,20 +252,22 @@ def main():
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     print(f"device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} compile={args.compile} "
           f"vocab={args.vocab} batch={args.batch} torch={torch.__version__}")
-    if args.variants:
-        peak = measure_peak_tflops(device, dtype, args.peak_n or (8192 if device.type == "cuda" else 2048))
-        print(f"measured peak (square matmul): {peak:.3f} TFLOP/s")
+    peak_n = args.peak_n or (8192 if device.type == "cuda" else 2048)
+    peak = measure_peak_tflops(device, dtype, peak_n) if args.variants else 0.0
     for size in args.sizes if args.variants else []:
         kinds = list(args.variants) + ([] if args.no_hf else ["hf_llama"])
-        entries = [Entry(args, size, k) for k in kinds]
-        for e in entries:                       # warm-up (and compilation)
-            e.step()
-            e.step()
-        for r in range(args.rounds):            # alternate: each round times every entry once
-            for e in (entries if r % 2 == 0 else entries[::-1]):
-                e.timed(args.steps)
+        entries = [Worker(args, size, k) for k in kinds]     # built and warmed up (compiled) one by one
+        try:
+            for r in range(args.rounds):            # alternate: each round times every entry once
+                for e in (entries if r % 2 == 0 else entries[::-1]):
+                    e.timed(args.steps)
+                peak = max(peak, measure_peak_tflops(device, dtype, peak_n, repeats=2))
+        finally:
+            for e in entries:
+                e.close()
         std = next((e for e in entries if e.kind == "standard"), None)
         hf = next((e for e in entries if e.kind == "hf_llama"), None)
+        print(f"measured peak (square matmul, best over rounds): {peak:.3f} TFLOP/s")
         print(f"\nsize {size} (layers x width x seq), {args.batch * parse_size(size)[2]} tokens/step")
         print(f"{'model':<20} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'GFLOP/tok':>9} {'peak MiB':>9} "
               f"{'vs std':>7} {'vs HF':>7}")
