@@ -28,6 +28,20 @@ def liger_available() -> bool:
     return True
 
 
+_WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The (chunk, vocab) buffer. On CPU it is kept between steps: a fresh one is mostly page
+    faults (~30 ms for 1024 x 32000 fp32). CUDA's caching allocator already reuses memory."""
+    if device.type != "cpu":
+        return torch.empty(rows, cols, dtype=dtype, device=device)
+    buf = _WORKSPACE.get((dtype, cols))
+    if buf is None or buf.shape[0] < rows:
+        buf = _WORKSPACE[(dtype, cols)] = torch.empty(rows, cols, dtype=dtype)
+    return buf[:rows]
+
+
 class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, labels, chunk, ignore_index):
@@ -45,7 +59,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         # One (chunk, vocab) buffer serves every chunk: logits, then softmax, then the logits'
         # gradient, all in place (a fresh buffer per step of that size is mostly page faults).
-        buf = torch.empty(min(chunk, n), weight.shape[0], dtype=acc, device=h.device)
+        buf = _workspace(min(chunk, n), weight.shape[0], acc, h.device)
         for s in range(0, n, chunk):
             hc, yc, vc = h[s:s + chunk], target[s:s + chunk], valid[s:s + chunk]
             rows = torch.arange(hc.shape[0], device=h.device)
