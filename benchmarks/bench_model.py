@@ -96,8 +96,7 @@ class Entry:
         params = [p for p in self.model.parameters() if p.requires_grad]
         # ours: the trainer's optimizer (torch AdamW, fused kernel: pretrain/layout.py), unless
         # --plain-adamw; the HF reference: a plain AdamW loop, as a HF user would write it
-        fused = kind != "hf_llama" and not args.plain_adamw
-        self.opt = torch.optim.AdamW(params, lr=1e-4, fused=True) if fused else torch.optim.AdamW(params, lr=1e-4)
+        self.opt = torch.optim.AdamW(params, lr=1e-4, fused=kind != "hf_llama" and not args.plain_adamw)
         _, _, seq = parse_size(size)
         g = torch.Generator().manual_seed(1)
         self.x = torch.randint(0, args.vocab, (args.batch, seq + 1), generator=g).to(self.device)

@@ -58,7 +58,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         gh = torch.empty_like(h) if need_h else None
         gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         # One (chunk, vocab) buffer serves every chunk: logits, then softmax, then the logits'
-        # gradient, all in place (a fresh buffer per step of that size is mostly page faults).
+        # gradient, all in place.
         buf = _workspace(min(chunk, n), weight.shape[0], acc, h.device)
         for s in range(0, n, chunk):
             hc, yc, vc = h[s:s + chunk], target[s:s + chunk], valid[s:s + chunk]
