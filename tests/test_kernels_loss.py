@@ -49,6 +49,27 @@ def test_chunked_bf16_follows_the_fp32_reference():
     torch.testing.assert_close(wb.grad.float(), w32.grad, rtol=2e-2, atol=2e-3)
 
 
+def test_chunked_fp32_loss_stays_exact_where_the_target_probability_underflows():
+    """Confidently wrong rows (loss of hundreds of nats, p_y below fp32's smallest normal)
+    still get log_softmax's value, not a clamp; ordinary rows keep fp32 accuracy."""
+    torch.manual_seed(2)
+    h = torch.randn(30, 8)
+    w = torch.randn(V, 8)
+    h[::3] *= 40.0                                      # logit gaps of hundreds: p_y == 0 in fp32
+    y = torch.randint(0, V, (30,))
+    per_row = F.cross_entropy(h.double() @ w.double().t(), y, reduction="none")
+    assert (per_row[::3] > 150).sum() >= 5 and (per_row[1::3] < 20).all()
+    for chunk in (4, 64):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        got = chunked_linear_cross_entropy(hh, ww, y, chunk)
+        torch.testing.assert_close(got.double(), per_row.mean(), rtol=1e-5, atol=1e-4)
+        got.backward()
+        h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+        F.cross_entropy(h64 @ w64.t(), y).backward()
+        torch.testing.assert_close(hh.grad.double(), h64.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ww.grad.double(), w64.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_chunked_gradcheck_and_frozen_weight():
     h = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 4, dtype=torch.float64, requires_grad=True)

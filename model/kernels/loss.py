@@ -56,7 +56,8 @@ class _ChunkedLinearCE(torch.autograd.Function):
         target = torch.where(valid, labels, 0)
         total = torch.zeros((), dtype=acc, device=h.device)
         gh = torch.empty_like(h) if need_h else None
-        gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        gw = torch.empty(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        tiny = torch.finfo(acc).tiny
         # One (chunk, vocab) buffer serves every chunk: logits, then softmax, then the logits'
         # gradient, all in place.
         buf = _workspace(min(chunk, n), weight.shape[0], acc, h.device)
@@ -68,13 +69,18 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 torch.mm(hc, weight.t(), out=z)
             else:
                 z.copy_(hc @ weight.t())
-            z.sub_(z.amax(-1, keepdim=True))                              # stable: every z <= 0
-            z_target = z[rows, yc]
-            sum_exp = z.exp_().sum(-1)
-            # -log softmax(z)_y = log(sum exp z) - z_y
-            total = total + torch.where(vc, sum_exp.log() - z_target, 0).sum()
+            # ATen's softmax (one pass over memory per row, in place) is ~3x faster on CPU than
+            # amax/sub/exp/sum/div; the loss -log p_y is then exact while p_y is a normal float
+            p = torch.softmax(z, -1, out=z)
+            p_target = p[rows, yc]
+            nll = -p_target.clamp(min=tiny).log()
+            under = vc & (p_target < tiny)      # loss > ~87 nats (fp32): those rows from log_softmax
+            if under.any():
+                lz = torch.log_softmax((hc[under] @ weight.t()).to(acc), -1)
+                nll[under] = -lz.gather(-1, yc[under, None]).squeeze(-1)
+            total = total + torch.where(vc, nll, 0).sum()
             if need_h or need_w:
-                grad = z.div_(sum_exp.unsqueeze(-1))                       # softmax
+                grad = p
                 grad[rows, yc] -= 1.0                                      # d(-log p_y)/d logits
                 grad = grad.to(h.dtype)
                 wc = row_w[s:s + chunk, None]
@@ -82,10 +88,14 @@ class _ChunkedLinearCE(torch.autograd.Function):
                     torch.mm(grad, weight, out=gh[s:s + chunk]).mul_(wc.to(h.dtype))
                 if need_w:
                     hw = hc * wc.to(hc.dtype)
-                    if gw.dtype == grad.dtype:
-                        torch.addmm(gw, grad.t(), hw, out=gw)       # in place (and seen by FLOP counters)
+                    if gw.dtype == grad.dtype:      # in place (and seen by FLOP counters); the first chunk overwrites
+                        torch.addmm(gw, grad.t(), hw, beta=0 if s == 0 else 1, out=gw)
+                    elif s == 0:
+                        gw.copy_(grad.t() @ hw)
                     else:
                         gw += (grad.t() @ hw).to(acc)
+        if need_w and n == 0:
+            gw.zero_()
         ctx.save_for_backward(gh if need_h else None, gw.to(weight.dtype) if need_w else None)
         # mean over scored tokens; nan when none is scored, like F.cross_entropy
         return total / count.to(acc)
