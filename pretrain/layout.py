@@ -64,6 +64,15 @@ def plan_layout(cfg: RunConfig, world_size: int, num_layers: int | None = None) 
         raise RecipeError(f"pipeline parallelism (parallel.pipeline_stages={pp}) cannot be combined with ZeRO-{stage}: "
                           "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only. "
                           "Fix: parallel.ds_config=pipeline (ZeRO-1) or zero1.")
+    if pp > 1 and stage == 0 and cfg.train.precision == "bf16":
+        raise RecipeError("bf16 pipeline parallelism needs ZeRO-1: DeepSpeed's pipeline engine accumulates bf16 "
+                          "gradients in fp32 only with its ZeRO-1 optimizer. Fix: parallel.ds_config=pipeline "
+                          "(ZeRO-1) or zero1.")
+    if pp > 1 and stage == 0 and cfg.train.grad_clip > 0:
+        raise RecipeError(f"train.grad_clip={cfg.train.grad_clip} with pipeline parallelism and ZeRO-0: DeepSpeed's "
+                          "clipping there measures the norm of the first stage's gradients only, so every stage "
+                          "would be scaled by the wrong factor. Fix: parallel.ds_config=pipeline (ZeRO-1), "
+                          "or train.grad_clip=0.")
     if pp > 1 and ("offload_optimizer" in zero or "offload_param" in zero):
         raise RecipeError("CPU offload is not supported with pipeline parallelism. Fix: parallel.ds_config=pipeline.")
     if num_layers is not None and pp > num_layers:

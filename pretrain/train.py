@@ -390,6 +390,8 @@ class Trainer:
         mbs = self._micro_batches(batch)
         n_tokens, scale = self._scale(mbs)
         if self.pipe:
+            # the scale rides with the labels to the last stage's loss (a fault poisons it there)
+            scale = faults.poison_loss(scale, getattr(self, "batch_index", None))
             data = iter([(x, (y, scale)) for x, y in mbs])
             skipped = self.gate.skipped
             loss = float(self.engine.train_batch(data_iter=data))

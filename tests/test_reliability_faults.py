@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, free_port, read_losses, start_ranks, wait_for_steps
+from conftest import REPO, free_port, read_losses, run_ranks, start_ranks, wait_for_steps
 from pretrain import checkpointing as ckpt
 from pretrain import faults
 from pretrain.export import load_for_eval
@@ -68,6 +68,28 @@ def test_nan_skip_and_rollback_drop_the_bad_batches_and_never_update_with_nan(tm
                   resume="never")
     assert [clean.losses[s] for s in range(1, 5)] == [skip.losses[s] for s in range(1, 5)]
     assert clean.losses[5] != skip.losses[5]
+
+
+@pytest.mark.parametrize("ds_config", ["zero0", "pipeline"])
+def test_nan_under_two_pipeline_stages_skips_the_update_on_both(tmp_path, inject, ds_config):
+    """Under pipeline parallelism the loss exists only on the last stage, after the backward: the
+    step gate checks every stage's gradients and both stages skip the update together (with
+    ZeRO-0 the gate is the only guard; ZeRO-1's own overflow check also skips)."""
+    inject(nan_batches=[4])
+    skip = OVER + ["train.nan_policy=skip", f"parallel.ds_config={ds_config}"]
+    if ds_config == "zero0":
+        skip.append("train.grad_clip=0")      # pipeline + ZeRO-0 refuses clipping (pretrain/layout.py)
+    run_ranks(["--recipe", RECIPE, "--run-dir", str(tmp_path / "pipe"), "parallel.pipeline_stages=2", *skip])
+    one = train(RECIPE, skip, run_dir=tmp_path / "one", resume="never")
+    got = read_losses(tmp_path / "pipe")
+    assert sorted(got) == list(range(1, 9))
+    for s in range(1, 9):                              # the same batches skipped, the same updates made
+        assert got[s] == pytest.approx(one.losses[s], rel=1e-5, abs=1e-5), s
+    last = tmp_path / "pipe" / "checkpoints" / ckpt.tag_for(8)
+    assert weights_finite(last)
+    assert ckpt.read_state(last)["nan_skipped"] == [32]
+    events = [json.loads(x) for x in (tmp_path / "pipe" / "nonfinite.jsonl").read_text().splitlines()]
+    assert [(e["samples"], e["action"]) for e in events] == [(32, "skip")]
 
 
 def test_nan_stop_names_step_and_batch_and_keeps_the_last_checkpoint(tmp_path, inject):

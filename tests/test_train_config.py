@@ -49,6 +49,12 @@ def test_impossible_layouts_are_refused_with_the_reason():
         plan_layout(load_recipe(RECIPE, ["train.micro_batch_sequences=3"]), 2)
     with pytest.raises(RecipeError, match="neither a file nor a name"):
         plan_layout(load_recipe(RECIPE, ["parallel.ds_config=zero5"]), 1)
+    pipe0 = ["parallel.pipeline_stages=2", "parallel.ds_config=zero0"]
+    with pytest.raises(RecipeError, match="bf16 pipeline parallelism needs ZeRO-1.*ds_config=pipeline"):
+        plan_layout(load_recipe(RECIPE, pipe0 + ["train.precision=bf16", "train.grad_clip=0"]), 2)
+    with pytest.raises(RecipeError, match="first stage's gradients only.*ds_config=pipeline.*grad_clip=0"):
+        plan_layout(load_recipe(RECIPE, pipe0), 2)
+    assert plan_layout(load_recipe(RECIPE, pipe0 + ["train.grad_clip=0"]), 2).zero_stage == 0
 
 
 def test_ds_config_is_filled_from_the_recipe(tmp_path):
