@@ -84,6 +84,7 @@ class Entry:
         torch.manual_seed(0)
         if kind == "hf_llama":
             from transformers import LlamaForCausalLM
+
             from model.hf import llama_config
             hf_cfg = llama_config(self.cfg.replace(compile_blocks=False))
             hf_cfg._attn_implementation = "sdpa"

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .shards import (FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, write_shard)
+from .shards import FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, write_shard
 from .tokenizer import load_tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64M tokens = 128 MiB of uint16 per shard

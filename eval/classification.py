@@ -13,6 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data_pipeline.classification import KNOWN_KEYS, ClassificationLoader
+from model.classifier import SequenceClassifier
+
 from .loading import EvalError
 
 EXTRA_KEYS = ("split", "seq_len", "limit")
@@ -21,11 +24,9 @@ EXTRA_KEYS = ("split", "seq_len", "limit")
 @torch.no_grad()
 def evaluate_classification(model, info: dict[str, Any], task_args: dict | None = None,
                             batch_size: int = 64, device=None) -> dict[str, Any]:
-    from model.classifier import SequenceClassifier
     if not isinstance(model, SequenceClassifier):
         raise EvalError(f"task classification needs a classification checkpoint (recipe task: classification); "
                         f"{info.get('path')} is a language model")
-    from data_pipeline.classification import KNOWN_KEYS, ClassificationLoader
     meta = info.get("meta", {})
     args = dict(task_args or {})
     extra = {k: args.pop(k) for k in EXTRA_KEYS if k in args}

@@ -17,6 +17,8 @@ from typing import Sequence
 
 import torch
 
+from .loading import EvalError, check_tokenizer, load_checkpoint, load_tokenizer
+
 
 def sample_next(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None,
                 temperature: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -86,7 +88,6 @@ def generate(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .loading import EvalError, check_tokenizer, load_checkpoint, load_tokenizer
     ap = argparse.ArgumentParser(prog="python -m eval.generate", description="Generate text from a checkpoint.")
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes'; omit to pass --prompt-ids")

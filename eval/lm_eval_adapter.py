@@ -18,12 +18,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import yaml
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from .generate import generate
+from .loading import check_tokenizer, load_checkpoint, load_tokenizer
 
 TASK_DIR = Path(__file__).parent / "tasks"
 
@@ -33,7 +35,6 @@ class TrainablePartsLM(TemplateLM):
     def __init__(self, model=None, tokenizer=None, checkpoint: str | None = None, batch_size: int | str | None = 8,
                  device: str | None = None, max_length: int | None = None, **_: Any):
         super().__init__()
-        from .loading import check_tokenizer, load_checkpoint, load_tokenizer
         info: dict[str, Any] = {}
         if model is None:
             if checkpoint is None:
@@ -145,7 +146,6 @@ def offline_tasks() -> list[str]:
 
 def task_config(name: str) -> dict[str, Any]:
     """The shipped YAML config of an offline task, with its data paths made absolute."""
-    import yaml
     path = TASK_DIR / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
     files = cfg.get("dataset_kwargs", {}).get("data_files")
@@ -158,8 +158,8 @@ def run_lm_eval(lm: TrainablePartsLM, tasks: list[str], limit: int | float | Non
                 num_fewshot: int | None = None) -> dict[str, dict[str, float]]:
     """Run lm_eval tasks in-process; our offline tasks by name (eval/tasks), others as lm_eval names.
     Returns {task: {metric: value}} (numbers only)."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+    import lm_eval  # deferred: heavy
+    from lm_eval.tasks import TaskManager  # deferred: heavy
     ours = set(offline_tasks())
     specs: list[Any] = [task_config(t) if t in ours else t for t in tasks]
     # Index lm_eval's built-in task library only when a non-local task is asked for (it is slow).

@@ -76,9 +76,9 @@ def mechanism_scores(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
 
 def save_heatmap(maps: torch.Tensor, prev: torch.Tensor, ind: torch.Tensor, path: str | Path, title: str = "") -> Path:
     """Row 0: per-head score grids; below: each layer's read maps, one panel per head."""
-    import matplotlib
+    import matplotlib  # deferred: heavy
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy
 
     layers, heads = maps.shape[:2]
     fig, axes = plt.subplots(layers + 1, max(heads, 2), figsize=(2.2 * max(heads, 2), 2.2 * (layers + 1)),

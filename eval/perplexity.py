@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from data_pipeline.shards import ShardSet
+
 from . import distributed as D
 from .loading import EvalError
 
@@ -63,7 +65,6 @@ def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[l
 def shard_stream(directory: str | Path, tokenizer=None, max_tokens: int | None = None,
                  expect_tokenizer_id: str | None = None) -> tuple[np.ndarray, int | None]:
     """Tokens of a prepared (data_pipeline) split; byte count via the tokenizer when given."""
-    from data_pipeline.shards import ShardSet
     try:
         shards = ShardSet(directory)
     except ValueError as e:

@@ -77,7 +77,7 @@ def write_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str |
 
 def write_tensorboard(rows: list[dict[str, Any]], logdir: str | Path) -> None:
     """One scalar per metric, x = the checkpoint's training step (tag prefix `eval/`)."""
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # deferred: heavy
     w = SummaryWriter(log_dir=str(logdir))
     try:
         for r in rows:
@@ -96,9 +96,9 @@ def _safe(name: str) -> str:
 
 def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[str] | None = None) -> list[Path]:
     """One PNG per metric vs step; one line per run, labelled by variant (and run when ambiguous)."""
-    import matplotlib
+    import matplotlib  # deferred: heavy
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from . import distributed as D
+from . import mechanisms, retrieval
+from . import perplexity as ppl
+from .classification import evaluate_classification
 from .loading import EvalError, check_tokenizer, list_checkpoints, load_checkpoint, load_tokenizer
+from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
+from .synthetic_tasks import evaluate_task, get_task
 
 BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms", "classification")
 PREFIX_TASKS = ("synthetic:", "lm_eval:")
@@ -76,7 +82,6 @@ def validate_tasks(tasks: list[str] | str) -> list[str]:
         if t in BASE_TASKS:
             continue
         if t.startswith("synthetic:"):
-            from .synthetic_tasks import get_task
             get_task(t.split(":", 1)[1])      # raises EvalError for unknown names
             continue
         if t.startswith("lm_eval:") and t.split(":", 1)[1]:
@@ -90,8 +95,6 @@ def validate_tasks(tasks: list[str] | str) -> list[str]:
 
 def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: EvalOptions | None = None) -> dict[str, Any]:
     """Run `tasks` on an already-loaded model; returns {"checkpoint": info, "tasks": {...}, "metrics": {...}}."""
-    from . import mechanisms, perplexity as ppl, retrieval
-    from .report import flatten
     opts = opts or EvalOptions()
     tasks = validate_tasks(tasks)
     tok = load_tokenizer(opts.tokenizer if opts.tokenizer is not None else info.get("meta", {}).get("tokenizer_path"))
@@ -127,15 +130,13 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
                 hm = Path(opts.heatmap_dir) / f"mechanisms_{info.get('variant')}_step{info.get('step')}.png"
             out[t] = mechanisms.mechanism_scores(model, seed=opts.seed, heatmap=hm)
         elif t == "classification":
-            from .classification import evaluate_classification
             out[t] = evaluate_classification(model, info, opts.task_args, max(opts.batch_size, 64))
         elif t.startswith("synthetic:"):
-            from .synthetic_tasks import evaluate_task, get_task
             task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)
             out[t] = evaluate_task(model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info,
                                    progress=prog)
         elif t.startswith("lm_eval:"):
-            from .lm_eval_adapter import TrainablePartsLM, run_lm_eval
+            from .lm_eval_adapter import TrainablePartsLM, run_lm_eval  # deferred: heavy (lm_eval)
             lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size)
             name = t.split(":", 1)[1]
             res = run_lm_eval(lm, [name], limit=opts.lm_eval_limit)
@@ -159,7 +160,6 @@ def evaluate_checkpoint(path: str | Path, tasks: list[str] | str, opts: EvalOpti
 def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None,
                  results_path: str | Path | None = None) -> list[dict[str, Any]]:
     """Evaluate every complete checkpoint of a run not yet in RUN/eval/results.jsonl (same tasks+options)."""
-    from .report import read_jsonl
     opts = opts or EvalOptions()
     tasks = validate_tasks(tasks)
     run_dir = Path(run_dir)
@@ -191,7 +191,6 @@ def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions 
 
 def write_reports(results_by_run: dict[str, list[dict[str, Any]]], out_dir: str | Path) -> dict[str, Any]:
     """results.md / results.csv, TensorBoard (out_dir/tb/<run>), plots (out_dir/plots/*.png)."""
-    from .report import plot_metrics, rows_from_results, write_table, write_tensorboard
     out_dir = Path(out_dir)
     rows = [r for run, res in results_by_run.items() for r in rows_from_results(res, run)]
     write_table(rows, out_dir / "results.md", out_dir / "results.csv")
@@ -243,7 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
     a = build_parser().parse_args(argv)
     D.init_from_env()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

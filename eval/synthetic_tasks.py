@@ -14,14 +14,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from data_pipeline.synthetic import get_task as _get
+from data_pipeline.synthetic import list_tasks
+
 from .loading import EvalError
 
 
 def get_task(name: str, task_args: dict | None = None, seed: int = 1234):
-    try:
-        from data_pipeline.synthetic import get_task as _get, list_tasks
-    except ImportError as e:
-        raise EvalError("synthetic tasks need data_pipeline.synthetic, which is not importable") from e
     try:
         return _get(name, seed=seed, **(task_args or {}))
     except ValueError as e:    # DataError: unknown task / bad args

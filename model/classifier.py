@@ -24,13 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .freezing import apply_freeze
-from .transformer import IGNORE_INDEX, Transformer
+from .transformer import IGNORE_INDEX, Transformer, build_model
 
 POOLINGS = ("last", "mean")
+DEFAULT_POOLING = "last"
 
 
 class SequenceClassifier(nn.Module):
-    def __init__(self, backbone: Transformer, num_labels: int, pooling: str = "last", pad_id: int = 0):
+    def __init__(self, backbone: Transformer, num_labels: int, pooling: str = DEFAULT_POOLING, pad_id: int = 0):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"classification.pooling must be one of {list(POOLINGS)}, got {pooling!r}")
@@ -88,35 +89,12 @@ class SequenceClassifier(nn.Module):
         return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-def build_classifier(cfg, num_labels: int, pooling: str = "last", pad_id: int = 0, seed: int | None = None,
+def build_classifier(cfg, num_labels: int, pooling: str = DEFAULT_POOLING, pad_id: int = 0, seed: int | None = None,
                      backbone: Transformer | None = None) -> SequenceClassifier:
     """A classifier with a fresh backbone from `cfg` (reproducible from `seed`), or around `backbone`."""
-    from .transformer import build_model
     if seed is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             bb = backbone if backbone is not None else build_model(cfg)
             return SequenceClassifier(bb, num_labels, pooling, pad_id)
     return SequenceClassifier(backbone if backbone is not None else build_model(cfg), num_labels, pooling, pad_id)
-
-
-def load_backbone(path, cfg_overrides: dict | None = None, device="cpu") -> tuple[Transformer, dict]:
-    """A pretrained backbone (any checkpoint pretrain.export.load_for_eval reads), optionally rebuilt with
-    config changes that keep the weights' shapes (e.g. causal=False, variant, max_seq_len for non-MixiT)."""
-    from pretrain.export import load_for_eval
-    model, meta = load_for_eval(path, device=device)
-    if isinstance(model, SequenceClassifier):
-        model = model.model
-    if cfg_overrides:
-        cfg = model.cfg.replace(**cfg_overrides)
-        fresh = Transformer(cfg).to(device)
-        sd = model.state_dict()
-        missing, unexpected = fresh.load_state_dict(sd, strict=False)
-        if unexpected or [m for m in missing if not m.startswith("embed_positions")]:
-            raise ValueError(f"pretrained checkpoint {path} does not fit the classification backbone "
-                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-        if cfg.tie_embeddings:
-            fresh.lm_head.weight = fresh.embed_tokens.weight
-        fresh.set_step(0)
-        model = fresh
-    return model, meta

@@ -18,8 +18,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PretrainedConfig,
-                          PreTrainedModel)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 from transformers.modeling_outputs import CausalLMOutput
 
 from .config import ModelConfig

@@ -159,7 +159,7 @@ class SoftmaxAttention(nn.Module):
         if impl == "eager":
             out = self._eager(q, _expand_kv(k, groups), _expand_kv(v, groups), past, attn_mask)
         elif impl == "flash":
-            from .kernels.flash import flash_attention   # GPU only; selected where installed
+            from .kernels.flash import flash_attention  # GPU only; selected where installed
             out = flash_attention(q, k, v, causal=cfg.causal, softmax_scale=cfg.attn_scale)
         elif impl == "flash_varlen":
             from .kernels.flash import flash_attention_varlen

@@ -2,5 +2,5 @@
 
 Entry points: `python -m pretrain.train`, `python -m pretrain.export`, `python -m pretrain.universal`;
 in Python, `pretrain.train.train(recipe, overrides) -> RunResult` and
-`pretrain.export.load_for_eval(path) -> (model, meta)`. See docs/TRAINING.md.
+`checkpoint.load_for_eval(path) -> (model, meta)` (the checkpoint layer). See docs/TRAINING.md.
 """

@@ -21,12 +21,13 @@ from typing import Any
 
 import yaml
 
+from model import ModelConfig
+
+from .errors import RecipeError
+from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
-
-
-class RecipeError(ValueError):
-    """A recipe value is missing, unknown or inconsistent; the message says how to fix it."""
 
 
 @dataclass
@@ -44,7 +45,7 @@ class TrainConfig:
     init_seed: int | None = None                  # model init seed; None -> top-level seed
     eval_every_steps: int = 0                     # 0: no periodic validation
     eval_batches: int = 4                         # validation batches (of global_batch_sequences) per evaluation
-    nan_policy: str = "stop"                      # non-finite loss: skip | stop | rollback (pretrain/safety.py)
+    nan_policy: str = "stop"                      # non-finite loss: skip | stop | rollback (pretrain/nonfinite.py)
     max_nan_skips: int = 5                        # more non-finite steps than this in one process stop the run
 
 
@@ -164,14 +165,12 @@ class RunConfig:
             raise RecipeError("checkpoint.keep_last and checkpoint.every_steps must be >= 0")
         if self.logging.progress_bar not in ("auto", "on", "off"):
             raise RecipeError("logging.progress_bar must be auto, on or off")
-        from .safety import NAN_POLICIES, check_name
         check_name(self.name)
         if t.nan_policy not in NAN_POLICIES:
             raise RecipeError(f"train.nan_policy must be one of {list(NAN_POLICIES)}, got {t.nan_policy!r}")
         if t.max_nan_skips < 0 or p.timeout_s <= 0:
             raise RecipeError("train.max_nan_skips must be >= 0 and parallel.timeout_s > 0")
-        from .classification import validate as validate_task
-        validate_task(self)
+        check_task(self)
 
 
 SECTIONS = {"train": TrainConfig, "optim": OptimConfig, "parallel": ParallelConfig,
@@ -205,7 +204,6 @@ def _unknown(where: str, key: str, valid) -> RecipeError:
 
 
 def model_keys() -> set[str]:
-    from model import ModelConfig
     return {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}
 
 
@@ -241,7 +239,6 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
             if k not in names:
                 raise _unknown(f"{sec}.", k, names)
         kwargs[sec] = cls(**body)
-        from .safety import check_types
         check_types(sec, kwargs[sec])
     cfg = RunConfig(**kwargs)
     cfg.validate()

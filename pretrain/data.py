@@ -15,13 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-
-def _pipeline_build_loader():
-    try:
-        from data_pipeline import build_loader  # type: ignore[attr-defined]
-        return build_loader
-    except ImportError:
-        return None
+from data_pipeline.classification import ClassificationLoader
+from data_pipeline.config import DataConfig
+from data_pipeline.loader import build_loader
 
 
 def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
@@ -33,14 +29,9 @@ def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_siz
         raise ValueError("data.source is required (a prepared shard dir, 'synthetic:<task>' or 'text:PATH')")
     data.setdefault("seed", seed)
     if source.startswith("classify:"):
-        from data_pipeline.classification import ClassificationLoader
         return ClassificationLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
     if source.startswith("text:"):
         return BuiltinLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
-    build_loader = _pipeline_build_loader()
-    if build_loader is None:
-        raise ImportError("data_pipeline.build_loader is not available; only data.source=text:PATH works without it")
-    from data_pipeline import DataConfig
     return build_loader(DataConfig.from_dict(data), split=split, seq_len=seq_len,
                         global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size)
 

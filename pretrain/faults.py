@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 ENV = "PRETRAIN_FAULTS"
 
@@ -43,7 +44,6 @@ def poison_loss(loss: torch.Tensor, batch_index: int | None) -> torch.Tensor:
         return loss
     ranks = s.get("nan_ranks")
     if ranks is not None:
-        import torch.distributed as dist
         if (dist.get_rank() if dist.is_initialized() else 0) not in ranks:
             return loss
     return loss * float("nan")

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
+
+from model.flops import flops_per_token
 
 # Dense bf16 peak TFLOP/s per device (vendor datasheets, no sparsity).
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
@@ -25,7 +28,6 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G
 def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
     """(forward+backward FLOPs per token at `step`, source): model.flops, frozen weights'
     gradient work excluded, the freeze schedule in effect at that step."""
-    from model.flops import flops_per_token
     return float(flops_per_token(mcfg, seq_len, step=step)["train"]), "model.flops"
 
 
@@ -78,13 +80,12 @@ class Logger:
         self.path = run_dir / "metrics.jsonl"
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # deferred: heavy (tensorboard)
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 self.tb = None
         use_bar = progress_bar == "on" or (progress_bar == "auto" and sys.stderr.isatty())
         if use_bar:
-            from tqdm import tqdm
             self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True)
 
     def truncate_after(self, step: int) -> None:

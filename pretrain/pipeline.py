@@ -7,8 +7,8 @@ all-reduces its gradient between the first and last stage.
 
 Every layer wraps the submodules of an already-built `model.Transformer` (built from the
 same seed on every rank), so the pipeline computes exactly the function of the plain
-model and starts from the same weights. `layer_key_map` tells the exporter how each
-layer's state-dict keys map back to Transformer names.
+model and starts from the same weights. checkpoint/consolidate.py's `layer_key_map` maps each
+layer's state-dict keys back to Transformer names (keep the two in the same order).
 """
 from __future__ import annotations
 
@@ -82,23 +82,9 @@ def pipe_loss(logits: torch.Tensor, labels) -> torch.Tensor:
     return ce * scale.to(ce.dtype).reshape(())
 
 
-def layer_key_map(model: Transformer) -> list[dict[str, str]]:
-    """For each pipeline layer index: {layer state-dict key: Transformer state-dict key}."""
-    cfg = model.cfg
-    out = [{"embed_tokens.weight": "embed_tokens.weight"}]
-    if model.embed_positions is not None:
-        out.append({"embed_positions.weight": "embed_positions.weight"})
-    for i, blk in enumerate(model.layers):
-        out.append({f"block.{k}": f"layers.{i}.{k}" for k in blk.state_dict()})
-    out.append({"norm.weight": "norm.weight"})
-    out.append({"embed_tokens.weight": "embed_tokens.weight"} if cfg.tie_embeddings
-               else {"lm_head.weight": "lm_head.weight"})
-    return out
-
-
 def build_pipeline(model: Transformer, num_stages: int, partition_method: str, activation_checkpointing: bool,
                    seed: int):
-    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # deferred: heavy (deepspeed)
 
     specs = []
     if model.cfg.tie_embeddings:

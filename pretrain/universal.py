@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import checkpointing as ckpt
+from checkpoint import tags as ckpt
 
 
 def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) -> Path:

@@ -5,7 +5,7 @@ import json
 import math
 
 from data_pipeline.synthetic import memorization_capacity_bits
-from eval.capacity import PAPER_BITS_PER_PARAM, SMOKE, main, table
+from studies.capacity import PAPER_BITS_PER_PARAM, SMOKE, main, table
 
 
 def test_capacity_smoke_sweep_writes_the_table(tmp_path):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from checkpoint import load_for_eval
 from data_pipeline.classification import make_toy_dataset
 from eval.run import evaluate_run
 from pretrain.config import RecipeError, load_recipe
-from pretrain.export import load_for_eval
 from pretrain.train import train
 
 RECIPE = "recipes/classify_toy_cpu.yaml"

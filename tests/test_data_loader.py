@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """The README's main command at a tiny step budget: trains, evaluates, tabulates, plots."""
-from eval.demo import CONTEXT_GUESS, KV, MODADD, main, table, verdict
+from studies.demo import CONTEXT_GUESS, KV, MODADD, main, table, verdict
 
 
 def test_demo_end_to_end_small(tmp_path, capsys):

@@ -7,7 +7,6 @@ import torch.multiprocessing as mp
 
 from eval import distributed as D
 from eval.perplexity import perplexity
-from eval.synthetic_tasks import evaluate_task
 from model import build_model, preset
 from model.io import load_native, save_native
 

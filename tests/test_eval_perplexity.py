@@ -58,6 +58,7 @@ def hf_sliding_window_nll(hf, ids, window, stride):
 
 def test_run_perplexity_matches_hf_llama(tmp_path):
     from transformers import LlamaForCausalLM
+
     from eval.run import main
     tok = ByteTokenizer()
     model = build_model(preset("tiny", variant="standard", vocab_size=tok.vocab_size, max_seq_len=64), seed=3)

@@ -8,8 +8,7 @@ import tempfile
 import pytest
 import torch
 
-from model import build_model, preset
-from model import rng
+from model import build_model, preset, rng
 from model.io import load_native, save_native
 from model.mixit import head_sigmas, mixing_matrix
 

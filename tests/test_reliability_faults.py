@@ -15,12 +15,12 @@ import time
 
 import pytest
 import torch
-
 from conftest import REPO, free_port, read_losses, run_ranks, start_ranks, wait_for_steps
-from pretrain import checkpointing as ckpt
+
+from checkpoint import load_for_eval
+from checkpoint import tags as ckpt
 from pretrain import faults
-from pretrain.export import load_for_eval
-from pretrain.safety import CheckpointWriteFailed, NonFiniteLoss
+from pretrain.errors import CheckpointWriteFailed, NonFiniteLoss
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"
@@ -215,7 +215,7 @@ def test_every_process_group_gets_the_run_timeout_not_torchs_30_minute_default(t
     # DeepSpeed's data/pipeline/ZeRO groups come from new_group(ranks); each must carry
     # parallel.timeout_s, or a peer hanging inside a sub-group collective holds this rank 30 min.
     code = ("import torch, torch.distributed as dist\n"
-            "from pretrain.train import init_distributed\n"
+            "from pretrain.distributed import init_distributed\n"
             "assert init_distributed(torch.device('cpu'), 7.0)\n"
             "for g in (dist.group.WORLD, dist.new_group([0])):\n"
             "    print(g._get_backend(torch.device('cpu')).options._timeout.total_seconds())\n")

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from pretrain import checkpointing as ckpt
+from checkpoint import tags as ckpt
 from pretrain.config import RecipeError, load_recipe
-from pretrain.train import Trainer, train
+from pretrain.engine import Trainer
+from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"
 FAST = ["train.eval_every_steps=0", "logging.tensorboard=false"]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
-from pretrain import checkpointing as ckpt
+
+from checkpoint import load_for_eval
+from checkpoint import tags as ckpt
+from checkpoint.pickle_scan import UnsafeCheckpoint, safe_torch_load, scan_pickle
 from pretrain.config import load_recipe
-from pretrain.export import load_for_eval
-from pretrain.safety import UnsafeCheckpoint, safe_torch_load, scan_pickle
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from eval.scaling_fit import fit_power_law, fit_variants, plot_fits
+from studies.scaling_fit import fit_power_law, fit_variants, plot_fits
 
 
 def test_recovers_known_law_exactly():

@@ -2,7 +2,7 @@
 import csv
 import json
 
-from eval.scaling import main
+from studies.scaling import main
 
 
 def test_sweep_collect_fit(tmp_path):

@@ -7,8 +7,10 @@ import json
 import pytest
 
 from pretrain.config import REPO_ROOT, RecipeError, load_recipe
+from pretrain.dry_run import dry_run
 from pretrain.layout import build_ds_config, plan_layout
-from pretrain.train import dry_run, lr_at, main
+from pretrain.schedule import lr_at
+from pretrain.train import main
 
 RECIPE = "recipes/tiny_cpu.yaml"
 
@@ -109,7 +111,7 @@ def test_every_recipe_dry_runs(recipe):
 
 def test_adamw_groups_hold_trainable_tensors_only():
     from model import build_model, preset
-    from pretrain.train import param_groups
+    from pretrain.engine import param_groups
     cfg = load_recipe(RECIPE, ["model.variant=frozen_qk", "model.tie_embeddings=true"])
     model = build_model(preset("tiny", variant="frozen_qk", vocab_size=50, max_seq_len=32, tie_embeddings=True), seed=0)
     decay, no_decay = param_groups(model, cfg)

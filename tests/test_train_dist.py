@@ -7,10 +7,10 @@ import random
 
 import pytest
 import torch
-
 from conftest import read_losses, run_ranks, start_ranks, wait_for_steps
-from pretrain import checkpointing as ckpt
-from pretrain.export import load_for_eval
+
+from checkpoint import load_for_eval
+from checkpoint import tags as ckpt
 from pretrain.train import train
 from pretrain.universal import to_universal
 

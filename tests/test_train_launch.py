@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, free_port, read_losses
-from pretrain import checkpointing as ckpt
+
+from checkpoint import tags as ckpt
 
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 

@@ -12,11 +12,12 @@ import time
 
 import pytest
 import torch
-
 from conftest import REPO, read_losses
-from pretrain import checkpointing as ckpt
+
+from checkpoint import load_for_eval
+from checkpoint import tags as ckpt
 from pretrain.config import RecipeError
-from pretrain.export import load_for_eval, main as export_main
+from pretrain.export import main as export_main
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"
@@ -132,14 +133,15 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
 
 @pytest.mark.parametrize("zero", ["zero0", "zero1"])
 def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
-    from pretrain.train import Trainer
+    from pretrain.engine import Trainer
+    from pretrain.freeze_transitions import optimizer_snapshot
     captured = {}
     orig = Trainer.rebuild
 
     def spy(self, step):
-        captured["before"] = self.optimizer_snapshot()
+        captured["before"] = optimizer_snapshot(self)
         orig(self, step)
-        captured["after"] = self.optimizer_snapshot()
+        captured["after"] = optimizer_snapshot(self)
 
     monkeypatch.setattr(Trainer, "rebuild", spy)
     train(RECIPE, FAST + ["model.variant=frozen_qk", "model.freeze_schedule=[[2, []]]", "train.max_steps=3",
@@ -157,13 +159,13 @@ def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("zero, fused", [("zero0", True), ("zero2", True), ("zero1", False)])
 def test_engine_optimizer_is_torch_adamw_with_the_configured_kernel(zero, fused, tmp_path, monkeypatch):
-    from pretrain.train import Trainer
+    from pretrain.engine import Trainer
     seen = []
     orig = Trainer.build
 
     def spy(self, *a, **k):
         orig(self, *a, **k)
-        seen.append(self._inner_optimizer())
+        seen.append(self.inner_optimizer)
 
     monkeypatch.setattr(Trainer, "build", spy)
     train(RECIPE, FAST + ["train.max_steps=1", f"parallel.ds_config={zero}", f"optim.fused={str(fused).lower()}",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 

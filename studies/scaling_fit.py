@@ -40,7 +40,7 @@ def _model(logx: np.ndarray, E: float, logA: float, alpha: float) -> np.ndarray:
 
 def fit_power_law(x, loss, sigma=None) -> PowerLawFit:
     """Least-squares fit of L = E + A x^-alpha. Needs >= 3 distinct x values (4+ recommended)."""
-    from scipy.optimize import curve_fit
+    from scipy.optimize import curve_fit  # deferred: heavy
 
     x, loss = np.asarray(x, dtype=float), np.asarray(loss, dtype=float)
     if len(np.unique(x)) < 3:
@@ -113,9 +113,9 @@ def fit_variants(rows: list[dict], x_key: str, y_key: str) -> dict[str, PowerLaw
 def plot_fits(rows: list[dict], fits: dict[str, PowerLawFit | str], x_key: str, y_key: str,
               out_png: str | Path, xlabel: str) -> Path:
     """Points (mean +- std over seeds) and fitted curves, one colour per variant, log x axis."""
-    import matplotlib
+    import matplotlib  # deferred: heavy
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (variant, agg) in enumerate(aggregate_seeds(rows, x_key, y_key).items()):

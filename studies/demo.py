@@ -7,8 +7,8 @@ held-out loss in nats per byte), and prints a table next to the paper's numbers,
 saying whether the paper's qualitative result holds, and the path of a plot. No
 downloads. Re-running resumes and skips finished runs.
 
-    python -m eval.demo                                  # suite `demo`: 2 tasks x 3 variants, ~10 min on 2 cores
-    python -m eval.demo --suite paper --out outputs/paper   # 7 tasks x 4 variants (docs/RESULTS.md)
+    python -m studies.demo                                  # suite `demo`: 2 tasks x 3 variants, ~10 min on 2 cores
+    python -m studies.demo --suite paper --out outputs/paper   # 7 tasks x 4 variants (docs/RESULTS.md)
 """
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
+from tqdm import tqdm
+
+from eval.run import EvalOptions, evaluate_checkpoint
+from model import VARIANTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,14 +96,12 @@ def _steps_done(run_dir: Path) -> int:
 
 
 def _max_steps(task: DemoTask, scale: float) -> int:
-    import yaml
     recipe = yaml.safe_load((REPO_ROOT / task.recipe).read_text())
     return max(1, int(recipe["train"]["max_steps"] * scale))
 
 
 def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int) -> dict[tuple[str, str], Path]:
     """Train every (task, variant) as its own process, `parallel` at a time, with one progress bar."""
-    from tqdm import tqdm
 
     jobs = [(t, v) for t in tasks for v in variants]
     total = {(t.name, v): _max_steps(t, scale) for t, v in jobs}
@@ -153,9 +156,7 @@ def _final_val_loss(run_dir: Path) -> float:
 
 
 def evaluate_all(runs: dict[tuple[str, str], Path], tasks, n: int) -> dict[tuple[str, str], dict]:
-    from tqdm import tqdm
 
-    from .run import EvalOptions, evaluate_checkpoint
 
     results = {}
     for (task_name, variant), run_dir in tqdm(runs.items(), desc="evaluating", unit="model", dynamic_ncols=True):
@@ -205,9 +206,9 @@ def table(acc: dict[tuple[str, str], float], tasks, variants: list[str]) -> str:
 
 def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str], float], tasks,
          variants: list[str]) -> Path:
-    import matplotlib
+    import matplotlib  # deferred: heavy
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy
 
     bars = [t for t in tasks if not t.is_text]
     fig, axes = plt.subplots(1, 1 + len(tasks), figsize=(4.5 * (1 + len(tasks)), 4))
@@ -242,7 +243,7 @@ def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval.demo", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m studies.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
     ap.add_argument("--out", default=None, help="default: outputs/<suite>")
@@ -251,7 +252,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--eval-samples", type=int, default=512)
     args = ap.parse_args(argv)
-    from model import VARIANTS
     suite = SUITES[args.suite]
     tasks = suite["tasks"]
     variants = [v for v in (args.variants or suite["variants"]).split(",") if v]

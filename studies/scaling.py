@@ -1,9 +1,9 @@
 """Scaling studies of the variants: sweep, collect, fit.
 
-  python -m eval.scaling sweep   --recipe R --variants standard,frozen_qk,mixit --sizes tiny,xs,s \
+  python -m studies.scaling sweep   --recipe R --variants standard,frozen_qk,mixit --sizes tiny,xs,s \
                                  --tokens N [--seeds K] --out DIR [--slurm] [key=value ...]
-  python -m eval.scaling collect --out DIR        # -> DIR/results.csv, DIR/results.md
-  python -m eval.scaling fit     --out DIR        # -> DIR/fits.json, DIR/fits.md, DIR/loss_vs_params.png, DIR/loss_vs_flops.png
+  python -m studies.scaling collect --out DIR        # -> DIR/results.csv, DIR/results.md
+  python -m studies.scaling fit     --out DIR        # -> DIR/fits.json, DIR/fits.md, DIR/loss_vs_params.png, DIR/loss_vs_flops.png
 
 A sweep point is one run directory DIR/runs/<variant>-<size>-s<seed>, trained by
 `pretrain.train` with overrides; a finished point carries `sweep_done.json` and is
@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 import yaml
+from tqdm import tqdm
+
+from model import PRESETS, VARIANTS, ModelConfig, build_model, param_count, preset
+from model.flops import flops_per_token
+
+from .scaling_fit import PowerLawFit, fit_variants, plot_fits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DONE = "sweep_done.json"
@@ -50,7 +58,6 @@ class Point:
 
 
 def plan(variants: list[str], sizes: list[str], seeds: int) -> list[Point]:
-    from model import PRESETS, VARIANTS
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; choose from {sorted(VARIANTS)}")
@@ -91,7 +98,6 @@ eval "set -- $ARGS"
 """)
         print(f"wrote {script} ({len(points)} points); submit with: sbatch {script}")
         return 0
-    from tqdm import tqdm
     failed = []
     bar = tqdm(points, desc="sweep", unit="run")
     for p in bar:
@@ -110,13 +116,12 @@ eval "set -- $ARGS"
     if failed:
         print(f"[sweep] {len(failed)} point(s) failed: {', '.join(failed)}")
         return 1
-    print(f"[sweep] all {len(points)} points done; next: python -m eval.scaling collect --out {out}")
+    print(f"[sweep] all {len(points)} points done; next: python -m studies.scaling collect --out {out}")
     return 0
 
 
 # ---- collect ------------------------------------------------------------------------------
 def _model_config(model_section: dict[str, Any], vocab_size: int | None, seq_len: int):
-    from model import ModelConfig, preset
     d = dict(model_section)
     d.setdefault("max_seq_len", seq_len)
     if vocab_size is not None:
@@ -127,8 +132,6 @@ def _model_config(model_section: dict[str, Any], vocab_size: int | None, seq_len
 
 def collect_run(run_dir: Path) -> dict[str, Any] | None:
     """One row per finished run: losses, sizes, tokens, FLOPs (schedule-aware), wall time."""
-    from model import param_count
-    from model.flops import flops_per_token
 
     cfg_file, metrics_file = run_dir / "config.yaml", run_dir / "metrics.jsonl"
     if not cfg_file.is_file() or not metrics_file.is_file():
@@ -151,8 +154,6 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
     flops = sum((b1 - b0) * tokens_per_step * flops_per_token(mcfg, seq_len, step=b0)["train"]
                 for b0, b1 in zip(bounds[:-1], bounds[1:]))
     counts = param_count(mcfg)
-    from model import build_model
-    import torch
     with torch.device("meta"):
         trainable = sum(p.numel() for p in build_model(mcfg).parameters() if p.requires_grad)
     done = run_dir / DONE
@@ -175,7 +176,7 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = sorted(p for p in (out / "runs").glob("*") if p.is_dir())
     rows = [r for r in (collect_run(p) for p in runs) if r is not None]
     if not rows:
-        raise SystemExit(f"no runs with metrics under {out / 'runs'}; run `python -m eval.scaling sweep` first")
+        raise SystemExit(f"no runs with metrics under {out / 'runs'}; run `python -m studies.scaling sweep` first")
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -192,7 +193,6 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def markdown_summary(rows: list[dict[str, Any]]) -> str:
     """Mean and spread over seeds for each (variant, size)."""
-    import numpy as np
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["variant"], r["size"]), []).append(r)
@@ -210,12 +210,11 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
 
 # ---- fit ----------------------------------------------------------------------------------
 def fit(args: argparse.Namespace) -> dict[str, Any]:
-    from .scaling_fit import PowerLawFit, fit_variants, plot_fits
 
     out = Path(args.out)
     csv_path = out / "results.csv"
     if not csv_path.is_file():
-        raise SystemExit(f"{csv_path} not found; run `python -m eval.scaling collect --out {out}` first")
+        raise SystemExit(f"{csv_path} not found; run `python -m studies.scaling collect --out {out}` first")
     with open(csv_path) as f:
         rows = [{k: (float(v) if k in ("params", "non_embedding_params", "trainable_params", "flops",
                                        "final_val_loss", "best_val_loss") and v not in ("", "None") else v)
@@ -245,7 +244,7 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval.scaling", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m studies.scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sw = sub.add_parser("sweep", help="train every (variant, size, seed) point")

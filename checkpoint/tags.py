@@ -1,4 +1,7 @@
-"""Checkpoints: DeepSpeed engine state plus what the trainer needs to continue exactly.
+"""Trainer checkpoint directories: what a tag dir holds and when it counts as complete.
+
+Both the trainer (which writes them) and the evaluation side (which reads them) stand on
+this module; it knows nothing of either.
 
 Layout of `RUN/checkpoints/<tag>/` (tag = `step_00000042`):
 - DeepSpeed's files (`mp_rank_*_model_states.pt`, `*_optim_states.pt`, or pipeline
@@ -26,6 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
+
+from .pickle_scan import safe_torch_load
 
 TAG_RE = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
@@ -74,7 +80,7 @@ def read_state(tag_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(tag_dir) / STATE).read_text())
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -104,13 +110,11 @@ def load_rng(tag_dir: Path, rank: int) -> bool:
     f = Path(tag_dir) / "rng" / f"rank{rank}.pt"
     if not f.is_file():
         return False
-    from .safety import safe_torch_load
     set_rng_state(safe_torch_load(f))     # weights_only=True, allowlisted globals
     return True
 
 
 def save_frozen(tag_dir: Path, stage: int, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
     tag_dir.mkdir(parents=True, exist_ok=True)
     path = tag_dir / f"frozen-stage{stage}.safetensors"
     tmp = path.with_name(path.name + ".tmp")
@@ -119,7 +123,6 @@ def save_frozen(tag_dir: Path, stage: int, tensors: dict[str, torch.Tensor]) -> 
 
 
 def load_frozen(tag_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
     out: dict[str, torch.Tensor] = {}
     for f in sorted(Path(tag_dir).glob("frozen-stage*.safetensors")):
         out.update(load_file(str(f)))
@@ -128,9 +131,9 @@ def load_frozen(tag_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def finalize(run_dir: Path, tag_dir: Path, state: dict[str, Any], keep_last: int) -> None:
     """Rank 0, after every rank has finished writing: mark complete, move `latest`, prune."""
-    _atomic_write(tag_dir / STATE, json.dumps(state, indent=1, sort_keys=True, default=str))
-    _atomic_write(tag_dir / COMPLETE, "ok\n")
-    _atomic_write(ckpt_root(run_dir) / "latest", tag_dir.name + "\n")
+    atomic_write(tag_dir / STATE, json.dumps(state, indent=1, sort_keys=True, default=str))
+    atomic_write(tag_dir / COMPLETE, "ok\n")
+    atomic_write(ckpt_root(run_dir) / "latest", tag_dir.name + "\n")
     prune(run_dir, keep_last)
 
 

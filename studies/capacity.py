@@ -1,7 +1,7 @@
 """Memorization capacity: bits stored per parameter by 2-layer models of each variant.
 
-    python -m eval.capacity --recipe recipes/capacity_memorization.yaml --widths 16,32,64 --out-dir runs/capacity
-    python -m eval.capacity --smoke --out-dir /tmp/capacity          # smallest configuration, seconds
+    python -m studies.capacity --recipe recipes/capacity_memorization.yaml --widths 16,32,64 --out-dir runs/capacity
+    python -m studies.capacity --smoke --out-dir /tmp/capacity          # smallest configuration, seconds
 
 For every (variant, width) the recipe is trained with the DeepSpeed trainer (pretrain.train,
 world size 1) on data_pipeline.synthetic's `memorization` task (random labels for all pairs
@@ -24,6 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from checkpoint import load_for_eval
+from data_pipeline.synthetic import get_task
+from eval.synthetic_tasks import evaluate_task
+from pretrain.config import RecipeError, load_recipe
+from pretrain.train import train
+
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
 PAPER_BITS_PER_PARAM = {"standard": 2.98, "frozen_qk": 2.25, "mixit": 2.18, "frozen_mlp": 1.13}
 DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit", "frozen_mlp")
@@ -39,12 +45,7 @@ def size_overrides(width: int, mlp_ratio: int = 3) -> list[str]:
 
 def run_cell(recipe: str, variant: str, width: int, overrides: list[str], run_dir: Path,
              mlp_ratio: int = 3) -> dict[str, Any]:
-    from data_pipeline.synthetic import get_task
-    from pretrain.config import load_recipe
-    from pretrain.export import load_for_eval
-    from pretrain.train import train
 
-    from .synthetic_tasks import evaluate_task
     over = list(overrides) + size_overrides(width, mlp_ratio) + [f"model.variant={variant}"]
     cfg = load_recipe(recipe, over)
     t0 = time.time()
@@ -97,7 +98,7 @@ def run_sweep(recipe: str, variants, widths, overrides: list[str], out_dir: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval.capacity", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m studies.capacity", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--recipe", default="recipes/capacity_memorization.yaml")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
@@ -107,7 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="runs/capacity")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every cell")
     a = ap.parse_args(argv)
-    from pretrain.config import RecipeError
     widths = [int(w) for w in a.widths.split(",") if w]
     overrides = list(a.overrides)
     if a.smoke:

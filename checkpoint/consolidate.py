@@ -1,0 +1,133 @@
+"""One model from a trainer checkpoint, whatever layout wrote it.
+
+Every tensor comes back: trainable ones from DeepSpeed's files (module states for ZeRO 0-2,
+the fp32 partitions via zero_to_fp32 for ZeRO-3, per-layer files for pipeline stages),
+frozen ones verbatim from the checkpoint's `frozen-stage*.safetensors` in their own dtype,
+tied embeddings once. The MixiT matrices are regenerated from the seed in the model config.
+Classification runs (recipe `task: classification`) come back as a SequenceClassifier.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_pipeline.classification import resolve_pad_id
+from model import ModelConfig, Transformer
+from model.classifier import DEFAULT_POOLING, SequenceClassifier
+
+from . import tags
+from .pickle_scan import safe_torch_load, verify_checkpoint_dir
+
+
+def _module_dtype(state: dict[str, Any]) -> torch.dtype:
+    prec = state.get("recipe", {}).get("train", {}).get("precision", "fp32")
+    return torch.bfloat16 if prec == "bf16" else torch.float32
+
+
+def layer_key_map(model: Transformer) -> list[dict[str, str]]:
+    """For each pipeline layer index: {layer state-dict key: Transformer state-dict key}.
+
+    The order is the one pretrain/pipeline.py builds its PipelineModule in (token embedding,
+    [position embedding], one layer per block, final norm, head); the pipeline export tests
+    hold the two together."""
+    cfg = model.cfg
+    out = [{"embed_tokens.weight": "embed_tokens.weight"}]
+    if model.embed_positions is not None:
+        out.append({"embed_positions.weight": "embed_positions.weight"})
+    for i, blk in enumerate(model.layers):
+        out.append({f"block.{k}": f"layers.{i}.{k}" for k in blk.state_dict()})
+    out.append({"norm.weight": "norm.weight"})
+    out.append({"embed_tokens.weight": "embed_tokens.weight"} if cfg.tie_embeddings
+               else {"lm_head.weight": "lm_head.weight"})
+    return out
+
+
+def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """(ModelConfig, full state dict in the trained module's names, trainer state) of a tag dir."""
+    tag_dir = Path(tag_dir)
+    state = tags.read_state(tag_dir)
+    verify_checkpoint_dir(tag_dir)         # zero_to_fp32 below unpickles in full: scan first
+    mcfg = ModelConfig.from_dict(state["model_config"])
+    dtype = _module_dtype(state)
+    layer_files = sorted(tag_dir.glob("layer_*-model_states.pt"))
+    sd: dict[str, torch.Tensor] = {}
+    if layer_files:
+        with torch.device("meta"):
+            ref = Transformer(mcfg)
+        keymap = layer_key_map(ref)
+        for f in layer_files:
+            idx = int(f.name.split("_")[1].split("-")[0])
+            for k, v in safe_torch_load(f).items():
+                if k in keymap[idx]:
+                    sd[keymap[idx][k]] = v
+    else:
+        files = sorted(tag_dir.glob("mp_rank_*_model_states.pt")) or sorted(tag_dir.glob("zero_pp_rank_*_model_states.pt"))
+        if not files:
+            raise FileNotFoundError(f"{tag_dir} holds no DeepSpeed model states (*model_states.pt)")
+        states = safe_torch_load(files[0])
+        stage = int(states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0))
+        if stage >= 3:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # deferred: heavy
+            full = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+            sd = {k: v.to(dtype) for k, v in full.items()}
+        else:
+            sd = dict(states["module"])
+    sd.update(tags.load_frozen(tag_dir))            # frozen tensors verbatim, own dtype
+    if mcfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    return mcfg, sd, state
+
+
+def is_classification_state(state: dict[str, Any]) -> bool:
+    return state.get("recipe", {}).get("task") == "classification"
+
+
+def _fill(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str, tied: bool, tag_dir: Path) -> None:
+    """Copy `sd` into `model`, keeping each tensor's own dtype (frozen ones may differ from trainable ones)."""
+    full = dict(sd)
+    if tied:
+        full[f"{prefix}lm_head.weight"] = full[f"{prefix}embed_tokens.weight"]
+    missing = set(model.state_dict()) - set(full)
+    if missing:
+        raise RuntimeError(f"checkpoint {tag_dir} lacks tensors {sorted(missing)[:5]}")
+    with torch.no_grad():
+        for name, t in model.state_dict(keep_vars=True).items():
+            t.data = full[name].clone()
+
+
+def _meta(state: dict[str, Any], mcfg: ModelConfig, tag_dir: Path) -> dict[str, Any]:
+    return {"step": state.get("step"), "tokens_seen": state.get("tokens_seen"),
+            "tokenizer_id": state.get("tokenizer_id"), "variant": mcfg.variant, "source": str(tag_dir)}
+
+
+def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device = "cpu"):
+    """(SequenceClassifier, meta) from a trainer checkpoint of a classification run."""
+    tag_dir = Path(tag_dir)
+    mcfg, sd, state = consolidated_state_dict(tag_dir)
+    recipe = state.get("recipe", {})
+    pooling = (recipe.get("classification") or {}).get("pooling", DEFAULT_POOLING)
+    data = recipe.get("data", {})
+    model = SequenceClassifier(Transformer(mcfg), int(sd["score.weight"].shape[0]), pooling, resolve_pad_id(data))
+    _fill(model, sd, "model.", mcfg.tie_embeddings, tag_dir)
+    if mcfg.tie_embeddings:
+        model.model.lm_head.weight = model.model.embed_tokens.weight
+    model.set_step(int(state.get("step", 0)))
+    meta = {**_meta(state, mcfg, tag_dir), "task": "classification", "data": data,
+            "seq_len": recipe.get("train", {}).get("seq_len")}
+    return model.to(device), meta
+
+
+def model_from_checkpoint(tag_dir: str | Path, device: str | torch.device = "cpu"):
+    """(model, meta) of a complete tag dir: a Transformer, or a SequenceClassifier for classification runs."""
+    tag_dir = Path(tag_dir)
+    if is_classification_state(tags.read_state(tag_dir)):
+        return classifier_from_checkpoint(tag_dir, device)
+    mcfg, sd, state = consolidated_state_dict(tag_dir)
+    model = Transformer(mcfg)
+    _fill(model, sd, "", mcfg.tie_embeddings, tag_dir)
+    if mcfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.set_step(int(state.get("step", 0)))
+    return model.to(device), _meta(state, mcfg, tag_dir)

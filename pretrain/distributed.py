@@ -1,0 +1,90 @@
+"""The process group: which device a rank uses, starting and ending torch.distributed, and
+turning a failed collective (a peer died or hangs) into a message that says what to do."""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from checkpoint import tags
+
+from .errors import RecipeError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(want: str) -> torch.device:
+    """`train.device` (auto | cpu | cuda) -> this rank's device."""
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RecipeError("train.device=cuda but no CUDA device is visible. Fix: train.device=cpu")
+    if want == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if want == "cuda":
+        # One visible GPU per process (e.g. srun --gpus-per-task) -> cuda:0; else cuda:LOCAL_RANK.
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        return torch.device("cuda", local if local < torch.cuda.device_count() else 0)
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device, timeout_s: float | None = None) -> bool:
+    """Initialise torch.distributed through DeepSpeed; returns True when this call created it.
+    `timeout_s` bounds every collective (a dead or hung peer ends the run instead of hanging it)."""
+    import deepspeed  # deferred: heavy (several seconds to import)
+    if dist.is_available() and dist.is_initialized():
+        return False
+    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    if device.type == "cpu":
+        # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce op on first use
+        # (minutes on a small machine); gloo's own all-reduce is used instead.
+        from deepspeed.accelerator import get_accelerator  # deferred: heavy (deepspeed)
+        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+        if builder is not None:
+            deepspeed.ops.__compatible_ops__[builder.NAME] = False
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    kw = {}
+    if timeout_s:
+        kw["timeout"] = datetime.timedelta(seconds=timeout_s)
+        # DeepSpeed creates its data/pipeline/ZeRO groups with `new_group(ranks)`, which takes
+        # torch's module-level default (30 min for gloo), not the world group's timeout: without
+        # this, a peer that hangs inside a sub-group collective holds this rank for 30 minutes.
+        c10d.default_pg_timeout = kw["timeout"]
+        if hasattr(c10d, "default_pg_nccl_timeout"):
+            c10d.default_pg_nccl_timeout = kw["timeout"]
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False, **kw)
+    return True
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def collective_failure(exc: BaseException) -> bool:
+    """Does this exception come from a collective whose peer died or timed out?"""
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(s in text for s in (
+        "connection closed by peer", "connection reset by peer", "timed out", "timeout", "gloo", "nccl",
+        "broken pipe"))
+
+
+def rank_failure_message(exc: BaseException, timeout_s: float, run_dir: Path) -> str:
+    latest = tags.latest_checkpoint(run_dir)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (f"a collective operation failed or waited more than parallel.timeout_s={timeout_s:g}s: another rank "
+            f"died or hangs ({first[:300]}). This rank stops. Last complete checkpoint: "
+            f"{latest if latest else 'none'}. Fix: find why the other rank stopped (its log), then restart every "
+            "rank with --resume auto")

@@ -1,0 +1,253 @@
+"""The model under a DeepSpeed engine for one layout, and what one optimizer step does.
+
+Identically for every layout: each data-parallel rank takes its share of the global batch,
+splits it into micro-batches, and the loss of every micro-batch is the SUM of its token
+cross-entropies times dp * grad_accum / (scored tokens in the whole global batch). DeepSpeed
+divides by grad_accum and averages over dp, so the gradient is exactly that of the mean token
+loss over the global batch, whatever the layout (the per-rank mean of means would not be,
+when ranks hold different numbers of scored tokens).
+
+Freezing: the engine (and so the optimizer, gradient buffers and all-reduce) covers only the
+parameters with requires_grad at the current step; `rebuild` applies a new trainable set
+(pretrain/freeze_transitions.py carries the Adam moments across).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from model import IGNORE_INDEX
+
+from . import faults, freeze_transitions
+from .config import RunConfig
+from .errors import RecipeError
+from .layout import Layout, build_ds_config
+from .nonfinite import any_rank, install_step_gate, is_finite
+from .pipeline import build_pipeline
+from .task_model import build_task_model
+
+
+def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]]:
+    """AdamW groups over TRAINABLE tensors only: decay for matrices, none for biases/norms/embeddings."""
+    decay, no_decay = [], []
+    seen = set()
+    for name, p in module.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        lname = name.lower()
+        (no_decay if p.ndim < 2 or any(s in lname for s in cfg.optim.no_decay) else decay).append(p)
+    groups = []
+    if decay:
+        groups.append({"params": decay, "weight_decay": cfg.optim.weight_decay})
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    if not groups:
+        raise RecipeError("no trainable parameters at this step (every group is frozen); check model.frozen_groups "
+                          "and model.freeze_schedule")
+    return groups
+
+
+class Trainer:
+    """Holds the model, the DeepSpeed engine and the per-step logic for one layout."""
+
+    def __init__(self, cfg: RunConfig, mcfg, layout: Layout, device: torch.device):
+        self.cfg, self.mcfg, self.layout, self.device = cfg, mcfg, layout, device
+        self.pipe = layout.pipeline_stages > 1
+        self.zero3 = layout.zero_stage >= 3
+        self.ds_config = build_ds_config(cfg, layout, on_cpu=device.type == "cpu")
+        self.engine = None
+        self.model = None
+        self.trainable_step = 0
+        self.batch_index: int | None = None     # position of the current batch (fault injection)
+        self.nonfinite = False
+
+    # -- construction ---------------------------------------------------------------------
+    def build(self, step: int, state: dict[str, torch.Tensor] | None = None, load_universal: bool = False) -> None:
+        """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights."""
+        import deepspeed  # deferred: heavy (several seconds to import)
+        seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
+        model = build_task_model(self.cfg, self.mcfg, seed)
+        if state is not None:
+            model.load_state_dict(state, strict=True)
+        model.set_step(step)
+        model.to(device=self.device)
+        if self.cfg.train.activation_checkpointing and not self.pipe:
+            model.checkpoint_fn = lambda block, h, cos, sin: checkpoint(block, h, cos, sin, use_reentrant=False)
+        if self.pipe:
+            module = build_pipeline(model, self.layout.pipeline_stages, self.cfg.parallel.partition_method,
+                                    self.cfg.train.activation_checkpointing, seed)
+        else:
+            module = model
+        ds_config = dict(self.ds_config)
+        if load_universal:
+            ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
+        engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=param_groups(module, self.cfg),
+                                               config=ds_config)
+        self.model, self.module, self.engine = model, module, engine
+        self.gate = install_step_gate(engine, check_grads=self.pipe)    # lets a non-finite step skip its update
+        self.trainable_step = step
+        self.name_of = {id(p): n for n, p in model.named_parameters()}
+        self.local_ids = {id(p) for p in module.parameters()}
+
+    def rebuild(self, step: int) -> None:
+        """A freeze-schedule boundary: keep the weights, apply the new trainable set, and carry
+        the Adam moments of tensors that stay trainable."""
+        state = self.full_state_dict()
+        snap = freeze_transitions.optimizer_snapshot(self)
+        self.engine.destroy()
+        self.engine = None
+        self.build(step, state=state)
+        if snap is not None:
+            freeze_transitions.optimizer_restore(self, *snap)
+
+    @property
+    def inner_optimizer(self) -> torch.optim.Optimizer:
+        """The torch optimizer inside DeepSpeed's wrappers (ZeRO, bf16)."""
+        opt = self.engine.optimizer
+        return getattr(opt, "optimizer", opt)
+
+    # -- tensors --------------------------------------------------------------------------
+    def gathered(self, params):
+        """Full parameters inside the block (ZeRO-3 gathers its partitions; otherwise a no-op)."""
+        if self.zero3:
+            import deepspeed  # deferred: heavy
+            return deepspeed.zero.GatheredParameters(list(params), modifier_rank=None)
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the plain model (gathered under ZeRO-3), on CPU. Under pipeline
+        parallelism only this stage's tensors are current."""
+        with self.gathered(self.model.parameters()):
+            return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+
+    def frozen_tensors(self) -> dict[str, torch.Tensor]:
+        frozen = [(self.name_of[id(p)], p) for p in self.module.parameters()
+                  if not p.requires_grad and id(p) in self.name_of]
+        with self.gathered([p for _, p in frozen]):
+            return {n: p.detach().clone().cpu() for n, p in frozen}
+
+    def restore_frozen(self, tensors: dict[str, torch.Tensor]) -> int:
+        params = [(n, p) for n, p in self.model.named_parameters()
+                  if n in tensors and not p.requires_grad and id(p) in self.local_ids]
+        if not params:
+            return 0
+        if self.zero3:
+            import deepspeed  # deferred: heavy
+            with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0):
+                with torch.no_grad():
+                    for n, p in params:
+                        p.copy_(tensors[n].to(p.dtype))
+        else:
+            with torch.no_grad():
+                for n, p in params:
+                    p.copy_(tensors[n].to(device=p.device, dtype=p.dtype))
+        return len(params)
+
+    # -- one step -------------------------------------------------------------------------
+    @property
+    def dp_group(self):
+        if self.pipe:
+            return self.engine.grid.get_data_parallel_group()
+        return None
+
+    @property
+    def dp_rank(self) -> int:
+        return self.engine.grid.get_data_parallel_rank() if self.pipe else dist.get_rank()
+
+    def _micro_batches(self, batch: dict[str, torch.Tensor]):
+        ids, labels = batch["input_ids"], batch["labels"]
+        mb = self.layout.micro_batch
+        if ids.shape[0] != mb * self.layout.grad_accum:
+            raise RuntimeError(f"loader returned {ids.shape[0]} sequences per rank; expected "
+                               f"{mb * self.layout.grad_accum} (micro {mb} x grad-accum {self.layout.grad_accum})")
+        return [(ids[i:i + mb].to(self.device), labels[i:i + mb].to(self.device)) for i in range(0, ids.shape[0], mb)]
+
+    def _scale(self, mbs) -> tuple[torch.Tensor, torch.Tensor]:
+        n = torch.tensor(float(sum(int((y != IGNORE_INDEX).sum()) for _, y in mbs)), device=self.device)
+        dist.all_reduce(n, group=self.dp_group)
+        n = n.clamp_min(1.0)
+        return n, torch.tensor([self.layout.data_parallel * self.layout.grad_accum], device=self.device) / n
+
+    def _ce_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Summed token cross-entropy of one micro-batch. Uses the model's own loss (chunked: never
+        the full [b, t, vocab] logits) except under ZeRO-3, whose parameter gathering only covers
+        submodule forwards (the chunked loss reads lm_head.weight directly), or when the micro-batch
+        scores no token (the mean would be NaN)."""
+        n = int((y != IGNORE_INDEX).sum())
+        if n and not self.zero3 and self.mcfg.loss_chunk_tokens:
+            return self.engine(x, labels=y).float() * n
+        logits = self.engine(x)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.engine.optimizer.param_groups:
+            g["lr"] = lr
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> tuple[float, float | None]:
+        """One optimizer step on this rank's share of the global batch; returns (global mean loss, grad norm).
+        Sets `nonfinite` when the update was skipped on every rank."""
+        mbs = self._micro_batches(batch)
+        n_tokens, scale = self._scale(mbs)
+        if self.pipe:
+            # the scale rides with the labels to the last stage's loss (a fault poisons it there)
+            scale = faults.poison_loss(scale, self.batch_index)
+            data = iter([(x, (y, scale)) for x, y in mbs])
+            skipped = self.gate.skipped
+            loss = float(self.engine.train_batch(data_iter=data))
+            self.nonfinite = not math.isfinite(loss) or self.gate.skipped > skipped
+        else:
+            total = torch.zeros((), device=self.device, dtype=torch.float32)
+            own_norm = None
+            bad = False
+            for i, (x, y) in enumerate(mbs):
+                ce = faults.poison_loss(self._ce_sum(x, y), self.batch_index)
+                bad = bad or not is_finite(ce)
+                if i == len(mbs) - 1:        # before the boundary step: every rank agrees to skip the update
+                    self.nonfinite = self.gate.skip_next = any_rank(bad, self.device)
+                self.engine.backward(ce * scale.reshape(()))
+                if i == len(mbs) - 1 and self.layout.zero_stage == 0:
+                    # DeepSpeed reports no norm without ZeRO; gradients are all-reduced by now (pre-clip norm).
+                    grads = [p.grad.float().norm() for p in self.module.parameters() if p.grad is not None]
+                    own_norm = float(torch.stack(grads).norm()) if grads else 0.0
+                self.engine.step()
+                total += ce.detach()
+            self.gate.skip_next = False
+            dist.all_reduce(total)
+            loss = float(total / n_tokens)
+        gn = self.engine.get_global_grad_norm()
+        gn = float(gn) if gn is not None else (None if self.pipe else own_norm)
+        return loss, gn
+
+    @torch.no_grad()
+    def eval_loss(self, loader, batches: int) -> float:
+        self.engine.eval()
+        losses = []
+        try:
+            for _ in range(batches):
+                try:
+                    batch = next(loader)
+                except StopIteration:
+                    break
+                mbs = self._micro_batches(batch)
+                n_tokens, scale = self._scale(mbs)
+                if self.pipe:
+                    data = iter([(x, (y, scale)) for x, y in mbs])
+                    out = self.engine.eval_batch(data_iter=data, num_micro_batches=len(mbs))
+                    losses.append(float(out))
+                else:
+                    total = torch.zeros((), device=self.device)
+                    for x, y in mbs:
+                        total += self._ce_sum(x, y)
+                    dist.all_reduce(total)
+                    losses.append(float(total / n_tokens))
+        finally:
+            self.engine.train()
+        return sum(losses) / max(1, len(losses))

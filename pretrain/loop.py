@@ -1,0 +1,173 @@
+"""The training loop: steps, periodic validation and logging, checkpoints, preemption, and the
+non-finite-loss policy (skip, stop, rollback)."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from checkpoint import tags
+
+from . import engine_checkpoint
+from .config import RunConfig
+from .data import make_loader
+from .engine import Trainer
+from .errors import NonFiniteLoss
+from .layout import Layout
+from .metrics import Logger, memory_gib, train_flops_per_token
+from .nonfinite import NanGuard, loader_position, skip_marked_batches
+from .preemption import StopRequest
+from .run_dir import resolved_config
+from .schedule import lr_at
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    losses: dict[int, float] = field(default_factory=dict)       # step (1-based, after the update) -> loss
+    val_losses: dict[int, float] = field(default_factory=dict)
+    final_step: int = 0
+    tokens_seen: int = 0
+    last_checkpoint: Path | None = None
+    resumed_from: Path | None = None
+    interrupted: bool = False
+
+
+class TrainingLoop:
+    """One run's loop over optimizer steps from `start_step` to `cfg.max_steps`."""
+
+    def __init__(self, cfg: RunConfig, mcfg, layout: Layout, trainer: Trainer, loader, logger: Logger,
+                 run_dir: Path, state: dict[str, Any], resumed_from: Path | None, tokenizer_id: str | None,
+                 peak_tflops: float | None):
+        self.cfg, self.mcfg, self.layout, self.trainer = cfg, mcfg, layout, trainer
+        self.loader, self.logger, self.run_dir = loader, logger, run_dir
+        self.device = trainer.device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.tokenizer_id, self.peak = tokenizer_id, peak_tflops
+        self.start_step = self.step = int(state.get("step", 0))
+        self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
+        self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
+        self.result = RunResult(run_dir=run_dir, resumed_from=resumed_from, final_step=self.start_step)
+        self.resolved = resolved_config(cfg, mcfg)
+
+    # -- what a checkpoint records besides the engine -----------------------------------------
+    def trainer_state(self) -> dict[str, Any]:
+        layout = self.layout
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "trainable_step": self.trainer.trainable_step,
+                "loader": self.loader.state_dict(), "tokenizer_id": self.tokenizer_id, "variant": self.mcfg.variant,
+                "world_size": self.world, "layout": layout.describe(), "pipeline_stages": layout.pipeline_stages,
+                "data_parallel": layout.data_parallel, "zero_stage": layout.zero_stage,
+                "model_config": self.mcfg.to_dict(), "recipe": self.resolved, "universal": False,
+                "time": time.time(), "nan_skipped": sorted(self.guard.skip_positions)}
+
+    def save(self) -> Path:
+        try:
+            return engine_checkpoint.save(self.trainer, self.run_dir, self.step, self.trainer_state(),
+                                          self.cfg.checkpoint.keep_last)
+        except OSError as e:             # e.g. no space left: keep the last good checkpoint, stop clearly
+            raise engine_checkpoint.write_failed(e, tags.ckpt_root(self.run_dir) / tags.tag_for(self.step),
+                                                 self.run_dir) from e
+
+    def rollback(self) -> None:
+        """Reload the last complete checkpoint (weights, optimizer, data position)."""
+        tag_dir = tags.latest_checkpoint(self.run_dir)
+        if tag_dir is None:
+            raise NonFiniteLoss(f"non-finite loss at step {self.step + 1} and train.nan_policy=rollback, but "
+                                f"{self.run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
+                                "or train.nan_policy=skip")
+        st = tags.read_state(tag_dir)
+        if self.mcfg.frozen_groups_at(int(st["trainable_step"])) != self.mcfg.frozen_groups_at(self.trainer.trainable_step):
+            self.trainer.rebuild(int(st["trainable_step"]))
+        engine_checkpoint.load(self.trainer, tag_dir, False, self.cfg.seed)
+        self.loader.load_state_dict(st["loader"])
+        self.step, self.tokens_seen = int(st["step"]), int(st["tokens_seen"])
+        self.logger.truncate_after(self.step)
+        self.logger.message(f"rolled back to {tag_dir} (step {self.step}); skipping the offending batch")
+
+    def evaluate(self) -> float:
+        cfg = self.cfg
+        val = make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, self.trainer.dp_rank,
+                          self.layout.data_parallel, cfg.seed)
+        return self.trainer.eval_loss(iter(val), cfg.train.eval_batches)
+
+    # -- one step -----------------------------------------------------------------------------
+    def _on_nonfinite(self, loss: float, position: int | None) -> None:
+        """The update was skipped on every rank: apply the policy (raises for stop)."""
+        cfg = self.cfg
+        action = self.guard.on_nonfinite(self.step, position, cfg.global_batch_size, loss)
+        end = position + cfg.global_batch_size if position is not None else "?"
+        self.logger.message(f"non-finite loss {loss} at step {self.step + 1}, global samples [{position}, {end}): "
+                            f"update skipped ({action}; {self.guard.events}/{cfg.train.max_nan_skips} allowed)")
+        if self.rank == 0:
+            with open(self.run_dir / "nonfinite.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.step + 1, "samples": position, "loss": str(loss),
+                                    "action": action}) + "\n")
+        if action == "rollback":
+            self.rollback()
+
+    def _log(self, loss: float, lr: float, grad_norm: float | None, dt: float) -> None:
+        cfg, step = self.cfg, self.step
+        rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "tokens_seen": self.tokens_seen}
+        do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == cfg.max_steps)
+        if do_eval:
+            rec["val_loss"] = self.result.val_losses[step] = self.evaluate()
+        if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
+            fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
+            tps = cfg.tokens_per_step / dt
+            rec.update(grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / self.world / 1e12)
+            if self.peak:
+                rec["mfu"] = rec["tflops"] / self.peak
+            rec.update(memory_gib(self.device))
+            self.logger.log(rec)
+
+    def run(self, stop: StopRequest, stop_after_steps: int | None = None) -> RunResult:
+        cfg, trainer, result = self.cfg, self.trainer, self.result
+        flag = torch.zeros(1, device=self.device)
+        while self.step < cfg.max_steps:
+            if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(trainer.trainable_step):
+                self.logger.message(f"after step {self.step}: the freeze schedule changes the trainable set to "
+                                    f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine")
+                trainer.rebuild(self.step)
+            t0 = time.perf_counter()
+            skip_marked_batches(self.loader, self.guard)
+            position = loader_position(self.loader)
+            trainer.batch_index = None if position is None else position // cfg.global_batch_size
+            batch = next(self.loader)
+            lr = lr_at(cfg, self.step)
+            trainer.set_lr(lr)
+            loss, grad_norm = trainer.train_step(batch)
+            if trainer.nonfinite:
+                self._on_nonfinite(loss, position)
+                continue
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            self.step += 1
+            self.tokens_seen += cfg.tokens_per_step
+            result.losses[self.step] = loss
+            self._log(loss, lr, grad_norm, dt)
+            # Preemption: every rank must agree before anyone saves.
+            flag.fill_(1.0 if stop.requested else 0.0)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                self.logger.message(f"signal received: saving a checkpoint at step {self.step} and stopping")
+                result.last_checkpoint = self.save()
+                result.interrupted = True
+                break
+            if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 and self.step < cfg.max_steps:
+                result.last_checkpoint = self.save()
+            if stop_after_steps is not None and self.step >= stop_after_steps:
+                break
+        else:
+            if cfg.checkpoint.save_final and self.step > self.start_step:
+                result.last_checkpoint = self.save()
+            elif result.resumed_from is not None and self.step == self.start_step:
+                result.last_checkpoint = result.resumed_from
+        result.final_step = self.step
+        result.tokens_seen = self.tokens_seen
+        return result

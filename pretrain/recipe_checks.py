@@ -1,0 +1,100 @@
+"""Checks of recipe values that need more than a dataclass: declared types, the run name,
+and the task schema (`task: lm | classification` and its `classification:` section).
+
+The classification schema lives here, not with the classification trainer, so loading a
+recipe never imports the trainer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any
+
+from model.classifier import DEFAULT_POOLING, POOLINGS
+
+from .errors import RecipeError
+
+NAN_POLICIES = ("skip", "stop", "rollback")
+TASKS = ("lm", "classification")
+CLASSIFICATION_DEFAULTS: dict[str, Any] = {"num_labels": None, "pooling": DEFAULT_POOLING, "init_from": None}
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value) if args else \
+            isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def check_types(section: str, obj: Any) -> None:
+    """Every field of a recipe dataclass holds a value of its declared type (ints for floats are fine)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        tp = hints.get(f.name, Any)
+        if not _type_ok(v, tp):
+            want = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+            raise RecipeError(f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}. "
+                              f"Fix: e.g. {section}.{f.name}={f.default!r}" if f.default is not dataclasses.MISSING
+                              else f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}")
+
+
+def check_name(name: Any) -> None:
+    """`name` picks runs/<name>: one plain path component, so nothing is written outside runs/."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or "\0" in name or os.path.isabs(name):
+        raise RecipeError(f"name={name!r} must be a single directory name (no '/', '..' or absolute path): it "
+                          "becomes runs/<name>. Fix: name: my_run, or give --run-dir DIR")
+
+
+def classification_settings(cfg) -> dict[str, Any]:
+    """The recipe's `classification:` section with defaults filled in."""
+    return {**CLASSIFICATION_DEFAULTS, **(cfg.classification or {})}
+
+
+def check_task(cfg) -> None:
+    """Recipe checks for `task` / `classification` (called from RunConfig.validate)."""
+    if cfg.task not in TASKS:
+        raise RecipeError(f"task must be one of {list(TASKS)}, got {cfg.task!r}")
+    source = str((cfg.data or {}).get("source", ""))
+    if cfg.task == "lm":
+        if cfg.classification:
+            raise RecipeError("classification: given but task is 'lm'. Fix: set task: classification, or drop the section")
+        if source.startswith("classify:"):
+            raise RecipeError(f"data.source={source!r} is classification data but task is 'lm'. Fix: task: classification")
+        return
+    unknown = set(cfg.classification or {}) - set(CLASSIFICATION_DEFAULTS)
+    if unknown:
+        raise RecipeError(f"classification: unknown keys {sorted(unknown)}; valid: {sorted(CLASSIFICATION_DEFAULTS)}")
+    s = classification_settings(cfg)
+    if s["pooling"] not in POOLINGS:
+        raise RecipeError(f"classification.pooling must be one of {list(POOLINGS)}, got {s['pooling']!r}")
+    n = s["num_labels"]
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+        raise RecipeError(f"classification.num_labels must be an integer >= 2 (or null: from the data), got {n!r}")
+    if not source.startswith("classify:"):
+        raise RecipeError(f"task: classification needs data.source='classify:<file.jsonl|file.csv|hf:NAME>', got "
+                          f"{source!r}")
+    if cfg.parallel.pipeline_stages > 1:
+        raise RecipeError("task: classification does not support pipeline parallelism (parallel.pipeline_stages="
+                          f"{cfg.parallel.pipeline_stages}). Fix: parallel.pipeline_stages=1 with ZeRO (zero1..zero3)")

@@ -1,0 +1,73 @@
+"""Where a run continues from, and refusing a checkpoint that does not fit the run.
+
+A checkpoint fits when it describes the same model (variant, shapes), was trained on the same
+tokenizer as the data, and was written under the same parallel layout (DeepSpeed's
+partitioned files only load under the layout that wrote them; a universal checkpoint loads
+under any).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checkpoint import tags
+from model import ModelConfig
+from model.io import check_compatible
+
+from .config import RunConfig
+from .errors import RecipeError
+from .layout import Layout
+
+
+@dataclass
+class ResumePoint:
+    tag_dir: Path | None              # None: a fresh run
+    state: dict[str, Any]             # the checkpoint's trainer_state.json ({} for a fresh run)
+    universal: bool                   # DeepSpeed must load it as a universal checkpoint
+
+    @property
+    def step(self) -> int:
+        return int(self.state.get("step", 0))
+
+    @property
+    def trainable_step(self) -> int:
+        return int(self.state.get("trainable_step", self.step))
+
+
+def resume_point(cfg: RunConfig, run_dir: Path, resume: str | None, overwrite: bool) -> ResumePoint:
+    """`--resume auto|never|PATH` -> the checkpoint to continue from (none with `--overwrite`)."""
+    tag_dir = None if overwrite else tags.resolve_resume(resume, run_dir)
+    state = tags.read_state(tag_dir) if tag_dir is not None else {}
+    return ResumePoint(tag_dir, state, bool(cfg.checkpoint.load_universal or state.get("universal")))
+
+
+def check_fits(point: ResumePoint, cfg: RunConfig, mcfg: ModelConfig, data_tokenizer_id: str | None) -> None:
+    """The checkpoint's model and tokenizer are the run's."""
+    if point.tag_dir is None:
+        return
+    try:
+        check_compatible(mcfg, ModelConfig.from_dict(point.state["model_config"]), str(point.tag_dir))
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
+    ckpt_tok = point.state.get("tokenizer_id")
+    if data_tokenizer_id is not None and ckpt_tok is not None and data_tokenizer_id != ckpt_tok:
+        raise RecipeError(f"checkpoint {point.tag_dir} was trained on tokenizer {ckpt_tok} but data.source "
+                          f"{cfg.data.get('source')} uses {data_tokenizer_id}; token ids would mean other things. Fix: "
+                          "the data the checkpoint was trained on, or another --run-dir / --resume never")
+
+
+def check_layout(point: ResumePoint, layout: Layout, run_dir: Path) -> None:
+    """DeepSpeed's partitioned files load only under the layout that wrote them."""
+    if point.tag_dir is None or point.universal:
+        return
+    st = point.state
+    saved = (st.get("pipeline_stages", 1), st.get("data_parallel", st.get("world_size", 1)),
+             st.get("zero_stage", layout.zero_stage))
+    now = (layout.pipeline_stages, layout.data_parallel, layout.zero_stage)
+    if saved != now and (max(saved[2], now[2]) >= 1 or saved[0] != now[0]):
+        raise RecipeError(
+            f"checkpoint {point.tag_dir} was written with pipeline {saved[0]} x data {saved[1]}, ZeRO-{saved[2]}; "
+            f"this run is pipeline {now[0]} x data {now[1]}, ZeRO-{now[2]}. DeepSpeed's partitioned files only "
+            f"load under the same layout. Fix: python -m pretrain.universal --checkpoint {point.tag_dir} --out "
+            f"{run_dir / 'universal'} and resume from the converted checkpoint (docs/TRAINING.md)")

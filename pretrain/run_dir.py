@@ -1,0 +1,96 @@
+"""The run directory a run owns: where it is, what config it records, and refusing to write
+into a directory that holds another run.
+
+An output directory that already holds a run is refused unless the run is resumed (with the
+same identity: model, data, batch, seed ...) or `--overwrite` is given.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import REPO_ROOT, RunConfig
+from .errors import RecipeError
+
+# Settings that may change when a run continues (more steps, other logging or layout).
+MUTABLE = {"train": ("max_steps", "max_tokens", "eval_every_steps", "eval_batches", "device", "nan_policy",
+                     "max_nan_skips", "micro_batch_sequences", "activation_checkpointing"),
+           "checkpoint": None, "logging": None, "parallel": None, "optim": ("decay_steps",)}
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    return REPO_ROOT / "runs" / cfg.name
+
+
+def resolved_config(cfg: RunConfig, mcfg) -> dict[str, Any]:
+    """The recipe with the model section resolved to the full ModelConfig (what config.yaml records)."""
+    d = cfg.to_dict()
+    d["model"] = mcfg.to_dict()
+    return d
+
+
+def run_identity(resolved: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for sec, body in resolved.items():
+        if sec == "name":
+            continue
+        keep = MUTABLE.get(sec, ())
+        if keep is None:
+            continue
+        out[sec] = {k: v for k, v in body.items() if k not in keep} if isinstance(body, dict) else body
+    return out
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(a) | set(b))
+    out = []
+    for k in keys:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: there {va!r}, here {vb!r}")
+    return out
+
+
+def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: str | None, overwrite: bool) -> None:
+    """Refuse to write into a run directory that holds another run (rank 0, before any work).
+
+    - the directory holds a run and `--resume never`: refuse unless `overwrite` (which clears the
+      run's checkpoints, metrics and TensorBoard files);
+    - `--resume auto` and the stored config.yaml describes another run (model, data, batch,
+      seed ...): refuse, naming the differences, unless `overwrite`.
+    """
+    run_dir = Path(run_dir)
+    cfg_file = run_dir / "config.yaml"
+    holds_run = cfg_file.is_file() or (run_dir / "checkpoints").is_dir() or (run_dir / "metrics.jsonl").is_file()
+    if not holds_run:
+        return
+    if overwrite:
+        for sub in ("checkpoints", "tb", "universal"):
+            shutil.rmtree(run_dir / sub, ignore_errors=True)
+        for f in ("metrics.jsonl", "config.yaml", "nonfinite.jsonl"):
+            (run_dir / f).unlink(missing_ok=True)
+        return
+    if resume in (None, "", "never"):
+        raise RecipeError(f"{run_dir} already holds a run (config.yaml, checkpoints or metrics) and --resume never "
+                          "was given. Fix: --resume auto to continue it, --overwrite to replace it, or another "
+                          "--run-dir")
+    if resume != "auto" or not cfg_file.is_file():
+        return
+    try:
+        old = yaml.safe_load(cfg_file.read_text()) or {}
+    except yaml.YAMLError:
+        return
+    diffs = _diff(run_identity(old), run_identity(resolved))
+    if diffs:
+        raise RecipeError(f"{run_dir} holds a different run ({'; '.join(diffs[:6])}). Fix: another --run-dir, "
+                          "--overwrite to replace it, or the recipe that run was started with")
+
+
+def write_config(run_dir: Path, resolved: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))

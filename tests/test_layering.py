@@ -1,0 +1,62 @@
+"""The repository's shape, checked: imports point down the layers (import-linter), the code
+passes ruff (lint and format), and no module hides an import inside a function except to
+defer a heavy optional dependency, said on that line."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline")
+# What a function may import lazily: slow to import, or absent on some machines.
+HEAVY = ("deepspeed", "flash_attn", "triton", "lm_eval", "liger_kernel", "matplotlib", "scipy", "datasets",
+         "transformers", "model.hf", "torch.utils.tensorboard", "sentencepiece", "s3fs", "gcsfs", "aiohttp")
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), cwd=REPO, capture_output=True, text=True)
+
+
+def test_imports_point_down_the_layers():
+    out = _run(str(BIN / "lint-imports"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "1 kept, 0 broken" in out.stdout
+
+
+def test_ruff_lint_passes():
+    out = _run(str(BIN / "ruff"), "check", ".")
+    assert out.returncode == 0, out.stdout[-4000:]
+
+
+def test_ruff_format_is_applied():
+    out = _run(str(BIN / "ruff"), "format", "--check", ".")
+    assert out.returncode == 0, "run `.venv/bin/ruff format .`:\n" + out.stdout[-4000:]
+
+
+def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
+    src = path.read_text()
+    tree = ast.parse(src)
+    top = {id(n) for n in tree.body}
+    lines = src.splitlines()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                ["." * node.level + (node.module or "")]
+            out.append((node.lineno, names[0], lines[node.end_lineno - 1]))
+    return out
+
+
+def test_no_function_level_imports_except_deferred_heavy_ones():
+    bad = []
+    for pkg in PACKAGES:
+        for f in sorted((REPO / pkg).rglob("*.py")):
+            for line, name, text in _function_level_imports(f):
+                heavy = any(name == h or name.startswith(h + ".") for h in HEAVY)
+                if not (heavy and "# deferred:" in text):
+                    bad.append(f"{f.relative_to(REPO)}:{line}: {text.strip()}")
+    assert not bad, "imports inside functions (move them to the top, or mark a heavy one `# deferred: ...`):\n" + \
+        "\n".join(bad)
