@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -122,5 +123,52 @@ def test_slurm_form_rendezvous_from_slurm_variables(tmp_path):
                           "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=2", "train.eval_every_steps=0",
                           "logging.tensorboard=false"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert out.stdout.startswith("+ srun ")
+    assert out.stdout.startswith("+ env MASTER_ADDR=127.0.0.1 MASTER_PORT=") and " srun " in out.stdout
     assert ckpt.read_state(ckpt.latest_checkpoint(run))["world_size"] == 2
+
+
+def _printed_port(out: str) -> int:
+    """The rendezvous port in launch.sh's printed command (--master_port P or MASTER_PORT=P)."""
+    return int(re.search(r"(?:--master_port |MASTER_PORT=)(\d+)", out).group(1))
+
+
+def test_concurrent_local_launches_get_their_own_ports(tmp_path):
+    """Two single-node jobs started at once on one machine, no --master-port: each rendezvous on a free
+    port of its own (a fixed 29500 made the second one fail to bind, or join the first)."""
+    procs = [subprocess.Popen(["./launch.sh", "--cpu", "1", "--", "--recipe", "recipes/tiny_cpu.yaml",
+                               "--run-dir", str(tmp_path / f"run{i}"), "train.max_steps=20", "train.eval_every_steps=0",
+                               "checkpoint.every_steps=0", "logging.tensorboard=false"],
+                              cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in (0, 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    ports = [_printed_port(out) for out in outs]
+    assert ports[0] != ports[1] and all(1024 < q < 65536 for q in ports)
+    for i in (0, 1):
+        assert sorted(read_losses(tmp_path / f"run{i}")) == list(range(1, 21))
+
+
+def _slurm_dry_print(job_id: str, *extra: str, **env_extra: str) -> str:
+    env = dict(launch_env(), SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="node[01-02]", SLURM_NTASKS="8",
+               SLURM_NNODES="2", **env_extra)
+    out = subprocess.run(["./launch.sh", "--slurm", "--master-addr", "node01", *extra, "--dry-print", "--",
+                          "--recipe", "recipes/tiny_cpu.yaml"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_slurm_port_is_a_function_of_the_job():
+    """Every node of one Slurm job derives the same port; the tasks of an array job (each its own
+    SLURM_JOB_ID) and other jobs derive other ports; --master-port overrides the derivation."""
+    port = _printed_port(_slurm_dry_print("73105", SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID="5"))
+    assert 1024 < port < 65536
+    assert _printed_port(_slurm_dry_print("73105", SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID="5")) == port
+    assert _printed_port(_slurm_dry_print("73105", SLURM_NODEID="1", SLURM_PROCID="4")) == port
+    others = {_printed_port(_slurm_dry_print(str(j), SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID=str(j - 73100)))
+              for j in range(73100, 73116)}
+    assert len(others) == 16
+    assert _printed_port(_slurm_dry_print("73105", "--master-port", "29999")) == 29999
+    out = _slurm_dry_print("73105")
+    assert out.startswith(f"+ env MASTER_ADDR=node01 MASTER_PORT={port} srun ") and len(out.splitlines()) == 1
