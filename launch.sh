@@ -44,6 +44,7 @@ train_args=("$@")
 run() {
   printf '+'; printf ' %q' "$@"; printf '\n'
   [ "$dry" = 1 ] && exit 0
+  export PRETRAIN_LAUNCHER="$HOSTNAME $$"   # ranks on this host stop if this shell dies (pretrain/orphan.py)
   set -m
   "$@" &
   child=$!

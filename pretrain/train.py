@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import yaml
 
 from . import checkpointing as ckpt
-from . import faults, safety
+from . import faults, orphan, safety
 from .config import REPO_ROOT, RecipeError, RunConfig, load_recipe
 from .data import make_loader
 from .layout import Layout, build_ds_config, memory_estimate, plan_layout
@@ -797,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     args = ap.parse_intermixed_args(argv)
+    orphan.stop_when_launcher_dies()     # a rank whose launcher died saves a checkpoint and stops
     try:
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)

@@ -6,7 +6,9 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,69 @@ def test_slurm_port_is_a_function_of_the_job():
     assert _printed_port(_slurm_dry_print("73105", "--master-port", "29999")) == 29999
     out = _slurm_dry_print("73105")
     assert out.startswith(f"+ env MASTER_ADDR=node01 MASTER_PORT={port} srun ") and len(out.splitlines()) == 1
+
+
+def _processes_mentioning(text: str) -> dict[int, str]:
+    """pid -> command line of every live process whose command line contains `text`."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = next((ln for ln in (d / "status").read_text().splitlines() if ln.startswith("State:")), "")
+            except OSError:
+                continue
+            if text in cmd and "zombie" not in state:
+                found[int(d.name)] = cmd
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads live processes from /proc")
+@pytest.mark.parametrize("victim", ["launch.sh group", "per-node launcher"])
+def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, victim):
+    """SIGKILL to launch.sh's process group (an OOM kill, a lost login shell) kills only the shell:
+    DeepSpeed's runner, its per-node launcher and the ranks sit in a process group of their own; and
+    SIGKILL to that per-node launcher (deepspeed.launcher.launch, the ranks' parent) leaves its ranks
+    behind. Either way the ranks must notice, save a complete checkpoint through the signal path, and
+    exit, so no orphan keeps a device or writes into a run dir that a restarted job owns."""
+    run = tmp_path / "orphan_run"
+    log = open(tmp_path / "launch.log", "w")
+    proc = subprocess.Popen(["./launch.sh", "--cpu", "2", "--", "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run),
+                             "train.max_steps=100000", "train.eval_every_steps=0", "checkpoint.every_steps=0",
+                             "logging.tensorboard=false"], cwd=REPO, env=launch_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        m = run / "metrics.jsonl"
+        deadline = time.time() + 200
+        while time.time() < deadline and not (m.is_file() and len(m.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
+            time.sleep(0.1)
+        ranks = {p for p, cmd in _processes_mentioning(str(run)).items() if "-m pretrain.train" in cmd
+                 and "deepspeed.launcher" not in cmd}
+        assert len(ranks) == 2
+        if victim == "launch.sh group":
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        else:
+            [launcher] = [p for p, cmd in _processes_mentioning(str(run)).items() if "deepspeed.launcher.launch" in cmd]
+            os.kill(launcher, signal.SIGKILL)
+        deadline = time.time() + 60
+        while time.time() < deadline and _processes_mentioning(str(run)):
+            time.sleep(0.2)
+        left = _processes_mentioning(str(run))
+        assert not left, f"still running 60 s after the launcher died: {left}"
+    finally:
+        for pid in _processes_mentioning(str(run)):       # only what this test started (its unique run dir)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.close()
+    out = (tmp_path / "launch.log").read_text()
+    assert "signal received: saving a checkpoint" in out, out[-3000:]
+    steps = read_losses(run)
+    latest = ckpt.latest_checkpoint(run)
+    assert latest is not None and ckpt.read_state(latest)["step"] == max(steps) < 100000
+    assert len(list(latest.glob("rng/rank*.pt"))) == 2
+    tags = [p for p in ckpt.ckpt_root(run).iterdir() if p.is_dir()]
+    assert all(ckpt.is_complete(p) for p in tags), tags           # no partial checkpoint left behind
