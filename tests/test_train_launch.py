@@ -62,8 +62,6 @@ def test_two_process_cpu_run_learns_wikitext2(tmp_path):
 
 
 def test_sigterm_to_launch_sh_checkpoints_every_rank(tmp_path):
-    import signal
-    import time
     run = tmp_path / "run"
     proc = subprocess.Popen(["./launch.sh", "--cpu", "2", "--master-port", str(free_port()), "--",
                              "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=1000",
