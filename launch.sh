@@ -8,6 +8,8 @@
 #   ./launch.sh --no-ssh --hostfile F --node-rank R --master-addr A [--cpu|--gpus N] -- TRAIN_ARGS
 #                                                              every node started by hand / by a scheduler
 # Launcher options: --master-addr A, --master-port P, --dry-print (print the command, do not run it).
+# Without --master-port: a free port of this machine (--cpu/--gpus, --hostfile over ssh), a port derived
+# from SLURM_JOB_ID (--slurm, or --no-ssh inside a Slurm job), else 29500 (--no-ssh: every node must agree).
 # TRAIN_ARGS go to `python -m pretrain.train` (e.g. --recipe recipes/tiny_cpu.yaml train.max_steps=10).
 # See docs/TRAINING.md.
 set -euo pipefail
@@ -17,7 +19,7 @@ PY=${PYTHON:-$PWD/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 mode="" n="" hostfile="" node_rank="" master_addr="" master_port="" no_ssh=0 dry=0 slurm_task=0
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) mode=cpu; n="$2"; shift 2 ;;
@@ -41,7 +43,8 @@ train_args=("$@")
 # rank sees a preemption signal and writes a checkpoint (pretrain.train saves on SIGTERM/SIGINT).
 run() {
   printf '+'; printf ' %q' "$@"; printf '\n'
-  [ "$dry" = 1 ] && return 0
+  [ "$dry" = 1 ] && exit 0
+  export PRETRAIN_LAUNCHER="$HOSTNAME $$"   # ranks on this host stop if this shell dies (pretrain/orphan.py)
   set -m
   "$@" &
   child=$!
@@ -53,17 +56,36 @@ run() {
   exit "$rc"
 }
 
+# Rendezvous ports. Within one Slurm job every node computes the same one; concurrent jobs on a node
+# (the tasks of an array job each have their own SLURM_JOB_ID) get different ones, 10000 jobs apart.
+slurm_port() {
+  [[ "${SLURM_JOB_ID:-}" =~ ^[0-9]+$ ]] || { echo "launch.sh: SLURM_JOB_ID=${SLURM_JOB_ID:-} is not a job number; pass --master-port P" >&2; exit 2; }
+  echo $(( 20000 + SLURM_JOB_ID % 10000 ))
+}
+# A port the kernel has free now (rank 0 binds it a few seconds later; the kernel hands these out at random).
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
+
 # Inside one srun task: derive the rendezvous from SLURM's variables, run one rank.
 if [ "$slurm_task" = 1 ]; then
   export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID"
   export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:-$(( SLURM_NTASKS / SLURM_NNODES ))}"
   export LOCAL_SIZE="$LOCAL_WORLD_SIZE"
   export MASTER_ADDR="${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
-  export MASTER_PORT="${MASTER_PORT:-29500}"
+  [ -n "${MASTER_PORT:-}" ] || MASTER_PORT=$(slurm_port)
+  export MASTER_PORT
   exec "$PY" -u -m pretrain.train "${train_args[@]}"
 fi
 
 ds=("$PY" -u -m deepspeed.launcher.runner)
+if [ -z "$master_port" ] && [ "$mode" != slurm ]; then
+  if [ "$no_ssh" = 0 ]; then
+    master_port=$(free_port)      # one runner hands it to every node (ssh/pdsh) or rank
+  elif [ -n "${SLURM_JOB_ID:-}" ]; then
+    master_port=$(slurm_port)
+  else
+    master_port=29500             # each node is launched on its own: only a fixed port agrees
+  fi
+fi
 [ -n "$master_port" ] && ds+=(--master_port "$master_port")
 
 case "$mode" in
@@ -74,9 +96,10 @@ case "$mode" in
   gpu) : ;;
   slurm)
     [ -n "${SLURM_JOB_ID:-}" ] || { echo "launch.sh --slurm: not inside a SLURM allocation (no SLURM_JOB_ID)" >&2; exit 2; }
-    export MASTER_ADDR="${master_addr:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
-    export MASTER_PORT="${master_port:-29500}"
-    run srun --kill-on-bad-exit=1 "$0" --_slurm-task -- "${train_args[@]}"
+    addr="${master_addr:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
+    [ -n "$master_port" ] || master_port=$(slurm_port)
+    run env MASTER_ADDR="$addr" MASTER_PORT="$master_port" \
+      srun --kill-on-bad-exit=1 "$0" --_slurm-task -- "${train_args[@]}"
     ;;
   "") [ -n "$hostfile" ] || { echo "launch.sh: choose --cpu N, --gpus N, --hostfile F or --slurm" >&2; usage; } ;;
 esac

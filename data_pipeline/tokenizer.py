@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import sys
@@ -191,11 +192,8 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
             raise DataError(f"tokenizer train: input file {f} does not exist; check the path (local text files only)")
         if f.stat().st_size == 0:
             raise DataError(f"tokenizer train: input file {f} is empty; remove it from --input or fill it with text")
-    if vocab_size < 260 + 4:
-        raise DataError(
-            f"tokenizer train: --vocab-size {vocab_size} is too small; byte fallback needs 256 byte pieces "
-            "plus special tokens, so use at least 264"
-        )
+    if vocab_size < 1:
+        raise DataError(f"tokenizer train: --vocab-size {vocab_size} must be positive. Fix: pass e.g. --vocab-size 8000")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     total = sum(f.stat().st_size for f in files)
@@ -207,11 +205,16 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
     try:
         _train(spm, files, prefix, vocab_size, character_coverage, max_sentences)
     except RuntimeError as e:
-        raise DataError(
-            f"tokenizer train: SentencePiece failed on {[str(f) for f in files]}: {e}. If it says the vocabulary is "
-            "smaller than required_chars, raise --vocab-size or lower --character-coverage (rare characters then "
-            "go through byte fallback)"
-        ) from e
+        if "required_chars" not in str(e):
+            raise DataError(f"tokenizer train: SentencePiece failed on {[str(f) for f in files]}: {e}") from e
+        raise _vocab_range_error(vocab_size, _probe_vocab_range(spm, files, character_coverage, max_sentences),
+                                 character_coverage) from None
+    trained = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
+    if trained.get_piece_size() < vocab_size:      # BPE ran out of merges (the limit is soft, see _train)
+        bounds = _piece_bounds(trained, saturated=True)
+        for suffix in (".model", ".vocab"):
+            Path(f"{prefix}{suffix}").unlink(missing_ok=True)
+        raise _vocab_range_error(vocab_size, bounds, character_coverage)
     os.replace(f"{prefix}.model", out / SP_MODEL)
     if Path(f"{prefix}.vocab").exists():
         os.replace(f"{prefix}.vocab", out / "tokenizer.vocab")
@@ -227,11 +230,70 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
     return tok
 
 
-def _train(spm, files, prefix, vocab_size, character_coverage, max_sentences):
+# Pieces every model has besides characters and merges: unk, bos, eos, pad and the 256 byte-fallback pieces.
+FIXED_PIECES = 4 + 256
+
+
+def _piece_bounds(sp, saturated: bool) -> tuple[int, int | None]:
+    """The valid --vocab-size range a model trained with a soft limit shows: its single-character pieces
+    (what character_coverage requires) plus the fixed pieces, up to its size when BPE ran out of merges."""
+    chars = sum(1 for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))
+                and len(sp.id_to_piece(i)) == 1)
+    return FIXED_PIECES + chars, sp.get_piece_size() if saturated else None
+
+
+def _probe_vocab_range(spm, files, character_coverage, max_sentences) -> tuple[int, int | None]:
+    """Train once, in memory, with a soft limit above the minimum, to read the range off the result.
+
+    The limit is twice what every distinct character (plus the whitespace marker) would need, so the
+    probe always clears the minimum; on a small alphabet or little text BPE runs out of merges below it,
+    which gives the maximum too (on a large corpus the maximum is beyond the limit and stays open)."""
+    distinct: set[str] = set()
+    lines = 0
+    for f in files:
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                distinct.update(line.rstrip("\n"))
+                lines += 1
+                if lines >= max_sentences:
+                    break
+        if lines >= max_sentences:
+            break
+    limit = 2 * (FIXED_PIECES + len(distinct) + 1)
+    model = io.BytesIO()
+    _train(spm, files, None, limit, character_coverage, max_sentences, model_writer=model)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    return _piece_bounds(sp, saturated=sp.get_piece_size() < limit)
+
+
+def _vocab_range_error(vocab_size: int, bounds: tuple[int, int | None], character_coverage: float) -> DataError:
+    low, high = bounds
+    if high is not None:
+        valid = f"the valid range is [{low}, {high}]"
+        fix = f"pass --vocab-size between {low} and {high}"
+    else:
+        valid = f"the valid range starts at {low}"
+        fix = f"pass --vocab-size {low} or more"
+    if vocab_size < low:
+        why = (f"too small for this data: {low - FIXED_PIECES} characters need their own piece at "
+               f"--character-coverage {character_coverage} besides {FIXED_PIECES} special and byte pieces")
+        fix += " (or lower --character-coverage, so rare characters go through byte fallback)"
+    else:
+        why = f"too large for this data: BPE runs out of merges at {high} pieces"
+        fix += " (or train on more text)"
+    return DataError(f"tokenizer train: --vocab-size {vocab_size} is {why}, so {valid}. Fix: {fix}")
+
+
+def _train(spm, files, prefix, vocab_size, character_coverage, max_sentences, model_writer=None):
+    """vocab_size is a soft limit (hard_vocab_limit=False): when BPE runs out of merges the model is simply
+    smaller, so the caller can report the range instead of SentencePiece's bare failure. With enough
+    merges the pieces are the same as under the hard limit."""
+    out = {"model_writer": model_writer} if model_writer is not None else {"model_prefix": str(prefix)}
     spm.SentencePieceTrainer.train(
         input=",".join(str(f) for f in files),
-        model_prefix=str(prefix),
+        **out,
         vocab_size=vocab_size,
+        hard_vocab_limit=False,
         model_type="bpe",
         byte_fallback=True,
         character_coverage=character_coverage,

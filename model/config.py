@@ -29,6 +29,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 PARAM_GROUPS = ("qk", "v", "o", "mlp", "norms", "embeddings", "head", "blocks")
 ATTN_IMPLS = ("auto", "sdpa", "eager", "flash")
 MIXIT_IMPLS = ("auto", "dense", "blocked", "triton")
+# RoPE scalings model.rope_scaling may name, and the keys each one needs (the HF rope_parameters names).
+ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 # MixiT counters are i*T + j in 32 bits (the Triton RNG's offset), so T*T < 2**31.
 MAX_MIXIT_SEQ_LEN = 46340
 
@@ -53,6 +57,9 @@ class ModelConfig:
     max_seq_len: int = 256                   # T: RoPE table / MixiT matrix size
     # Llama details
     rope_theta: float = 10000.0
+    # None: plain RoPE. Llama-3.1/3.2: {rope_type: llama3, factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings} (low frequencies divided by factor, a smooth band between).
+    rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = False
     bias: bool = False                       # biases on every projection (the reference turned them on)
@@ -92,6 +99,8 @@ class ModelConfig:
         if self.frozen_groups is not None:
             self.frozen_groups = list(self.frozen_groups)
         self.freeze_schedule = [[int(s), list(g)] for s, g in self.freeze_schedule]
+        if isinstance(self.rope_scaling, dict):
+            self.rope_scaling = dict(self.rope_scaling)     # a copy: two configs never share one dict
         self.validate()
 
     # ---- validation: one clear error per rule -------------------------------------------
@@ -125,6 +134,7 @@ class ModelConfig:
                        "use a positive temperature and a positive integer base width")
         if not (self.rope_theta > 0 and self.rms_norm_eps > 0 and self.init_std > 0 and self.qk_init_std > 0):
             raise _bad("rope_theta/rms_norm_eps/init_std/qk_init_std", "must be positive", "set positive values")
+        self._validate_rope_scaling()
         if self.mixit_seed < 0 or self.mixit_seed >= 2**32:
             raise _bad("mixit_seed", f"{self.mixit_seed} is outside [0, 2**32)", "use a 32-bit unsigned seed")
         if self.attn_impl not in ATTN_IMPLS:
@@ -149,6 +159,36 @@ class ModelConfig:
         steps = [s for s, _ in self.freeze_schedule]
         if steps != sorted(set(steps)):
             raise _bad("freeze_schedule", f"steps {steps} are not strictly increasing", "list each step once, in order")
+
+    def _validate_rope_scaling(self) -> None:
+        rs = self.rope_scaling
+        if rs is None:
+            return
+        example = "{rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192}"
+        if not isinstance(rs, dict):
+            raise _bad("rope_scaling", f"must be a mapping or null, got {rs!r}", f"use null (plain RoPE) or {example}")
+        kind = rs.get("rope_type")
+        if kind not in ROPE_SCALING_KEYS:
+            raise _bad("rope_scaling", f"RoPE scaling type {kind!r} is not supported (supported: plain RoPE and "
+                       f"{', '.join(repr(k) for k in ROPE_SCALING_KEYS)}, as in Llama-3.1/3.2)",
+                       f"use null or {example}; linear, dynamic, yarn and longrope scalings are not implemented")
+        need = set(ROPE_SCALING_KEYS[kind])
+        missing, extra = sorted(need - set(rs)), sorted(set(rs) - need - {"rope_type"})
+        if missing or extra:
+            raise _bad("rope_scaling", f"{kind} needs exactly {sorted(need)} besides rope_type (missing {missing}, "
+                       f"unknown {extra})", f"write it as {example}")
+        if self.mixer == "mixit":
+            raise _bad("rope_scaling", "MixiT has no rotary embedding to scale", "set rope_scaling to null for mixit")
+        num = {k: rs[k] for k in ("factor", "low_freq_factor", "high_freq_factor")}
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in num.values()):
+            raise _bad("rope_scaling", f"factor/low_freq_factor/high_freq_factor must be numbers, got {num}", f"e.g. {example}")
+        if not (num["factor"] >= 1.0 and 0 < num["low_freq_factor"] < num["high_freq_factor"]):
+            raise _bad("rope_scaling", f"need factor >= 1 and 0 < low_freq_factor < high_freq_factor, got {num}",
+                       "use Llama-3.1's factor 8, low_freq_factor 1, high_freq_factor 4 (Llama-3.2: factor 32)")
+        old = rs["original_max_position_embeddings"]
+        if not isinstance(old, int) or isinstance(old, bool) or old < 1:
+            raise _bad("rope_scaling", f"original_max_position_embeddings must be a positive integer, got {old!r}",
+                       "set it to the context length of the unscaled pretraining (8192 for Llama-3.1/3.2)")
 
     # ---- derived quantities ------------------------------------------------------------
     @property

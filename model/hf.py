@@ -28,7 +28,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import CausalLMOutput
 
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 from .transformer import IGNORE_INDEX, Transformer
 
 MODEL_TYPE = "trainable_parts"
@@ -49,11 +49,16 @@ def llama_config(cfg: ModelConfig) -> LlamaConfig:
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        rope_theta=cfg.rope_theta, rope_parameters=rope_parameters(cfg),
         tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.bias, mlp_bias=cfg.bias,
         hidden_act="silu", initializer_range=cfg.init_std, bos_token_id=None, eos_token_id=None,
         trainable_parts=cfg.to_dict(),
     )
+
+
+def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    """HF's rope_parameters for our RoPE: the default one, or llama3 scaling with the same four numbers."""
+    return {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
 
 
 def to_llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -155,9 +160,6 @@ def config_from_llama(hf_cfg: dict[str, Any], **overrides: Any) -> ModelConfig:
     if "trainable_parts" in hf_cfg:
         return ModelConfig.from_dict({**hf_cfg["trainable_parts"], **overrides})
     rope = hf_cfg.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") not in ("default", None) or hf_cfg.get("rope_scaling"):
-        raise ValueError(f"RoPE type {rope.get('rope_type') or hf_cfg.get('rope_scaling')} is not supported "
-                         "(only the default rotary embedding); use a checkpoint without RoPE scaling")
     heads = hf_cfg["num_attention_heads"]
     if hf_cfg.get("head_dim") not in (None, hf_cfg["hidden_size"] // heads):
         raise ValueError("head_dim != hidden_size / num_attention_heads is not supported")
@@ -166,9 +168,27 @@ def config_from_llama(hf_cfg: dict[str, Any], **overrides: Any) -> ModelConfig:
         intermediate_size=hf_cfg["intermediate_size"], num_layers=hf_cfg["num_hidden_layers"],
         num_heads=heads, num_kv_heads=hf_cfg.get("num_key_value_heads") or heads,
         max_seq_len=hf_cfg.get("max_position_embeddings", 2048), rms_norm_eps=hf_cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)),
+        rope_theta=rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)), rope_scaling=rope_scaling_from_hf(hf_cfg),
         tie_embeddings=hf_cfg.get("tie_word_embeddings", False),
         bias=bool(hf_cfg.get("attention_bias", False)), **overrides)
+
+
+def rope_scaling_from_hf(hf_cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """Our model.rope_scaling from an HF config: `rope_parameters` (transformers >= 5) or the older
+    `rope_scaling` (whose type key was once `type`). An unsupported type is left for ModelConfig to refuse."""
+    rope = dict(hf_cfg.get("rope_parameters") or hf_cfg.get("rope_scaling") or {})
+    kind = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
+        raise ConfigError("rope_parameters.partial_rotary_factor != 1 is not supported. "
+                          "Fix: import a Llama whose rotary embedding covers the whole head")
+    if kind in ("default", None):
+        return None
+    rope.pop("rope_theta", None)
+    if kind == "llama3":    # as transformers: a top-level value first, else the model's own context
+        rope["original_max_position_embeddings"] = hf_cfg.get(
+            "original_max_position_embeddings",
+            rope.get("original_max_position_embeddings", hf_cfg.get("max_position_embeddings", 2048)))
+    return {"rope_type": kind, **rope}
 
 
 def import_hf(path: str | os.PathLike, **overrides: Any) -> Transformer:

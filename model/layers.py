@@ -48,10 +48,31 @@ def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:
     return nn.Linear(fan_in, fan_out, bias=cfg.bias)
 
 
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+    """RoPE inverse frequencies theta^(-2i/d_h), fp32, rescaled when cfg.rope_scaling asks for it."""
+    dh = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2, device=device, dtype=torch.int64).float() / dh))
+    if cfg.rope_scaling is None:
+        return inv_freq
+    return llama3_scaled_inv_freq(inv_freq, cfg.rope_scaling)
+
+
+def llama3_scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama-3.1's RoPE scaling: frequencies whose wavelength exceeds original_max / low_freq_factor are
+    divided by `factor`, those shorter than original_max / high_freq_factor are kept, and the band between
+    interpolates linearly in original_max / wavelength. fp32 ops in the order HF uses, so tables match bit for bit."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (context / wavelen - low) / (high - low)              # 0 at the long-wavelength edge, 1 at the short one
+    between = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    long_waves = torch.where(wavelen > context / low, inv_freq / factor, between)
+    return torch.where(wavelen < context / high, inv_freq, long_waves)
+
+
 def rope_cos_sin(cfg: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables (…, t, head_dim) in fp32 for the half-rotation convention HF Llama uses."""
-    dh = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2, device=positions.device, dtype=torch.int64).float() / dh))
+    inv_freq = rope_inv_freq(cfg, positions.device)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from checkpoint import UnsafeCheckpoint
 
+from . import orphan
 from .config import RecipeError, RunConfig, load_recipe
 from .data import make_loader
 from .distributed import (
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     args = ap.parse_intermixed_args(argv)
+    orphan.stop_when_launcher_dies()     # a rank whose launcher died saves a checkpoint and stops
     try:
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,6 +178,48 @@ def test_tokenizer_train_rejects_bad_input(tmp_path):
     (tmp_path / "e.txt").write_text("")
     with pytest.raises(DataError, match="e.txt is empty"):
         train_sentencepiece([str(tmp_path / "e.txt")], 500, tmp_path / "t")
+
+
+def _small_alphabet_text(path: Path) -> Path:
+    """A few lines over 270 distinct characters (Latin, Greek, Cyrillic), each of them frequent enough
+    that character_coverage keeps every one: SentencePiece then needs 271 character pieces (with the
+    whitespace marker) + 260 special/byte pieces, and BPE runs out of merges a few hundred pieces later."""
+    chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(0x391, 0x3CA) if c != 0x3A2]
+    chars = (chars + [chr(c) for c in range(0x410, 0x410 + 120)])[:270]
+    rng = np.random.default_rng(0)
+    lines = [" ".join("".join(rng.choice(chars, rng.integers(1, 7))) for _ in range(8)) for _ in range(3)]
+    return write_text(path, lines + [" ".join(chars)])
+
+
+def _train_cli(src: Path, vocab: int, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "data_pipeline.tokenizer", "train", "--input", str(src),
+                           "--vocab-size", str(vocab), "--out", str(out)], capture_output=True, text=True,
+                          env=_env(), cwd=REPO)
+
+
+def test_tokenizer_vocab_range_from_data(tmp_path):
+    """Too small and too large --vocab-size both name the valid range computed from the data; both ends
+    of that range train (and one past either end does not)."""
+    src = _small_alphabet_text(tmp_path / "alphabet.txt")
+    assert len(set(src.read_text()) - {" ", "\n"}) == 270
+    r = _train_cli(src, 300, tmp_path / "low")
+    assert r.returncode == 2 and not (tmp_path / "low" / "tokenizer.model").exists()
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "Fix:" in err and "Traceback" not in r.stderr
+    low, high = map(int, re.search(r"valid range is \[(\d+), (\d+)\]", err).groups())
+    assert low == 270 + 1 + 260 and high > low + 100
+    assert "too small" in err and "raise --vocab-size" not in err
+    for vocab in (low - 1, high + 1, 8000):
+        r = _train_cli(src, vocab, tmp_path / f"bad{vocab}")
+        err = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 2 and f"valid range is [{low}, {high}]" in err and "Fix:" in err, r.stderr
+        assert ("too small" if vocab < low else "too large") in err
+        assert not (tmp_path / f"bad{vocab}" / "tokenizer.model").exists()
+        assert not list((tmp_path / f"bad{vocab}").glob("tokenizer.tmp*"))
+    for vocab in (low, (low + high) // 2, high):
+        r = _train_cli(src, vocab, tmp_path / f"ok{vocab}")
+        assert r.returncode == 0, r.stderr
+        assert load_tokenizer(tmp_path / f"ok{vocab}").vocab_size == vocab
 
 
 def test_hf_dataset_offline_names_local_alternative(tmp_path, tok):

@@ -21,6 +21,12 @@ from model import PRESETS, ConfigError, ModelConfig, build_model, param_count, p
     (dict(frozen_groups=["qkv"]), "frozen_groups"),
     (dict(freeze_schedule=[[10, ["qk"]], [5, []]]), "freeze_schedule"),
     (dict(rope_theta=0.0), "rope_theta"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling"),           # keys missing
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                        "original_max_position_embeddings": 8192}), "rope_scaling"),      # bands inverted
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 81.92}), "rope_scaling"),
 ])
 def test_bad_config_names_field_and_fix(kwargs, field):
     with pytest.raises(ConfigError) as err:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -59,8 +62,6 @@ def test_two_process_cpu_run_learns_wikitext2(tmp_path):
 
 
 def test_sigterm_to_launch_sh_checkpoints_every_rank(tmp_path):
-    import signal
-    import time
     run = tmp_path / "run"
     proc = subprocess.Popen(["./launch.sh", "--cpu", "2", "--master-port", str(free_port()), "--",
                              "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=1000",
@@ -122,5 +123,118 @@ def test_slurm_form_rendezvous_from_slurm_variables(tmp_path):
                           "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=2", "train.eval_every_steps=0",
                           "logging.tensorboard=false"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert out.stdout.startswith("+ srun ")
+    assert out.stdout.startswith("+ env MASTER_ADDR=127.0.0.1 MASTER_PORT=") and " srun " in out.stdout
     assert ckpt.read_state(ckpt.latest_checkpoint(run))["world_size"] == 2
+
+
+def _printed_port(out: str) -> int:
+    """The rendezvous port in launch.sh's printed command (--master_port P or MASTER_PORT=P)."""
+    return int(re.search(r"(?:--master_port |MASTER_PORT=)(\d+)", out).group(1))
+
+
+def test_concurrent_local_launches_get_their_own_ports(tmp_path):
+    """Two single-node jobs started at once on one machine, no --master-port: each rendezvous on a free
+    port of its own (a fixed 29500 made the second one fail to bind, or join the first)."""
+    procs = [subprocess.Popen(["./launch.sh", "--cpu", "1", "--", "--recipe", "recipes/tiny_cpu.yaml",
+                               "--run-dir", str(tmp_path / f"run{i}"), "train.max_steps=20", "train.eval_every_steps=0",
+                               "checkpoint.every_steps=0", "logging.tensorboard=false"],
+                              cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in (0, 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    ports = [_printed_port(out) for out in outs]
+    assert ports[0] != ports[1] and all(1024 < q < 65536 for q in ports)
+    for i in (0, 1):
+        assert sorted(read_losses(tmp_path / f"run{i}")) == list(range(1, 21))
+
+
+def _slurm_dry_print(job_id: str, *extra: str, **env_extra: str) -> str:
+    env = dict(launch_env(), SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="node[01-02]", SLURM_NTASKS="8",
+               SLURM_NNODES="2", **env_extra)
+    out = subprocess.run(["./launch.sh", "--slurm", "--master-addr", "node01", *extra, "--dry-print", "--",
+                          "--recipe", "recipes/tiny_cpu.yaml"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_slurm_port_is_a_function_of_the_job():
+    """Every node of one Slurm job derives the same port; the tasks of an array job (each its own
+    SLURM_JOB_ID) and other jobs derive other ports; --master-port overrides the derivation."""
+    port = _printed_port(_slurm_dry_print("73105", SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID="5"))
+    assert 1024 < port < 65536
+    assert _printed_port(_slurm_dry_print("73105", SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID="5")) == port
+    assert _printed_port(_slurm_dry_print("73105", SLURM_NODEID="1", SLURM_PROCID="4")) == port
+    others = {_printed_port(_slurm_dry_print(str(j), SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID=str(j - 73100)))
+              for j in range(73100, 73116)}
+    assert len(others) == 16
+    assert _printed_port(_slurm_dry_print("73105", "--master-port", "29999")) == 29999
+    out = _slurm_dry_print("73105")
+    assert out.startswith(f"+ env MASTER_ADDR=node01 MASTER_PORT={port} srun ") and len(out.splitlines()) == 1
+
+
+def _processes_mentioning(text: str) -> dict[int, str]:
+    """pid -> command line of every live process whose command line contains `text`."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = next((ln for ln in (d / "status").read_text().splitlines() if ln.startswith("State:")), "")
+            except OSError:
+                continue
+            if text in cmd and "zombie" not in state:
+                found[int(d.name)] = cmd
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads live processes from /proc")
+@pytest.mark.parametrize("victim", ["launch.sh group", "per-node launcher"])
+def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, victim):
+    """SIGKILL to launch.sh's process group (an OOM kill, a lost login shell) kills only the shell:
+    DeepSpeed's runner, its per-node launcher and the ranks sit in a process group of their own; and
+    SIGKILL to that per-node launcher (deepspeed.launcher.launch, the ranks' parent) leaves its ranks
+    behind. Either way the ranks must notice, save a complete checkpoint through the signal path, and
+    exit, so no orphan keeps a device or writes into a run dir that a restarted job owns."""
+    run = tmp_path / "orphan_run"
+    log = open(tmp_path / "launch.log", "w")
+    proc = subprocess.Popen(["./launch.sh", "--cpu", "2", "--", "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run),
+                             "train.max_steps=100000", "train.eval_every_steps=0", "checkpoint.every_steps=0",
+                             "logging.tensorboard=false"], cwd=REPO, env=launch_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        m = run / "metrics.jsonl"
+        deadline = time.time() + 200
+        while time.time() < deadline and not (m.is_file() and len(m.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
+            time.sleep(0.1)
+        ranks = {p for p, cmd in _processes_mentioning(str(run)).items() if "-m pretrain.train" in cmd
+                 and "deepspeed.launcher" not in cmd}
+        assert len(ranks) == 2
+        if victim == "launch.sh group":
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        else:
+            [launcher] = [p for p, cmd in _processes_mentioning(str(run)).items() if "deepspeed.launcher.launch" in cmd]
+            os.kill(launcher, signal.SIGKILL)
+        deadline = time.time() + 60
+        while time.time() < deadline and _processes_mentioning(str(run)):
+            time.sleep(0.2)
+        left = _processes_mentioning(str(run))
+        assert not left, f"still running 60 s after the launcher died: {left}"
+    finally:
+        for pid in _processes_mentioning(str(run)):       # only what this test started (its unique run dir)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.close()
+    out = (tmp_path / "launch.log").read_text()
+    assert "signal received: saving a checkpoint" in out, out[-3000:]
+    steps = read_losses(run)
+    latest = ckpt.latest_checkpoint(run)
+    assert latest is not None and ckpt.read_state(latest)["step"] == max(steps) < 100000
+    assert len(list(latest.glob("rng/rank*.pt"))) == 2
+    tags = [p for p in ckpt.ckpt_root(run).iterdir() if p.is_dir()]
+    assert all(ckpt.is_complete(p) for p in tags), tags           # no partial checkpoint left behind

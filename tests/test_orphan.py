@@ -1,0 +1,75 @@
+"""pretrain/orphan.py on real processes: SIGTERM when the launcher PID dies (on its own host only),
+and a parent-death signal for launched ranks but never for a plain (e.g. nohup) process."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+
+# A stand-in rank: the trainer's SIGTERM handler, then the one call pretrain.train makes at startup.
+RANK = """
+import ctypes, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM", flush=True), sys.exit(0)))
+from pretrain import orphan
+watchdog = orphan.stop_when_launcher_dies(poll_s=0.05)
+pdeathsig = ctypes.c_int(0)
+ctypes.CDLL(None).prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)    # PR_GET_PDEATHSIG
+print("ready", watchdog is not None, pdeathsig.value, flush=True)
+time.sleep(float(sys.argv[1]))
+print("timeout", flush=True)
+"""
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl and /proc are Linux")
+
+
+def start_rank(env_extra: dict[str, str], wait_s: float) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "PRETRAIN_LAUNCHER")}
+    env.update(env_extra, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", RANK, str(wait_s)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return proc
+
+
+@pytest.mark.parametrize("host_matches", [True, False])
+def test_launcher_death_sends_sigterm_on_its_host_only(host_matches):
+    launcher = subprocess.Popen(["sleep", "60"])
+    host = socket.gethostname() if host_matches else socket.gethostname() + "-elsewhere"
+    rank = start_rank({"PRETRAIN_LAUNCHER": f"{host} {launcher.pid}"}, wait_s=3 if not host_matches else 30)
+    try:
+        assert rank.stdout.readline().split() == ["ready", str(host_matches), "0"]
+        launcher.kill()          # not reaped yet: a zombie counts as gone
+        t0 = time.time()
+        out, err = rank.communicate(timeout=40)
+    finally:
+        launcher.kill()
+        launcher.wait()
+        rank.kill()
+    if host_matches:     # noticed within a few polls, through the SIGTERM handler
+        assert out.split() == ["SIGTERM"] and time.time() - t0 < 5, err
+        assert f"launcher (launch.sh, pid {launcher.pid}) is gone" in err
+    else:                # another host's PID means nothing here: no watchdog, no signal
+        assert out.split() == ["timeout"], err
+
+
+def test_launcher_already_gone_at_startup_stops_at_once():
+    launcher = subprocess.Popen(["true"])
+    launcher.wait()
+    rank = start_rank({"PRETRAIN_LAUNCHER": f"{socket.gethostname()} {launcher.pid}"}, wait_s=30)
+    out, err = rank.communicate(timeout=40)
+    assert out.split() == ["SIGTERM"], err
+
+
+def test_parent_death_signal_only_for_launched_ranks():
+    """A launched rank (LOCAL_RANK set) asks for SIGTERM on its parent's death; a plain process, which
+    may be running under nohup after its shell left, does not, and starts no watchdog."""
+    plain = start_rank({}, wait_s=0)
+    assert plain.communicate(timeout=40)[0].split() == ["ready", "False", "0", "timeout"]
+    launched = start_rank({"LOCAL_RANK": "0"}, wait_s=0)
+    assert launched.communicate(timeout=40)[0].split() == ["ready", "False", str(int(signal.SIGTERM)), "timeout"]
