@@ -14,6 +14,9 @@ from torch import nn
 
 from . import mixit
 from .config import ModelConfig
+from .kernels.flash import flash_attention, flash_attention_varlen, segments_from_mask
+from .kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked
+from .kernels.mixit_triton import mixit_triton
 from .kernels.select import attention_backend, log_choice, mixit_backend
 
 
@@ -172,7 +175,6 @@ class SoftmaxAttention(nn.Module):
         impl, reason = attention_backend(cfg.attn_impl, q, attn_mask, past, self.record_attn)
         cu_seqlens = None
         if impl == "flash_varlen":
-            from .kernels.flash import segments_from_mask
             cu_seqlens = segments_from_mask(attn_mask)
             if cu_seqlens is None:
                 impl, reason = "sdpa", "document mask is not contiguous segments"
@@ -180,10 +182,8 @@ class SoftmaxAttention(nn.Module):
         if impl == "eager":
             out = self._eager(q, _expand_kv(k, groups), _expand_kv(v, groups), past, attn_mask)
         elif impl == "flash":
-            from .kernels.flash import flash_attention  # GPU only; selected where installed
             out = flash_attention(q, k, v, causal=cfg.causal, softmax_scale=cfg.attn_scale)
         elif impl == "flash_varlen":
-            from .kernels.flash import flash_attention_varlen
             out = flash_attention_varlen(q, k, v, cu_seqlens, causal=cfg.causal, softmax_scale=cfg.attn_scale)
         else:
             mask, causal = self._sdpa_mask(t, past, attn_mask, q.device)
@@ -256,7 +256,6 @@ class MixingAttention(nn.Module):
 
     def drift(self, t: int, device: torch.device) -> torch.Tensor:
         """drift_h for heads 1..H-1, (H-1, n) fp32: computed blockwise once per device and cached."""
-        from .kernels.mixit_blocked import MixitParams, compute_drift
         if self._params is None:
             self._params = MixitParams(self.cfg, self.layer)
         n = self.cfg.max_seq_len if self.cfg.causal else t
@@ -294,8 +293,6 @@ class MixingAttention(nn.Module):
             a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]     # rows of the new positions
             out = torch.matmul(a, v)                                              # (b, H, t, dh)
         else:
-            from .kernels.mixit_blocked import mixit_blocked
-            from .kernels.mixit_triton import mixit_triton
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)
             out = fn(v, self._params, drift, past, cfg.mixit_block_size)

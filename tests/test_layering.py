@@ -13,7 +13,8 @@ BIN = Path(sys.executable).parent
 PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline")
 # What a function may import lazily: slow to import, or absent on some machines.
 HEAVY = ("deepspeed", "flash_attn", "triton", "lm_eval", "liger_kernel", "matplotlib", "scipy", "datasets",
-         "transformers", "model.hf", "torch.utils.tensorboard", "sentencepiece", "s3fs", "gcsfs", "aiohttp")
+         "transformers", "model.hf", "torch.utils.tensorboard", "sentencepiece", "s3fs", "gcsfs", "aiohttp",
+         "eval.lm_eval_adapter")      # imports lm_eval at its top
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess:
@@ -37,16 +38,21 @@ def test_ruff_format_is_applied():
 
 
 def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, absolute module name, the statement's text) of every import below module level."""
     src = path.read_text()
     tree = ast.parse(src)
     top = {id(n) for n in tree.body}
     lines = src.splitlines()
+    package = path.relative_to(REPO).with_suffix("").parts[:-1]
     out = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                ["." * node.level + (node.module or "")]
-            out.append((node.lineno, names[0], lines[node.end_lineno - 1]))
+            if isinstance(node, ast.Import):
+                name = node.names[0].name
+            else:
+                base = package[:len(package) - node.level + 1] if node.level else ()
+                name = ".".join([*base, *([node.module] if node.module else [])])
+            out.append((node.lineno, name, "\n".join(lines[node.lineno - 1:node.end_lineno])))
     return out
 
 

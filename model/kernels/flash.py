@@ -11,7 +11,7 @@ def flash_available() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        import flash_attn  # noqa: F401
+        import flash_attn  # noqa: F401  # deferred: optional, probed
     except ImportError:
         return False
     return True
@@ -20,7 +20,7 @@ def flash_available() -> bool:
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                     softmax_scale: float | None = None) -> torch.Tensor:
     """q: (b, H, t, dh), k/v: (b, H_kv, t, dh) -> (b, H, t, dh). GQA is handled by flash-attn itself."""
-    from flash_attn import flash_attn_func
+    from flash_attn import flash_attn_func  # deferred: heavy
     out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
                           softmax_scale=softmax_scale)
     return out.transpose(1, 2)
@@ -45,7 +45,7 @@ def segments_from_mask(attn_mask: torch.Tensor) -> torch.Tensor | None:
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                            causal: bool, softmax_scale: float | None = None) -> torch.Tensor:
     """Packed documents: q (b, H, t, dh), k/v (b, H_kv, t, dh); attention stays inside each segment."""
-    from flash_attn import flash_attn_varlen_func
+    from flash_attn import flash_attn_varlen_func  # deferred: heavy
     b, H, t, dh = q.shape
     max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
 

@@ -13,6 +13,8 @@ import functools
 
 import torch
 
+from .select import log_choice
+
 IGNORE_INDEX = -100
 
 
@@ -21,7 +23,7 @@ def liger_available() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # noqa: F401
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # noqa: F401  # deferred: optional, probed
     except Exception:
         return False
     return True
@@ -115,9 +117,10 @@ def chunked_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
                          ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """The loss backend for the model: Liger on CUDA when installed, else the chunked path."""
-    from .select import log_choice
     if h.is_cuda and liger_available():
-        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+        from liger_kernel.transformers.fused_linear_cross_entropy import (
+            LigerFusedLinearCrossEntropyLoss,  # deferred: heavy
+        )
         log_choice("loss", "liger", "CUDA, liger-kernel installed")
         return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index)(weight, h, labels)
     log_choice("loss", "chunked", f"{chunk} tokens per chunk")

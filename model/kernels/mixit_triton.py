@@ -25,8 +25,8 @@ from .mixit_blocked import MixitParams, sink_backward, sink_forward
 @functools.lru_cache(maxsize=1)
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
+        import triton  # noqa: F401  # deferred: optional, probed
+        import triton.language  # noqa: F401  # deferred: optional, probed
     except Exception:                                   # ImportError, or a broken install
         return False
     return True
@@ -34,8 +34,8 @@ def triton_available() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _kernels():
-    import triton
-    import triton.language as tl
+    import triton  # deferred: heavy
+    import triton.language as tl  # deferred: heavy
 
     @triton.jit
     def fwd(V, CS, O, KEYS, SIG, DRIFT, n, row_start, T, beta,
@@ -123,7 +123,7 @@ def _blocks(dh: int, block: int) -> tuple[int, int, int]:
 
 def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
     """Heads 1..H-1: v (b, H-1, n, dh) float32 contiguous -> (b, H-1, n - row_start, dh) float32."""
-    import triton
+    import triton  # deferred: heavy
     fwd, _ = _kernels()
     b, Hr, n, dh = v.shape
     cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
@@ -141,7 +141,7 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
 
 def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block: int) -> torch.Tensor:
     """Heads 1..H-1, row_start == 0: g (b, H-1, n, dh) float32 contiguous -> dV = A^T g."""
-    import triton
+    import triton  # deferred: heavy
     _, bwd = _kernels()
     b, Hr, n, dh = g.shape
     dv = torch.empty_like(g)

@@ -12,6 +12,9 @@ import logging
 
 import torch
 
+from .flash import flash_available
+from .mixit_triton import triton_available
+
 log = logging.getLogger("model.kernels")
 
 # Dense A costs H * T^2 * 4 bytes per layer and device (4 heads at T = 1024: 16 MiB), cached
@@ -32,7 +35,6 @@ def log_choice(kind: str, choice: str, reason: str) -> None:
 def attention_backend(attn_impl: str, q: torch.Tensor, attn_mask: torch.Tensor | None, past: int,
                       record_attn: bool = False) -> tuple[str, str]:
     """(backend, reason) for one softmax-attention call: 'eager', 'flash', 'flash_varlen' or 'sdpa'."""
-    from .flash import flash_available
     if record_attn:
         return "eager", "attention maps are being recorded"
     if attn_impl == "eager":
@@ -59,7 +61,6 @@ def mixit_backend(mixit_impl: str, max_seq_len: int, device: torch.device) -> tu
     """(impl, reason) for MixiT mixing: 'dense', 'blocked' or 'triton'."""
     if mixit_impl != "auto":
         return mixit_impl, f"mixit_impl={mixit_impl}"
-    from .mixit_triton import triton_available
     if torch.device(device).type == "cuda" and triton_available():
         return "triton", "CUDA with Triton"
     if max_seq_len <= MIXIT_DENSE_MAX_T:
