@@ -154,7 +154,8 @@ def prune(run_dir: Path, keep_last: int) -> list[Path]:
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     """`auto` -> latest complete checkpoint of run_dir (or None); `never`/None -> None;
-    a path -> that checkpoint tag dir (or the latest in a run dir / checkpoints dir)."""
+    a path -> that checkpoint tag dir, or the latest in a run dir, its checkpoints/ dir, or any dir
+    of tag dirs (e.g. the output of pretrain.universal)."""
     if resume in (None, "", "never"):
         return None
     if resume == "auto":
@@ -167,5 +168,9 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
             return latest_checkpoint(cand)
     if p.name == "checkpoints" and latest_checkpoint(p.parent) is not None:
         return latest_checkpoint(p.parent)
+    tag_dirs = sorted((int(m.group(1)), c) for c in (p.iterdir() if p.is_dir() else ())
+                      if (m := TAG_RE.match(c.name)) and is_complete(c))
+    if tag_dirs:
+        return tag_dirs[-1][1]
     raise FileNotFoundError(f"--resume {resume}: no complete checkpoint there (expected a run dir, its "
                             f"checkpoints/ dir, or a tag dir containing {STATE} and {COMPLETE})")

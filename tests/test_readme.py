@@ -1,0 +1,283 @@
+"""The README is a test: every shell command of README.md's and docs/TRAINING.md's ```bash blocks
+runs, in order, in a scratch copy of the repository, and produces what the docs say it produces.
+
+Commands run as written (through bash, with the virtual environment on PATH as after
+`source .venv/bin/activate`); only the budget changes: training gets dotted overrides appended
+(`train.max_steps=4 ...`), the demo and studies get smaller sizes, and commands that need GPUs,
+several nodes or a Slurm allocation print their plan (`launch.sh --dry-print`, plus a
+`pretrain.train --dry-run` of the same training arguments). Every command must match exactly one
+rule below, so a command added to the docs without a rule fails here, and so does a flag the code
+no longer accepts. `../shared/data/wikitext-2` is the real one where it exists, else generated text.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from checkpoint import tags
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = ("README.md", "docs/TRAINING.md")
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+TRAIN_BUDGET = ["train.max_steps=4", "checkpoint.every_steps=2", "logging.tensorboard=false"]
+TIMEOUT_S = 600
+
+pytestmark = pytest.mark.slow
+
+
+# ---- reading the docs ---------------------------------------------------------------------
+
+def doc_commands(text: str) -> list[str]:
+    """The commands of every ```bash block: continuation lines joined, comments dropped, `a && b` split."""
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            tokens = shlex.split(line, comments=True)
+            cmd: list[str] = []
+            for t in tokens + ["&&"]:
+                if t == "&&":
+                    if cmd:
+                        out.append(_join(cmd))
+                    cmd = []
+                else:
+                    cmd.append(t)
+    return out
+
+
+def _join(tokens: list[str]) -> str:
+    """Tokens back to a bash line; globs stay unquoted so bash expands them as the docs intend."""
+    return " ".join(t if re.fullmatch(r"[\w@%+=:,./*?~-]+", t) else shlex.quote(t) for t in tokens)
+
+
+# ---- how each command runs in the test, and what it must produce ----------------------------
+
+@dataclass
+class Rule:
+    pattern: str                                          # regex on the command line
+    what: str                                             # what the docs say it produces
+    budget: Callable[[list[str]], list[str]] = lambda t: t
+    check: Callable[[Path, str, list[str]], None] = lambda root, out, t: None
+    also: Callable[[list[str]], list[str] | None] = lambda t: None    # a second command that must pass too
+    run: bool = True
+
+
+def _arg(tokens: list[str], flag: str) -> str | None:
+    return tokens[tokens.index(flag) + 1] if flag in tokens else None
+
+
+def _recipe_run_dir(root: Path, tokens: list[str]) -> Path:
+    """The run dir a training command writes: --run-dir, else runs/<name> (an override or the recipe's)."""
+    if _arg(tokens, "--run-dir"):
+        return root / _arg(tokens, "--run-dir")
+    name = next((t.split("=", 1)[1] for t in tokens if t.startswith("name=")), None)
+    if name is None:
+        name = re.search(r"^name:\s*(\S+)", (root / _arg(tokens, "--recipe")).read_text(), re.M).group(1)
+    return root / "runs" / name
+
+
+def _trained(root: Path, out: str, tokens: list[str]) -> None:
+    run = _recipe_run_dir(root, tokens)
+    latest = tags.latest_checkpoint(run)
+    assert latest is not None and tags.read_state(latest)["step"] == 4, f"{run}: no complete checkpoint at step 4"
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+def _train_args(tokens: list[str]) -> list[str]:
+    return tokens[tokens.index("--") + 1:]
+
+
+def _launch_dry(tokens: list[str]) -> list[str]:
+    i = tokens.index("--")
+    return tokens[:i] + ["--dry-print"] + tokens[i:]
+
+
+def _plan_of_launch(tokens: list[str]) -> list[str]:
+    """The same training arguments as a --dry-run on the world size the launch line asks for."""
+    gpus = int(_arg(tokens, "--gpus") or 8)
+    nodes = 2 if "--hostfile" in tokens else 1
+    return ["python", "-m", "pretrain.train", *_train_args(tokens), "--dry-run", "--world-size", str(gpus * nodes)]
+
+
+def _printed_launch(root: Path, out: str, tokens: list[str]) -> None:
+    target = "--_slurm-task" if "--slurm" in tokens else "pretrain.train"      # srun re-enters launch.sh per task
+    assert out.startswith("+ ") and target in out and _arg(tokens, "--recipe") in out, out[-2000:]
+
+
+def _file(path: str, *more: str) -> Callable[[Path, str, list[str]], None]:
+    def check(root: Path, out: str, tokens: list[str]) -> None:
+        for p in (path, *more):
+            assert (root / p).exists(), f"{p} was not produced"
+    return check
+
+
+def _eval_out(root: Path, out: str, tokens: list[str]) -> None:
+    if _arg(tokens, "--out"):
+        res = json.loads((root / _arg(tokens, "--out")).read_text())
+        wanted = _arg(tokens, "--tasks").split(",")
+        assert set(res["tasks"]) == set(wanted) and all(res["tasks"][t] for t in wanted)
+    elif _arg(tokens, "--out-dir"):
+        d = root / _arg(tokens, "--out-dir")
+        table = (d / "results.md").read_text()
+        for run in [t for i, t in enumerate(tokens) if i and tokens[i - 1] == "--run-dir"]:
+            assert Path(run).name in table
+        assert list((d / "plots").glob("*.png"))
+    else:
+        res = json.loads(out)
+        assert res["tasks"] and res["metrics"]
+
+
+def _demo(root: Path, out: str, tokens: list[str]) -> None:
+    assert (root / "outputs" / "demo" / "demo.png").stat().st_size > 10_000
+    assert "| task |" in out and re.search(r"Paper's qualitative result (HOLDS|does NOT hold)", out), out[-3000:]
+
+
+def _scaling(root: Path, out: str, tokens: list[str]) -> None:
+    d = root / _arg(tokens, "--out")
+    if tokens[3] == "sweep":
+        assert len(list((d / "runs").iterdir())) >= 2
+    elif tokens[3] == "collect":
+        assert (d / "results.csv").is_file() and (d / "results.md").is_file()
+    else:
+        assert (d / "fits.json").is_file() and list(d.glob("*.png"))
+
+
+def _scaling_budget(tokens: list[str]) -> list[str]:
+    if tokens[3] != "sweep":
+        return tokens
+    return tokens + ["--sizes", "tiny,xs", "--variants", "standard,mixit", "--seeds", "1", "--tokens", "4096"]
+
+
+RULES = [
+    Rule(r"^tests/run$", "the test suite (this test is part of it)", run=False),
+    Rule(r"^source \.venv/bin/activate$", "the environment on PATH (every command here runs with it)", run=False),
+    Rule(r"^\./demo\.sh$", "a table beside the paper's numbers, a verdict line and outputs/demo/demo.png",
+         budget=lambda t: t + ["--steps-scale", "0.004", "--eval-samples", "16"], check=_demo),
+    Rule(r"^python -m pretrain\.train .*--dry-run", "the plan",
+         check=lambda root, out, t: (assert_in("# summary", out), assert_in("layout:", out))),
+    Rule(r"^python -m pretrain\.train ", "a run dir with checkpoints", budget=lambda t: t + TRAIN_BUDGET,
+         check=_trained),
+    Rule(r"^\./launch\.sh --cpu \d+ -- ", "a run trained by N CPU ranks", budget=lambda t: t + TRAIN_BUDGET,
+         check=_trained),
+    Rule(r"^\./launch\.sh ", "the launch command (GPU, multi-node or Slurm: printed, the plan checked)",
+         budget=_launch_dry, check=_printed_launch, also=_plan_of_launch),
+    Rule(r"^python -m pretrain\.export ", "an exported model dir",
+         check=lambda root, out, t: _file(_arg(t, "--out") + "/config.json")(root, out, t)),
+    Rule(r"^python -m pretrain\.universal ", "a universal checkpoint",
+         check=lambda root, out, t: assert_in("universal checkpoint:", out)),
+    Rule(r"^python -m data_pipeline\.tokenizer train ", "a tokenizer dir",
+         budget=lambda t: t + ["--vocab-size", "1000"], check=lambda root, out, t: _file(_arg(t, "--out"))(root, out, t)),
+    Rule(r"^python -m data_pipeline\.prepare ", "a shard dir with a manifest",
+         check=lambda root, out, t: _file(_arg(t, "--out") + "/manifest.json")(root, out, t)),
+    Rule(r"^python -m eval\.run ", "results (JSON, or a table and plots for --run-dir)", check=_eval_out),
+    Rule(r"^python -m eval\.generate ", "generated text",
+         check=lambda root, out, t: assert_in(_arg(t, "--prompt"), out)),
+    Rule(r"^python -m studies\.scaling (sweep|collect|fit) ", "sweep runs, a table, fits and plots",
+         budget=_scaling_budget, check=_scaling),
+]
+
+
+def assert_in(needle: str, text: str) -> None:
+    assert needle in text, f"{needle!r} not in output:\n{text[-3000:]}"
+
+
+def rule_for(cmd: str) -> Rule:
+    hits = [r for r in RULES if re.search(r.pattern, cmd)]
+    assert hits, f"no rule for the documented command {cmd!r}: add one to tests/test_readme.py"
+    return hits[0]
+
+
+# ---- the scratch checkout -----------------------------------------------------------------
+
+def _generated_text(path: Path, seed: int, n_lines: int = 6000) -> None:
+    """English-shaped text with a few thousand distinct words (enough merges for a 1000-piece BPE)."""
+    rng = random.Random(seed)
+    syll = [a + b for a in "bcdfghklmnprstvw" for b in "aeiou"]
+    words = ["".join(rng.choice(syll) for _ in range(rng.randint(1, 4))) for _ in range(4000)]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + " ." for _ in range(n_lines)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    """tmp/repo (the tracked files, the environment linked) beside tmp/shared/data/wikitext-2."""
+    top = tmp_path_factory.mktemp("readme")
+    root = top / "repo"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for f in files:
+        if (REPO / f).is_file():
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, root / f)
+    (root / ".venv").symlink_to(REPO / ".venv")
+    wt = top / "shared" / "data" / "wikitext-2"
+    wt.mkdir(parents=True)
+    for i, split in enumerate(("valid", "test")):
+        if (WIKITEXT / f"{split}.txt").is_file():
+            (wt / f"{split}.txt").symlink_to(WIKITEXT / f"{split}.txt")
+        else:
+            _generated_text(wt / f"{split}.txt", seed=i)
+    (root / "hostfile").write_text("node0 slots=8\nnode1 slots=8\n")      # the format the docs describe
+    fake = top / "fake-bin"                # scontrol, for the Slurm line's plan outside an allocation
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho node0\n")
+    (fake / "scontrol").chmod(0o755)
+    return root
+
+
+def _env(root: Path) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                                      "MASTER_", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"))}
+    return dict(keep, PATH=f"{root / '.venv' / 'bin'}:{os.environ['PATH']}:{root.parent / 'fake-bin'}",
+                VIRTUAL_ENV=str(root / ".venv"), DS_ACCELERATOR="cpu", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1",
+                HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[0-1]", SLURM_NTASKS="16", SLURM_NNODES="2")
+
+
+def _bash(root: Path, tokens: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", _join(tokens)], cwd=root, env=_env(root), capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+
+
+# ---- the tests ----------------------------------------------------------------------------
+
+def _all_commands() -> list[tuple[str, str]]:
+    return [(doc, c) for doc in DOCS for c in doc_commands((REPO / doc).read_text())]
+
+
+def test_every_documented_command_has_a_rule():
+    cmds = _all_commands()
+    assert len(cmds) >= 20
+    for _, c in cmds:
+        rule_for(c)
+    readme = [c for d, c in cmds if d == "README.md"]
+    assert readme[:2] == ["./demo.sh", "tests/run"], "the README's two set-up commands come first"
+
+
+def test_doc_commands_parse_blocks_continuations_comments_and_chains():
+    text = "x\n```bash\na --b 'c d'  # note\ne \\\n  f && g *.txt\n# only a comment\n```\n```python\nno\n```\n"
+    assert doc_commands(text) == ["a --b 'c d'", "e f", "g *.txt"]
+
+
+def test_the_documented_journey_runs(scratch):
+    for doc, cmd in _all_commands():
+        rule = rule_for(cmd)
+        if not rule.run:
+            continue
+        tokens = rule.budget(shlex.split(cmd))
+        out = _bash(scratch, tokens)
+        assert out.returncode == 0, f"{doc}: `{cmd}` (run as `{_join(tokens)}`) failed:\n{(out.stdout + out.stderr)[-4000:]}"
+        rule.check(scratch, out.stdout, tokens)
+        extra = rule.also(tokens)
+        if extra is not None:
+            out2 = _bash(scratch, extra)
+            assert out2.returncode == 0, f"{doc}: plan of `{cmd}` failed:\n{(out2.stdout + out2.stderr)[-3000:]}"
