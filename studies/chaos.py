@@ -50,7 +50,7 @@ class ChaosResult:
 
     @property
     def ok(self) -> bool:
-        return self.equal_steps == self.steps and not self.incomplete_dirs and self.max_abs_loss_diff <= 1e-5
+        return self.equal_steps == self.steps and not self.incomplete_dirs and self.max_abs_loss_diff == 0.0
 
 
 def _free_port() -> int:
@@ -61,7 +61,7 @@ def _free_port() -> int:
 
 def _overrides(layout: str, steps: int, every: int) -> list[str]:
     return [*LAYOUTS[layout], f"train.max_steps={steps}", f"checkpoint.every_steps={every}", "checkpoint.keep_last=2",
-            "train.eval_every_steps=0", "logging.tensorboard=false", "logging.progress_bar=off",
+            "train.eval_every_steps=0", "logging.tensorboard=false", "logging.progress_bar='off'",
             "model.variant=standard", "train.grad_clip=1.0"]
 
 
@@ -212,7 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
     layouts = list(LAYOUTS) if a.layout == "all" else [a.layout]
-    results = [chaos_run(lay, a.steps, a.kills, seed, Path(a.out), a.every) for lay in layouts]
+    try:
+        results = [chaos_run(lay, a.steps, a.kills, seed, Path(a.out), a.every) for lay in layouts]
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"error: {e} (seed {seed}). Fix: read the run's log under {a.out}; replay with --seed {seed}",
+              file=sys.stderr)
+        return 1
     print(table(results))
     return 0 if all(r.ok for r in results) else 1
 
