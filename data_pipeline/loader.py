@@ -148,8 +148,9 @@ class _Prefetcher:
 
     A batch is a pure function of its global position k0, so results are keyed by k0: a jump
     (``load_state_dict``, a rollback) just makes the queued positions stale, and they are
-    dropped; nothing about the order depends on timing. An exception raised while building a
-    batch is re-raised by the ``get`` that asks for that batch. Tensors are pinned when CUDA
+    dropped; nothing about the order depends on timing. An exception raised while building the
+    batch a ``get`` waits for is re-raised there; one raised ahead of time is discarded and the
+    batch built again when asked for. Tensors are pinned when CUDA
     is available, so the host-to-device copy can run asynchronously.
     """
 
@@ -165,7 +166,9 @@ class _Prefetcher:
     def get(self, k0: int, step: int):
         with self._cv:
             self._want = [k0 + j * step for j in range(self._depth + 1)]
-            for k in [k for k in self._done if k not in self._want]:
+            # drop stale positions, and failures computed ahead of time (e.g. during an outage that
+            # may be over now): those positions are built again, so an error is always a fresh one
+            for k in [k for k, (ok, _) in self._done.items() if k not in self._want or not ok]:
                 del self._done[k]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="data-prefetch", daemon=True)

@@ -85,7 +85,7 @@ class RemoteStore:
         if isinstance(e, FileNotFoundError):
             return DataError(f"{self.url_of(name)} was not found on the server; upload the whole prepared directory "
                              f"(manifest.json and every shard_*.bin/.idx) to {self.url}, or fix data.source")
-        if isinstance(e, PermissionError):
+        if isinstance(e, PermissionError) or type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
             return DataError(f"access to {self.url_of(name)} was refused ({e}); check the credentials in "
                              "data.storage_options or the environment")
         return None

@@ -84,17 +84,20 @@ class LoopbackServer:
         import os
         import socket
         import subprocess
+        import tempfile
         import time
 
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(self._cmd_for_port(self.port), env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+        # the server's log goes to a file: a pipe nobody reads would fill up and stall the server
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self._cmd_for_port(self.port), env=env, stdout=self._log, stderr=self._log)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                self._log.seek(0)
                 raise RuntimeError(f"server {self._cmd_for_port(self.port)} exited with {self.proc.returncode}: "
-                                   f"{self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+                                   f"{self._log.read().decode(errors='replace')[-2000:]}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return
@@ -107,8 +110,8 @@ class LoopbackServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if self.proc is not None:
+            self._log.close()
         self.proc = None
 
     def __enter__(self):
@@ -138,11 +141,11 @@ def s3_server(port: int | None = None) -> LoopbackServer:
 
 
 def s3_storage_options(server: LoopbackServer, fast_fail: bool = False) -> dict:
-    """fsspec options for ``s3://`` URLs on ``server`` (fast_fail: no retries inside s3fs/botocore)."""
+    """fsspec options for ``s3://`` URLs on ``server`` (fast_fail: no retries inside botocore; s3fs's
+    own loop is the class attribute ``s3fs.S3FileSystem.retries``)."""
     opts = {"endpoint_url": server.url, "key": S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
             "secret": S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"], "config_kwargs": {"region_name": "us-east-1"}}
     if fast_fail:
-        opts.update(retries=1)
         opts["config_kwargs"].update(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5)
     return opts
 
@@ -153,8 +156,12 @@ def upload_dir(local: str | Path, url: str, storage_options: dict | None = None)
 
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     bucket = root.split("/", 1)[0]
-    if url.startswith("s3://") and not fs.exists(bucket):
-        fs.mkdir(bucket)
+    if url.startswith("s3://"):
+        fs.invalidate_cache()             # the server may have been restarted (moto keeps objects in memory)
+        try:
+            fs.mkdir(bucket)
+        except FileExistsError:
+            pass
     for p in sorted(Path(local).iterdir()):
         if p.is_file():
             fs.pipe_file(f"{root}/{p.name}", p.read_bytes())

@@ -63,9 +63,9 @@ def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[l
 def shard_stream(directory: str | Path, tokenizer=None, max_tokens: int | None = None,
                  expect_tokenizer_id: str | None = None) -> tuple[np.ndarray, int | None]:
     """Tokens of a prepared (data_pipeline) split; byte count via the tokenizer when given."""
-    from data_pipeline.shards import ShardSet
+    from data_pipeline.storage import open_shards   # local directory or fsspec URL (s3://, https://, ...)
     try:
-        shards = ShardSet(directory)
+        shards = open_shards(directory)
     except ValueError as e:
         raise EvalError(str(e)) from e
     tid = shards.manifest.get("tokenizer_id")

@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from data_pipeline.errors import DataError
+
 from . import checkpointing as ckpt
 from . import faults, safety
 from .config import REPO_ROOT, RecipeError, RunConfig, load_recipe
@@ -807,7 +809,8 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (safety.NonFiniteLoss, safety.CheckpointWriteFailed, safety.UnsafeCheckpoint, safety.RankFailure) as e:
+    except (safety.NonFiniteLoss, safety.CheckpointWriteFailed, safety.UnsafeCheckpoint, safety.RankFailure,
+            DataError) as e:         # DataError here: data unreadable mid-run (e.g. a shard server outage)
         print(f"error: {e}", file=sys.stderr, flush=True)
         if isinstance(e, safety.RankFailure):
             os._exit(3)                  # a dead peer can make process-group teardown hang
