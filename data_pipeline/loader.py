@@ -16,6 +16,7 @@ the task's loss mask scores the next token.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -208,11 +209,24 @@ class _Prefetcher:
                     self._done[todo] = res
                 self._cv.notify_all()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 0.0) -> None:
         with self._cv:
             self._closed = True
             self._want, self._done = [], {}
             self._cv.notify_all()
+        if wait_s and self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
+
+
+_LIVE_PREFETCHERS: "weakref.WeakSet[_Prefetcher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_prefetchers() -> None:
+    """Let in-flight batches finish before the interpreter (and torch) is torn down: a daemon
+    thread still inside torch at that point can abort the process."""
+    for p in list(_LIVE_PREFETCHERS):
+        p.close(wait_s=10.0)
 
 
 class Loader:
@@ -352,6 +366,7 @@ class Loader:
         if self.cfg.prefetch > 0 and self.split == "train":
             if self._prefetcher is None:
                 self._prefetcher = _Prefetcher(self._batch_at, self.cfg.prefetch, torch.cuda.is_available())
+                _LIVE_PREFETCHERS.add(self._prefetcher)
             batch = self._prefetcher.get(k0, self.global_batch_size)
         else:
             batch = self._batch_at(k0)
