@@ -96,8 +96,7 @@ class ShardSource:
         lab = toks[:, 1:].astype(np.int64)
         docs = None
         if want_docs:
-            d = self.shards.gather_doc_ids(a, L)
-            docs = d - d[:, :1]
+            docs = self.shards.gather_doc_ids(a, L, relative=True)
         return inp, lab, docs
 
 

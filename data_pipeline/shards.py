@@ -410,14 +410,34 @@ class ShardSet:
             out[r] = self.read(int(starts[r]), int(starts[r]) + n)
         return out
 
-    def gather_doc_ids(self, starts, n: int) -> np.ndarray:
-        """Global document index of each position of ``gather(starts, n)`` (int64)."""
+    def gather_doc_ids(self, starts, n: int, relative: bool = False) -> np.ndarray:
+        """Global document index of each position of ``gather(starts, n)`` (int64); with
+        ``relative``, counted from each window's first document (0 at its first position).
+
+        Per window: the offsets inside it mark where a new document starts, and a cumulative
+        sum along the row numbers them; no search per position.
+        """
         starts = np.asarray(starts, dtype=np.int64)
-        out = np.empty((len(starts), n), dtype=np.int64)
+        out = np.zeros((len(starts), n), dtype=np.int64)
         groups, crossing = self._groups(starts, n)
         for s, rows in groups:
-            pos = (starts[rows] - self.tok_starts[s])[:, None] + np.arange(n, dtype=np.int64)
-            out[rows] = np.searchsorted(self._offsets(s), pos, side="right") - 1 + self.doc_starts[s]
+            offs = self._offsets(s)
+            lo = starts[rows] - self.tok_starts[s]
+            first = np.searchsorted(offs, lo, side="right")             # offsets <= lo: doc of lo is first - 1
+            last = np.searchsorted(offs, lo + n - 1, side="right")      # offsets <= the window's last position
+            k = last - first                                            # document starts inside the window
+            if k.any():
+                r = np.repeat(np.arange(len(rows)), k)
+                j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k) + np.repeat(first, k)
+                marks = np.zeros((len(rows), n), dtype=np.int64)
+                np.add.at(marks, (r, np.asarray(offs[j], dtype=np.int64) - lo[r]), 1)
+                block = np.cumsum(marks, axis=1)
+            else:
+                block = np.zeros((len(rows), n), dtype=np.int64)
+            if not relative:
+                block += (first - 1 + self.doc_starts[s])[:, None]
+            out[rows] = block
         for r in crossing:
-            out[r] = self.doc_ids(int(starts[r]), int(starts[r]) + n)
+            d = self.doc_ids(int(starts[r]), int(starts[r]) + n)
+            out[r] = d - d[0] if relative else d
         return out

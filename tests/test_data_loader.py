@@ -315,6 +315,11 @@ def test_vectorised_rows_equal_per_row_reference(data):
     for row, (i, l, d) in enumerate(_reference_rows(src, idx, True)):
         assert np.array_equal(inp[row], i) and np.array_equal(lab[row], l) and np.array_equal(docs[row], d)
     assert inp.dtype == lab.dtype == docs.dtype == np.int64
+    starts = src.start + idx * L                  # absolute document ids too, for windows of several lengths
+    for n in (1, 2, L, 700):
+        ok = starts[starts + n <= src.shards.num_tokens]
+        g = src.shards.gather_doc_ids(ok, n)
+        assert all(np.array_equal(g[r], src.shards.doc_ids(int(a), int(a) + n)) for r, a in enumerate(ok))
 
 
 @pytest.mark.parametrize("source", ["A", "mix"])
