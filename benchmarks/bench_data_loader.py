@@ -14,6 +14,7 @@ at 45% MFU on an H100 (the loader's work either runs inside the step or, prefetc
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -143,7 +144,7 @@ def main() -> None:
         def row(name, shape, tps, wait=None):
             rows.append((name, tps))
             w = "" if wait is None else f"{wait * 1e3:>9.2f} ms{wait / step_s:>9.2%}"
-            t = f"{tps:>14,.0f}{tps / need:>8,.0f}x" if tps == tps else f"{'-':>14}{'-':>9}"
+            t = f"{tps:>14,.0f}{tps / need:>8,.0f}x" if not math.isnan(tps) else f"{'-':>14}{'-':>9}"
             print(f"{name:<48}{shape:>11}{t}{w}", flush=True)
 
         shapes = [(B, L, "B"), (64, 256, "")]
@@ -176,7 +177,7 @@ def main() -> None:
             row(f"synthetic:{task}, sync", f"{B}x64", tight(lambda: build_loader(
                 DataConfig(source=f"synthetic:{task}", prefetch=0), split="train", seq_len=64, global_batch_size=B),
                 args.steps))
-        worst = min((r for r in rows if not r[0].startswith("synthetic") and r[1] == r[1]), key=lambda r: r[1])
+        worst = min((r for r in rows if not r[0].startswith("synthetic") and not math.isnan(r[1])), key=lambda r: r[1])
         print(f"\nslowest shard row: {worst[0]}: {worst[1]:,.0f} tokens/s per rank = {worst[1] / need:,.0f}x "
               "what one GPU consumes")
 

@@ -217,7 +217,7 @@ class _Prefetcher:
             self._thread.join(wait_s)
 
 
-_LIVE_PREFETCHERS: "weakref.WeakSet[_Prefetcher]" = weakref.WeakSet()
+_LIVE_PREFETCHERS: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
 
 
 @atexit.register
