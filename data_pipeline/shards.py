@@ -80,8 +80,6 @@ def write_shard(out: Path, index: int, tokens: np.ndarray, offsets: np.ndarray, 
         f.flush()
         os.fsync(f.fileno())
     if delay_s:
-        import time
-
         time.sleep(delay_s)
     os.replace(idx_tmp, idx_path)
     os.replace(bin_tmp, bin_path)

@@ -1,11 +1,17 @@
-"""Small local fixtures shared by the data tests and benchmarks (no network, no big files).
+"""Small local fixtures shared by the data tests and benchmarks (no network beyond loopback, no big files).
 
 Real text comes from the wikitext-2 copy next to the repository when it exists; otherwise
 a deterministic generated corpus stands in, so the tests run anywhere.
 """
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
@@ -59,8 +65,6 @@ def http_app(argv: list[str]):
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -81,12 +85,6 @@ class LoopbackServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        import os
-        import socket
-        import subprocess
-        import tempfile
-        import time
-
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
         # the server's log goes to a file: a pipe nobody reads would fill up and stall the server
@@ -123,8 +121,6 @@ class LoopbackServer:
 
 def http_server(root: str | Path, port: int | None = None) -> LoopbackServer:
     """Serve the directory ``root`` over HTTP (with Range support) from a separate process."""
-    import sys
-
     return LoopbackServer(lambda p: [sys.executable, "-m", "aiohttp.web", "-H", "127.0.0.1", "-P", str(p),
                                      "data_pipeline.testing:http_app", str(root)], port)
 
@@ -134,8 +130,6 @@ S3_TEST_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 def s3_server(port: int | None = None) -> LoopbackServer:
     """An S3-compatible server (moto) in a separate process; its state lives in that process."""
-    import sys
-
     return LoopbackServer(lambda p: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p)], port,
                           env=S3_TEST_ENV)
 

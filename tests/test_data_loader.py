@@ -1,8 +1,12 @@
 """The loader: global order independent of world size, exact resume, mixtures, val split, bad shards."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +14,10 @@ import pytest
 import torch
 
 from data_pipeline import DataConfig, DataError, build_loader
+from data_pipeline import loader as loader_mod
 from data_pipeline.order import MixtureSchedule, Permutation
 from data_pipeline.prepare import prepare
-from data_pipeline.shards import ShardSet
+from data_pipeline.shards import VERIFY_RECORD, ShardSet, read_manifest, verify_shards
 from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
 
 L = 32
@@ -219,8 +224,6 @@ def test_flipped_byte(copy_a):
 
 
 def test_token_ids_beyond_vocab(copy_a):
-    import hashlib
-
     p = copy_a / "shard_00000.bin"
     arr = np.fromfile(p, dtype=np.uint16)
     arr[5] = 999
@@ -346,8 +349,6 @@ def test_prefetch_gives_the_synchronous_stream_across_jumps(data, source):
 # ---- verification once per run, and shards changed under a live map -----------------------------
 
 def test_verification_record_hashes_once(copy_a, tmp_path):
-    from data_pipeline.shards import VERIFY_RECORD, read_manifest, verify_shards
-
     m = read_manifest(copy_a)
     rec = tmp_path / "run"
     assert verify_shards(copy_a, m, mode="full", record_dir=rec) == "hashed"
@@ -376,10 +377,6 @@ print(verify_shards(d, read_manifest(d), mode="full", record_dir=rec))
 
 
 def test_verification_record_one_of_many_ranks_hashes(copy_a, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     procs = [subprocess.Popen([sys.executable, "-c", _VERIFY_SCRIPT, str(copy_a), str(tmp_path / "run")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(4)]
@@ -388,9 +385,6 @@ def test_verification_record_one_of_many_ranks_hashes(copy_a, tmp_path):
 
 
 def test_build_loader_writes_the_record(copy_a, tmp_path, monkeypatch):
-    from data_pipeline import loader as loader_mod
-    from data_pipeline.shards import VERIFY_RECORD
-
     monkeypatch.setattr(loader_mod, "_VERIFIED", set())      # as in a fresh process
     build_loader(DataConfig(source=str(copy_a)), split="train", seq_len=L, global_batch_size=8,
                  verify_record=tmp_path / "run")
@@ -398,8 +392,6 @@ def test_build_loader_writes_the_record(copy_a, tmp_path, monkeypatch):
 
 
 def test_shard_truncated_or_replaced_under_a_live_map(copy_a):
-    import os
-
     ld = _loader(copy_a, prefetch=0)
     s = ld.sources[0].shards
     starts = np.arange(0, 6000, 97)                           # all inside shard 0

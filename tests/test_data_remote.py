@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import fsspec.config
 import numpy as np
 import pytest
 import torch
@@ -26,6 +27,7 @@ from data_pipeline.shards import ShardSet
 from data_pipeline.storage import RemoteShardSet
 from data_pipeline.testing import (corpus_lines, http_server, make_tokenizer, s3_server, s3_storage_options, upload_dir,
                                    write_text)
+from eval.perplexity import shard_stream
 
 REPO = Path(__file__).resolve().parents[1]
 L = 32
@@ -160,7 +162,7 @@ def test_server_outage_retries_then_names_url_and_recovers(served, backend, tmp_
         opts, url = None, f"{srv.url}/A"
         restore = srv.start
     else:
-        import s3fs
+        import s3fs  # deferred: heavy (aiobotocore)
 
         monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)    # our loop does the retrying, and times it
         srv = s3_server()
@@ -258,10 +260,6 @@ def test_node_cache_shared_by_concurrent_ranks(served, tmp_path):
 
 @pytest.mark.parametrize("backend", ["http", "s3"])
 def test_eval_val_dir_reads_remote_shards(served, backend, monkeypatch):
-    import fsspec.config
-
-    from eval.perplexity import shard_stream
-
     local, _ = shard_stream(served["srv"] / "B")
     # eval.run takes fsspec options from fsspec's config (FSSPEC_S3_ENDPOINT_URL=... in the environment)
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": served["s3"].url, "key": "testing",
