@@ -82,6 +82,10 @@ class RemoteStore:
         return f"{self.root}/{name}"
 
     def _fatal(self, name: str, e: BaseException) -> DataError | None:
+        """A DataError for failures that retrying cannot fix (missing file, refused credentials)."""
+        cause = e.__cause__
+        if isinstance(e, FileNotFoundError) and cause is not None and not isinstance(cause, FileNotFoundError):
+            return None     # fsspec's HTTP info() reports any failure, a refused connection too, as not found
         if isinstance(e, FileNotFoundError):
             return DataError(f"{self.url_of(name)} was not found on the server; upload the whole prepared directory "
                              f"(manifest.json and every shard_*.bin/.idx) to {self.url}, or fix data.source")
@@ -166,8 +170,9 @@ class ShardCache:
     Safe for many processes at once: every file is written under a unique temporary name and
     renamed into place; a reader that loses a file to eviction just fetches it again (an open
     or mapped file stays readable after it is unlinked). Size is bounded by ``max_bytes`` over
-    the whole root: past it, one process (under ``root/.evict.lock``) deletes the least recently
-    used files (mtime; a hit touches the file) down to 90%.
+    the whole root: after every ``max_bytes / 16`` a process writes, it (or, if another holds
+    ``root/.evict.lock``, that one) deletes the least recently used files (mtime; a hit touches
+    the file) down to 90%. So the bound can be overshot by 1/16 per writing process between checks.
     """
 
     def __init__(self, root: str | os.PathLike, namespace: str, max_bytes: int):
@@ -181,7 +186,6 @@ class ShardCache:
         except OSError as e:
             raise DataError(f"cannot create the shard cache in {self.dir} ({e}). Fix: set data.cache_dir (or "
                             f"${CACHE_ENV}) to a writable node-local directory") from e
-        self.evict()
 
     def block_path(self, name: str, b: int) -> Path:
         return self.dir / "blocks" / name / f"{b:07d}"
@@ -356,7 +360,8 @@ class RemoteShardSet(ShardSet):
     def _remember(self, key, data: bytes) -> None:
         self._mem[key] = data
         self._mem_bytes += len(data)
-        while self._mem_bytes > self.MEMORY_BLOCKS_BYTES and len(self._mem) > 1:
+        limit = min(self.MEMORY_BLOCKS_BYTES, self.cache.max_bytes)     # memory counts as cache too
+        while self._mem_bytes > limit and self._mem:
             _, old = self._mem.popitem(last=False)
             self._mem_bytes -= len(old)
 

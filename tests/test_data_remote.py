@@ -206,6 +206,16 @@ def test_server_outage_retries_then_names_url_and_recovers(served, backend, tmp_
         srv.stop()
 
 
+def test_outage_during_a_size_check_is_retried_not_missing(served, tmp_path):
+    srv = http_server(served["srv"])
+    manifest = (served["srv"] / "A" / "manifest.json").read_bytes()
+    shards = RemoteShardSet(f"{srv.url}/A", cache_dir=tmp_path / "c", retries=1, backoff_s=0.05,
+                            manifest_bytes=manifest)
+    srv.stop()                       # the first read of a shard checks its size (HEAD) first
+    with pytest.raises(DataError, match=rf"cannot read {srv.url}/A/shard_00000\.bin \(size\) after 2 attempts"):
+        shards.gather([0], L)
+
+
 def test_missing_manifest_and_bad_scheme(served, tmp_path):
     with pytest.raises(DataError, match=r"/nothing/manifest\.json was not found on the server; upload the whole"):
         loader(cfg_for(served, "http", tmp_path, f"{served['http'].url}/nothing"))
