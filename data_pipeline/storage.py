@@ -89,9 +89,14 @@ class RemoteStore:
         if isinstance(e, FileNotFoundError):
             return DataError(f"{self.url_of(name)} was not found on the server; upload the whole prepared directory "
                              f"(manifest.json and every shard_*.bin/.idx) to {self.url}, or fix data.source")
-        if isinstance(e, PermissionError) or type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+        status = getattr(e, "status", None)      # an HTTP answer (aiohttp's ClientResponseError)
+        if (isinstance(e, PermissionError) or type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError")
+                or status in (401, 403)):
             return DataError(f"access to {self.url_of(name)} was refused ({e}); check the credentials in "
-                             "data.storage_options or the environment")
+                             "data.storage_options or the environment, and the server's permissions")
+        if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+            return DataError(f"{self.url_of(name)}: the server answered {status} ({e}); retrying cannot help. "
+                             "Fix: check the URL and the server's configuration")
         return None
 
     def _retrying(self, what: str, name: str, attempt_fn):
