@@ -87,8 +87,18 @@ class DataConfig:
     return_doc_ids: also return per-position document ids (for a document attention mask).
     tokenizer: tokenizer directory the model was configured with; checked against manifests.
     vocab_size: the model's vocabulary size; checked against manifests when given.
-    verify: ``"full"`` (sha256 + token-range check of every shard at start) or ``"size"``
-        (byte length only; for very large corpora whose hashes were checked once).
+    verify: ``"full"`` (sha256 + token-range check of every shard at start; skipped when a
+        verification record says these exact files were checked) or ``"size"`` (byte length
+        only). Remote shards are always size-checked, and sha256-checked when cached whole.
+    storage_options: fsspec options for remote sources (``s3://``, ``gs://``, ``https://``,
+        ``hf://`` ...), e.g. ``{"endpoint_url": ..., "anon": true}``.
+    cache_dir: node-local directory for remote shard blocks, shared by the node's ranks
+        (default ``$DATA_PIPELINE_CACHE_DIR`` or a folder in the temp directory).
+    cache_max_gb: bound on that cache; least recently used files go first.
+    cache_block_kb: size of one ranged read (and cached block) of a remote shard.
+    retries, retry_backoff_s: a failed remote read is retried ``retries`` times, waiting
+        ``retry_backoff_s`` x 1, 2, 4 ... seconds, then is a DataError naming the URL.
+    prefetch: batches prepared ahead by a background thread (0: in the training step).
     """
 
     source: str
@@ -100,6 +110,13 @@ class DataConfig:
     tokenizer: str | None = None
     vocab_size: int | None = None
     verify: str = "full"
+    storage_options: dict | None = None
+    cache_dir: str | None = None
+    cache_max_gb: float = 20.0
+    cache_block_kb: int = 1024
+    retries: int = 5
+    retry_backoff_s: float = 1.0
+    prefetch: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -146,6 +163,18 @@ class DataConfig:
         if self.verify not in VERIFY_MODES:
             raise DataError(f"DataConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
         self.return_doc_ids = bool(self.return_doc_ids)
+        if self.storage_options is not None and not isinstance(self.storage_options, dict):
+            raise DataError(f"DataConfig.storage_options must be a mapping of fsspec options, got {self.storage_options!r}")
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):
+            raise DataError(f"DataConfig.cache_dir must be a directory path, got {self.cache_dir!r}")
+        for name, lo in (("cache_max_gb", 0.0), ("retry_backoff_s", 0.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
+                raise DataError(f"DataConfig.{name} must be a number >= {lo:g}, got {v!r}")
+        for name, lo in (("cache_block_kb", 1), ("retries", 0), ("prefetch", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise DataError(f"DataConfig.{name} must be an int >= {lo}, got {v!r}")
 
     @property
     def kind(self) -> str:

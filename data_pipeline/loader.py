@@ -16,8 +16,12 @@ the task's loss mask scores the next token.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import os
+import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -27,31 +31,47 @@ from .config import DataConfig
 from .errors import DataError
 from .order import MixtureSchedule, Permutation, derive_key
 from .shards import ShardSet, read_manifest, verify_shards
+from .storage import is_remote, local_path, open_shards
 
 IGNORE = -100
 STATE_VERSION = 1
 _VERIFIED: set = set()   # (dir, manifest sha, mode) already verified in this process
 
 
-class ShardSource:
-    """Fixed-length windows over one prepared directory's train or val region."""
+def remote_options(cfg: DataConfig) -> dict:
+    """Keyword arguments of `open_shards` for a remote source, from the data config."""
+    return {"storage_options": cfg.storage_options, "cache_dir": cfg.cache_dir,
+            "cache_max_bytes": int(cfg.cache_max_gb * (1 << 30)), "block_bytes": cfg.cache_block_kb << 10,
+            "retries": cfg.retries, "backoff_s": cfg.retry_backoff_s}
 
-    def __init__(self, directory: str, cfg: DataConfig, split: str, seq_len: int):
-        self.dir = str(Path(directory).resolve())
-        manifest = read_manifest(self.dir)
-        mtext = (Path(self.dir) / "manifest.json").read_bytes()
-        key = (self.dir, hashlib.sha256(mtext).hexdigest(), cfg.verify)
-        if key not in _VERIFIED:
-            verify_shards(self.dir, manifest, mode=cfg.verify)
-            _VERIFIED.add(key)
+
+class ShardSource:
+    """Fixed-length windows over one prepared directory's (or URL's) train or val region."""
+
+    def __init__(self, directory: str, cfg: DataConfig, split: str, seq_len: int,
+                 verify_record: str | os.PathLike | None = None):
+        if is_remote(directory):
+            # Remote: manifest first; sizes are checked per shard on first touch and sha256 when a
+            # shard is cached whole (hashing at start would download the corpus on every rank).
+            self.shards = open_shards(directory, **remote_options(cfg))
+            self.dir = self.shards.where
+            manifest, sha = self.shards.manifest, self.shards.manifest_sha256
+        else:
+            self.dir = str(Path(local_path(directory)).resolve())
+            manifest = read_manifest(self.dir)
+            sha = hashlib.sha256((Path(self.dir) / "manifest.json").read_bytes()).hexdigest()
+            key = (self.dir, sha, cfg.verify)
+            if key not in _VERIFIED:
+                verify_shards(self.dir, manifest, mode=cfg.verify, record_dir=verify_record, manifest_sha=sha)
+                _VERIFIED.add(key)
+            self.shards = ShardSet(self.dir, manifest)
         self.manifest = manifest
-        self.fingerprint = hashlib.sha256(mtext).hexdigest()[:16]
+        self.fingerprint = sha[:16]
         self.tokenizer_id = manifest["tokenizer_id"]
         self.vocab_size = int(manifest["vocab_size"])
         self.eos_id = int(manifest["eos_id"])
         pad = manifest.get("pad_id")
         self.pad_id = self.eos_id if pad is None or pad < 0 else int(pad)
-        self.shards = ShardSet(self.dir, manifest)
         self.seq_len = seq_len
         total = self.shards.num_tokens
         n_val_tokens = int(total * cfg.val_fraction)
@@ -68,19 +88,15 @@ class ShardSource:
             )
 
     def fetch(self, idx: np.ndarray, want_docs: bool):
+        """Rows for window indices ``idx``: one gather per shard touched, no per-row Python."""
         L = self.seq_len
-        n = len(idx)
-        inp = np.empty((n, L), dtype=np.int64)
-        lab = np.empty((n, L), dtype=np.int64)
-        docs = np.zeros((n, L), dtype=np.int64) if want_docs else None
-        for row, w in enumerate(idx):
-            a = self.start + int(w) * L
-            toks = self.shards.read(a, a + L + 1)
-            inp[row] = toks[:-1]
-            lab[row] = toks[1:]
-            if want_docs:
-                d = self.shards.doc_ids(a, a + L)
-                docs[row] = d - d[0]
+        a = self.start + np.asarray(idx, dtype=np.int64) * L
+        toks = self.shards.gather(a, L + 1)
+        inp = toks[:, :-1].astype(np.int64)
+        lab = toks[:, 1:].astype(np.int64)
+        docs = None
+        if want_docs:
+            docs = self.shards.gather_doc_ids(a, L, relative=True)
         return inp, lab, docs
 
 
@@ -127,6 +143,91 @@ class SyntheticSource:
         return inp, lab, docs
 
 
+class _Prefetcher:
+    """One daemon thread that builds the next ``depth`` batches while the caller trains.
+
+    A batch is a pure function of its global position k0, so results are keyed by k0: a jump
+    (``load_state_dict``, a rollback) just makes the queued positions stale, and they are
+    dropped; nothing about the order depends on timing. An exception raised while building the
+    batch a ``get`` waits for is re-raised there; one raised ahead of time is discarded and the
+    batch built again when asked for. Tensors are pinned when CUDA
+    is available, so the host-to-device copy can run asynchronously.
+    """
+
+    def __init__(self, make, depth: int, pin: bool):
+        # a weak reference: the thread must not keep its loader alive (the loader's __del__ stops it)
+        self._make, self._depth, self._pin = weakref.WeakMethod(make), depth, pin
+        self._cv = threading.Condition()
+        self._want: list[int] = []
+        self._done: dict[int, tuple[bool, object]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def get(self, k0: int, step: int):
+        with self._cv:
+            self._want = [k0 + j * step for j in range(self._depth + 1)]
+            # drop stale positions, and failures computed ahead of time (e.g. during an outage that
+            # may be over now): those positions are built again, so an error is always a fresh one
+            for k in [k for k, (ok, _) in self._done.items() if k not in self._want or not ok]:
+                del self._done[k]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="data-prefetch", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+            while k0 not in self._done:
+                self._cv.wait()
+            ok, value = self._done.pop(k0)
+            self._want.remove(k0)
+        if ok:
+            return value
+        raise value  # type: ignore[misc]
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    if self._closed:
+                        return
+                    todo = next((k for k in self._want if k not in self._done), None)
+                    if todo is not None:
+                        break
+                    self._cv.wait()
+            make = self._make()
+            if make is None:
+                return
+            try:
+                batch = make(todo)
+                if self._pin:
+                    batch = {k: v.pin_memory() for k, v in batch.items()}
+                res: tuple[bool, object] = (True, batch)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+                res = (False, e)
+            del make
+            with self._cv:
+                if todo in self._want:
+                    self._done[todo] = res
+                self._cv.notify_all()
+
+    def close(self, wait_s: float = 0.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._want, self._done = [], {}
+            self._cv.notify_all()
+        if wait_s and self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
+
+
+_LIVE_PREFETCHERS: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_prefetchers() -> None:
+    """Let in-flight batches finish before the interpreter (and torch) is torn down: a daemon
+    thread still inside torch at that point can abort the process."""
+    for p in list(_LIVE_PREFETCHERS):
+        p.close(wait_s=10.0)
+
+
 class Loader:
     """Iterator of this rank's batches: ``{"input_ids", "labels"[, "doc_ids"]}`` LongTensors.
 
@@ -158,6 +259,7 @@ class Loader:
         if all(n is not None for n in self._sizes):
             self._offsets = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
         self._perms: dict = {}
+        self._prefetcher: _Prefetcher | None = None
         fp = [s.fingerprint for s in sources]
         self.fingerprint = hashlib.sha256(json.dumps([fp, weights]).encode()).hexdigest()[:16]
 
@@ -223,6 +325,12 @@ class Loader:
         n, L = len(seq), self.seq_len
         inp = np.empty((n, L), dtype=np.int64)
         lab = np.empty((n, L), dtype=np.int64)
+        if len(self.sources) == 1:                # one component: its arrays are the batch
+            inp, lab, docs = self.sources[0].fetch(seq, want)
+            batch = {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(lab)}
+            if want:
+                batch["doc_ids"] = torch.from_numpy(docs)
+            return batch
         docs = np.empty((n, L), dtype=np.int64) if want else None
         for c in np.unique(comp):
             rows = np.flatnonzero(comp == c)
@@ -249,10 +357,32 @@ class Loader:
     def __iter__(self):
         return self
 
+    def _batch_at(self, k0: int) -> dict:
+        return self._fetch(*self._locate(self._rank_slice(k0)))
+
     def __next__(self) -> dict:
-        batch = self._fetch(*self._locate(self._rank_slice(self._samples_seen)))
-        self._samples_seen += self.global_batch_size
+        k0 = self._samples_seen
+        if self.cfg.prefetch > 0 and self.split == "train":
+            if self._prefetcher is None:
+                self._prefetcher = _Prefetcher(self._batch_at, self.cfg.prefetch, torch.cuda.is_available())
+                _LIVE_PREFETCHERS.add(self._prefetcher)
+            batch = self._prefetcher.get(k0, self.global_batch_size)
+        else:
+            batch = self._batch_at(k0)
+        self._samples_seen = k0 + self.global_batch_size
         return batch
+
+    def close(self) -> None:
+        """Stop the prefetch thread (it is a daemon; this only frees it early)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def iter_epoch(self):
         """One finite pass over every sequence of this split, in stream order, not shuffled.
@@ -314,8 +444,14 @@ class Loader:
 
 
 def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size: int, dp_rank: int = 0,
-                 dp_world_size: int = 1) -> Loader:
-    """A `Loader` yielding this rank's share of each global batch (see module doc)."""
+                 dp_world_size: int = 1, verify_record: str | os.PathLike | None = None) -> Loader:
+    """A `Loader` yielding this rank's share of each global batch (see module doc).
+
+    ``verify_record``: a directory shared by the run's ranks (e.g. the run directory). With
+    ``verify='full'`` the first process there hashes the shards and writes
+    ``data_verified.json``; every other rank, and every later start over the same unchanged
+    files, only checks sizes (see `shards.verify_shards`).
+    """
     if not isinstance(cfg, DataConfig):
         raise DataError(f"build_loader needs a DataConfig, got {type(cfg).__name__}")
     aliases = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "val"}
@@ -339,7 +475,7 @@ def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size
         entries = cfg.mixture if cfg.kind == "mixture" else [{"path": cfg.source, "weight": 1.0}]
         if split == "val" and cfg.val_fraction == 0:
             raise DataError("build_loader(split='val'): DataConfig.val_fraction is 0, so there is no validation split; set it > 0")
-        sources = [ShardSource(e["path"], cfg, split, seq_len) for e in entries]
+        sources = [ShardSource(e["path"], cfg, split, seq_len, verify_record) for e in entries]
         weights = [e["weight"] for e in entries]
         first = sources[0]
         for e, s in zip(entries[1:], sources[1:]):

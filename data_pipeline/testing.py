@@ -1,11 +1,17 @@
-"""Small local fixtures shared by the data tests and benchmarks (no network, no big files).
+"""Small local fixtures shared by the data tests and benchmarks (no network beyond loopback, no big files).
 
 Real text comes from the wikitext-2 copy next to the repository when it exists; otherwise
 a deterministic generated corpus stands in, so the tests run anywhere.
 """
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
@@ -39,3 +45,117 @@ def make_tokenizer(out: Path, vocab_size: int = 400, n_lines: int = 1500) -> Pat
     src = write_text(Path(out) / "_train.txt", corpus_lines(n_lines))
     train_sentencepiece([str(src)], vocab_size, out, quiet=True)
     return Path(out)
+
+
+# ---- real servers on loopback, for the remote-shard tests and the loader benchmark ----------
+#
+# HTTP: aiohttp's web server (a production HTTP server; its static file handler implements
+# Range/206/416 itself), run as its own process with `python -m aiohttp.web`. S3: moto's
+# server (`python -m moto.server`), a separate process speaking the S3 REST protocol, so
+# s3fs/botocore sign, send and parse real HTTP requests against it. Both come from
+# pyproject.toml, so a clean checkout has them without system packages.
+
+def http_app(argv: list[str]):
+    """`python -m aiohttp.web -H 127.0.0.1 -P PORT data_pipeline.testing:http_app ROOT`: serve ROOT."""
+    from aiohttp import web  # deferred: only the test server needs it
+
+    app = web.Application()
+    app.router.add_static("/", argv[0], show_index=True)
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopbackServer:
+    """A server process on 127.0.0.1 that can be stopped and started again on the same port."""
+
+    def __init__(self, cmd_for_port, port: int | None = None, env: dict | None = None):
+        self._cmd_for_port = cmd_for_port
+        self.port = port or free_port()
+        self.env = env
+        self.proc = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        env = dict(os.environ, **(self.env or {}))
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+        # the server's log goes to a file: a pipe nobody reads would fill up and stall the server
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self._cmd_for_port(self.port), env=env, stdout=self._log, stderr=self._log)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self._log.seek(0)
+                raise RuntimeError(f"server {self._cmd_for_port(self.port)} exited with {self.proc.returncode}: "
+                                   f"{self._log.read().decode(errors='replace')[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"server {self._cmd_for_port(self.port)} did not listen on port {self.port} in {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self.proc is not None:
+            self._log.close()
+        self.proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def http_server(root: str | Path, port: int | None = None) -> LoopbackServer:
+    """Serve the directory ``root`` over HTTP (with Range support) from a separate process."""
+    return LoopbackServer(lambda p: [sys.executable, "-m", "aiohttp.web", "-H", "127.0.0.1", "-P", str(p),
+                                     "data_pipeline.testing:http_app", str(root)], port)
+
+
+S3_TEST_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def s3_server(port: int | None = None) -> LoopbackServer:
+    """An S3-compatible server (moto) in a separate process; its state lives in that process."""
+    return LoopbackServer(lambda p: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p)], port,
+                          env=S3_TEST_ENV)
+
+
+def s3_storage_options(server: LoopbackServer, fast_fail: bool = False) -> dict:
+    """fsspec options for ``s3://`` URLs on ``server`` (fast_fail: no retries inside botocore; s3fs's
+    own loop is the class attribute ``s3fs.S3FileSystem.retries``)."""
+    opts = {"endpoint_url": server.url, "key": S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
+            "secret": S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"], "config_kwargs": {"region_name": "us-east-1"}}
+    if fast_fail:
+        opts["config_kwargs"].update(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5)
+    return opts
+
+
+def upload_dir(local: str | Path, url: str, storage_options: dict | None = None) -> None:
+    """Copy every file of a prepared directory to ``url`` (e.g. ``s3://bucket/corpus``)."""
+    import fsspec  # deferred: heavy backends
+
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    bucket = root.split("/", 1)[0]
+    if url.startswith("s3://"):
+        fs.invalidate_cache()             # the server may have been restarted (moto keeps objects in memory)
+        try:
+            fs.mkdir(bucket)
+        except FileExistsError:
+            pass
+    for p in sorted(Path(local).iterdir()):
+        if p.is_file():
+            fs.pipe_file(f"{root}/{p.name}", p.read_bytes())

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from data_pipeline.shards import ShardSet
+from data_pipeline.storage import open_shards  # a local directory or an fsspec URL (s3://, https://, ...)
 
 from . import distributed as D
 from .loading import EvalError
@@ -66,7 +66,7 @@ def shard_stream(directory: str | Path, tokenizer=None, max_tokens: int | None =
                  expect_tokenizer_id: str | None = None) -> tuple[np.ndarray, int | None]:
     """Tokens of a prepared (data_pipeline) split; byte count via the tokenizer when given."""
     try:
-        shards = ShardSet(directory)
+        shards = open_shards(directory)
     except ValueError as e:
         raise EvalError(str(e)) from e
     tid = shards.manifest.get("tokenizer_id")

@@ -21,8 +21,11 @@ from data_pipeline.loader import build_loader
 
 
 def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
-                dp_rank: int, dp_world_size: int, seed: int):
-    """A per-rank batch iterator for the recipe's `data` section."""
+                dp_rank: int, dp_world_size: int, seed: int, verify_record: str | Path | None = None):
+    """A per-rank batch iterator for the recipe's `data` section.
+
+    `verify_record`: a directory all ranks share (the run dir): shards are sha256-checked once
+    there and recorded, later starts and the other ranks only check sizes."""
     data = dict(data)
     source = str(data.get("source", ""))
     if not source:
@@ -33,7 +36,8 @@ def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_siz
     if source.startswith("text:"):
         return BuiltinLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
     return build_loader(DataConfig.from_dict(data), split=split, seq_len=seq_len,
-                        global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size)
+                        global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                        verify_record=verify_record)
 
 
 class BuiltinLoader:

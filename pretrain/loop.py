@@ -92,7 +92,7 @@ class TrainingLoop:
     def evaluate(self) -> float:
         cfg = self.cfg
         val = make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, self.trainer.dp_rank,
-                          self.layout.data_parallel, cfg.seed)
+                          self.layout.data_parallel, cfg.seed, verify_record=self.run_dir)
         return self.trainer.eval_loss(iter(val), cfg.train.eval_batches)
 
     # -- one step -----------------------------------------------------------------------------

@@ -18,7 +18,11 @@ from .errors import RecipeError
 # Settings that may change when a run continues (more steps, other logging or layout).
 MUTABLE = {"train": ("max_steps", "max_tokens", "eval_every_steps", "eval_batches", "device", "nan_policy",
                      "max_nan_skips", "micro_batch_sequences", "activation_checkpointing"),
-           "checkpoint": None, "logging": None, "parallel": None, "optim": ("decay_steps",)}
+           "checkpoint": None, "logging": None, "parallel": None, "optim": ("decay_steps",),
+           # where the shards live and how they are fetched: a run may move between local and remote
+           # storage (the loader's own fingerprint refuses a different token stream)
+           "data": ("source", "storage_options", "cache_dir", "cache_max_gb", "cache_block_kb", "retries",
+                    "retry_backoff_s", "prefetch")}
 
 
 def default_run_dir(cfg: RunConfig) -> Path:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import UnsafeCheckpoint
+from data_pipeline.errors import DataError
 
 from . import orphan
 from .config import RecipeError, RunConfig, load_recipe
@@ -50,7 +51,8 @@ from .run_dir import check_run_dir, default_run_dir, resolved_config, write_conf
 from .task_model import model_config
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
-RUN_ERRORS = (NonFiniteLoss, CheckpointWriteFailed, RankFailure)   # a run that had to stop: exit 3
+# A run that had to stop (exit 3); DataError here: data unreadable mid-run (e.g. a shard server outage).
+RUN_ERRORS = (NonFiniteLoss, CheckpointWriteFailed, RankFailure, DataError)
 
 
 def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str | Path | None = None,
@@ -94,10 +96,13 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
     # here, before any model is built.
     layout = plan_layout(cfg, world)
     try:
+        # Shards are sha256-checked once per run (the record in the run dir); other ranks and later
+        # starts check sizes only.
         probe = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel,
-                            cfg.seed)
+                            cfg.seed, verify_record=run_dir)
         if cfg.train.eval_every_steps:     # fail now, not at the first evaluation, if there is no val split
-            make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed)
+            make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed,
+                        verify_record=run_dir)
     except ValueError as e:      # DataError and the built-in reader's errors name the file and the fix
         raise RecipeError(f"data: {e}") from None
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
@@ -112,7 +117,7 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
     trainer = Trainer(cfg, mcfg, layout, device)
     trainer.build(point.trainable_step, load_universal=point.universal)
     loader = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, trainer.dp_rank,
-                         layout.data_parallel, cfg.seed)
+                         layout.data_parallel, cfg.seed, verify_record=run_dir)
     if point.tag_dir is not None:
         load_checkpoint(trainer, point.tag_dir, point.universal, cfg.seed)
         loader.load_state_dict(point.state["loader"])

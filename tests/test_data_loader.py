@@ -1,17 +1,23 @@
 """The loader: global order independent of world size, exact resume, mixtures, val split, bad shards."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from data_pipeline import DataConfig, DataError, build_loader
+from data_pipeline import loader as loader_mod
 from data_pipeline.order import MixtureSchedule, Permutation
 from data_pipeline.prepare import prepare
-from data_pipeline.shards import ShardSet
+from data_pipeline.shards import VERIFY_RECORD, ShardSet, read_manifest, verify_shards
 from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
 
 L = 32
@@ -218,8 +224,6 @@ def test_flipped_byte(copy_a):
 
 
 def test_token_ids_beyond_vocab(copy_a):
-    import hashlib
-
     p = copy_a / "shard_00000.bin"
     arr = np.fromfile(p, dtype=np.uint16)
     arr[5] = 999
@@ -289,3 +293,122 @@ def test_bad_loader_arguments(data, tmp_path):
     with pytest.raises(DataError, match="fewer than seq_len"):
         build_loader(DataConfig(source=str(data["A"])), split="train", seq_len=10**7, global_batch_size=1,
                      dp_rank=0, dp_world_size=1)
+
+
+# ---- vectorised gather and prefetch: the same bytes as the per-row reference -------------------
+
+def _reference_rows(src, idx, want_docs):
+    """The loader's original per-row assembly (one ShardSet.read / doc_ids call per row)."""
+    rows = []
+    for w in idx:
+        a = src.start + int(w) * L
+        toks = src.shards.read(a, a + L + 1)
+        d = src.shards.doc_ids(a, a + L)
+        rows.append((toks[:-1], toks[1:], d - d[0] if want_docs else None))
+    return rows
+
+
+def test_vectorised_rows_equal_per_row_reference(data):
+    ld = _loader(data["A"], return_doc_ids=True, prefetch=0)
+    src = ld.sources[0]
+    idx = np.arange(src.size)                 # every window, including those crossing shard boundaries
+    inp, lab, docs = src.fetch(idx, True)
+    crossing = sum(1 for w in idx if len(list(src.shards._pieces(w * L, w * L + L + 1))) > 1)
+    assert crossing >= 2
+    for row, (i, l, d) in enumerate(_reference_rows(src, idx, True)):
+        assert np.array_equal(inp[row], i) and np.array_equal(lab[row], l) and np.array_equal(docs[row], d)
+    assert inp.dtype == lab.dtype == docs.dtype == np.int64
+    starts = src.start + idx * L                  # absolute document ids too, for windows of several lengths
+    for n in (1, 2, L, 700):
+        ok = starts[starts + n <= src.shards.num_tokens]
+        g = src.shards.gather_doc_ids(ok, n)
+        assert all(np.array_equal(g[r], src.shards.doc_ids(int(a), int(a) + n)) for r, a in enumerate(ok))
+
+
+@pytest.mark.parametrize("source", ["A", "mix"])
+def test_prefetch_gives_the_synchronous_stream_across_jumps(data, source):
+    def make(prefetch):
+        if source == "mix":
+            return _loader(None, cfg=DataConfig(source="mixture", prefetch=prefetch, return_doc_ids=True,
+                                                mixture=[{"path": str(data["A"]), "weight": 2},
+                                                         {"path": str(data["B"]), "weight": 1}]))
+        return _loader(data["A"], prefetch=prefetch, return_doc_ids=True)
+
+    sync, fast = make(0), make(3)
+    _same([next(sync) for _ in range(6)], [next(fast) for _ in range(6)])
+    state = sync.state_dict()
+    jump = dict(state, samples_seen=5 * 8)             # back to step 5 (a rollback), then forward again
+    sync.load_state_dict(jump)
+    fast.load_state_dict(jump)
+    _same([next(sync) for _ in range(4)], [next(fast) for _ in range(4)])
+    assert fast.samples_seen == sync.samples_seen == 9 * 8
+    assert fast._prefetcher._thread.daemon
+    fast.close()
+
+
+# ---- verification once per run, and shards changed under a live map -----------------------------
+
+def test_verification_record_hashes_once(copy_a, tmp_path):
+    m = read_manifest(copy_a)
+    rec = tmp_path / "run"
+    assert verify_shards(copy_a, m, mode="full", record_dir=rec) == "hashed"
+    assert verify_shards(copy_a, m, mode="full", record_dir=rec) == "recorded"
+    entry, = json.loads((rec / VERIFY_RECORD).read_text())["verified"].values()
+    assert entry["shards"] == len(m["shards"]) and entry["source"] == str(copy_a.resolve())
+    # a shard rewritten with a flipped byte (same size, new mtime) is not covered by the record
+    p = copy_a / "shard_00002.bin"
+    raw = bytearray(p.read_bytes())
+    raw[7] ^= 1
+    p.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"shard_00002\.bin fails its sha256 check"):
+        verify_shards(copy_a, m, mode="full", record_dir=rec)
+    # size checks still run on every call, record or not
+    p.write_bytes(bytes(raw[:-2]))
+    with pytest.raises(DataError, match=r"shard_00002\.bin has \d+ bytes but"):
+        verify_shards(copy_a, m, mode="full", record_dir=rec)
+
+
+_VERIFY_SCRIPT = """
+import sys
+from data_pipeline.shards import read_manifest, verify_shards
+d, rec = sys.argv[1:3]
+print(verify_shards(d, read_manifest(d), mode="full", record_dir=rec))
+"""
+
+
+def test_verification_record_one_of_many_ranks_hashes(copy_a, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [subprocess.Popen([sys.executable, "-c", _VERIFY_SCRIPT, str(copy_a), str(tmp_path / "run")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+    outs = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+    assert outs == ["hashed", "recorded", "recorded", "recorded"], outs
+
+
+def test_build_loader_writes_the_record(copy_a, tmp_path, monkeypatch):
+    monkeypatch.setattr(loader_mod, "_VERIFIED", set())      # as in a fresh process
+    build_loader(DataConfig(source=str(copy_a)), split="train", seq_len=L, global_batch_size=8,
+                 verify_record=tmp_path / "run")
+    assert len(json.loads((tmp_path / "run" / VERIFY_RECORD).read_text())["verified"]) == 1
+
+
+def test_shard_truncated_or_replaced_under_a_live_map(copy_a):
+    ld = _loader(copy_a, prefetch=0)
+    s = ld.sources[0].shards
+    starts = np.arange(0, 6000, 97)                           # all inside shard 0
+    before = s.gather(starts, L)
+    assert isinstance(s._bin(0), np.memmap)
+    p = copy_a / "shard_00000.bin"
+    raw = p.read_bytes()
+    with open(p, "r+b") as f:                                 # truncated in place: same inode
+        f.truncate(len(raw) // 2)
+    with pytest.raises(DataError, match=r"shard .*shard_00000\.bin has \d+ bytes but the manifest says .*truncated"):
+        s.gather(starts, L)                                   # a DataError, not a SIGBUS
+    with pytest.raises(DataError, match=r"shard_00000\.bin has"):
+        next(_loader(copy_a, gbs=ld.num_sequences, prefetch=2))    # through the loader's prefetch thread
+    tmp = p.with_name("new.bin")
+    tmp.write_bytes(raw)
+    os.replace(tmp, p)                                        # same bytes, but a different file
+    with pytest.raises(DataError, match=r"shard_00000\.bin was replaced or modified"):
+        s.gather(starts, L)
+    fresh = ShardSet(copy_a)                                   # opened anew, the restored shard reads fine
+    assert np.array_equal(fresh.gather(starts, L), before)

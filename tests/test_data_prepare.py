@@ -248,3 +248,30 @@ def test_read_manifest_errors(tmp_path):
         read_manifest(tmp_path / "nothing")
     with pytest.raises(DataError, match="not a prepared shard directory"):
         read_manifest(tmp_path)
+
+
+def test_hf_streaming_from_a_local_dataset_directory(tmp_path, tok):
+    """hf:DIR goes through datasets' streaming mode; the shards equal those of the same records
+    prepared from a plain file, and hold exactly the non-streamed dataset's records."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = corpus_lines(900)
+    ds_dir = tmp_path / "my_dataset"
+    (ds_dir / "data").mkdir(parents=True)
+    for i, part in enumerate((lines[:500], ["  "] + lines[500:])):     # two files; a whitespace doc
+        pq.write_table(pa.table({"text": part, "n": list(range(len(part)))}),
+                       ds_dir / "data" / f"train-0000{i}-of-00002.parquet")
+    streamed = prepare([f"hf:{ds_dir}"], tok, tmp_path / "streamed", shard_tokens=9_000, progress=False)
+    assert streamed["config"]["source"] == {"hf": [str(ds_dir), None, "train"]}
+    records = datasets.load_dataset(str(ds_dir), split="train")         # not streamed: Arrow in memory
+    assert not isinstance(records, datasets.IterableDataset) and records.num_rows == 901
+    (tmp_path / "same.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in records["text"]))
+    plain = prepare([str(tmp_path / "same.jsonl")], tok, tmp_path / "plain", shard_tokens=9_000, progress=False)
+    assert _shard_bytes(tmp_path / "streamed") == _shard_bytes(tmp_path / "plain")
+    assert streamed["shards"] == plain["shards"] and len(streamed["shards"]) >= 2
+    t = load_tokenizer(tok)
+    expect = [i for text in records["text"] if text.strip() for i in t.encode(text) + [t.eos_id]]
+    assert ShardSet(tmp_path / "streamed").read(0, streamed["num_tokens"]).tolist() == expect
+    assert streamed["num_docs"] == 900 and streamed["source_docs"] == 901
