@@ -141,14 +141,14 @@ class TrainablePartsLM(TemplateLM):
             ctx = ctx[-max(1, self.max_length - max_new):]
             plans.append((ctx, until, max_new, top_k, top_p, temperature))
             greedy = not do_sample or is_greedy(top_k, top_p, temperature)
-            key = (len(ctx), max_new) if greedy else ("sample", i)
+            key = (len(ctx), max_new) if greedy else ("sample", i)      # a sampled request runs alone
             groups.setdefault(key, []).append(i)
         bar = progress_bar(total=len(requests), desc="generate_until", unit="request", enabled=not disable_tqdm,
                            leave=False)
         for key, idx in groups.items():
-            for s in range(0, len(idx), self.batch_size if key[0] != "sample" else 1):
+            for s in range(0, len(idx), self.batch_size):
                 batch = idx[s:s + self.batch_size]
-                ctx, _, max_new, top_k, top_p, temperature = plans[batch[0]]
+                _, _, max_new, top_k, top_p, temperature = plans[batch[0]]
                 rows = generate(self.model, [plans[i][0] for i in batch], max_new, eos_id=self.eot_token_id,
                                 top_k=top_k, top_p=top_p, temperature=temperature if key[0] == "sample" else 0.0)
                 for i, ids in zip(batch, rows):

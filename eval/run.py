@@ -104,8 +104,8 @@ def _exact_match_file_task(t: str) -> str | None:
     return None
 
 
-# Tasks that read or write text, so they need the checkpoint's tokenizer.
-def _needs_tokenizer(t: str, opts: "EvalOptions") -> bool:
+def _needs_tokenizer(t: str, opts: EvalOptions) -> bool:
+    """Tasks that read or write text need the checkpoint's tokenizer."""
     return t in ("passkey",) or (t == "perplexity" and bool(opts.text)) or t.startswith((em.PREFIX, "lm_eval:"))
 
 
@@ -142,7 +142,7 @@ def validate_tasks(tasks: list[str] | str) -> list[str]:
                             "(e.g. lm_eval:tp_kv_recall)")
         if result_key(t) in keys:
             raise EvalError(f"tasks {keys[result_key(t)]!r} and {t!r} would both report as {result_key(t)!r}. "
-                            "Fix: give the exact_match files different names")
+                            "Fix: list each task once, and give exact_match files different names")
         keys[result_key(t)] = t
     return list(tasks)
 
