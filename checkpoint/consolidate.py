@@ -98,8 +98,10 @@ def _fill(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str, tied
 
 
 def _meta(state: dict[str, Any], mcfg: ModelConfig, tag_dir: Path) -> dict[str, Any]:
+    """What evaluation needs besides weights; `data` (the recipe's section) locates the run's tokenizer."""
     return {"step": state.get("step"), "tokens_seen": state.get("tokens_seen"),
-            "tokenizer_id": state.get("tokenizer_id"), "variant": mcfg.variant, "source": str(tag_dir)}
+            "tokenizer_id": state.get("tokenizer_id"), "variant": mcfg.variant, "source": str(tag_dir),
+            "data": (state.get("recipe") or {}).get("data")}
 
 
 def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device = "cpu"):

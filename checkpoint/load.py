@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from model import io as mio
 
@@ -33,12 +34,30 @@ def _hf_meta(p: Path) -> dict[str, Any]:
     return {}
 
 
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file exists but cannot be parsed (truncated, overwritten, not what its name says)."""
+
+
+# What a truncated or garbled safetensors / JSON / pickle file raises when read.
+_CORRUPT = (SafetensorError, json.JSONDecodeError, UnicodeDecodeError, EOFError)
+
+
 def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model, meta) from a native dir, an HF dir, a trainer tag dir or a run dir (latest).
-    meta has step, tokens_seen, tokenizer_id, variant. Raises FileNotFoundError saying what was expected."""
-    p = Path(path)
+    meta has step, tokens_seen, tokenizer_id, variant, data (the recipe's section, when recorded).
+    Raises FileNotFoundError saying what was expected, CorruptCheckpoint for an unreadable file and
+    UnsafeCheckpoint for a pickle that would import code."""
+    try:
+        return _load_for_eval(Path(path), device)
+    except _CORRUPT as e:
+        raise CorruptCheckpoint(f"{path}: a checkpoint file is corrupt or truncated ({type(e).__name__}: {e}). "
+                                "Fix: use an earlier checkpoint of the run, or write this one again") from e
+
+
+def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
+        raise FileNotFoundError(f"{p} does not exist. Fix: pass a run dir, a checkpoint tag dir (RUN/checkpoints/"
+                                "step_N), or a native or HuggingFace model dir")
     if mio.is_native(p):
         model, meta = mio.load_native(p, device=device)
         meta = dict(meta)

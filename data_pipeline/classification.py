@@ -6,8 +6,8 @@ Sources (the recipe's `data.source`, after the `classify:` prefix the trainer ro
     classify:data/reviews.csv          a CSV with a header row naming those fields
     classify:hf:yelp_polarity          a HuggingFace dataset (train split; val = its test split)
 
-Other `data` keys: `text_field` ("text"), `label_field` ("label"), `tokenizer` ("bytes" = UTF-8
-bytes, vocab 256, or a tokenizer dir from data_pipeline.tokenizer), `pad_id` (default 0 for
+Other `data` keys: `text_field` ("text"), `label_field` ("label"), `tokenizer` ("bytes" = the byte
+tokenizer of data_pipeline.tokenizer, vocab 256, or a tokenizer dir from data_pipeline.tokenizer), `pad_id` (default 0 for
 bytes, the tokenizer's pad id otherwise), `val_fraction` (0.1; the share of a local file held
 out for validation), `val_source` (a separate validation file instead), `max_examples` (cap on
 examples read per split, e.g. for a quick run on yelp_polarity), `seed`.
@@ -38,8 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from .cli import DATA_ERRORS, CliParser, run_cli
 from .errors import DataError
 from .order import Permutation, derive_key
+from .tokenizer import BYTE_TOKENIZER, BYTES, load_tokenizer
 
 PREFIX = "classify:"
 KNOWN_KEYS = {"source", "text_field", "label_field", "tokenizer", "pad_id", "val_fraction", "val_source",
@@ -118,26 +120,30 @@ def label_mapping(raw_labels) -> dict[Any, int]:
     return {u: i for i, u in enumerate(uniq)}
 
 
-class ByteEncoder:
-    identity = "bytes"
-    vocab_size = 256
-    pad_id = 0
-
-    def encode_batch(self, texts):
-        return [[b for b in t.encode("utf-8") if b != 0] for t in texts]
-
-
 def load_encoder(spec: str | None):
-    if spec in (None, "bytes"):
-        return ByteEncoder()
-    from .tokenizer import load_tokenizer
+    """The tokenizer of `data.tokenizer`: the byte tokenizer by default, or a tokenizer directory."""
+    if spec is None or str(spec) == BYTES:
+        return BYTE_TOKENIZER
     return load_tokenizer(_repo_path(str(spec)))
+
+
+def default_pad_id(enc) -> int:
+    """Classification pads byte-level texts with 0 (NUL, dropped from the texts), as it always has, so
+    classifiers trained before the byte tokenizer had an EOS keep their pad; others use their own pad id."""
+    return 0 if enc.identity == BYTES else int(enc.pad_id)
+
+
+def encode_texts(enc, texts: list[str]) -> list[list[int]]:
+    ids = enc.encode_batch(texts)
+    if enc.identity == BYTES:
+        ids = [[b for b in t if b != 0] for t in ids]
+    return ids
 
 
 def resolve_pad_id(data: dict[str, Any]) -> int:
     if data.get("pad_id") is not None:
         return int(data["pad_id"])
-    return int(load_encoder(data.get("tokenizer")).pad_id)
+    return default_pad_id(load_encoder(data.get("tokenizer")))
 
 
 class ClassificationLoader:
@@ -187,8 +193,8 @@ class ClassificationLoader:
         enc = load_encoder(data.get("tokenizer"))
         self.tokenizer_id = enc.identity
         self.vocab_size = int(enc.vocab_size)
-        self.pad_id = int(data["pad_id"]) if data.get("pad_id") is not None else int(enc.pad_id)
-        ids = enc.encode_batch([t for t, _ in rows])
+        self.pad_id = int(data["pad_id"]) if data.get("pad_id") is not None else default_pad_id(enc)
+        ids = encode_texts(enc, [t for t, _ in rows])
         self.n = len(rows)
         self.input_ids = np.full((self.n, seq_len), self.pad_id, dtype=np.int64)
         for i, toks in enumerate(ids):
@@ -264,14 +270,20 @@ def make_toy_dataset(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_pipeline.classification",
-                                 description="write a small learnable sentiment data set (jsonl)")
+    ap = CliParser(prog="python -m data_pipeline.classification",
+                   description="write a small learnable sentiment data set (jsonl)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--n", type=_positive_int, default=2000, help="examples to write")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    print(make_toy_dataset(a.out, a.n, a.seed))
-    return 0
+    return run_cli(lambda: print(make_toy_dataset(a.out, a.n, a.seed)), DATA_ERRORS)
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of examples")
+    return n
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Why it looks like this:
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -28,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .cli import DATA_ERRORS, CliParser, run_cli
 from .errors import DataError
+from .progress import progress_bar
 from .shards import FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, write_shard
 from .tokenizer import load_tokenizer
 
@@ -75,24 +76,24 @@ def resolve_source(sources: list[str] | str) -> SourceSpec:
         if any(c in s for c in "*?["):
             matched = sorted(glob.glob(s, recursive=True))
             if not matched:
-                raise DataError(f"prepare: --source pattern {s!r} matches no files; check the path")
+                raise DataError(f"prepare: --source pattern {s!r} matches no files. Fix: check the path")
             files += matched
         elif p.is_dir():
             matched = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in EXT_BUILDER)
             if not matched:
-                raise DataError(f"prepare: --source directory {s} has no .txt/.jsonl/.json/.parquet files")
+                raise DataError(f"prepare: --source directory {s} has no .txt/.jsonl/.json/.parquet files. Fix: point --source at the files")
             files += matched
         elif not p.exists():
-            raise DataError(f"prepare: input file {s} does not exist; check the path (for a HuggingFace dataset write hf:NAME)")
+            raise DataError(f"prepare: input file {s} does not exist. Fix: check the path (for a HuggingFace dataset write hf:NAME)")
         else:
             files.append(s)
     builders = set()
     for f in files:
         ext = Path(f).suffix.lower()
         if ext not in EXT_BUILDER:
-            raise DataError(f"prepare: input file {f} has unsupported extension {ext!r}; use .txt, .jsonl/.json or .parquet")
+            raise DataError(f"prepare: input file {f} has unsupported extension {ext!r}. Fix: use .txt, .jsonl/.json or .parquet")
         if os.path.getsize(f) == 0:
-            raise DataError(f"prepare: input file {f} is empty; remove it from --source or regenerate it")
+            raise DataError(f"prepare: input file {f} is empty. Fix: remove it from --source or regenerate it")
         builders.add(EXT_BUILDER[ext])
     if len(builders) > 1:
         raise DataError(f"prepare: --source mixes file types {sorted(builders)}; prepare each type into its own --out and combine them with a mixture")
@@ -201,10 +202,8 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
     max_seen = -1
     pbar = None
     if progress:
-        from tqdm import tqdm
-
-        pbar = tqdm(total=None, initial=done_tokens, unit="tok", unit_scale=True, desc="prepare", file=sys.stderr,
-                    mininterval=0.5, smoothing=0.1)
+        pbar = progress_bar(total=None, initial=done_tokens, unit="tok", desc="prepare", file=sys.stderr,
+                            unit_scale=True, mininterval=0.5, smoothing=0.1)
 
     def flush(next_doc: int) -> None:
         nonlocal buf_tokens, buf_lengths, buf_count
@@ -312,7 +311,7 @@ def encode_docs_local(texts, tok):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_pipeline.prepare",
+    ap = CliParser(prog="python -m data_pipeline.prepare",
                                  description="Tokenise local text/jsonl/parquet files or hf:NAME into token shards.")
     ap.add_argument("--source", nargs="+", required=True,
                     help="files, globs or directories (.txt: one document per line; .jsonl/.parquet: --text-field), "
@@ -324,13 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-field", default="text", help="field holding the text in jsonl/parquet/hf records")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
-    try:
+
+    def body() -> None:
         prepare(args.source, args.tokenizer, args.out, workers=args.workers, shard_tokens=args.shard_tokens,
                 text_field=args.text_field, progress=not args.quiet)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_cli(body, DATA_ERRORS)
 
 
 if __name__ == "__main__":

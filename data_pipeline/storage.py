@@ -30,8 +30,16 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .shards import (FIX_SHARDS, MANIFEST, ShardSet, check_offsets, check_token_range, file_lock, parse_manifest,
-                     read_manifest)
+from .shards import (
+    FIX_SHARDS,
+    MANIFEST,
+    ShardSet,
+    check_offsets,
+    check_token_range,
+    file_lock,
+    parse_manifest,
+    read_manifest,
+)
 
 CACHE_ENV = "DATA_PIPELINE_CACHE_DIR"
 _SCHEMES_LOCAL = ("file://", "local://")

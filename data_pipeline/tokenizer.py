@@ -1,7 +1,10 @@
-"""Tokenizers: train a SentencePiece BPE model, or load one (SentencePiece or a local HF dir).
+"""Tokenizers: train a SentencePiece BPE model, or load one (SentencePiece, a local HF dir, or `bytes`).
 
 Why a wrapper: shards, manifests and checkpoints all record the tokenizer *identity*
 (a content hash), so data made with one tokenizer can never silently be trained with another.
+
+`bytes` is the one byte-level tokenizer of the repository (`text:` sources, classification data,
+evaluation probes): UTF-8 bytes as ids, vocabulary 256, identity `bytes`, EOS = 255 (see ByteTokenizer).
 
 CLI::
 
@@ -10,7 +13,6 @@ CLI::
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -19,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli import DATA_ERRORS, CliParser, run_cli
 from .errors import DataError
 
 SP_MODEL = "tokenizer.model"
@@ -61,6 +64,43 @@ def _sp_identity(sp) -> str:
     for text in _PROBES:
         h.update(repr(sp.encode(text, out_type=int)).encode())
     return h.hexdigest()[:16]
+
+
+BYTES = "bytes"      # the byte tokenizer's name wherever a tokenizer is given (recipes, --tokenizer), and its identity
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids, vocabulary 256, EOS (end of document) = 255, no BOS; pad = EOS.
+
+    Why EOS is 255 and not a 257th id: UTF-8 never contains the byte 0xFF, so id 255 is free for EOS
+    without growing the vocabulary. Every byte-level model this repository trains has 256 ids, and one
+    trained before EOS existed (raw text, classification) reads text exactly as it did: the same tokenizer,
+    evaluable and resumable as it is. Text with a 0xFF byte is not UTF-8 and is refused where text is read.
+    """
+
+    kind = BYTES
+    identity = BYTES
+    vocab_size = 256
+    eos_id = 255
+    bos_id = -1
+    pad_id = 255
+    path = BYTES
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids) -> str:
+        """Text of the ids; EOS (and any id outside 0..254) is skipped."""
+        return bytes(i for i in (int(x) for x in ids) if 0 <= i < self.eos_id).decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab=256, eos=255)"
+
+
+BYTE_TOKENIZER = ByteTokenizer()
 
 
 class Tokenizer:
@@ -123,13 +163,13 @@ class Tokenizer:
         else:
             if not p.exists():
                 raise DataError(
-                    f"tokenizer directory {self.path} does not exist; train one with "
+                    f"tokenizer directory {self.path} does not exist. Fix: train one with "
                     "'python -m data_pipeline.tokenizer train --input FILES --vocab-size N --out DIR' "
-                    "or point at a local HuggingFace tokenizer directory"
+                    "or point at a local HuggingFace tokenizer directory (or use 'bytes')"
                 )
             raise DataError(
-                f"{self.path}: no tokenizer found (expected {SP_MODEL} from 'python -m data_pipeline.tokenizer train' "
-                "or tokenizer.json/tokenizer_config.json of a HuggingFace tokenizer)"
+                f"{self.path}: no tokenizer found. Fix: point at a directory with {SP_MODEL} from 'python -m "
+                "data_pipeline.tokenizer train', or with tokenizer.json/tokenizer_config.json of a HuggingFace tokenizer"
             )
 
     def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
@@ -158,11 +198,14 @@ class Tokenizer:
 _CACHE: dict[str, Tokenizer] = {}
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer directory (SentencePiece ``tokenizer.model`` or a local HF tokenizer).
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer | ByteTokenizer:
+    """Load a tokenizer directory (SentencePiece ``tokenizer.model`` or a local HF tokenizer), or
+    the byte tokenizer for ``"bytes"``.
 
     Never runs remote code and never touches the network.
     """
+    if str(path) == BYTES:
+        return BYTE_TOKENIZER
     key = str(Path(path).resolve())
     tok = _CACHE.get(key)
     if tok is None:
@@ -310,7 +353,7 @@ def _train(spm, files, prefix, vocab_size, character_coverage, max_sentences, mo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_pipeline.tokenizer", description=__doc__.split("\n")[0])
+    ap = CliParser(prog="python -m data_pipeline.tokenizer", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train a SentencePiece BPE tokenizer (byte fallback) on local text files")
     t.add_argument("--input", nargs="+", required=True, help="local text files, one sentence/paragraph per line")
@@ -319,10 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-sentences", type=int, default=2_000_000, help="lines read for training")
     t.add_argument("--character-coverage", type=float, default=0.9995,
                    help="share of characters given their own piece; the rest use byte fallback")
-    i = sub.add_parser("info", help="print identity and special ids of a tokenizer directory")
+    i = sub.add_parser("info", help="print identity and special ids of a tokenizer directory (or 'bytes')")
     i.add_argument("path")
     args = ap.parse_args(argv)
-    try:
+
+    def body() -> None:
         if args.cmd == "train":
             train_sentencepiece(args.input, args.vocab_size, args.out, max_sentences=args.max_sentences,
                                 character_coverage=args.character_coverage)
@@ -330,10 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             tok = load_tokenizer(args.path)
             print(json.dumps({"identity": tok.identity, "kind": tok.kind, "vocab_size": tok.vocab_size,
                               "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id}, indent=2))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_cli(body, DATA_ERRORS)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
-"""Text generation: greedy / top-k / top-p sampling, with or without the incremental cache.
+"""Text generation: greedy (the default), or sampling with a temperature and top-k / top-p, with or
+without the incremental cache.
 
 The cache holds keys and values for softmax variants and values only for MixiT (its
 mixing weights do not depend on the input, so there are no keys to keep). The cached
 path gives the same tokens as recomputing the whole sequence at every step.
 
-CLI:
-    python -m eval.generate --checkpoint CKPT --tokenizer TOK --prompt "Once upon" \
+CLI (greedy unless --temperature > 0, --top-k or --top-p is given; --temperature 0 is greedy):
+    python -m eval.generate --checkpoint CKPT [--tokenizer TOK] --prompt "Once upon" \
         --max-new-tokens 50 [--top-k 50] [--top-p 0.9] [--temperature 0.8] [--seed 0] [--no-cache]
+Without --tokenizer, the tokenizer the checkpoint was trained with is used (bytes, or the one its
+recipe records).
 """
 from __future__ import annotations
 
@@ -17,15 +20,31 @@ from typing import Sequence
 
 import torch
 
-from .loading import EvalError, check_tokenizer, load_checkpoint, load_tokenizer
+from data_pipeline.cli import CliParser, run_cli
+
+from .loading import (
+    EVAL_ERRORS,
+    EvalError,
+    check_tokenizer,
+    load_checkpoint,
+    load_tokenizer,
+    missing_tokenizer_error,
+    run_tokenizer,
+)
+
+
+def is_greedy(top_k: int | None = None, top_p: float | None = None, temperature: float | None = None) -> bool:
+    """Greedy unless something asks for sampling (a temperature > 0, top_k or top_p); temperature 0 is greedy."""
+    return temperature == 0 or (temperature is None and top_k is None and top_p is None)
 
 
 def sample_next(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None,
-                temperature: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits (b, V) -> next ids (b,). Greedy when temperature == 0 or neither top_k nor top_p is set."""
-    if temperature == 0 or (top_k is None and top_p is None):
+                temperature: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (b, V) -> next ids (b,). Greedy by default (see is_greedy); sampling uses temperature 1
+    unless one is given."""
+    if is_greedy(top_k, top_p, temperature):
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    logits = logits.float() / (1.0 if temperature is None else temperature)
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -41,11 +60,12 @@ def sample_next(logits: torch.Tensor, top_k: int | None = None, top_p: float | N
 
 @torch.no_grad()
 def generate(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int = 32, *,
-             top_k: int | None = None, top_p: float | None = None, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, temperature: float | None = None,
              seed: int = 0, use_cache: bool = True, eos_id: int | None = None,
              return_logits: bool = False):
-    """Continue `prompt_ids` (1-D, or 2-D for a batch of equal-length prompts); returns the new ids
-    (list per row) and, with return_logits, the (b, new, V) logits that produced them."""
+    """Continue `prompt_ids` (1-D, or 2-D for a batch of equal-length prompts), greedily unless a
+    temperature > 0, top_k or top_p asks for sampling; returns the new ids (list per row, cut after
+    the first `eos_id`) and, with return_logits, the (b, new, V) logits that produced them."""
     device = next(model.parameters()).device
     x = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)
     single = x.dim() == 1
@@ -87,42 +107,66 @@ def generate(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: in
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval.generate", description="Generate text from a checkpoint.")
+def _temperature(text: str) -> float:
+    t = float(text)
+    if t < 0 or t != t:
+        raise argparse.ArgumentTypeError(f"{text} is not a temperature >= 0 (0 = greedy)")
+    return t
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = CliParser(prog="python -m eval.generate",
+                   description="Generate text from a checkpoint. Decoding is greedy (the most likely token at "
+                               "every step) unless --temperature > 0, --top-k or --top-p asks for sampling.")
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes'; omit to pass --prompt-ids")
+    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes' (default: the one the checkpoint was trained "
+                                        "with); omit with --prompt-ids")
     ap.add_argument("--prompt", default="")
     ap.add_argument("--prompt-ids", help="comma-separated token ids (no tokenizer needed)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--top-k", type=int)
-    ap.add_argument("--top-p", type=float)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--top-k", type=int, help="sample from the k most likely tokens (default: greedy)")
+    ap.add_argument("--top-p", type=float, help="sample from the smallest set with probability >= p (default: greedy)")
+    ap.add_argument("--temperature", type=_temperature, default=None,
+                    help="sampling temperature; default: greedy decoding (0 = greedy; 1 when only --top-k/--top-p "
+                         "is given)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
     ap.add_argument("--no-cache", action="store_true", help="recompute the full sequence every step")
     ap.add_argument("--device", default="cpu")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def _prompt_ids(text: str) -> list[int]:
     try:
-        model, info = load_checkpoint(a.checkpoint, a.device)
-        tok = load_tokenizer(a.tokenizer)
-        check_tokenizer(tok, model, info)
-        if a.prompt_ids:
-            ids = [int(t) for t in a.prompt_ids.split(",")]
-        elif tok is not None:
-            ids = tok.encode(a.prompt) or [tok.eos_id]
-            if a.prompt == "":
-                ids = [tok.eos_id]
-        else:
-            raise EvalError("give --tokenizer (with --prompt) or --prompt-ids")
-        out = generate(model, ids, a.max_new_tokens, top_k=a.top_k, top_p=a.top_p, temperature=a.temperature,
-                       seed=a.seed, use_cache=not a.no_cache, eos_id=getattr(tok, "eos_id", None))
-    except (EvalError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if tok is not None:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise EvalError(f"--prompt-ids {text!r} is not a comma-separated list of integers. Fix: e.g. "
+                        "--prompt-ids 5,17,3") from None
+
+
+def run(a: argparse.Namespace) -> int:
+    model, info = load_checkpoint(a.checkpoint, a.device)
+    tok = load_tokenizer(a.tokenizer) if a.tokenizer else run_tokenizer(info)
+    check_tokenizer(tok, model, info)
+    if a.prompt_ids:
+        ids = _prompt_ids(a.prompt_ids)
+        if not ids or max(ids) >= model.cfg.vocab_size or min(ids) < 0:
+            raise EvalError(f"--prompt-ids must be ids in [0, {model.cfg.vocab_size}). Fix: pass ids of the "
+                            "checkpoint's vocabulary")
+    elif tok is not None:
+        ids = tok.encode(a.prompt) or [tok.eos_id]
+    else:
+        raise missing_tokenizer_error(info, "--prompt")
+    out = generate(model, ids, a.max_new_tokens, top_k=a.top_k, top_p=a.top_p, temperature=a.temperature,
+                   seed=a.seed, use_cache=not a.no_cache, eos_id=getattr(tok, "eos_id", None))
+    if tok is not None and not a.prompt_ids:
         print(a.prompt + tok.decode(out))
     else:
         print(json.dumps(out))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(lambda: run(build_parser().parse_args(argv)), EVAL_ERRORS)
 
 
 if __name__ == "__main__":

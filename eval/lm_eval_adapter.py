@@ -1,31 +1,39 @@
 """lm-evaluation-harness adapter: run `lm_eval` tasks on our checkpoints in-process.
 
 `TrainablePartsLM(model, tokenizer)` implements loglikelihood (via TemplateLM's encoding and
-`_loglikelihood_tokens`), loglikelihood_rolling and generate_until. It is registered as
-lm_eval model "trainable_parts" (model_args: checkpoint=PATH,tokenizer=DIR|bytes).
+`_loglikelihood_tokens`), loglikelihood_rolling and generate_until (greedy requests batched by
+context length). It is registered as lm_eval model "trainable_parts" (model_args:
+checkpoint=PATH[,tokenizer=DIR|bytes]; without a tokenizer, the checkpoint's own).
 
 Slicing convention (the usual off-by-one): for context c (n tokens) and continuation y
 (m tokens) the model reads inp = (c + y)[:-1] and the logits at positions
 len(inp)-m .. len(inp)-1 predict y_1..y_m, i.e. logit row len(c)-1+j scores y_j.
 
 Offline task configs live in eval/tasks/*.yaml with local JSONL data; `run_lm_eval`
-resolves their data paths, so they run with no network.
+resolves their data paths, so they run with no network. `exact_match:FILE.jsonl` (eval/exact_match.py)
+runs as a generate_until task scored by the same rule as `eval.run`'s own exact_match task, so both
+give the same numbers: generation runs to EOS or the longest record's budget (lm_eval's `until` is
+one list per task, so it is left empty), then each record's own stop, or its answer's length,
+decides the prediction.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 import torch.nn.functional as F
 import yaml
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from tqdm.auto import tqdm
 
-from .generate import generate
-from .loading import check_tokenizer, load_checkpoint, load_tokenizer
+from data_pipeline.progress import progress_bar
+
+from . import exact_match as em
+from .generate import generate, is_greedy
+from .loading import check_tokenizer, load_checkpoint, load_tokenizer, missing_tokenizer_error, run_tokenizer
 
 TASK_DIR = Path(__file__).parent / "tasks"
 
@@ -33,16 +41,17 @@ TASK_DIR = Path(__file__).parent / "tasks"
 @register_model("trainable_parts")
 class TrainablePartsLM(TemplateLM):
     def __init__(self, model=None, tokenizer=None, checkpoint: str | None = None, batch_size: int | str | None = 8,
-                 device: str | None = None, max_length: int | None = None, **_: Any):
+                 device: str | None = None, max_length: int | None = None, info: dict[str, Any] | None = None,
+                 **_: Any):
         super().__init__()
-        info: dict[str, Any] = {}
+        info = dict(info or {})
         if model is None:
             if checkpoint is None:
                 raise ValueError("TrainablePartsLM needs model= or checkpoint=")
             model, info = load_checkpoint(checkpoint, device or "cpu")
-        tokenizer = load_tokenizer(tokenizer)
+        tokenizer = load_tokenizer(tokenizer) if tokenizer is not None else run_tokenizer(info)
         if tokenizer is None:
-            raise ValueError("TrainablePartsLM needs a tokenizer (tokenizer=DIR or tokenizer=bytes)")
+            raise missing_tokenizer_error(info, "lm_eval")
         check_tokenizer(tokenizer, model, info)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -70,7 +79,8 @@ class TrainablePartsLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
-        bar = tqdm(total=len(requests), desc="loglikelihood", disable=disable_tqdm, leave=False)
+        bar = progress_bar(total=len(requests), desc="loglikelihood", unit="request", enabled=not disable_tqdm,
+                           leave=False)
         for s in range(0, len(order), self.batch_size):
             idx = order[s:s + self.batch_size]
             inps, conts = [], []
@@ -100,7 +110,8 @@ class TrainablePartsLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
-        for req in tqdm(requests, desc="loglikelihood_rolling", disable=disable_tqdm, leave=False):
+        for req in progress_bar(requests, desc="loglikelihood_rolling", unit="request", enabled=not disable_tqdm,
+                                leave=False):
             (string,) = req.args
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                 token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
@@ -112,31 +123,45 @@ class TrainablePartsLM(TemplateLM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out = []
-        for req in tqdm(requests, desc="generate_until", disable=disable_tqdm, leave=False):
+        """Continue each context until a stop string, EOS or max_gen_toks. Greedy requests with the
+        same generation settings and context length run as one batch."""
+        out: list[str | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        plans = []
+        for i, req in enumerate(requests):
             context, gen_kwargs = req.args
             gen_kwargs = dict(gen_kwargs or {})
             until = gen_kwargs.pop("until", None) or []
-            if isinstance(until, str):
-                until = [until]
+            until = [until] if isinstance(until, str) else list(until)
             max_new = int(gen_kwargs.pop("max_gen_toks", 32))
             do_sample = bool(gen_kwargs.pop("do_sample", False))
-            temperature = float(gen_kwargs.pop("temperature", 0.0 if not do_sample else 1.0))
+            temperature = float(gen_kwargs.pop("temperature", 1.0 if do_sample else 0.0))
+            top_k, top_p = (gen_kwargs.get("top_k"), gen_kwargs.get("top_p")) if do_sample else (None, None)
             ctx = self.tok_encode(context) or [self.eot_token_id]
             ctx = ctx[-max(1, self.max_length - max_new):]
-            ids = generate(self.model, ctx, max_new, eos_id=self.eot_token_id,
-                           top_k=gen_kwargs.get("top_k") if do_sample else None,
-                           top_p=gen_kwargs.get("top_p") if do_sample else None,
-                           temperature=temperature if do_sample else 0.0)
-            if ids and ids[-1] == self.eot_token_id:
-                ids = ids[:-1]
-            text = self.tok_decode(ids)
-            for stop in until:
-                if stop and stop in text:
-                    text = text.split(stop)[0]
-            out.append(text)
-            self.cache_hook.add_partial("generate_until", (context, req.args[1]), text)
-        return out
+            plans.append((ctx, until, max_new, top_k, top_p, temperature))
+            greedy = not do_sample or is_greedy(top_k, top_p, temperature)
+            key = (len(ctx), max_new) if greedy else ("sample", i)      # a sampled request runs alone
+            groups.setdefault(key, []).append(i)
+        bar = progress_bar(total=len(requests), desc="generate_until", unit="request", enabled=not disable_tqdm,
+                           leave=False)
+        for key, idx in groups.items():
+            for s in range(0, len(idx), self.batch_size):
+                batch = idx[s:s + self.batch_size]
+                _, _, max_new, top_k, top_p, temperature = plans[batch[0]]
+                rows = generate(self.model, [plans[i][0] for i in batch], max_new, eos_id=self.eot_token_id,
+                                top_k=top_k, top_p=top_p, temperature=temperature if key[0] == "sample" else 0.0)
+                for i, ids in zip(batch, rows):
+                    context = requests[i].args[0]
+                    text = em.continuation_text(self.tokenizer, plans[i][0], ids)
+                    for stop in plans[i][1]:
+                        if stop and stop in text:
+                            text = text.split(stop)[0]
+                    out[i] = text
+                    self.cache_hook.add_partial("generate_until", (context, requests[i].args[1]), text)
+                bar.update(len(batch))
+        bar.close()
+        return out  # type: ignore[return-value]
 
 
 # ---- offline tasks -----------------------------------------------------------------------
@@ -154,16 +179,53 @@ def task_config(name: str) -> dict[str, Any]:
     return cfg
 
 
+def lm_eval_task_name(name: str) -> str:
+    """The name lm_eval reports a task under: `exact_match_<stem>` for exact_match:FILE, else the name."""
+    return "exact_match_" + em.task_file(name).stem if name.startswith(em.PREFIX) else name
+
+
+def exact_match_task_config(path: str | Path, tokenizer) -> dict[str, Any]:
+    """An lm_eval generate_until task over an exact-match file (eval/exact_match.py), scored by the
+    same rule: each record's stop, or its answer's length, decides what is compared with the answer."""
+    records = em.read_records(path)
+    docs = [{"prompt": r.prompt, "answer": r.answer, "stops": list(r.stops), "line": r.line} for r in records]
+    rec = {d["line"]: r for d, r in zip(docs, records)}
+
+    def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+        r = rec[doc["line"]]
+        ok, pos = em.score(em.prediction(results[0], r), r.answer)
+        return {"exact_match": float(ok), "char_acc": sum(pos) / len(pos)}
+
+    return {
+        "task": lm_eval_task_name(em.PREFIX + str(path)),
+        "custom_dataset": lambda **_: {"test": datasets.Dataset.from_list(docs)},
+        "test_split": "test",
+        "output_type": "generate_until",
+        "doc_to_text": lambda d: d["prompt"],
+        "doc_to_target": lambda d: d["answer"],
+        "target_delimiter": "",
+        "generation_kwargs": {"until": [], "max_gen_toks": max(em.budget(tokenizer, r) for r in records),
+                              "do_sample": False},
+        "process_results": process_results,
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True},
+                        {"metric": "char_acc", "aggregation": "mean", "higher_is_better": True}],
+        "metadata": {"version": 1.0},
+    }
+
+
 def run_lm_eval(lm: TrainablePartsLM, tasks: list[str], limit: int | float | None = None,
                 num_fewshot: int | None = None) -> dict[str, dict[str, float]]:
-    """Run lm_eval tasks in-process; our offline tasks by name (eval/tasks), others as lm_eval names.
-    Returns {task: {metric: value}} (numbers only)."""
+    """Run lm_eval tasks in-process; our offline tasks by name (eval/tasks), exact_match:FILE.jsonl,
+    others as lm_eval names. Returns {task: {metric: value}} (numbers only)."""
     import lm_eval  # deferred: heavy
     from lm_eval.tasks import TaskManager  # deferred: heavy
     ours = set(offline_tasks())
-    specs: list[Any] = [task_config(t) if t in ours else t for t in tasks]
+    local = [t in ours or t.startswith(em.PREFIX) for t in tasks]
+    specs: list[Any] = [task_config(t) if t in ours else
+                        exact_match_task_config(em.task_file(t), lm.tokenizer) if t.startswith(em.PREFIX) else t
+                        for t in tasks]
     # Index lm_eval's built-in task library only when a non-local task is asked for (it is slow).
-    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=not all(t in ours for t in tasks))
+    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=not all(local))
     res = lm_eval.simple_evaluate(model=lm, tasks=specs, limit=limit, num_fewshot=num_fewshot, task_manager=manager,
                                   log_samples=False, bootstrap_iters=0, verbosity="WARNING")
     out: dict[str, dict[str, float]] = {}

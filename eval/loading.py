@@ -1,5 +1,6 @@
 """Checkpoints and tokenizers for evaluation: (model, info) from any checkpoint the checkpoint
-layer reads (native, HF, DeepSpeed tag, run dir), and tokenizers with identity checks.
+layer reads (native, HF, DeepSpeed tag, run dir), and tokenizers with identity checks; without a
+tokenizer given, the one the checkpoint records (`run_tokenizer`).
 """
 from __future__ import annotations
 
@@ -8,52 +9,89 @@ from typing import Any
 
 import torch
 
-from checkpoint import load_for_eval, run_checkpoints
+from checkpoint import CorruptCheckpoint, UnsafeCheckpoint, load_for_eval, run_checkpoints
+from data_pipeline.cli import DATA_ERRORS
+from data_pipeline.shards import MANIFEST, read_manifest
+from data_pipeline.tokenizer import BYTE_TOKENIZER, BYTES
 from data_pipeline.tokenizer import load_tokenizer as load_data_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class EvalError(ValueError):
     """A user-facing error: bad checkpoint path, tokenizer mismatch, unknown task, ..."""
 
 
+# Bad input to an eval CLI, printed as one `error: ... Fix: ...` line (data_pipeline.cli.run_cli).
+EVAL_ERRORS = (EvalError, CorruptCheckpoint, UnsafeCheckpoint, *DATA_ERRORS)
+
+
 # ---- tokenizers --------------------------------------------------------------------------
-class ByteTokenizer:
-    """UTF-8 bytes as tokens 0..255 and EOS = 256: a tokenizer-free fallback for text probes."""
-
-    kind = "bytes"
-    identity = "bytes:utf8-v1"
-    vocab_size = 257
-    eos_id = 256
-    bos_id = -1
-    pad_id = 256
-    path = "bytes"
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode(self, ids) -> str:
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
-
-    def __repr__(self) -> str:
-        return "ByteTokenizer()"
-
-
 def load_tokenizer(spec: Any):
-    """`"bytes"` -> ByteTokenizer; a directory -> data_pipeline's tokenizer; a tokenizer object is returned as is."""
+    """`"bytes"` -> the byte tokenizer; a directory -> data_pipeline's tokenizer; a tokenizer object is returned as is."""
     if spec is None or not isinstance(spec, (str, Path)):
         return spec
-    if str(spec) == "bytes":
-        return ByteTokenizer()
-    if not Path(spec).exists():
-        raise EvalError(f"tokenizer {spec} does not exist; pass --tokenizer DIR (the directory the data was "
-                        "prepared with) or --tokenizer bytes for the byte-level fallback")
+    if str(spec) != BYTES and not Path(spec).exists():
+        raise EvalError(f"tokenizer {spec} does not exist. Fix: pass --tokenizer DIR (the directory the data was "
+                        "prepared with), --tokenizer bytes for the byte tokenizer, or omit --tokenizer to use the "
+                        "one the checkpoint was trained with")
     try:
         return load_data_tokenizer(spec)
     except ValueError as e:   # DataError
         raise EvalError(str(e)) from e
+
+
+def _candidate_tokenizers(meta: dict[str, Any]) -> list[str]:
+    """Tokenizer locations a checkpoint's recorded recipe points at: data.tokenizer, then the
+    tokenizer_path of each shard directory's manifest (the recipe's source or mixture paths)."""
+    data = meta.get("data") or {}
+    out = [str(x) for x in (data.get("tokenizer"), meta.get("tokenizer_path")) if x]
+    dirs = [data.get("source")] + [m.get("path") for m in data.get("mixture") or [] if isinstance(m, dict)]
+    for d in dirs:
+        if not isinstance(d, str) or ":" in d.split("/")[0]:          # text:, synthetic:, classify:, hf:, s3: ...
+            continue
+        for base in (Path(d), REPO_ROOT / d):
+            if (base / MANIFEST).is_file():
+                try:
+                    path = read_manifest(base).get("tokenizer_path")
+                except ValueError:
+                    break
+                if path:
+                    out.append(str(path))
+                break
+    return out
+
+
+def run_tokenizer(info: dict[str, Any]):
+    """The tokenizer a checkpoint was trained with, from what it records (for `--tokenizer` omitted):
+    the byte tokenizer for identity `bytes`, else the recorded recipe's data.tokenizer or its shards'
+    tokenizer_path, whichever still exists with the recorded identity. None when nothing is found."""
+    want = info.get("tokenizer_id")
+    if not want:
+        return None
+    if want == BYTES:
+        return BYTE_TOKENIZER
+    for spec in _candidate_tokenizers(info.get("meta") or {}):
+        try:
+            tok = load_data_tokenizer(spec if spec == BYTES else _repo_path(spec))
+        except ValueError:
+            continue
+        if tok.identity == want:
+            return tok
+    return None
+
+
+def missing_tokenizer_error(info: dict[str, Any], needs: str) -> EvalError:
+    want = info.get("tokenizer_id")
+    where = (f"the checkpoint records tokenizer {want}, which was not found from its recipe (data.tokenizer or "
+             "the shards' manifest)" if want else "the checkpoint records no tokenizer")
+    return EvalError(f"{needs} needs a tokenizer and {where}. Fix: pass --tokenizer DIR (the tokenizer the run was "
+                     "trained with) or --tokenizer bytes")
+
+
+def _repo_path(p: str) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() or path.exists() else REPO_ROOT / path
 
 
 def check_tokenizer(tok, model, info: dict[str, Any]) -> None:
@@ -64,7 +102,7 @@ def check_tokenizer(tok, model, info: dict[str, Any]) -> None:
     if want and getattr(tok, "identity", None) and want != tok.identity:
         raise EvalError(f"tokenizer mismatch: checkpoint {info.get('path')} was trained with tokenizer {want}, "
                         f"but the given tokenizer is {tok.identity} ({getattr(tok, 'path', tok)}). "
-                        "Fix: pass --tokenizer pointing at the tokenizer the run was trained with.")
+                        "Fix: omit --tokenizer to use the run's own, or pass the tokenizer the run was trained with.")
     if tok.vocab_size > model.cfg.vocab_size:
         raise EvalError(f"tokenizer mismatch: tokenizer {tok.identity} has {tok.vocab_size} tokens but the "
                         f"checkpoint's vocabulary has {model.cfg.vocab_size}. Fix: use the run's tokenizer.")
@@ -88,7 +126,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     try:
         model, meta = load_for_eval(p, device=str(device))
     except FileNotFoundError as e:
-        raise EvalError(f"no checkpoint found at {p}: {e}") from e
+        raise EvalError(f"no checkpoint found at {p}: {e}. Fix: pass a native/HF/DeepSpeed checkpoint directory "
+                        "or a run directory") from e
     model.eval()
     meta = dict(meta or {})
     cfg = model.cfg

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from data_pipeline.progress import progress_bar
 from data_pipeline.storage import open_shards  # a local directory or an fsspec URL (s3://, https://, ...)
 
 from . import distributed as D
@@ -115,7 +115,7 @@ def perplexity(model, tokens, window: int | None = None, stride: int | None = No
             batches.append([s])
     mine = D.my_batches(batches)
     done = []
-    for i, b in tqdm(mine, desc="perplexity", disable=not progress or not D.is_main(), leave=False):
+    for i, b in progress_bar(mine, desc="perplexity", unit="batch", enabled=progress and D.is_main(), leave=False):
         done.append((i, _window_batch_nll(model, t, b, device)))
     per_window = [w for batch in D.gather_ordered(done) for w in batch]
     total = 0.0

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+
+from data_pipeline.progress import progress_bar
 
 from .loading import EvalError
 
@@ -63,7 +64,7 @@ def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: i
     lo, hi = _token_range(model, tokenizer, token_low)
     by_len: dict[str, Any] = {}
     all_rep, all_first = [], []
-    for L in tqdm(lengths, desc="induction", disable=not progress, leave=False):
+    for L in progress_bar(lengths, desc="induction", unit="length", enabled=progress, leave=False):
         if 2 * L > model.cfg.max_seq_len:
             continue
         r = _rng(seed, "induction", L)
@@ -91,7 +92,7 @@ def kv_recall(model, num_pairs: Sequence[int] = (2, 4, 8), n: int = 64, seed: in
     lo, hi = _token_range(model, tokenizer, token_low)
     by_n: dict[str, Any] = {}
     scores_all = []
-    for P in tqdm(num_pairs, desc="kv_recall", disable=not progress, leave=False):
+    for P in progress_bar(num_pairs, desc="kv_recall", unit="size", enabled=progress, leave=False):
         if 2 * P + 2 > model.cfg.max_seq_len + 1 or P > hi - lo:
             continue
         r = _rng(seed, "kv", P)
@@ -139,7 +140,7 @@ def passkey(model, tokenizer, lengths: Sequence[int] = (64, 128, 256), depths: S
     nll_all = 0.0
     ntok_all = 0
     T = model.cfg.max_seq_len
-    for L in tqdm(lengths, desc="passkey", disable=not progress, leave=False):
+    for L in progress_bar(lengths, desc="passkey", unit="length", enabled=progress, leave=False):
         if L > T + 1:
             continue
         r = _rng(seed, "passkey", L)

@@ -7,7 +7,11 @@
 Tasks: perplexity (needs --text FILE or --val-dir DIR), induction, kv_recall, passkey (needs a
 tokenizer), mechanisms, classification (a classifier's accuracy and loss on its run's validation data),
 synthetic:<task> (data_pipeline.synthetic, e.g. synthetic:kv_retrieval),
-lm_eval:<task> (an offline config in eval/tasks, e.g. lm_eval:tp_kv_recall, or any lm_eval task).
+exact_match:FILE.jsonl (your own prompts and answers, greedy generation, exact match; eval/exact_match.py),
+lm_eval:<task> (an offline config in eval/tasks, e.g. lm_eval:tp_kv_recall, lm_eval:exact_match:FILE.jsonl,
+or any lm_eval task).
+Without --tokenizer, the tokenizer the checkpoint was trained with is used (bytes, or the one its
+recorded recipe names).
 With --run-dir, results go to RUN/eval/results.jsonl (checkpoints already evaluated with the
 same tasks and options are skipped), and the table (markdown + CSV), TensorBoard scalars and
 per-metric PNG plots go to --out-dir. Under torchrun/deepspeed, perplexity and synthetic
@@ -27,23 +31,36 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+
+from data_pipeline.cli import CliParser, run_cli
+from data_pipeline.progress import progress_bar
 
 from . import distributed as D
+from . import exact_match as em
 from . import mechanisms, retrieval
 from . import perplexity as ppl
 from .classification import evaluate_classification
-from .loading import EvalError, check_tokenizer, list_checkpoints, load_checkpoint, load_tokenizer
+from .loading import (
+    EVAL_ERRORS,
+    EvalError,
+    check_tokenizer,
+    list_checkpoints,
+    load_checkpoint,
+    load_tokenizer,
+    missing_tokenizer_error,
+    run_tokenizer,
+)
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
 from .synthetic_tasks import evaluate_task, get_task
 
 BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms", "classification")
-PREFIX_TASKS = ("synthetic:", "lm_eval:")
+PREFIX_TASKS = ("synthetic:", em.PREFIX, "lm_eval:")
+LM_EVAL_EXACT = "lm_eval:" + em.PREFIX
 
 
 @dataclass
 class EvalOptions:
-    tokenizer: Any = None                  # dir, "bytes", or a tokenizer object
+    tokenizer: Any = None                  # dir, "bytes", a tokenizer object, or None: the checkpoint's own
     text: str | None = None                # perplexity on a text file
     val_dir: str | None = None             # perplexity on a prepared split (data_pipeline shards)
     window: int | None = None              # tokens per perplexity window (default: max_seq_len)
@@ -64,32 +81,69 @@ class EvalOptions:
     device: str = "cpu"
     progress: bool = True
 
-    def signature(self) -> str:
-        """Hash of the options that change numbers (not device/progress/output paths)."""
+    def signature(self, tasks: list[str] | None = None) -> str:
+        """Hash of the options that change numbers (not device/progress/output paths), and of the
+        contents of the tasks' own files (exact_match:FILE), so an edited file is evaluated again."""
         d = dataclasses.asdict(self)
         for k in ("device", "progress", "heatmap_dir"):
             d.pop(k)
         d["tokenizer"] = getattr(self.tokenizer, "identity", self.tokenizer)
+        files = {t: em.file_digest(em.task_file(_exact_match_file_task(t))) for t in tasks or []
+                 if _exact_match_file_task(t)}
+        if files:
+            d["task_files"] = files
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _exact_match_file_task(t: str) -> str | None:
+    """`exact_match:FILE` for an exact-match task (ours or through lm_eval), else None."""
+    if t.startswith(em.PREFIX):
+        return t
+    if t.startswith(LM_EVAL_EXACT):
+        return t[len("lm_eval:"):]
+    return None
+
+
+def _needs_tokenizer(t: str, opts: EvalOptions) -> bool:
+    """Tasks that read or write text need the checkpoint's tokenizer."""
+    return t in ("passkey",) or (t == "perplexity" and bool(opts.text)) or t.startswith((em.PREFIX, "lm_eval:"))
+
+
+def result_key(t: str) -> str:
+    """The key a task's results get: the task name, or exact_match:<file stem> for exact-match files."""
+    if t.startswith(em.PREFIX):
+        return em.result_key(t)
+    if t.startswith(LM_EVAL_EXACT):
+        return "lm_eval:" + em.result_key(t[len("lm_eval:"):])
+    return t
 
 
 def validate_tasks(tasks: list[str] | str) -> list[str]:
     if isinstance(tasks, str):
         tasks = [t.strip() for t in tasks.split(",") if t.strip()]
     if not tasks:
-        raise EvalError(f"no tasks given; choose from {list(BASE_TASKS)} or synthetic:<task>, lm_eval:<task>")
+        raise EvalError(f"no tasks given. Fix: choose from {list(BASE_TASKS)} or synthetic:<task>, "
+                        "exact_match:FILE.jsonl, lm_eval:<task>")
+    keys: dict[str, str] = {}
     for t in tasks:
         if t in BASE_TASKS:
-            continue
-        if t.startswith("synthetic:"):
+            pass
+        elif t.startswith("synthetic:"):
             get_task(t.split(":", 1)[1])      # raises EvalError for unknown names
-            continue
-        if t.startswith("lm_eval:") and t.split(":", 1)[1]:
-            continue
-        close = difflib.get_close_matches(t, list(BASE_TASKS), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise EvalError(f"unknown task {t!r}. {hint}Valid: {list(BASE_TASKS)}, synthetic:<task> "
-                        "(e.g. synthetic:kv_retrieval), lm_eval:<task> (e.g. lm_eval:tp_kv_recall)")
+        elif _exact_match_file_task(t):
+            em.read_records(em.task_file(_exact_match_file_task(t)))     # a missing or malformed file fails now
+        elif t.startswith("lm_eval:") and t.split(":", 1)[1]:
+            pass
+        else:
+            close = difflib.get_close_matches(t, list(BASE_TASKS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise EvalError(f"unknown task {t!r}. {hint}Fix: use one of {list(BASE_TASKS)}, synthetic:<task> "
+                            "(e.g. synthetic:kv_retrieval), exact_match:FILE.jsonl, lm_eval:<task> "
+                            "(e.g. lm_eval:tp_kv_recall)")
+        if result_key(t) in keys:
+            raise EvalError(f"tasks {keys[result_key(t)]!r} and {t!r} would both report as {result_key(t)!r}. "
+                            "Fix: list each task once, and give exact_match files different names")
+        keys[result_key(t)] = t
     return list(tasks)
 
 
@@ -97,8 +151,12 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
     """Run `tasks` on an already-loaded model; returns {"checkpoint": info, "tasks": {...}, "metrics": {...}}."""
     opts = opts or EvalOptions()
     tasks = validate_tasks(tasks)
-    tok = load_tokenizer(opts.tokenizer if opts.tokenizer is not None else info.get("meta", {}).get("tokenizer_path"))
+    tok = load_tokenizer(opts.tokenizer) if opts.tokenizer is not None else run_tokenizer(info)
     check_tokenizer(tok, model, info)
+    if tok is None:
+        for t in tasks:
+            if _needs_tokenizer(t, opts):
+                raise missing_tokenizer_error(info, f"task {t}")
     prog = opts.progress and D.is_main()
     out: dict[str, Any] = {}
     t0 = time.time()
@@ -135,15 +193,18 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
             task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)
             out[t] = evaluate_task(model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info,
                                    progress=prog)
+        elif t.startswith(em.PREFIX):
+            out[result_key(t)] = em.evaluate_exact_match(model, tok, em.task_file(t), max(opts.batch_size, 32),
+                                                         progress=prog)
         elif t.startswith("lm_eval:"):
-            from .lm_eval_adapter import TrainablePartsLM, run_lm_eval  # deferred: heavy (lm_eval)
-            lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size)
+            from .lm_eval_adapter import TrainablePartsLM, lm_eval_task_name, run_lm_eval  # deferred: heavy (lm_eval)
+            lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size, info=info)
             name = t.split(":", 1)[1]
             res = run_lm_eval(lm, [name], limit=opts.lm_eval_limit)
-            out[t] = res.get(name, res)
+            out[result_key(t)] = res.get(lm_eval_task_name(name), res)
     ck = {k: info.get(k) for k in ("path", "step", "tokens_seen", "variant", "tokenizer_id")}
     ck["tokenizer_used"] = getattr(tok, "identity", None)
-    return {"checkpoint": ck, "tasks": out, "metrics": flatten(out), "options_signature": opts.signature(),
+    return {"checkpoint": ck, "tasks": out, "metrics": flatten(out), "options_signature": opts.signature(tasks),
             "seconds": round(time.time() - t0, 3)}
 
 
@@ -167,13 +228,14 @@ def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions 
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         raise EvalError(f"run dir {run_dir} has no complete checkpoints (looked in {run_dir / 'checkpoints'})")
-    sig = opts.signature()
+    sig = opts.signature(tasks)
     key = (sig, tuple(tasks))
     have = read_jsonl(results_path)
     done = {r["checkpoint"]["step"] for r in have
             if (r.get("options_signature"), tuple(r.get("task_list", []))) == key}
     todo = [(s, p) for s, p in ckpts if s not in done]
-    for step, path in tqdm(todo, desc=f"checkpoints of {run_dir.name}", disable=not (opts.progress and D.is_main())):
+    for step, path in progress_bar(todo, desc=f"checkpoints of {run_dir.name}", unit="checkpoint",
+                                   enabled=opts.progress and D.is_main()):
         model, info = load_checkpoint(path, opts.device)
         if info.get("step") is None:
             info["step"] = step
@@ -210,15 +272,16 @@ def _floats(s: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = CliParser(prog="python -m eval.run", description=__doc__.split("\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="native / HF / DeepSpeed checkpoint dir (or a run dir: its latest)")
     src.add_argument("--run-dir", action="append", help="evaluate every checkpoint of this run (repeatable)")
     ap.add_argument("--tasks", required=True, help="comma-separated task names")
     ap.add_argument("--out", help="results JSON (--checkpoint mode)")
     ap.add_argument("--out-dir", help="table/plots/TensorBoard dir (--run-dir mode; default RUN/eval)")
-    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes' for the byte-level fallback")
+    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes' for the byte tokenizer (default: the one the "
+                                        "checkpoint was trained with)")
     ap.add_argument("--text", help="perplexity: a UTF-8 text file")
     ap.add_argument("--val-dir", help="perplexity: a prepared split directory (manifest.json + shards)")
     ap.add_argument("--window", type=int)
@@ -241,48 +304,47 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+def run(a: argparse.Namespace) -> int:
     D.init_from_env()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     limit = a.lm_eval_limit
     if limit is not None and limit >= 1:
         limit = int(limit)
-    try:
-        tasks = validate_tasks(a.tasks)
-        opts = EvalOptions(tokenizer=load_tokenizer(a.tokenizer), text=a.text, val_dir=a.val_dir, window=a.window,
-                           stride=a.stride, max_tokens=a.max_tokens, batch_size=a.batch_size, lengths=a.lengths,
-                           num_pairs=a.num_pairs, passkey_lengths=a.passkey_lengths, depths=a.depths, n=a.n,
-                           synthetic_n=a.synthetic_n, task_args=a.task_args, task_seed=a.task_seed,
-                           lm_eval_limit=limit, heatmap_dir=a.heatmap_dir, seed=a.seed, device=device,
-                           progress=not a.no_progress)
-        if a.checkpoint:
-            res = evaluate_checkpoint(a.checkpoint, tasks, opts)
-            if D.is_main():
-                text = json.dumps(res, indent=2)
-                if a.out:
-                    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-                    Path(a.out).write_text(text + "\n")
-                    print(f"wrote {a.out}", file=sys.stderr)
-                else:
-                    print(text)
-        else:
-            by_run = {}
-            for rd in a.run_dir:
-                name = Path(rd).resolve().name
-                if name in by_run:
-                    name = str(Path(rd).resolve())
-                by_run[name] = evaluate_run(rd, tasks, opts)
-            if D.is_main():
-                out_dir = a.out_dir or str(Path(a.run_dir[0]) / "eval")
-                rep = write_reports(by_run, out_dir)
-                if a.out:
-                    Path(a.out).write_text(json.dumps(by_run, indent=2) + "\n")
-                print(json.dumps(rep, indent=2))
-    except EvalError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    tasks = validate_tasks(a.tasks)
+    opts = EvalOptions(tokenizer=load_tokenizer(a.tokenizer), text=a.text, val_dir=a.val_dir, window=a.window,
+                       stride=a.stride, max_tokens=a.max_tokens, batch_size=a.batch_size, lengths=a.lengths,
+                       num_pairs=a.num_pairs, passkey_lengths=a.passkey_lengths, depths=a.depths, n=a.n,
+                       synthetic_n=a.synthetic_n, task_args=a.task_args, task_seed=a.task_seed,
+                       lm_eval_limit=limit, heatmap_dir=a.heatmap_dir, seed=a.seed, device=device,
+                       progress=not a.no_progress)
+    if a.checkpoint:
+        res = evaluate_checkpoint(a.checkpoint, tasks, opts)
+        if D.is_main():
+            text = json.dumps(res, indent=2)
+            if a.out:
+                Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(a.out).write_text(text + "\n")
+                print(f"wrote {a.out}", file=sys.stderr)
+            else:
+                print(text)
+        return 0
+    by_run = {}
+    for rd in a.run_dir:
+        name = Path(rd).resolve().name
+        if name in by_run:
+            name = str(Path(rd).resolve())
+        by_run[name] = evaluate_run(rd, tasks, opts)
+    if D.is_main():
+        out_dir = a.out_dir or str(Path(a.run_dir[0]) / "eval")
+        rep = write_reports(by_run, out_dir)
+        if a.out:
+            Path(a.out).write_text(json.dumps(by_run, indent=2) + "\n")
+        print(json.dumps(rep, indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(lambda: run(build_parser().parse_args(argv)), EVAL_ERRORS)
 
 
 if __name__ == "__main__":

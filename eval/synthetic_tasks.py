@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from data_pipeline.progress import progress_bar
 from data_pipeline.synthetic import get_task as _get
 from data_pipeline.synthetic import list_tasks
 
@@ -56,7 +56,7 @@ def evaluate_task(model, task, n: int = 256, split: str = "test", batch_size: in
     tot = {"nll": 0.0, "correct": 0, "count": 0, "exact": 0, "samples": 0}
     batches = [(L, items[j:j + batch_size]) for L, items in sorted(groups.items())
                for j in range(0, len(items), batch_size)]
-    for L, items in tqdm(batches, desc=f"synthetic:{task.name}", disable=not progress, leave=False):
+    for L, items in progress_bar(batches, desc=f"synthetic:{task.name}", unit="batch", enabled=progress, leave=False):
         x = torch.tensor([t for t, _ in items], device=device)
         m = torch.tensor([mk for _, mk in items], device=device, dtype=torch.bool)[:, 1:]
         logp = F.log_softmax(model(x[:, :-1]).float(), dim=-1)

@@ -8,13 +8,15 @@ checkpoint layer's job (checkpoint/load.py).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from checkpoint import load_for_eval
+from data_pipeline.cli import CliParser, run_cli
 from model.io import save_native
+
+from .errors import INPUT_ERRORS
 
 
 def export(checkpoint: str | Path, out: str | Path, fmt: str = "native") -> Path:
@@ -31,18 +33,17 @@ def export(checkpoint: str | Path, out: str | Path, fmt: str = "native") -> Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pretrain.export", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m pretrain.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="tag dir, run dir, or native dir")
     ap.add_argument("--out", required=True)
     ap.add_argument("--format", choices=("native", "hf"), default="native")
     args = ap.parse_args(argv)
-    try:
+
+    def body() -> None:
         out = export(args.checkpoint, args.out, args.format)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.format} checkpoint to {out}")
-    return 0
+        print(f"wrote {args.format} checkpoint to {out}")
+
+    return run_cli(body, INPUT_ERRORS)
 
 
 if __name__ == "__main__":

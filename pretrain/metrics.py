@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from data_pipeline.progress import is_terminal
 from model.flops import flops_per_token
 
 # Dense bf16 peak TFLOP/s per device (vendor datasheets, no sparsity).
@@ -68,7 +69,7 @@ def memory_gib(device: torch.device) -> dict[str, float]:
 
 class Logger:
     """Rank-0 sinks. `log(record)` appends one JSON line, writes scalars to TensorBoard and
-    prints a console line (or updates a progress bar)."""
+    prints a console line (or, on a terminal with logging.progress_bar auto/on, updates a bar)."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: str, total_steps: int,
                  start_step: int):
@@ -84,8 +85,9 @@ class Logger:
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 self.tb = None
-        use_bar = progress_bar == "on" or (progress_bar == "auto" and sys.stderr.isatty())
-        if use_bar:
+        # A bar only where it can redraw in place: written to a log (CI, Slurm, `> log`) every refresh
+        # becomes a line, so there each record prints one line instead, whatever the setting.
+        if progress_bar != "off" and is_terminal(sys.stderr):
             self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True)
 
     def truncate_after(self, step: int) -> None:

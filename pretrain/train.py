@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import UnsafeCheckpoint
+from data_pipeline.cli import CliParser, print_error
 from data_pipeline.errors import DataError
 
 from . import orphan
@@ -41,7 +42,7 @@ from .distributed import (
 from .dry_run import dry_run
 from .engine import Trainer
 from .engine_checkpoint import load as load_checkpoint
-from .errors import CheckpointWriteFailed, NonFiniteLoss, RankFailure
+from .errors import INPUT_ERRORS, CheckpointWriteFailed, NonFiniteLoss, RankFailure
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
 from .metrics import Logger, device_peak_tflops
@@ -142,7 +143,7 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pretrain.train", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m pretrain.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", required=True, help="recipes/X.yaml")
     ap.add_argument("--dry-run", action="store_true", help="validate and print the plan; train nothing")
     ap.add_argument("--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)")
@@ -160,14 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
         shutdown_distributed()
-    except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except (*RUN_ERRORS, UnsafeCheckpoint) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print_error(e)
         if isinstance(e, RankFailure):
             os._exit(3)                  # a dead peer can make process-group teardown hang
         return 3
+    except INPUT_ERRORS as e:
+        print_error(e)
+        return 2
     if int(os.environ.get("RANK", 0)) == 0:
         last = res.losses[max(res.losses)] if res.losses else float("nan")
         print(f"done: step {res.final_step}, tokens {res.tokens_seen:,}, last loss {last:.4f}, "

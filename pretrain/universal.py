@@ -13,7 +13,6 @@ continues unchanged under the new data-parallel size. Per-rank RNG files are not
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -21,6 +20,10 @@ import sys
 from pathlib import Path
 
 from checkpoint import tags as ckpt
+from checkpoint.pickle_scan import verify_checkpoint_dir
+from data_pipeline.cli import CliParser, run_cli
+
+from .errors import INPUT_ERRORS
 
 
 def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) -> Path:
@@ -45,21 +48,25 @@ def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pretrain.universal", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m pretrain.universal", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a tag dir (RUN/checkpoints/step_N) or a run dir (latest)")
     ap.add_argument("--out", required=True, help="directory that receives <tag>/")
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args(argv)
-    src = Path(args.checkpoint)
-    if not ckpt.is_complete(src):
-        latest = ckpt.latest_checkpoint(src)
-        if latest is None:
-            print(f"error: no complete checkpoint at {src}", file=sys.stderr)
-            return 2
-        src = latest
-    out = to_universal(src, args.out, args.workers)
-    print(f"universal checkpoint: {out}\nresume with: python -m pretrain.train --recipe R.yaml --resume {out}")
-    return 0
+
+    def body() -> None:
+        src = Path(args.checkpoint)
+        if not ckpt.is_complete(src):
+            latest = ckpt.latest_checkpoint(src) if src.is_dir() else None
+            if latest is None:
+                raise FileNotFoundError(f"no complete checkpoint at {src}. Fix: pass a tag dir "
+                                        "(RUN/checkpoints/step_N with a COMPLETE marker) or a run dir")
+            src = latest
+        verify_checkpoint_dir(src)          # refuse a crafted pickle before DeepSpeed unpickles anything
+        out = to_universal(src, args.out, args.workers)
+        print(f"universal checkpoint: {out}\nresume with: python -m pretrain.train --recipe R.yaml --resume {out}")
+
+    return run_cli(body, INPUT_ERRORS + (subprocess.CalledProcessError,))
 
 
 if __name__ == "__main__":

@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint import load_for_eval
+from data_pipeline.cli import CliParser, run_cli
 from data_pipeline.synthetic import get_task
 from eval.synthetic_tasks import evaluate_task
-from pretrain.config import RecipeError, load_recipe
+from pretrain.config import load_recipe
 from pretrain.train import train
+
+from .errors import STUDY_ERRORS
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
 PAPER_BITS_PER_PARAM = {"standard": 2.98, "frozen_qk": 2.25, "mixit": 2.18, "frozen_mlp": 1.13}
@@ -97,29 +100,40 @@ def run_sweep(recipe: str, variants, widths, overrides: list[str], out_dir: Path
     return rows
 
 
+def _widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of widths (e.g. 16,32,64)") from None
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: widths must be positive integers (e.g. 16,32,64)")
+    return widths
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m studies.capacity", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = CliParser(prog="python -m studies.capacity", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--recipe", default="recipes/capacity_memorization.yaml")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
-    ap.add_argument("--widths", default="16,32,64", help="hidden sizes (intermediate = mlp-ratio x width)")
+    ap.add_argument("--widths", type=_widths, default=[16, 32, 64], help="hidden sizes (intermediate = mlp-ratio x width)")
     ap.add_argument("--mlp-ratio", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="the smallest configuration: width 8, 64 pairs, 20 steps")
     ap.add_argument("--out-dir", default="runs/capacity")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every cell")
     a = ap.parse_args(argv)
-    widths = [int(w) for w in a.widths.split(",") if w]
-    overrides = list(a.overrides)
+    widths, overrides = list(a.widths), list(a.overrides)
     if a.smoke:
         widths, overrides = list(SMOKE["widths"]), SMOKE["overrides"] + overrides
-    try:
-        rows = run_sweep(a.recipe, [v for v in a.variants.split(",") if v], widths, overrides, Path(a.out_dir),
-                         a.mlp_ratio)
-    except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(table(rows))
-    return 0
+    variants = [v for v in a.variants.split(",") if v]
+
+    def body() -> None:
+        for w in widths:            # every cell's recipe is checked before the first one trains
+            for v in variants:
+                load_recipe(a.recipe, list(overrides) + size_overrides(w, a.mlp_ratio) + [f"model.variant={v}"])
+        rows = run_sweep(a.recipe, variants, widths, overrides, Path(a.out_dir), a.mlp_ratio)
+        print(table(rows))
+
+    return run_cli(body, STUDY_ERRORS)
 
 
 if __name__ == "__main__":

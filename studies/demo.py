@@ -23,10 +23,13 @@ from pathlib import Path
 
 import torch
 import yaml
-from tqdm import tqdm
 
+from data_pipeline.cli import CliParser, run_cli
+from data_pipeline.progress import progress_bar
 from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
+
+from .errors import STUDY_ERRORS, StudyError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,12 +112,11 @@ def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int
     running: list[tuple[DemoTask, str, subprocess.Popen, object]] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1" if parallel > 1 else os.environ.get("OMP_NUM_THREADS", "2"),
            "PYTHONUNBUFFERED": "1"}
-    bar = tqdm(total=sum(total.values()), desc="training", unit="step", dynamic_ncols=True, mininterval=2.0)
+    bar = progress_bar(total=sum(total.values()), desc="training", unit="step", dynamic_ncols=True, mininterval=2.0)
 
     def refresh() -> None:
         bar.n = sum(min(_steps_done(_run_dir(out, t, v)), total[(t.name, v)]) for t, v in jobs)
         bar.set_postfix_str(", ".join(f"{t.name}/{v}" for t, v, _, _ in running) or "done")
-        bar.refresh()
 
     failed = []
     while pending or running:
@@ -143,7 +145,8 @@ def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int
         refresh()
     bar.close()
     if failed:
-        raise SystemExit("training failed for " + "; ".join(failed))
+        raise StudyError("training failed for " + "; ".join(failed) + ". Fix: read the log named, correct the "
+                         "cause and run the same command again (finished runs are kept)")
     return {(t.name, v): _run_dir(out, t, v) for t, v in jobs}
 
 
@@ -151,7 +154,8 @@ def _final_val_loss(run_dir: Path) -> float:
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
     if not vals:
-        raise SystemExit(f"{run_dir}: no validation loss in metrics.jsonl; set train.eval_every_steps in its recipe")
+        raise StudyError(f"{run_dir}: no validation loss in metrics.jsonl. Fix: set train.eval_every_steps in its "
+                         "recipe")
     return float(vals[-1])
 
 
@@ -159,7 +163,8 @@ def evaluate_all(runs: dict[tuple[str, str], Path], tasks, n: int) -> dict[tuple
 
 
     results = {}
-    for (task_name, variant), run_dir in tqdm(runs.items(), desc="evaluating", unit="model", dynamic_ncols=True):
+    for (task_name, variant), run_dir in progress_bar(runs.items(), total=len(runs), desc="evaluating", unit="model",
+                                                      dynamic_ncols=True):
         task = next(t for t in tasks if t.name == task_name)
         if task.is_text:
             results[(task_name, variant)] = {"val_loss": _final_val_loss(run_dir)}
@@ -242,22 +247,23 @@ def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str]
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m studies.demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
-    ap.add_argument("--out", default=None, help="default: outputs/<suite>")
-    ap.add_argument("--variants", default=None, help="default: the suite's")
-    ap.add_argument("--steps-scale", type=float, default=1.0, help="multiply every recipe's max_steps")
-    ap.add_argument("--parallel", type=int, default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
-    ap.add_argument("--eval-samples", type=int, default=512)
-    args = ap.parse_args(argv)
+def _positive(kind):
+    def parse(text: str):
+        v = kind(text)
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def run(args: argparse.Namespace) -> int:
     suite = SUITES[args.suite]
     tasks = suite["tasks"]
     variants = [v for v in (args.variants or suite["variants"]).split(",") if v]
     for v in variants:
         if v not in VARIANTS:
-            raise SystemExit(f"unknown variant {v!r}; choose from {sorted(VARIANTS)}")
+            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
     out = Path(args.out or f"outputs/{args.suite}")
     out.mkdir(parents=True, exist_ok=True)
     parallel = args.parallel or (1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1)))
@@ -279,6 +285,19 @@ def main(argv: list[str] | None = None) -> int:
     print(line)
     print(f"plot: {png}   table: {out / 'results.md'}   ({time.time() - start:.0f} s)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = CliParser(prog="python -m studies.demo", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
+    ap.add_argument("--out", default=None, help="default: outputs/<suite>")
+    ap.add_argument("--variants", default=None, help="default: the suite's")
+    ap.add_argument("--steps-scale", type=_positive(float), default=1.0, help="multiply every recipe's max_steps")
+    ap.add_argument("--parallel", type=_positive(int), default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
+    ap.add_argument("--eval-samples", type=_positive(int), default=512)
+    args = ap.parse_args(argv)
+    return run_cli(lambda: run(args), STUDY_ERRORS)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from tqdm import tqdm
 
+from data_pipeline.cli import CliParser, run_cli
+from data_pipeline.progress import progress_bar
 from model import PRESETS, VARIANTS, ModelConfig, build_model, param_count, preset
 from model.flops import flops_per_token
+from pretrain.config import load_recipe
 
+from .errors import STUDY_ERRORS, StudyError
 from .scaling_fit import PowerLawFit, fit_variants, plot_fits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +63,12 @@ class Point:
 def plan(variants: list[str], sizes: list[str], seeds: int) -> list[Point]:
     for v in variants:
         if v not in VARIANTS:
-            raise SystemExit(f"unknown variant {v!r}; choose from {sorted(VARIANTS)}")
+            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
     for s in sizes:
         if s not in PRESETS:
-            raise SystemExit(f"unknown size {s!r}; choose from {list(PRESETS)}")
+            raise StudyError(f"unknown size {s!r}. Fix: choose from {list(PRESETS)}")
     if seeds < 1:
-        raise SystemExit("--seeds must be >= 1")
+        raise StudyError(f"--seeds {seeds} must be >= 1. Fix: e.g. --seeds 3")
     return [Point(v, s, seed) for s in sizes for v in variants for seed in range(seeds)]
 
 
@@ -75,6 +78,8 @@ def train_args(recipe: str, point: Point, run_dir: Path, tokens: int | None, ext
 
 def sweep(args: argparse.Namespace) -> int:
     points = plan(args.variants.split(","), args.sizes.split(","), args.seeds)
+    for p in points:          # a bad recipe or override fails here, before any point trains
+        load_recipe(args.recipe, [*p.overrides(args.tokens), *args.overrides])
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"recipe": args.recipe, "variants": args.variants, "sizes": args.sizes,
@@ -99,7 +104,7 @@ eval "set -- $ARGS"
         print(f"wrote {script} ({len(points)} points); submit with: sbatch {script}")
         return 0
     failed = []
-    bar = tqdm(points, desc="sweep", unit="run")
+    bar = progress_bar(points, desc="sweep", unit="run")
     for p in bar:
         run_dir = out / "runs" / p.name
         bar.set_postfix_str(p.name)
@@ -110,7 +115,7 @@ eval "set -- $ARGS"
         proc = subprocess.run(cmd, cwd=REPO_ROOT)
         if proc.returncode != 0:
             failed.append(p.name)
-            tqdm.write(f"[sweep] {p.name} failed (exit {proc.returncode}); re-run the sweep to resume it")
+            bar.write(f"[sweep] {p.name} failed (exit {proc.returncode}); re-run the sweep to resume it")
             continue
         (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start, "point": p.__dict__}))
     if failed:
@@ -176,7 +181,8 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = sorted(p for p in (out / "runs").glob("*") if p.is_dir())
     rows = [r for r in (collect_run(p) for p in runs) if r is not None]
     if not rows:
-        raise SystemExit(f"no runs with metrics under {out / 'runs'}; run `python -m studies.scaling sweep` first")
+        raise StudyError(f"no runs with metrics under {out / 'runs'}. Fix: run `python -m studies.scaling sweep "
+                         f"--out {out}` first")
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -214,7 +220,7 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     csv_path = out / "results.csv"
     if not csv_path.is_file():
-        raise SystemExit(f"{csv_path} not found; run `python -m studies.scaling collect --out {out}` first")
+        raise StudyError(f"{csv_path} not found. Fix: run `python -m studies.scaling collect --out {out}` first")
     with open(csv_path) as f:
         rows = [{k: (float(v) if k in ("params", "non_embedding_params", "trainable_params", "flops",
                                        "final_val_loss", "best_val_loss") and v not in ("", "None") else v)
@@ -244,8 +250,8 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m studies.scaling", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CliParser(prog="python -m studies.scaling", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sw = sub.add_parser("sweep", help="train every (variant, size, seed) point")
     sw.add_argument("--recipe", required=True)
@@ -264,13 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     fi.add_argument("--param-kind", default="non_embedding_params",
                     choices=["params", "non_embedding_params", "trainable_params"])
     args = ap.parse_args(argv)
-    if args.cmd == "sweep":
-        return sweep(args)
-    if args.cmd == "collect":
-        collect(args)
+
+    def body() -> int:
+        if args.cmd == "sweep":
+            return sweep(args)
+        if args.cmd == "collect":
+            collect(args)
+        else:
+            fit(args)
         return 0
-    fit(args)
-    return 0
+
+    return run_cli(body, STUDY_ERRORS)
 
 
 if __name__ == "__main__":

@@ -158,7 +158,7 @@ def test_missing_input_file(tmp_path, tok):
 
 def test_empty_input_file(tmp_path, tok):
     (tmp_path / "empty.txt").write_text("")
-    with pytest.raises(DataError, match=r"empty\.txt is empty; remove it"):
+    with pytest.raises(DataError, match=r"empty\.txt is empty\. Fix: remove it"):
         prepare([str(tmp_path / "empty.txt")], tok, tmp_path / "o", progress=False)
     (tmp_path / "blank.txt").write_text("\n  \n\n")
     with pytest.raises(DataError, match="no non-empty documents"):
@@ -166,7 +166,7 @@ def test_empty_input_file(tmp_path, tok):
 
 
 def test_missing_tokenizer(tmp_path, corpus):
-    with pytest.raises(DataError, match="does not exist; train one with"):
+    with pytest.raises(DataError, match="does not exist. Fix: train one with"):
         prepare([str(corpus)], tmp_path / "no_tok", tmp_path / "o", progress=False)
 
 

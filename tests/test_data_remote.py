@@ -25,8 +25,15 @@ from data_pipeline import DataConfig, DataError, build_loader
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import ShardSet
 from data_pipeline.storage import RemoteShardSet
-from data_pipeline.testing import (corpus_lines, http_server, make_tokenizer, s3_server, s3_storage_options, upload_dir,
-                                   write_text)
+from data_pipeline.testing import (
+    corpus_lines,
+    http_server,
+    make_tokenizer,
+    s3_server,
+    s3_storage_options,
+    upload_dir,
+    write_text,
+)
 from eval.perplexity import shard_stream
 
 REPO = Path(__file__).resolve().parents[1]

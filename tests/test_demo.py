@@ -1,13 +1,33 @@
-"""The README's main command at a tiny step budget: trains, evaluates, tabulates, plots."""
+"""The README's main command at a tiny step budget: trains, evaluates, tabulates, plots; with its
+output sent to a log file (as on CI or Slurm), progress is a bounded number of compact lines."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+from conftest import REPO
+
 from studies.demo import CONTEXT_GUESS, KV, MODADD, main, table, verdict
 
 
 def test_demo_end_to_end_small(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["--out", str(out), "--variants", "standard,mixit", "--steps-scale", "0.01",
-                 "--eval-samples", "32"]) == 0
-    text = capsys.readouterr().out
+    log = tmp_path / "demo.log"
+    t0 = time.time()
+    with open(log, "w") as f:
+        p = subprocess.run([sys.executable, "-m", "studies.demo", "--out", str(out), "--variants", "standard,mixit",
+                            "--steps-scale", "0.01", "--eval-samples", "32"], cwd=REPO, stdout=f,
+                           stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=1200)
+    elapsed = time.time() - t0
+    text = log.read_text()
+    assert p.returncode == 0, text[-3000:]
     assert "| modular addition (held-out pairs) |" in text and "Paper's qualitative result" in text
+    # progress: at most one line per 5% or per 30 s for each of the two stages, no tqdm bar redraws
+    assert "\r" not in text and not re.search(r"\d+%\|.*\|", text)
+    for stage in ("training", "evaluating"):
+        lines = [line for line in text.splitlines() if line.startswith(f"{stage}: ")]
+        assert 1 <= len(lines) <= 20 + elapsed / 30 + 1, lines
     assert (out / "demo.png").stat().st_size > 10_000
     assert (out / "results.md").is_file() and (out / "results.json").is_file()
     runs = sorted(p.name for p in (out / "runs").iterdir())
@@ -16,6 +36,7 @@ def test_demo_end_to_end_small(tmp_path, capsys):
     assert all((out / "runs" / r / "demo_done").is_file() for r in runs)
     assert main(["--out", str(out), "--variants", "standard,mixit", "--steps-scale", "0.01",
                  "--eval-samples", "32"]) == 0                     # finished runs are skipped, not retrained
+    assert "| modular addition (held-out pairs) |" in capsys.readouterr().out
 
 
 def test_verdict_reads_the_numbers():

@@ -52,3 +52,28 @@ def test_tasks_needing_inputs(tmp_path):
         evaluate_checkpoint(tmp_path / "ck", ["perplexity"], progress=False)
     with pytest.raises(EvalError, match="needs a tokenizer"):
         evaluate_checkpoint(tmp_path / "ck", ["passkey"], progress=False)
+
+
+def test_the_runs_tokenizer_is_used_when_none_is_given(tmp_path):
+    from data_pipeline.prepare import prepare
+    from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
+    from data_pipeline.tokenizer import load_tokenizer as load_dir
+    from eval.loading import run_tokenizer
+
+    tok = load_dir(make_tokenizer(tmp_path / "tok"))
+    prepare([str(write_text(tmp_path / "c.txt", corpus_lines(50)))], str(tmp_path / "tok"), tmp_path / "shards",
+            progress=False)
+    text = tmp_path / "t.txt"
+    text.write_text("the river and the ocean " * 10)
+    model = build_model(preset("tiny", vocab_size=tok.vocab_size, max_seq_len=64), seed=0)
+    for name, data in [("shards", {"source": str(tmp_path / "shards")}),           # the shards' manifest names it
+                       ("named", {"source": "elsewhere", "tokenizer": str(tmp_path / "tok")})]:   # data.tokenizer
+        save_native(model, tmp_path / name, {"step": 1, "tokenizer_id": tok.identity, "data": data})
+        res = evaluate_checkpoint(tmp_path / name, ["perplexity"], text=str(text), progress=False)
+        assert res["checkpoint"]["tokenizer_used"] == tok.identity
+    _, info = load_checkpoint(tmp_path / "shards")
+    assert run_tokenizer(info).identity == tok.identity
+    assert run_tokenizer({"tokenizer_id": "bytes"}).identity == "bytes"
+    save_native(model, tmp_path / "lost", {"step": 1, "tokenizer_id": tok.identity, "data": {"source": "gone"}})
+    with pytest.raises(EvalError, match=f"records tokenizer {tok.identity}, which was not found.*Fix: pass --tok"):
+        evaluate_checkpoint(tmp_path / "lost", ["perplexity"], text=str(text), progress=False)

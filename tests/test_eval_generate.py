@@ -45,7 +45,7 @@ def test_top_k_top_p_filtering():
 
 def test_generate_cli(tmp_path, capsys):
     model = build_model(preset("tiny", variant="mixit", vocab_size=257, max_seq_len=32), seed=0)
-    save_native(model, tmp_path / "ck", {"step": 1, "tokenizer_id": "bytes:utf8-v1"})
+    save_native(model, tmp_path / "ck", {"step": 1, "tokenizer_id": "bytes"})
     assert main(["--checkpoint", str(tmp_path / "ck"), "--tokenizer", "bytes", "--prompt", "Hello",
                  "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("Hello")

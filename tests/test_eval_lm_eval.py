@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 
+from data_pipeline.tokenizer import ByteTokenizer
 from eval.lm_eval_adapter import TrainablePartsLM, offline_tasks, run_lm_eval
-from eval.loading import ByteTokenizer
 from eval.perplexity import perplexity
 from model import build_model, preset
 
@@ -29,7 +29,7 @@ def test_loglikelihood_matches_hand_computation(lm):
              ("Q" * 80, " tail")]          # the last one is truncated on the left to fit max_seq_len
     got = lm.loglikelihood([req("loglikelihood", p, i) for i, p in enumerate(pairs)], disable_tqdm=True)
     for (ctx, cont), (ll, greedy) in zip(pairs, got):
-        c = [256] if ctx == "" else list(ctx.encode())
+        c = [lm.tokenizer.eos_id] if ctx == "" else list(ctx.encode())
         y = list(cont.encode())
         full = (c + y)[-65:]                       # at most max_seq_len inputs + 1
         x = torch.tensor(full[:-1])[None]
@@ -45,7 +45,7 @@ def test_loglikelihood_matches_hand_computation(lm):
 def test_rolling_equals_perplexity_sum(lm):
     text = "abcdefghij" * 15
     (ll,) = lm.loglikelihood_rolling([req("loglikelihood_rolling", (text,))], disable_tqdm=True)
-    ids = [256] + list(text.encode())
+    ids = [lm.tokenizer.eos_id] + list(text.encode())
     p = perplexity(lm.model, ids, window=65, stride=64, progress=False)
     assert p["tokens"] == len(text)
     assert -ll == pytest.approx(p["loss"] * p["tokens"], rel=1e-5)

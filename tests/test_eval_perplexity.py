@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval.loading import ByteTokenizer
+from data_pipeline.tokenizer import ByteTokenizer
 from eval.perplexity import perplexity, window_spans
 from model import build_model, preset
 from model.hf import export_hf

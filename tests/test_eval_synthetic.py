@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from eval.loading import ByteTokenizer, EvalError
+from data_pipeline.tokenizer import ByteTokenizer
+from eval.loading import EvalError
 from eval.mechanisms import mechanism_scores
 from eval.retrieval import induction, kv_recall, passkey
 from eval.run import evaluate_checkpoint

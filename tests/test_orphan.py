@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO
 
 # A stand-in rank: the trainer's SIGTERM handler, then the one call pretrain.train makes at startup.

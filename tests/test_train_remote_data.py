@@ -4,11 +4,18 @@ an HTTP server outage mid-run stops both ranks with an error naming the URL and 
 from __future__ import annotations
 
 import pytest
-
 from conftest import read_losses, run_ranks, start_ranks, wait_for_steps
+
 from data_pipeline.prepare import prepare
-from data_pipeline.testing import (corpus_lines, http_server, make_tokenizer, s3_server, s3_storage_options, upload_dir,
-                                   write_text)
+from data_pipeline.testing import (
+    corpus_lines,
+    http_server,
+    make_tokenizer,
+    s3_server,
+    s3_storage_options,
+    upload_dir,
+    write_text,
+)
 from pretrain import checkpointing as ckpt
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,225 @@
+"""`text:PATH` sources: UTF-8 text files read by the byte tokenizer, with no preparation step.
+
+For quick runs on raw text (WikiText-2, a lab's own file of prompts and answers). PATH is a file
+or a directory of `*.txt` files (sorted); a relative PATH that does not exist is taken relative to
+the repository. The `data` keys besides `source` and `seed`:
+
+    val_fraction: 0.05      the held-out tail: of the bytes (documents: stream) or of the lines (documents: lines)
+    documents: stream       stream: the files' bytes are one stream; a newline is a byte like any other
+                            lines: every non-empty line is a document, its newline replaced by EOS (id 255)
+    windows: stream         stream: windows of seq_len + 1 tokens cut anywhere in the stream
+                            documents: windows start at a document and hold whole documents (packed
+                            greedily; a document longer than a window continues in the next one), the
+                            rest of a window is padding (EOS inputs, labels -100: not scored)
+
+A file with one example per line (`12+7=19`) trains as documents with
+`documents: lines` and `windows: documents`: no example is cut by a window, and each ends in EOS,
+so a model learns where an answer stops.
+
+The loader keeps the data pipeline's contract: each `next()` returns this rank's share [B // W, T]
+of one global batch; the state is the GLOBAL number of sequences consumed, so a resume with another
+world size continues the same order. The default (`stream`, `stream`) reads the data exactly as
+earlier versions did, so older runs resume unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DataError
+from .tokenizer import BYTE_TOKENIZER
+
+PREFIX = "text:"
+KNOWN_KEYS = {"source", "seed", "val_fraction", "documents", "windows"}
+DOCUMENTS = ("stream", "lines")
+WINDOWS = ("stream", "documents")
+IGNORE = -100
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def text_files(source: str) -> list[Path]:
+    """The files of a `text:PATH` source, checked to exist."""
+    path = Path(source[len(PREFIX) :] if source.startswith(PREFIX) else source)
+    if not path.is_absolute() and not path.exists():
+        path = REPO_ROOT / path
+    files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise DataError(
+            f"data.source={source!r}: no .txt files found at {path}. Fix: point text: at a UTF-8 text "
+            "file or a directory of .txt files"
+        )
+    return files
+
+
+def _read_checked(f: Path) -> bytes:
+    raw = f.read_bytes()
+    at = raw.find(b"\xff")
+    if at >= 0:
+        raise DataError(
+            f"{f}: byte 0xFF at offset {at}, so the file is not UTF-8 text (UTF-8 never contains 0xFF; "
+            f"the byte tokenizer uses id {BYTE_TOKENIZER.eos_id} as end-of-document). Fix: convert the "
+            "file to UTF-8, e.g. iconv -f latin1 -t utf-8"
+        )
+    return raw
+
+
+def read_documents(files: list[Path]) -> list[bytes]:
+    """Every non-blank line of the files as one document (without its newline or a trailing CR)."""
+    docs = []
+    for f in files:
+        for line in _read_checked(f).split(b"\n"):
+            line = line.rstrip(b"\r")
+            if line.strip():
+                docs.append(line)
+    return docs
+
+
+def pack_windows(doc_lengths: np.ndarray, span: int) -> np.ndarray:
+    """(start, end) token offsets of windows of at most `span` tokens that begin at a document start
+    and hold whole documents; a document longer than `span` is cut into windows that overlap by one
+    token (as stream windows do), so every token after a document's first is a target once."""
+    starts = np.concatenate([[0], np.cumsum(doc_lengths)[:-1]]).astype(np.int64)
+    out: list[tuple[int, int]] = []
+    i, n = 0, len(doc_lengths)
+    while i < n:
+        s, e = int(starts[i]), int(starts[i] + doc_lengths[i])
+        if e - s > span:  # a long document: consecutive windows
+            b = s
+            while b + 1 < e:
+                out.append((b, min(b + span, e)))
+                b += span - 1
+            i += 1
+            continue
+        j = i + 1
+        while j < n and starts[j] + doc_lengths[j] - s <= span:
+            j += 1
+        out.append((s, int(starts[j - 1] + doc_lengths[j - 1])))
+        i = j
+    return np.asarray(out, dtype=np.int64).reshape(-1, 2)
+
+
+class TextLoader:
+    """Batches of {input_ids, labels} [B // W, T] from a `text:` source (see the module docstring)."""
+
+    vocab_size = BYTE_TOKENIZER.vocab_size
+    tokenizer_id = BYTE_TOKENIZER.identity
+
+    def __init__(
+        self,
+        data: dict[str, Any],
+        split: str,
+        seq_len: int,
+        global_batch_size: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+    ):
+        unknown = set(data) - KNOWN_KEYS
+        if unknown:
+            raise DataError(f"data: unknown keys {sorted(unknown)} for a text: source; known: {sorted(KNOWN_KEYS)}")
+        if global_batch_size % dp_world_size:
+            raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
+        self.documents = str(data.get("documents", "stream"))
+        self.windows = str(data.get("windows", "stream"))
+        if self.documents not in DOCUMENTS:
+            raise DataError(f"data.documents={self.documents!r} must be one of {DOCUMENTS}")
+        if self.windows not in WINDOWS:
+            raise DataError(f"data.windows={self.windows!r} must be one of {WINDOWS}")
+        if self.windows == "documents" and self.documents != "lines":
+            raise DataError(
+                "data.windows=documents needs document boundaries. Fix: set data.documents=lines "
+                "(every line a document)"
+            )
+        self.source = str(data["source"])
+        self.seed = int(data.get("seed", 0))
+        self.split = split
+        self.T, self.B = seq_len, global_batch_size
+        self.rank, self.world = dp_rank, dp_world_size
+        self.samples_seen = 0
+        frac = float(data.get("val_fraction", 0.05))
+        files = text_files(self.source)
+        eos = BYTE_TOKENIZER.eos_id
+        if self.documents == "stream":
+            tokens = np.frombuffer(b"".join(_read_checked(f) for f in files), dtype=np.uint8)
+            n_val = int(len(tokens) * frac)
+            self.tokens = tokens[len(tokens) - n_val :] if split == "val" else tokens[: len(tokens) - n_val]
+            self.spans = None
+        else:
+            docs = read_documents(files)
+            n_val = int(len(docs) * frac)
+            docs = docs[len(docs) - n_val :] if split == "val" else docs[: len(docs) - n_val]
+            self.tokens = np.frombuffer(b"".join(d + bytes([eos]) for d in docs), dtype=np.uint8)
+            self.spans = None
+            if self.windows == "documents":
+                self.spans = pack_windows(np.asarray([len(d) + 1 for d in docs], dtype=np.int64), self.T + 1)
+        self.n_windows = len(self.spans) if self.spans is not None else (len(self.tokens) - 1) // self.T
+        if self.n_windows < 1:
+            raise DataError(
+                f"{self.source}: split {self.split!r} is shorter than one sequence of {self.T}. Fix: use "
+                "more text, a shorter train.seq_len or another data.val_fraction"
+            )
+        self.fingerprint = self._fingerprint()
+        self._perm_epoch, self._perm = -1, None
+
+    def _fingerprint(self) -> str:
+        key = f"{self.source}|{self.seed}|{self.T}"
+        if (self.documents, self.windows) != ("stream", "stream"):
+            key += f"|{self.documents}|{self.windows}"
+        return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+    def _window(self, j: int) -> int:
+        epoch, k = divmod(j, self.n_windows)
+        if self.split == "val":
+            return k
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
+            self._perm_epoch = epoch
+        return int(self._perm[k])
+
+    def _sample(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        w = self._window(j)
+        if self.spans is None:
+            seg = self.tokens[w * self.T : w * self.T + self.T + 1].astype(np.int64)
+            return seg[:-1], seg[1:]
+        b, e = self.spans[w]
+        seg = self.tokens[b:e].astype(np.int64)
+        x = np.full(self.T, BYTE_TOKENIZER.pad_id, dtype=np.int64)
+        y = np.full(self.T, IGNORE, dtype=np.int64)
+        x[: len(seg) - 1] = seg[:-1]
+        y[: len(seg) - 1] = seg[1:]
+        return x, y
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        per = self.B // self.world
+        start = self.samples_seen + self.rank * per
+        xs, ys = zip(*(self._sample(j) for j in range(start, start + per)))
+        self.samples_seen += self.B
+        return {"input_ids": torch.from_numpy(np.stack(xs)), "labels": torch.from_numpy(np.stack(ys))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "samples_seen": self.samples_seen,
+            "source": self.source,
+            "seed": self.seed,
+            "fingerprint": self.fingerprint,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if (
+            d.get("source", self.source) != self.source
+            or d.get("seed", self.seed) != self.seed
+            or d.get("fingerprint", self.fingerprint) != self.fingerprint
+        ):
+            raise DataError(
+                f"loader state is for source={d.get('source')!r} seed={d.get('seed')} (fingerprint "
+                f"{d.get('fingerprint')}), but the recipe has source={self.source!r} seed={self.seed} "
+                f"(fingerprint {self.fingerprint}). Fix: resume with the same data settings"
+            )
+        self.samples_seen = int(d["samples_seen"])

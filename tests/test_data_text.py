@@ -1,0 +1,147 @@
+"""`text:` sources: the byte stream as before, line documents separated by EOS, windows cut at
+document boundaries, and the one byte tokenizer every layer uses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data_pipeline.classification import ClassificationLoader
+from data_pipeline.errors import DataError
+from data_pipeline.text import TextLoader, pack_windows
+from data_pipeline.tokenizer import BYTE_TOKENIZER, load_tokenizer
+
+LINES = [
+    "cat=meow",
+    "dog=woof",
+    "",
+    "a much longer line that does not fit one window at all",
+    "cow=moo  ",
+    "   ",
+    "owl=hoot\r",
+]
+
+
+def _loader(path, **data):
+    return TextLoader({"source": f"text:{path}", "seed": 0, **data}, data.pop("split", "train"), 16, 4)
+
+
+def _rows(loader, batches):
+    out = []
+    for _ in range(batches):
+        b = next(loader)
+        out += list(zip(b["input_ids"].tolist(), b["labels"].tolist()))
+    return out
+
+
+def test_byte_tokenizer_is_one_identity_with_eos_outside_utf8():
+    tok = load_tokenizer("bytes")
+    assert tok is BYTE_TOKENIZER and (tok.identity, tok.vocab_size, tok.eos_id) == ("bytes", 256, 255)
+    text = "héllo wörld ✓ \x00"
+    ids = tok.encode(text)
+    assert max(ids) < 255 and bytes(ids) == text.encode("utf-8")  # UTF-8 never uses 0xFF
+    assert tok.decode(ids + [tok.eos_id]) == text  # EOS is not text
+    assert TextLoader.tokenizer_id == tok.identity and TextLoader.vocab_size == tok.vocab_size
+
+
+def test_stream_windows_are_consecutive_slices_of_the_bytes(tmp_path):
+    f = tmp_path / "t.txt"
+    raw = "".join(f"line {i}\n" for i in range(100)).encode()
+    f.write_bytes(raw)
+    ld = _loader(f, val_fraction=0.0)
+    assert ld.n_windows == (len(raw) - 1) // 16
+    for x, y in _rows(ld, 5):
+        start = raw.find(bytes(x))
+        assert start % 16 == 0 and list(raw[start + 1 : start + 17]) == y  # labels: inputs shifted by one
+
+
+def test_line_documents_end_in_eos_and_windows_hold_whole_documents(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(LINES) + "\n")
+    docs = [line.rstrip("\r").encode() for line in LINES if line.strip()]
+    ld = _loader(f, documents="lines", windows="documents", val_fraction=0.0)
+    eos = BYTE_TOKENIZER.eos_id
+    assert ld.tokens.tolist() == [t for d in docs for t in [*d, eos]]
+    rows = _rows(ld, -(-ld.n_windows // 4))[: ld.n_windows]  # one epoch: every window once
+    short = [d for d in docs if len(d) + 1 <= 17]
+    long = [d for d in docs if len(d) + 1 > 17]
+    found = []
+    for x, y in rows:
+        n = sum(v != -100 for v in y)
+        assert all(v == -100 for v in y[n:]) and all(v == eos for v in x[n + 1 :])  # padding is not scored
+        assert x[1:n] == y[: n - 1]
+        seq = bytes(x[:n] + [y[n - 1]])
+        pieces = seq.split(bytes([eos]))
+        if any(p and p not in short for p in pieces[:-1]) or (pieces[-1] and not seq.endswith(bytes([eos]))):
+            assert any(seq.rstrip(bytes([eos])) in d for d in long)  # a piece of a long document
+        else:
+            assert seq.endswith(bytes([eos])) and all(p in short for p in pieces[:-1])  # whole documents
+            found += pieces[:-1]
+    assert sorted(found) == sorted(short)  # every short document once, never cut
+
+
+def test_pack_windows_scores_every_target_once():
+    lengths = np.array([5, 5, 30, 3, 17, 2, 40])  # a line and its EOS: at least 2 tokens
+    span = 17
+    spans = pack_windows(lengths, span)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    targets = [t for b, e in spans for t in range(b + 1, e)]
+    assert all(1 < e - b <= span for b, e in spans)
+    assert len(targets) == len(set(targets))  # no target twice
+    window_starts = {int(b) for b, _ in spans if b in set(starts.tolist())}
+    assert set(targets) == set(range(int(ends[-1]))) - window_starts  # all others once
+    for s, e in zip(starts, ends):
+        if e - s <= span:  # a short doc is in one window
+            assert any(b <= s and e <= w for b, w in spans)
+
+
+def test_validation_is_the_tail_of_the_lines(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("".join(f"{i:03d}=x{i % 7}\n" for i in range(100)))
+    tr = _loader(f, documents="lines", val_fraction=0.1)
+    va = TextLoader({"source": f"text:{f}", "documents": "lines", "val_fraction": 0.1}, "val", 16, 4)
+    assert bytes(va.tokens[:6]) == b"090=x6" and bytes(tr.tokens[-7:-1]) == b"089=x5"
+
+
+def test_resume_continues_the_order_and_refuses_other_settings(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("".join(f"{i:03d}=y\n" for i in range(200)))
+    a = _loader(f, documents="lines", windows="documents")
+    _rows(a, 3)
+    b = _loader(f, documents="lines", windows="documents")
+    b.load_state_dict(a.state_dict())
+    assert _rows(a, 2) == _rows(b, 2)
+    c = _loader(f, documents="lines")
+    with pytest.raises(DataError, match="Fix: resume with the same data settings"):
+        c.load_state_dict(a.state_dict())
+
+
+@pytest.mark.parametrize(
+    "data,msg",
+    [
+        ({"windows": "documents"}, "needs document boundaries"),
+        ({"documents": "paragraphs"}, "data.documents"),
+        ({"shuffle": True}, "unknown keys"),
+    ],
+)
+def test_bad_settings_are_refused(tmp_path, data, msg):
+    f = tmp_path / "t.txt"
+    f.write_text("x=1\n" * 100)
+    with pytest.raises(DataError, match=msg):
+        _loader(f, **data)
+
+
+def test_non_utf8_text_is_refused(tmp_path):
+    f = tmp_path / "latin1.txt"
+    f.write_bytes("caf\u00e9 \u00ff\n".encode("latin-1") * 50)
+    with pytest.raises(DataError, match="0xFF.*not UTF-8.*Fix"):
+        _loader(f)
+
+
+def test_classification_uses_the_same_byte_tokenizer_and_keeps_pad_zero(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text("".join('{"text": "h\\u00e9\\u0000y", "label": %d}\n' % (i % 2) for i in range(20)))
+    ld = ClassificationLoader({"source": f"classify:{f}", "tokenizer": "bytes"}, "train", 8, 4)
+    assert (ld.tokenizer_id, ld.vocab_size, ld.pad_id) == ("bytes", 256, 0)
+    assert ld.input_ids[0].tolist() == [*"hé".encode(), ord("y"), 0, 0, 0, 0]  # NUL dropped, 0-padded
