@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import read_losses, run_ranks, start_ranks, wait_for_steps
 
+from checkpoint import tags as ckpt
 from data_pipeline.prepare import prepare
 from data_pipeline.testing import (
     corpus_lines,
@@ -16,7 +17,6 @@ from data_pipeline.testing import (
     upload_dir,
     write_text,
 )
-from pretrain import checkpointing as ckpt
 
 pytestmark = pytest.mark.slow
 
