@@ -31,8 +31,9 @@ class StepGate:
     it leaves the fp32 master weights, the moments and the Adam step count untouched (ZeRO
     copies the unchanged master weights back to the model). `begin(skip)` opens an optimizer
     step; at its first inner call the gate decides for the whole step: skip when asked to
-    (a non-finite loss) or when the gradient norm over every rank is not finite. `end()`
-    says whether the update was skipped."""
+    (a non-finite loss) or when the norm of the gradients it holds, over every rank, is not
+    finite (under ZeRO-3 that is the first sub-group's; ZeRO-3 checks the global norm itself
+    before any inner call). `end()` says whether the update was skipped."""
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
