@@ -88,17 +88,29 @@ if [ -z "$master_port" ] && [ "$mode" != slurm ]; then
 fi
 [ -n "$master_port" ] && ds+=(--master_port "$master_port")
 
+# NCCL (GPU runs), stated here rather than left to torch's defaults: a collective that fails
+# (a peer died) or outlives parallel.timeout_s makes NCCL's watchdog tear the rank down
+# (TORCH_NCCL_ASYNC_ERROR_HANDLING=1; the process aborts, no Python exception) instead of
+# hanging it, and the launcher then stops every rank; TORCH_NCCL_BLOCKING_WAIT=0 keeps
+# collectives asynchronous. The timeout itself is the recipe's parallel.timeout_s.
+# pretrain/distributed.py sets the same defaults for ranks started any other way. Values
+# already in the environment win. See docs/RELIABILITY.md.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+export TORCH_NCCL_BLOCKING_WAIT="${TORCH_NCCL_BLOCKING_WAIT:-0}"
+nccl_env=(TORCH_NCCL_ASYNC_ERROR_HANDLING="$TORCH_NCCL_ASYNC_ERROR_HANDLING" TORCH_NCCL_BLOCKING_WAIT="$TORCH_NCCL_BLOCKING_WAIT")
+
 case "$mode" in
   cpu)
     # DeepSpeed's CPU accelerator counts "devices" from LOCAL_SIZE; gloo is used for comms.
     export DS_ACCELERATOR=cpu LOCAL_SIZE="$n"
+    nccl_env=()
     ;;
   gpu) : ;;
   slurm)
     [ -n "${SLURM_JOB_ID:-}" ] || { echo "launch.sh --slurm: not inside a SLURM allocation (no SLURM_JOB_ID)" >&2; exit 2; }
     addr="${master_addr:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
     [ -n "$master_port" ] || master_port=$(slurm_port)
-    run env MASTER_ADDR="$addr" MASTER_PORT="$master_port" \
+    run env MASTER_ADDR="$addr" MASTER_PORT="$master_port" "${nccl_env[@]}" \
       srun --kill-on-bad-exit=1 "$0" --_slurm-task -- "${train_args[@]}"
     ;;
   "") [ -n "$hostfile" ] || { echo "launch.sh: choose --cpu N, --gpus N, --hostfile F or --slurm" >&2; usage; } ;;
@@ -118,4 +130,5 @@ else
   ds+=(--num_gpus "$n")
   [ -n "$master_addr" ] && ds+=(--master_addr "$master_addr")
 fi
+if [ "${#nccl_env[@]}" -gt 0 ]; then ds=(env "${nccl_env[@]}" "${ds[@]}"); fi
 run "${ds[@]}" --module pretrain.train "${train_args[@]}"

@@ -18,7 +18,7 @@ from model import ModelConfig, Transformer
 from model.classifier import DEFAULT_POOLING, SequenceClassifier
 
 from . import tags
-from .pickle_scan import safe_torch_load, verify_checkpoint_dir
+from .pickle_scan import guarded_torch_load, safe_torch_load, verify_checkpoint_dir
 
 
 def _module_dtype(state: dict[str, Any]) -> torch.dtype:
@@ -70,7 +70,8 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
         stage = int(states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0))
         if stage >= 3:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # deferred: heavy
-            full = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+            with guarded_torch_load():        # zero_to_fp32 reads only what was scanned, weights-only
+                full = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
             sd = {k: v.to(dtype) for k, v in full.items()}
         else:
             sd = dict(states["module"])

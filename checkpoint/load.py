@@ -64,15 +64,20 @@ def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module
         meta.setdefault("variant", model.cfg.variant)
         return model, meta
     if tags.is_complete(p):
+        problems = tags.verify(p)
+        if problems:
+            raise FileNotFoundError(f"{p} fails verification against its {tags.COMPLETE} marker ({'; '.join(problems[:3])}); "
+                                    "use an earlier checkpoint")
         return model_from_checkpoint(p, device)
     if (p / tags.STATE).is_file():
         raise FileNotFoundError(f"{p} is an incomplete checkpoint (no {tags.COMPLETE} marker: the save was "
                                 "interrupted); use an earlier checkpoint")
     if (p / "checkpoints").is_dir() or p.name == "checkpoints":
         run = p if (p / "checkpoints").is_dir() else p.parent
-        latest = tags.latest_checkpoint(run)
+        latest, notes = tags.newest_good_checkpoint(run)
         if latest is None:
-            raise FileNotFoundError(f"run dir {run} has no complete checkpoint under checkpoints/")
+            raise FileNotFoundError(f"run dir {run} has no intact complete checkpoint under checkpoints/"
+                                    + (f" ({'; '.join(notes)})" if notes else ""))
         return model_from_checkpoint(latest, device)
     if is_hf_dir(p):
         from model.hf import import_hf  # deferred: heavy (transformers, ~3 s to import)

@@ -3,14 +3,19 @@
 Every `.pt` file of a checkpoint is scanned for the globals its pickle would import (reading
 the opcodes only; nothing in the file runs); anything outside torch's weights-only set and a
 short allowlist is refused before any loader (ours, DeepSpeed's, zero_to_fp32) sees the file.
-Our own files are then read with `weights_only=True`.
+Every load then reads the file it scanned, from the same open file, with `weights_only=True`:
+`safe_torch_load` for ours, and `guarded_torch_load()` around DeepSpeed's loaders (which ask
+for `weights_only=False`), so a file swapped between the scan and the load is never unpickled
+in full.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch.serialization import get_unsafe_globals_in_checkpoint
@@ -28,19 +33,22 @@ CHECKPOINT_GLOBALS = (
     "collections.OrderedDict", "collections.defaultdict", "argparse.Namespace",
 )
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+_torch_load = torch.load          # the real loader, whatever guarded_torch_load() puts in its place
 
 
 class UnsafeCheckpoint(RuntimeError):
     """A checkpoint file would import something outside the allowlist when unpickled."""
 
 
-def scan_pickle(path: str | os.PathLike) -> list[str]:
-    """Globals that unpickling `path` would import and that are neither torch's weights-only
-    set nor allowlisted. Reads the pickle opcodes only; nothing in the file is executed."""
+def scan_pickle(path: str | os.PathLike | IO[bytes], name: str | None = None) -> list[str]:
+    """Globals that unpickling `path` (a path or an open binary file) would import and that are
+    neither torch's weights-only set nor allowlisted. Reads the pickle opcodes only; nothing in
+    the file is executed."""
+    f = path if hasattr(path, "read") else str(path)
     try:
-        found = get_unsafe_globals_in_checkpoint(str(path))
+        found = get_unsafe_globals_in_checkpoint(f)
     except Exception as e:  # noqa: BLE001 - not a torch zip file: treat as unreadable, refuse
-        raise UnsafeCheckpoint(f"{path} is not a readable torch checkpoint file ({e})") from None
+        raise UnsafeCheckpoint(f"{name or path} is not a readable torch checkpoint file ({e})") from None
     return [g for g in found if g not in CHECKPOINT_GLOBALS]
 
 
@@ -64,13 +72,48 @@ def _refuse(path, bad) -> UnsafeCheckpoint:
         "trust it, add the names to checkpoint.pickle_scan.CHECKPOINT_GLOBALS")
 
 
-def safe_torch_load(path: str | os.PathLike, map_location="cpu") -> Any:
-    """torch.load with weights_only=True, after refusing files that import non-allowlisted globals."""
-    bad = scan_pickle(path)
+def _load_scanned(f: IO[bytes], name: str, map_location, **kwargs) -> Any:
+    """Scan an open file, rewind it, and unpickle those same bytes weights-only."""
+    start = f.tell()
+    bad = scan_pickle(f, name)
     if bad:
-        raise _refuse(path, bad)
+        raise _refuse(name, bad)
+    f.seek(start)
     with torch.serialization.safe_globals(_allowlisted_objects(CHECKPOINT_GLOBALS)):
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return _torch_load(f, map_location=map_location, weights_only=True, **kwargs)
+
+
+def safe_torch_load(path: str | os.PathLike | IO[bytes], map_location="cpu", **kwargs) -> Any:
+    """torch.load with weights_only=True of the very file that was scanned (one open file for the
+    scan and the load), refusing files that import non-allowlisted globals."""
+    if hasattr(path, "read"):
+        return _load_scanned(path, getattr(path, "name", "<file>"), map_location, **kwargs)
+    if kwargs.get("mmap"):           # mmap needs the path: scan, then load weights-only (which allows no code)
+        bad = scan_pickle(path)
+        if bad:
+            raise _refuse(path, bad)
+        with torch.serialization.safe_globals(_allowlisted_objects(CHECKPOINT_GLOBALS)):
+            return _torch_load(path, map_location=map_location, weights_only=True, **kwargs)
+    with open(path, "rb") as f:
+        return _load_scanned(f, str(path), map_location, **kwargs)
+
+
+@contextlib.contextmanager
+def guarded_torch_load() -> Iterator[None]:
+    """Within the block, every `torch.load` (DeepSpeed's loaders and converters call it with
+    weights_only=False) scans the file and loads it weights-only from the same open file."""
+    previous = torch.load
+
+    def load(f, map_location=None, pickle_module=None, *, weights_only=None, **kwargs):
+        if pickle_module is not None:
+            raise UnsafeCheckpoint(f"{f}: a custom pickle_module is not allowed for checkpoint files")
+        return safe_torch_load(f, map_location=map_location, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = previous
 
 
 def verify_checkpoint_dir(tag_dir: str | os.PathLike) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 from .cli import DATA_ERRORS, CliParser, run_cli
 from .errors import DataError
 from .progress import progress_bar
-from .shards import FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, write_shard
+from .shards import FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, shard_name, write_shard
 from .tokenizer import load_tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64M tokens = 128 MiB of uint16 per shard
@@ -212,11 +212,19 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
         lens = lens[lens > 0]
         offsets = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
-        info = write_shard(out, len(shards), toks.astype(dtype), offsets, delay_s=delay)
+        try:
+            info = write_shard(out, len(shards), toks.astype(dtype), offsets, delay_s=delay)
+            atomic_write_json(ppath, {**state, "shards": shards + [info], "next_doc": int(next_doc)})
+        except OSError as e:     # e.g. no space left: keep what is done, free the partial files, say how to go on
+            for stray in out.glob("*.tmp"):
+                stray.unlink(missing_ok=True)
+            raise DataError(
+                f"prepare: could not write {shard_name(len(shards))} into {out} ({e.strerror or e}; "
+                f"{_free_space(out)} free there); the {len(shards)} shards already written are kept. Fix: free space "
+                f"(or use another --out), then re-run the same command: it resumes at shard {len(shards)}") from e
         shards.append(info)
         state["shards"] = shards
         state["next_doc"] = int(next_doc)
-        atomic_write_json(ppath, state)
         buf_tokens, buf_lengths, buf_count = [], [], 0
 
     def consume(first_doc: int, flat: np.ndarray, lengths: np.ndarray, mx: int) -> None:
@@ -302,6 +310,14 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
         print(f"[prepare] wrote {len(shards)} shards, {num_tokens} tokens ({new_tokens / max(dt, 1e-9):,.0f} tok/s this run) -> {out}",
               file=sys.stderr, flush=True)
     return manifest
+
+
+def _free_space(path: Path) -> str:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return "unknown"
+    return f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB"
 
 
 def encode_docs_local(texts, tok):

@@ -74,7 +74,8 @@ class ParallelConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0                          # 0: only at the end and on SIGTERM/SIGINT
+    every_steps: int = 0                          # 0: no step-based saves
+    every_minutes: float = 30.0                   # also save when this long has passed since the last save; 0: off
     keep_last: int = 3                            # 0 keeps all
     save_final: bool = True
     save_on_signal: bool = True
@@ -161,8 +162,8 @@ class RunConfig:
             raise RecipeError("optim.warmup_steps must be >= 0")
         if p.pipeline_stages < 1:
             raise RecipeError("parallel.pipeline_stages must be >= 1")
-        if c.keep_last < 0 or c.every_steps < 0:
-            raise RecipeError("checkpoint.keep_last and checkpoint.every_steps must be >= 0")
+        if c.keep_last < 0 or c.every_steps < 0 or c.every_minutes < 0:
+            raise RecipeError("checkpoint.keep_last, checkpoint.every_steps and checkpoint.every_minutes must be >= 0")
         if self.logging.progress_bar not in ("auto", "on", "off"):
             raise RecipeError("logging.progress_bar must be auto, on or off")
         check_name(self.name)
@@ -305,8 +306,25 @@ def load_recipe(recipe: str | Path | dict | None, overrides=None) -> RunConfig:
             path = REPO_ROOT / path
         if not path.is_file():
             raise RecipeError(f"recipe {recipe} not found")
-        d = yaml.safe_load(path.read_text()) or {}
+        d = parse_yaml_file(path)
     return from_dict(apply_overrides(d, overrides))
+
+
+def parse_yaml_file(path: Path) -> Any:
+    """`yaml.safe_load` of a recipe file; malformed YAML (or a tag asking to build a Python object)
+    is a RecipeError naming the file, the line and column, and the problem."""
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.MarkedYAMLError as e:
+        mark, ctx = e.problem_mark or e.context_mark, e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        context = e.context and (f"{e.context} from line {ctx.line + 1}" if ctx is not None else e.context)
+        what = "; ".join(x for x in (context, e.problem) if x)
+        raise RecipeError(f"{where}: not valid recipe YAML ({what}). Fix: correct the YAML at that line (indentation, "
+                          "a missing ':' or an unclosed quote or bracket are the usual causes); only plain values, "
+                          "lists and mappings are allowed") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise RecipeError(f"{path}: not valid recipe YAML ({e}). Fix: save the recipe as UTF-8 YAML text") from None
 
 
 def resolve_ds_config_path(name: str) -> Path:

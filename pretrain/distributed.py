@@ -15,6 +15,11 @@ from checkpoint import tags
 
 from .errors import RecipeError
 
+# NCCL's failure behaviour, stated rather than left to torch's defaults (launch.sh exports the same;
+# values already in the environment win): a failed or timed-out collective (parallel.timeout_s)
+# makes the watchdog tear the rank down instead of leaving it hanging; docs/RELIABILITY.md.
+NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -53,6 +58,8 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
             deepspeed.ops.__compatible_ops__[builder.NAME] = False
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        for k, v in NCCL_ENV.items():
+            os.environ.setdefault(k, v)
     kw = {}
     if timeout_s:
         kw["timeout"] = datetime.timedelta(seconds=timeout_s)

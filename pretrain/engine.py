@@ -91,7 +91,7 @@ class Trainer:
         engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=param_groups(module, self.cfg),
                                                config=ds_config)
         self.model, self.module, self.engine = model, module, engine
-        self.gate = install_step_gate(engine, check_grads=self.pipe)    # lets a non-finite step skip its update
+        self.gate = install_step_gate(engine)    # skips the update of a step with a non-finite loss or gradient norm
         self.trainable_step = step
         self.name_of = {id(p): n for n, p in model.named_parameters()}
         self.local_ids = {id(p) for p in module.parameters()}
@@ -193,25 +193,27 @@ class Trainer:
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> tuple[float, float | None]:
         """One optimizer step on this rank's share of the global batch; returns (global mean loss, grad norm).
-        Sets `nonfinite` when the update was skipped on every rank."""
+        Sets `nonfinite` when the update was skipped on every rank: a non-finite loss, or a non-finite
+        gradient norm with a finite loss (the step gate's check, or DeepSpeed's own overflow skip)."""
         mbs = self._micro_batches(batch)
         n_tokens, scale = self._scale(mbs)
         if self.pipe:
             # the scale rides with the labels to the last stage's loss (a fault poisons it there)
             scale = faults.poison_loss(scale, self.batch_index)
             data = iter([(x, (y, scale)) for x, y in mbs])
-            skipped = self.gate.skipped
+            self.gate.begin()
             loss = float(self.engine.train_batch(data_iter=data))
-            self.nonfinite = not math.isfinite(loss) or self.gate.skipped > skipped
+            skipped = self.gate.end()
         else:
             total = torch.zeros((), device=self.device, dtype=torch.float32)
             own_norm = None
-            bad = False
+            bad = loss_bad = False
             for i, (x, y) in enumerate(mbs):
                 ce = faults.poison_loss(self._ce_sum(x, y), self.batch_index)
                 bad = bad or not is_finite(ce)
                 if i == len(mbs) - 1:        # before the boundary step: every rank agrees to skip the update
-                    self.nonfinite = self.gate.skip_next = any_rank(bad, self.device)
+                    loss_bad = any_rank(bad, self.device)
+                    self.gate.begin(skip=loss_bad)
                 self.engine.backward(ce * scale.reshape(()))
                 if i == len(mbs) - 1 and self.layout.zero_stage == 0:
                     # DeepSpeed reports no norm without ZeRO; gradients are all-reduced by now (pre-clip norm).
@@ -219,11 +221,14 @@ class Trainer:
                     own_norm = float(torch.stack(grads).norm()) if grads else 0.0
                 self.engine.step()
                 total += ce.detach()
-            self.gate.skip_next = False
+            skipped = self.gate.end() or loss_bad
             dist.all_reduce(total)
             loss = float(total / n_tokens)
         gn = self.engine.get_global_grad_norm()
         gn = float(gn) if gn is not None else (None if self.pipe else own_norm)
+        # DeepSpeed's ZeRO optimizers skip a step whose gradient norm overflows before the gate
+        # sees it, and report an infinite norm (the same on every rank).
+        self.nonfinite = skipped or not math.isfinite(loss) or (gn is not None and not math.isfinite(gn))
         return loss, gn
 
     @torch.no_grad()

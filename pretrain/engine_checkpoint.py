@@ -1,13 +1,26 @@
 """Writing and reading the engine's checkpoints (the tag-dir format is checkpoint/tags.py).
 
 A save is collective: every rank writes its DeepSpeed files, the data-parallel rank 0 of each
-pipeline stage its frozen tensors, every rank its RNG state; only after a barrier that every
-rank reaches when it has finished writing does rank 0 mark the tag complete and move `latest`.
-A load scans every pickle before DeepSpeed unpickles anything.
+pipeline stage its frozen tensors, every rank its RNG state, and fsyncs what it wrote; only
+when every rank reports success does rank 0 mark the tag complete (fsynced, with the list of
+its files) and move `latest`.
+
+A write that fails (a full disk raises OSError from Python, RuntimeError from torch.save,
+SafetensorError from safetensors) is caught where it happens, on the rank where it happens,
+and that rank goes on through the save's remaining collectives without writing; DeepSpeed's
+writes go through `_RankWrites.engine_writes`, so its internal barriers still pair up. The
+ranks then agree (one all-reduce) to abandon the checkpoint: rank 0 removes the partial tag
+dir after every rank has stopped writing, and every rank raises the same
+`CheckpointWriteFailed`, at once rather than at the collective timeout.
+
+A load scans every pickle before DeepSpeed starts, and DeepSpeed's own loads read each file
+weights-only from the same open file that was scanned (`guarded_torch_load`).
 """
 from __future__ import annotations
 
-import shutil
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,55 +28,134 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import tags
-from checkpoint.pickle_scan import verify_checkpoint_dir
+from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
 
 from . import faults
 from .errors import CheckpointWriteFailed
 
 
+class _RankWrites:
+    """This rank's writes during one save: the files it wrote (to fsync) and its first failure.
+    After a failure it writes nothing more."""
+
+    def __init__(self, where: Path):
+        self.where = where                   # the filesystem whose free space a failure reports
+        self.paths: list[str] = []
+        self.error: str | None = None
+
+    def run(self, fn: Callable[[], Any], *paths: str | os.PathLike) -> None:
+        if self.error is not None:
+            return
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - any failed write (OSError, torch's RuntimeError, SafetensorError)
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            self.error = (f"{type(e).__name__}: {first}" if first else type(e).__name__) + \
+                f", with {_free_space(self.where)} free on that filesystem"
+            return
+        self.paths += [str(p) for p in paths]
+
+    @contextlib.contextmanager
+    def engine_writes(self, engine) -> Iterator[None]:
+        """Route DeepSpeed's writes during `save_checkpoint` through `run`: its checkpoint engine's
+        `save` (model, optimizer and pipeline layer files) and the recovery-script copy."""
+        ce = engine.checkpoint_engine
+        real_save = ce.save
+        ce.save = lambda state_dict, path: self.run(lambda: real_save(state_dict, path), path)
+        real_copy = getattr(engine, "_copy_recovery_script", None)
+        if real_copy is not None:
+            engine._copy_recovery_script = lambda save_path: self.run(lambda: real_copy(save_path))
+        try:
+            yield
+        finally:
+            del ce.save
+            if real_copy is not None:
+                del engine._copy_recovery_script
+
+    def fsync(self) -> None:
+        self.run(lambda: [tags.fsync_path(p) for p in dict.fromkeys(self.paths)])
+
+
+def _free_space(path: Path) -> str:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return "unknown"
+    n = st.f_bavail * st.f_frsize
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "unknown"
+
+
+def _agree(writes: _RankWrites, tag_dir: Path, run_dir: Path, device: torch.device) -> None:
+    """Collective: returns when every rank's writes succeeded; otherwise every rank raises the
+    same CheckpointWriteFailed after rank 0 has removed the partial tag dir."""
+    failed = torch.tensor([0.0 if writes.error is None else 1.0], device=device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if not failed.item():
+        return
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, writes.error)
+    if dist.get_rank() == 0:
+        tags.discard(tag_dir)                  # every rank has stopped writing into it
+    dist.barrier()
+    raise write_failed([(r, e) for r, e in enumerate(errors) if e is not None], tag_dir, run_dir)
+
+
+def write_failed(errors: list[tuple[int, str]], tag_dir: Path, run_dir: Path) -> CheckpointWriteFailed:
+    """What failed, what is still good, and what to do."""
+    latest = tags.latest_checkpoint(run_dir)
+    which = "; ".join(f"rank {r}: {e}" for r, e in errors[:4])
+    return CheckpointWriteFailed(
+        f"could not write checkpoint {tag_dir.name} ({which}); "
+        f"every rank abandoned it, the partial files were removed and the last complete checkpoint "
+        f"{latest if latest else '(none yet)'} is untouched. Fix: free space under {run_dir} (or lower "
+        "checkpoint.keep_last), then rerun with --resume auto")
+
+
 def save(trainer, run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
+    """Collective: write, fsync and mark complete the checkpoint of `step` (raises
+    CheckpointWriteFailed on every rank when any rank could not write)."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO  # deferred: heavy (deepspeed)
     root = tags.ckpt_root(run_dir)
     tag = tags.tag_for(step)
     tag_dir = root / tag
-    rank = dist.get_rank()
+    rank, device = dist.get_rank(), trainer.device
+    prepare = _RankWrites(root)
     if rank == 0 and tag_dir.exists():
-        shutil.rmtree(tag_dir)                    # rewriting a tag: start from an empty dir
-    dist.barrier()
-    trainer.engine.save_checkpoint(str(root), tag=tag, client_state={UNIVERSAL_CHECKPOINT_INFO: {},
-                                                                    "trainer_state": trainer_state},
-                                   save_latest=False)
+        prepare.run(lambda: tags.discard(tag_dir))         # rewriting a tag: start from an empty dir
+    _agree(prepare, tag_dir, run_dir, device)
+    writes = _RankWrites(root)
+    with writes.engine_writes(trainer.engine):
+        trainer.engine.save_checkpoint(str(root), tag=tag, client_state={UNIVERSAL_CHECKPOINT_INFO: {},
+                                                                        "trainer_state": trainer_state},
+                                       save_latest=False)
     frozen = trainer.frozen_tensors()      # collective under ZeRO-3: every rank takes part
     stage = trainer.engine.stage_id if trainer.pipe else 0
     if trainer.dp_rank == 0:
-        tags.save_frozen(tag_dir, stage, frozen)
-    tags.save_rng(tag_dir, rank)
+        writes.run(lambda: tags.save_frozen(tag_dir, stage, frozen), tag_dir / f"frozen-stage{stage}.safetensors")
+    writes.run(lambda: tags.save_rng(tag_dir, rank), tag_dir / "rng" / f"rank{rank}.pt")
+    writes.fsync()                         # this rank's files reach the disk before the marker can exist
     faults.pause("save", step)
-    dist.barrier()                      # every rank has finished writing
+    _agree(writes, tag_dir, run_dir, device)
+    done = _RankWrites(root)
     if rank == 0:
-        tags.finalize(run_dir, tag_dir, trainer_state, keep_last)
-    dist.barrier()
+        done.run(lambda: tags.finalize(run_dir, tag_dir, trainer_state, keep_last))
+    _agree(done, tag_dir, run_dir, device)
     return tag_dir
 
 
 def load(trainer, tag_dir: Path, universal: bool, seed: int) -> None:
     """Weights, optimizer, frozen tensors and this rank's RNG (re-seeded from `seed` when the
     checkpoint has none for this rank, e.g. a universal checkpoint)."""
-    verify_checkpoint_dir(tag_dir)     # before DeepSpeed unpickles anything
-    path, _ = trainer.engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
-                                             load_lr_scheduler_states=False)
+    verify_checkpoint_dir(tag_dir)     # refuse a crafted file before DeepSpeed reads any
+    with guarded_torch_load():         # and DeepSpeed unpickles only what was scanned, weights-only
+        path, _ = trainer.engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
+                                                 load_lr_scheduler_states=False)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
     trainer.restore_frozen(tags.load_frozen(tag_dir))
     if not tags.load_rng(tag_dir, dist.get_rank()):
         torch.manual_seed(seed + dist.get_rank())
-
-
-def write_failed(exc: OSError, tag_dir: Path, run_dir: Path) -> CheckpointWriteFailed:
-    """Remove the partial checkpoint (never marked complete) and say what is still good."""
-    shutil.rmtree(tag_dir, ignore_errors=True)
-    latest = tags.latest_checkpoint(run_dir)
-    return CheckpointWriteFailed(
-        f"could not write checkpoint {tag_dir.name} ({exc.strerror or exc}); the partial files were removed and the "
-        f"last complete checkpoint {latest if latest else '(none yet)'} is untouched. Fix: free space under "
-        f"{run_dir} (or lower checkpoint.keep_last), then rerun with --resume auto")

@@ -5,6 +5,10 @@
 - `"nan_batches": [i, ...]`: the loss of global batch `i` (0-based position in the data order,
   i.e. `samples_seen // global batch`) is multiplied by NaN, so its gradients are NaN too; only
   the non-finite guard stands between that batch and the weights.
+- `"nan_grad_batches": [i, ...]`: the loss of global batch `i` stays finite but its backward
+  is NaN (as when a backward overflows), so only the gradients are NaN; only the gradient-norm
+  check stands between that batch and the weights. Not under pipeline parallelism (there the
+  loss exists only on the last stage; its guard checks the gradients anyway).
 - `"nan_ranks": [r, ...]`: poison only on these ranks (default: all), to show that ranks agree.
 - `"save_pause_s": s`, `"save_pause_steps": [n, ...]`: sleep `s` seconds inside the checkpoint
   save of step `n` (every save if no steps are given), after DeepSpeed has written its files and
@@ -38,15 +42,34 @@ def spec() -> dict[str, Any]:
     return _parse(os.environ.get(ENV, ""))
 
 
+class _NanBackward(torch.autograd.Function):
+    """The identity forward, a NaN gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
 def poison_loss(loss: torch.Tensor, batch_index: int | None) -> torch.Tensor:
+    """The loss of batch `batch_index` as the fault spec wants it: NaN (`nan_batches`), finite with
+    a NaN backward (`nan_grad_batches`), or unchanged."""
     s = spec()
-    if not s or batch_index is None or batch_index not in s.get("nan_batches", ()):
+    if not s or batch_index is None:
         return loss
     ranks = s.get("nan_ranks")
-    if ranks is not None:
-        if (dist.get_rank() if dist.is_initialized() else 0) not in ranks:
-            return loss
-    return loss * float("nan")
+    if ranks is not None and (dist.get_rank() if dist.is_initialized() else 0) not in ranks:
+        return loss
+    if batch_index in s.get("nan_batches", ()):
+        return loss * float("nan")
+    if batch_index in s.get("nan_grad_batches", ()):
+        if not loss.requires_grad:
+            raise ValueError(f"{ENV}: nan_grad_batches needs the loss itself (not under pipeline parallelism)")
+        return _NanBackward.apply(loss)
+    return loss
 
 
 def pause(point: str, step: int) -> None:

@@ -1,8 +1,13 @@
-"""The training loop: steps, periodic validation and logging, checkpoints, preemption, and the
-non-finite-loss policy (skip, stop, rollback)."""
+"""The training loop: steps, periodic validation and logging, checkpoints (every N steps and
+every M minutes), preemption, and the non-finite policy (skip, stop, rollback).
+
+Whether to save is decided collectively after every step: one all-reduce carries the stop
+request (a signal on any rank) and whether `checkpoint.every_minutes` have passed since the
+last save by rank 0's clock, so every rank enters the (collective) save at the same step."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +29,13 @@ from .nonfinite import NanGuard, loader_position, skip_marked_batches
 from .preemption import StopRequest
 from .run_dir import resolved_config
 from .schedule import lr_at
+
+
+def describe_nonfinite(loss: float, grad_norm: float | None) -> str:
+    """'non-finite loss (nan)' or, when the loss was finite, 'non-finite gradient norm (...)'."""
+    if not math.isfinite(loss):
+        return f"non-finite loss ({loss})"
+    return f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
 
 
 @dataclass
@@ -52,6 +64,7 @@ class TrainingLoop:
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
         self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
+        self.last_save = time.monotonic()       # for checkpoint.every_minutes (rank 0's clock decides)
         self.result = RunResult(run_dir=run_dir, resumed_from=resumed_from, final_step=self.start_step)
         self.resolved = resolved_config(cfg, mcfg)
 
@@ -66,16 +79,18 @@ class TrainingLoop:
                 "time": time.time(), "nan_skipped": sorted(self.guard.skip_positions)}
 
     def save(self) -> Path:
-        try:
-            return engine_checkpoint.save(self.trainer, self.run_dir, self.step, self.trainer_state(),
-                                          self.cfg.checkpoint.keep_last)
-        except OSError as e:             # e.g. no space left: keep the last good checkpoint, stop clearly
-            raise engine_checkpoint.write_failed(e, tags.ckpt_root(self.run_dir) / tags.tag_for(self.step),
-                                                 self.run_dir) from e
+        """Collective. A failed write (e.g. no space left) raises CheckpointWriteFailed on every
+        rank after the partial checkpoint is removed; the last complete one stays."""
+        path = engine_checkpoint.save(self.trainer, self.run_dir, self.step, self.trainer_state(),
+                                      self.cfg.checkpoint.keep_last)
+        self.last_save = time.monotonic()
+        return path
 
     def rollback(self) -> None:
-        """Reload the last complete checkpoint (weights, optimizer, data position)."""
-        tag_dir = tags.latest_checkpoint(self.run_dir)
+        """Reload the last intact checkpoint (weights, optimizer, data position)."""
+        tag_dir, notes = tags.newest_good_checkpoint(self.run_dir)
+        for note in notes:
+            self.logger.message(note)
         if tag_dir is None:
             raise NonFiniteLoss(f"non-finite loss at step {self.step + 1} and train.nan_policy=rollback, but "
                                 f"{self.run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
@@ -96,17 +111,18 @@ class TrainingLoop:
         return self.trainer.eval_loss(iter(val), cfg.train.eval_batches)
 
     # -- one step -----------------------------------------------------------------------------
-    def _on_nonfinite(self, loss: float, position: int | None) -> None:
+    def _on_nonfinite(self, loss: float, grad_norm: float | None, position: int | None) -> None:
         """The update was skipped on every rank: apply the policy (raises for stop)."""
         cfg = self.cfg
-        action = self.guard.on_nonfinite(self.step, position, cfg.global_batch_size, loss)
+        what = describe_nonfinite(loss, grad_norm)
+        action = self.guard.on_nonfinite(self.step, position, cfg.global_batch_size, what)
         end = position + cfg.global_batch_size if position is not None else "?"
-        self.logger.message(f"non-finite loss {loss} at step {self.step + 1}, global samples [{position}, {end}): "
+        self.logger.message(f"{what} at step {self.step + 1}, global samples [{position}, {end}): "
                             f"update skipped ({action}; {self.guard.events}/{cfg.train.max_nan_skips} allowed)")
         if self.rank == 0:
             with open(self.run_dir / "nonfinite.jsonl", "a") as f:
                 f.write(json.dumps({"step": self.step + 1, "samples": position, "loss": str(loss),
-                                    "action": action}) + "\n")
+                                    "grad_norm": str(grad_norm), "action": action}) + "\n")
         if action == "rollback":
             self.rollback()
 
@@ -125,9 +141,18 @@ class TrainingLoop:
             rec.update(memory_gib(self.device))
             self.logger.log(rec)
 
+    def _save_requests(self, stop: StopRequest, flags: torch.Tensor) -> tuple[bool, bool]:
+        """Collective: (a signal asked to stop on some rank, checkpoint.every_minutes have passed by rank 0's clock)."""
+        every_s = self.cfg.checkpoint.every_minutes * 60
+        due = self.rank == 0 and every_s > 0 and time.monotonic() - self.last_save >= every_s
+        flags[0], flags[1] = float(stop.requested), float(due)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0].item()), bool(flags[1].item())
+
     def run(self, stop: StopRequest, stop_after_steps: int | None = None) -> RunResult:
         cfg, trainer, result = self.cfg, self.trainer, self.result
-        flag = torch.zeros(1, device=self.device)
+        flags = torch.zeros(2, device=self.device)
+        self.last_save = time.monotonic()        # the start (or the checkpoint resumed from) counts as a save
         while self.step < cfg.max_steps:
             if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(trainer.trainable_step):
                 self.logger.message(f"after step {self.step}: the freeze schedule changes the trainable set to "
@@ -142,7 +167,7 @@ class TrainingLoop:
             trainer.set_lr(lr)
             loss, grad_norm = trainer.train_step(batch)
             if trainer.nonfinite:
-                self._on_nonfinite(loss, position)
+                self._on_nonfinite(loss, grad_norm, position)
                 continue
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -151,15 +176,15 @@ class TrainingLoop:
             self.tokens_seen += cfg.tokens_per_step
             result.losses[self.step] = loss
             self._log(loss, lr, grad_norm, dt)
-            # Preemption: every rank must agree before anyone saves.
-            flag.fill_(1.0 if stop.requested else 0.0)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0:
+            # Preemption and time-based saves: every rank must agree before anyone saves.
+            stop_now, minutes_due = self._save_requests(stop, flags)
+            if stop_now:
                 self.logger.message(f"signal received: saving a checkpoint at step {self.step} and stopping")
                 result.last_checkpoint = self.save()
                 result.interrupted = True
                 break
-            if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 and self.step < cfg.max_steps:
+            steps_due = cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0
+            if (steps_due or minutes_due) and self.step < cfg.max_steps:
                 result.last_checkpoint = self.save()
             if stop_after_steps is not None and self.step >= stop_after_steps:
                 break

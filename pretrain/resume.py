@@ -7,7 +7,7 @@ under any).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ class ResumePoint:
     tag_dir: Path | None              # None: a fresh run
     state: dict[str, Any]             # the checkpoint's trainer_state.json ({} for a fresh run)
     universal: bool                   # DeepSpeed must load it as a universal checkpoint
+    notes: list[str] = field(default_factory=list)    # newer checkpoints passed over, and why
 
     @property
     def step(self) -> int:
@@ -36,10 +37,14 @@ class ResumePoint:
 
 
 def resume_point(cfg: RunConfig, run_dir: Path, resume: str | None, overwrite: bool) -> ResumePoint:
-    """`--resume auto|never|PATH` -> the checkpoint to continue from (none with `--overwrite`)."""
-    tag_dir = None if overwrite else tags.resolve_resume(resume, run_dir)
+    """`--resume auto|never|PATH` -> the checkpoint to continue from (none with `--overwrite`): the
+    newest whose files match its marker; newer ones that do not are passed over, with a note."""
+    try:
+        tag_dir, notes = (None, []) if overwrite else tags.resolve_resume(resume, run_dir)
+    except FileNotFoundError as e:
+        raise RecipeError(str(e)) from None
     state = tags.read_state(tag_dir) if tag_dir is not None else {}
-    return ResumePoint(tag_dir, state, bool(cfg.checkpoint.load_universal or state.get("universal")))
+    return ResumePoint(tag_dir, state, bool(cfg.checkpoint.load_universal or state.get("universal")), notes)
 
 
 def check_fits(point: ResumePoint, cfg: RunConfig, mcfg: ModelConfig, data_tokenizer_id: str | None) -> None:

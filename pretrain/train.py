@@ -126,6 +126,8 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
     if rank == 0:
         write_config(run_dir, resolved_config(cfg, mcfg))
     logger = Logger(run_dir, rank == 0, cfg.logging.tensorboard, cfg.logging.progress_bar, cfg.max_steps, point.step)
+    for note in point.notes:
+        logger.message(note)
     if point.tag_dir is not None:
         logger.truncate_after(point.step)
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")

@@ -3,10 +3,12 @@
     python -m pretrain.universal --checkpoint RUN/checkpoints/step_00000100 --out RUN/universal
     python -m pretrain.train --recipe R.yaml --resume RUN/universal/step_00000100 [new layout overrides]
 
-Runs `python -m deepspeed.checkpoint.ds_to_universal` on the tag dir (which needs the
-`UNIVERSAL_CHECKPOINT_INFO` client state every checkpoint of pretrain.train carries), then
-copies the trainer's own files (trainer_state.json marked universal, frozen tensors) and
-marks the result complete. Resuming from it sets `"checkpoint": {"load_universal": true}`
+Runs DeepSpeed's `ds_to_universal` on the tag dir (which needs the `UNIVERSAL_CHECKPOINT_INFO`
+client state every checkpoint of pretrain.train carries), then copies the trainer's own files
+(trainer_state.json marked universal, frozen tensors) and marks the result complete (fsynced,
+with its file list). The input is verified against its marker and every pickle in it is scanned
+first; the converter, which unpickles in full, runs under `checkpoint.guarded_run`, so it reads
+each file weights-only from the same open file that was scanned. Resuming from it sets `"checkpoint": {"load_universal": true}`
 in the DeepSpeed config automatically. The loader position is global, so the data order
 continues unchanged under the new data-parallel size. Per-rank RNG files are not copied
 (ranks change meaning across layouts); they are re-seeded.
@@ -14,6 +16,7 @@ continues unchanged under the new data-parallel size. Per-rank RNG files are not
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +26,7 @@ from checkpoint import tags as ckpt
 from checkpoint.pickle_scan import verify_checkpoint_dir
 from data_pipeline.cli import CliParser, run_cli
 
+from .config import REPO_ROOT
 from .errors import INPUT_ERRORS
 
 
@@ -30,20 +34,26 @@ def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) ->
     tag_dir = Path(tag_dir)
     if not ckpt.is_complete(tag_dir):
         raise FileNotFoundError(f"{tag_dir} is not a complete checkpoint")
+    problems = ckpt.verify(tag_dir)
+    if problems:
+        raise FileNotFoundError(f"{tag_dir} fails verification ({'; '.join(problems[:3])}); convert an earlier checkpoint")
+    verify_checkpoint_dir(tag_dir)         # a crafted pickle is refused here, with its name
     out = Path(out_root) / tag_dir.name
     if out.exists():
         shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(tag_dir),
-           "--output_folder", str(out), "--num_extract_workers", str(workers), "--num_merge_workers", str(workers)]
+    cmd = [sys.executable, "-m", "checkpoint.guarded_run", "deepspeed.checkpoint.ds_to_universal",
+           "--input_folder", str(tag_dir), "--output_folder", str(out), "--num_extract_workers", str(workers),
+           "--num_merge_workers", str(workers)]
     print("+ " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
+    subprocess.run(cmd, check=True, env=env)
     for f in tag_dir.glob("frozen-stage*.safetensors"):
         shutil.copy2(f, out / f.name)
     state = ckpt.read_state(tag_dir)
     state["universal"] = True
     state["converted_from"] = str(tag_dir)
-    (out / ckpt.STATE).write_text(json.dumps(state, indent=1, sort_keys=True, default=str))
-    (out / ckpt.COMPLETE).write_text("ok\n")
+    ckpt.atomic_write(out / ckpt.STATE, json.dumps(state, indent=1, sort_keys=True, default=str))
+    ckpt.mark_complete(out)
     return out
 
 

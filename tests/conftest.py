@@ -1,13 +1,17 @@
-"""Shared fixtures: spawn real training ranks (gloo on CPU) and read their metrics."""
+"""Shared fixtures: spawn real training ranks (gloo on CPU), read their metrics, and mount a
+small real filesystem that fills up (tmpfs)."""
 from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,6 +64,14 @@ def run_ranks(args: list[str], world: int = 2, timeout: float = 300) -> str:
     return outs[0]
 
 
+def fault_seed() -> int:
+    """The seed of a test's random fault (e.g. the step of a kill -9), printed so that pytest shows it
+    with a failure; PRETRAIN_TEST_SEED=<seed> replays that run."""
+    seed = int(os.environ.get("PRETRAIN_TEST_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"fault seed {seed} (replay with PRETRAIN_TEST_SEED={seed})")
+    return seed
+
+
 def read_losses(run_dir: Path) -> dict[int, float]:
     """step -> loss from metrics.jsonl (a later record of the same step wins)."""
     out = {}
@@ -67,3 +79,41 @@ def read_losses(run_dir: Path) -> dict[int, float]:
         rec = json.loads(line)
         out[rec["step"]] = rec["loss"]
     return out
+
+
+class Tmpfs:
+    """A tmpfs mounted by a test: a real filesystem whose writes fail with ENOSPC when it is full."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def used(self) -> int:
+        st = os.statvfs(self.path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def resize(self, size_bytes: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={int(size_bytes)}", str(self.path)], check=True,
+                       capture_output=True)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """`small_tmpfs(path, size_bytes)` mounts a tmpfs there (unmounted after the test). Mounting
+    needs root (CAP_SYS_ADMIN), as the CI machines have: without it the test fails, loudly,
+    rather than testing a stand-in for a full disk."""
+    mounted: list[Path] = []
+
+    def mount(where: Path, size_bytes: int) -> Tmpfs:
+        where.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size_bytes)}", "tmpfs", str(where)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"this test needs a real filesystem that fills up: mounting a tmpfs at {where} failed "
+                        f"({(r.stderr or r.stdout).strip()}). Run the tests as root (or with CAP_SYS_ADMIN), as CI does",
+                        pytrace=False)
+        mounted.append(where)
+        return Tmpfs(where)
+
+    yield mount
+    for where in reversed(mounted):
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

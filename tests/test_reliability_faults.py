@@ -1,13 +1,13 @@
-"""Injected faults: non-finite losses under each policy, SIGKILL in the middle of a checkpoint
-write, no space left while writing a checkpoint or a shard, one rank of two dying or hanging.
-Each fault is real (a NaN in the loss and its gradients, a real signal, an OSError from the write
-call); the code under test is the production trainer."""
+"""Injected faults: non-finite losses and gradients under each policy, SIGKILL in the middle of a
+checkpoint write, no space left while writing a checkpoint (1 and 2 ranks) or a shard, one rank of
+two dying or hanging. Each fault is real (a NaN in the loss or only in the gradients, a real signal,
+a real filesystem that fills up); the code under test is the production trainer."""
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +20,7 @@ from conftest import REPO, free_port, read_losses, run_ranks, start_ranks, wait_
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
 from pretrain import faults
+from pretrain.config import RunConfig
 from pretrain.errors import CheckpointWriteFailed, NonFiniteLoss
 from pretrain.train import train
 
@@ -106,6 +107,64 @@ def test_repeated_nans_stop_the_run(tmp_path, inject):
         train(RECIPE, OVER + ["train.nan_policy=skip", "train.max_nan_skips=2"], run_dir=tmp_path, resume="never")
 
 
+@pytest.mark.parametrize("ds_config", ["zero0", "zero1", "zero2", "zero3"])
+def test_nan_in_the_gradients_only_skips_the_update_on_every_layout(tmp_path, inject, ds_config):
+    """A backward that overflows while the loss stays finite: the loss check cannot see it; the
+    gradient-norm check must. Without ZeRO, clipping by a NaN norm would make every gradient NaN
+    and the update would be applied; under ZeRO, DeepSpeed skips the step but the run must know."""
+    over = OVER + ["train.nan_policy=skip", f"parallel.ds_config={ds_config}"]
+    inject(nan_grad_batches=[4])                   # batch 4: finite loss, NaN gradients
+    grads = train(RECIPE, over, run_dir=tmp_path / "grads", resume="never")
+    inject(nan_batches=[4])                        # the same batch with a NaN loss, which the loss check skips
+    loss = train(RECIPE, over, run_dir=tmp_path / "loss", resume="never")
+    assert sorted(grads.losses) == list(range(1, 9))
+    assert grads.losses == loss.losses             # bitwise: the same batch skipped, the same updates made
+    assert weights_finite(grads.last_checkpoint)
+    assert ckpt.read_state(grads.last_checkpoint)["nan_skipped"] == [32]
+    [event] = [json.loads(x) for x in (tmp_path / "grads" / "nonfinite.jsonl").read_text().splitlines()]
+    assert event["samples"] == 32 and event["action"] == "skip"
+    assert math.isfinite(float(event["loss"])) and not math.isfinite(float(event["grad_norm"]))
+
+
+def test_nan_in_the_gradients_only_stops_the_run_naming_it(tmp_path, inject):
+    inject(nan_grad_batches=[4])
+    with pytest.raises(NonFiniteLoss, match=r"non-finite gradient norm \(nan; loss [\d.]+ is finite\) at optimizer "
+                                            r"step 5 \(batch of global samples \[32, 40\)"):
+        train(RECIPE, OVER + ["parallel.ds_config=zero0"], run_dir=tmp_path, resume="never")
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [3]
+
+
+# ---- checkpoints by the clock: a hard crash loses at most checkpoint.every_minutes ------------
+
+TIMED = FAST + ["checkpoint.every_steps=0", "checkpoint.every_minutes=0.0005", "checkpoint.keep_last=0",
+                "checkpoint.save_final=false", "train.max_steps=12"]
+
+
+def assert_saved_by_the_clock(run, ranks: int):
+    saved = ckpt.list_checkpoints(run)
+    assert len(saved) >= 2, saved
+    times = [ckpt.read_state(p)["time"] for _, p in saved]
+    assert all(b - a >= 0.0005 * 60 * 0.99 for a, b in zip(times, times[1:])), times
+    for _, p in saved:                         # every rank took part in every save
+        assert ckpt.verify(p) == [] and sorted(f.name for f in (p / "rng").iterdir()) == \
+            [f"rank{r}.pt" for r in range(ranks)]
+
+
+def test_checkpoints_every_minutes_by_the_clock(tmp_path):
+    assert RunConfig().checkpoint.every_minutes > 0         # on by default: a hard crash never loses the whole run
+    train(RECIPE, TIMED, run_dir=tmp_path / "timed", resume="never")
+    assert_saved_by_the_clock(tmp_path / "timed", 1)
+    train(RECIPE, TIMED + ["checkpoint.every_minutes=0"], run_dir=tmp_path / "off", resume="never")
+    assert ckpt.list_checkpoints(tmp_path / "off") == []
+
+
+def test_checkpoints_every_minutes_on_two_ranks_agree(tmp_path):
+    # rank 0's clock decides and the all-reduce of the step's flags tells every rank: were the
+    # ranks to decide alone, one would enter the (collective) save while the other trains on
+    run_ranks(["--recipe", RECIPE, "--run-dir", str(tmp_path / "run"), *TIMED, "parallel.timeout_s=60"])
+    assert_saved_by_the_clock(tmp_path / "run", 2)
+
+
 # ---- SIGKILL in the middle of a checkpoint write ----------------------------------------
 
 def test_sigkill_mid_checkpoint_write_keeps_previous_and_resume_ignores_partial(tmp_path):
@@ -136,51 +195,91 @@ def test_sigkill_mid_checkpoint_write_keeps_previous_and_resume_ignores_partial(
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [9]
 
 
-# ---- no space left ------------------------------------------------------------------------
+# ---- no space left (a real filesystem that fills up) -------------------------------------
 
-def test_disk_full_during_checkpoint_stops_clearly_and_keeps_the_last_good(tmp_path, monkeypatch):
-    real_save = torch.save
+MiB = 1 << 20
 
-    def full_disk(obj, f, *a, **k):
-        if ckpt.tag_for(6) in str(f):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
-        return real_save(obj, f, *a, **k)
 
-    monkeypatch.setattr(torch, "save", full_disk)
-    run = tmp_path / "run"
-    with pytest.raises(CheckpointWriteFailed, match=r"step_00000006 \(No space left on device\).*step_00000003 is "
-                                                    r"untouched.*--resume auto"):
-        train(RECIPE, OVER, run_dir=run, resume="never")
-    assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()
-    assert [s for s, _ in ckpt.list_checkpoints(run)] == [3] and weights_finite(ckpt.latest_checkpoint(run))
-    monkeypatch.setattr(torch, "save", real_save)          # space freed: the run continues from step 3
+def du(path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def test_disk_full_during_checkpoint_stops_clearly_and_keeps_the_last_good(tmp_path, small_tmpfs):
+    # The run dir is on a small tmpfs: a full disk makes torch.save raise RuntimeError (not
+    # OSError), safetensors SafetensorError, Python writes OSError: what a real run meets.
+    fs = small_tmpfs(tmp_path / "fs", 64 * MiB)
+    run = fs.path / "run"
+    first = train(RECIPE, OVER, run_dir=run, resume="never", stop_after_steps=3)   # checkpoint of step 3
+    assert first.last_checkpoint.name == ckpt.tag_for(3)
+    fs.resize(fs.used() + du(first.last_checkpoint) // 2)      # room for half a checkpoint more
+    with pytest.raises(CheckpointWriteFailed, match=r"could not write checkpoint step_00000006 \(rank 0: \w+Error.*"
+                                                    r"free on that filesystem\).*step_00000003 is untouched.*"
+                                                    r"Fix: free space.*--resume auto"):
+        train(RECIPE, OVER, run_dir=run, resume="auto")
+    assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()          # the partial files were removed
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [3] and ckpt.verify(ckpt.latest_checkpoint(run)) == []
+    assert weights_finite(ckpt.latest_checkpoint(run))
+    fs.resize(64 * MiB)                                        # space freed: the run continues from step 3
     resumed = train(RECIPE, OVER, run_dir=run, resume="auto")
     assert resumed.resumed_from.name == ckpt.tag_for(3) and resumed.final_step == 8
+    ref = train(RECIPE, OVER, run_dir=tmp_path / "ref", resume="never")
+    assert read_losses(run) == ref.losses                      # bitwise, as if the disk had never filled
 
 
-def test_disk_full_during_shard_write_keeps_written_shards_and_rerun_is_identical(tmp_path, monkeypatch):
+def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_path, small_tmpfs):
+    fs = small_tmpfs(tmp_path / "fs", 64 * MiB)
+    run = fs.path / "run"
+    args = ["--recipe", RECIPE, "--run-dir", str(run), *OVER, "parallel.ds_config=zero1", "parallel.timeout_s=900"]
+    run_ranks([*args, "train.max_steps=3"])                    # a complete checkpoint of step 3
+    fs.resize(fs.used() + du(run / "checkpoints" / ckpt.tag_for(3)) // 2)
+    t0 = time.time()
+    procs = start_ranks(args)                                  # --resume auto: steps 4-6, the save of 6 fails
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    waited = time.time() - t0
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 3, f"rank {r}:\n{out[-3000:]}"
+        assert re.search(r"error: could not write checkpoint step_00000006 \(rank \d: \w+Error.*every rank abandoned "
+                         r"it.*step_00000003 is untouched.*--resume auto", out), f"rank {r}:\n{out[-3000:]}"
+        assert "another rank died or hangs" not in out
+    assert waited < 300 < 900                # both stopped at once, not after parallel.timeout_s
+    assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [3]
+    assert ckpt.newest_good_checkpoint(run) == (run / "checkpoints" / ckpt.tag_for(3), [])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_disk_full_during_shard_write_keeps_written_shards_and_rerun_is_identical(tmp_path, small_tmpfs, workers):
     from data_pipeline import prepare as prep
+    from data_pipeline.errors import DataError
     from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
     tok = make_tokenizer(tmp_path / "tok")
-    write_text(tmp_path / "corpus" / "a.txt", corpus_lines(600))
-    ref, out = tmp_path / "ref", tmp_path / "out"
-    prep.prepare([str(tmp_path / "corpus")], tok, ref, shard_tokens=2_000, progress=False)
-    assert len(json.loads((ref / "manifest.json").read_text())["shards"]) >= 4
-    real = prep.write_shard
+    write_text(tmp_path / "corpus" / "a.txt", corpus_lines(2000))
+    ref = tmp_path / "ref"
+    prep.prepare([str(tmp_path / "corpus")], tok, ref, shard_tokens=16_000, progress=False)
+    ref_shards = json.loads((ref / "manifest.json").read_text())["shards"]
+    assert len(ref_shards) >= 4
 
-    def full_disk(out_dir, index, *a, **k):
-        if index == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out_dir / "shard_tmp"))
-        return real(out_dir, index, *a, **k)
-
-    monkeypatch.setattr(prep, "write_shard", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        prep.prepare([str(tmp_path / "corpus")], tok, out, shard_tokens=2_000, progress=False)
+    def pages(f):
+        return -(-f.stat().st_size // 4096) * 4096
+    # room for the first two shards, the progress file (twice, for its atomic rewrite), half the third shard
+    room = sum(pages(ref / f"{s['name']}.{x}") for s in ref_shards[:2] for x in ("bin", "idx")) + 3 * 4096
+    room += (ref / f"{ref_shards[2]['name']}.bin").stat().st_size // 2
+    fs = small_tmpfs(tmp_path / "fs", room)
+    out = fs.path / "out"
+    with pytest.raises(DataError, match=r"could not write shard_0000\d .*\(No space left on device; .* free there\).*"
+                                        r"Fix: free space.*re-run the same command"):
+        prep.prepare([str(tmp_path / "corpus")], tok, out, workers=workers, shard_tokens=16_000, progress=False)
     done = json.loads((out / "progress.json").read_text())["shards"]
-    assert [s["name"] for s in done] == [s["name"] for s in json.loads((ref / "manifest.json").read_text())["shards"][:2]]
+    assert 1 <= len(done) < len(ref_shards) and done == ref_shards[:len(done)]
+    assert not list(out.glob("*.tmp"))                         # the partial shard's files were freed
     before = {p.name: p.read_bytes() for p in out.glob("shard_*")}
-    monkeypatch.setattr(prep, "write_shard", real)
-    prep.prepare([str(tmp_path / "corpus")], tok, out, shard_tokens=2_000, progress=False)
+    fs.resize(64 * MiB)
+    prep.prepare([str(tmp_path / "corpus")], tok, out, workers=workers, shard_tokens=16_000, progress=False)
     after = {p.name: p.read_bytes() for p in sorted(out.glob("shard_*"))}
     assert after == {p.name: p.read_bytes() for p in sorted(ref.glob("shard_*"))}
     assert all(after[n] == b for n, b in before.items())           # nothing written before was damaged

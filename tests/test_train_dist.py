@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from conftest import read_losses, run_ranks, start_ranks, wait_for_steps
+from conftest import fault_seed, read_losses, run_ranks, start_ranks, wait_for_steps
 
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
@@ -52,7 +52,7 @@ def test_zero_two_ranks_match_one_across_kill9_resume_keep_frozen(zero, referenc
     args = ["--recipe", RECIPE, "--run-dir", str(run), f"parallel.ds_config={zero}", *COMMON]
     # kill -9 both ranks at a random step after the step-5 checkpoint, then --resume auto
     procs = start_ranks(args)
-    wait_for_steps(run, random.Random().randint(6, 8), procs)
+    wait_for_steps(run, random.Random(fault_seed()).randint(6, 8), procs)
     for p in procs:
         p.kill()
         p.wait()

@@ -96,6 +96,19 @@ def test_launch_sh_prints_the_exact_command(opts, expect):
     assert out.stdout.rstrip().endswith("--recipe recipes/tiny_cpu.yaml train.lr=1e-3")
 
 
+def test_launch_sh_states_the_nccl_failure_settings_for_gpu_runs():
+    def dry(opts, **env):
+        out = subprocess.run(["./launch.sh", *opts, "--dry-print", "--", "--recipe", "recipes/tiny_cpu.yaml"], cwd=REPO,
+                             env=dict(launch_env(), **env), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+    nccl = "env TORCH_NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_BLOCKING_WAIT=0 "
+    assert dry(["--gpus", "2"]).startswith("+ " + nccl)
+    assert dry(["--hostfile", "hf", "--gpus", "8"]).startswith("+ " + nccl)
+    assert "TORCH_NCCL" not in dry(["--cpu", "2"])                            # gloo: nothing to set
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=3 " in dry(["--gpus", "2"], TORCH_NCCL_ASYNC_ERROR_HANDLING="3")
+
+
 def test_launch_sh_refuses_incomplete_forms():
     for opts in (["--slurm"], ["--no-ssh", "--hostfile", "hf"], []):
         env = {k: v for k, v in launch_env().items() if not k.startswith("SLURM_")}
@@ -171,7 +184,8 @@ def test_slurm_port_is_a_function_of_the_job():
     assert len(others) == 16
     assert _printed_port(_slurm_dry_print("73105", "--master-port", "29999")) == 29999
     out = _slurm_dry_print("73105")
-    assert out.startswith(f"+ env MASTER_ADDR=node01 MASTER_PORT={port} srun ") and len(out.splitlines()) == 1
+    assert out.startswith(f"+ env MASTER_ADDR=node01 MASTER_PORT={port} TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "
+                          "TORCH_NCCL_BLOCKING_WAIT=0 srun ") and len(out.splitlines()) == 1
 
 
 def _processes_mentioning(text: str) -> dict[int, str]:
