@@ -27,7 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from data_pipeline import DataConfig, build_loader  # noqa: E402
+from data_pipeline import DataConfig  # noqa: E402
+from data_pipeline.loader import build_loader  # noqa: E402
 from data_pipeline.shards import FORMAT_VERSION, MANIFEST, atomic_write_json, write_shard  # noqa: E402
 from data_pipeline.testing import http_server  # noqa: E402
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .tokenizer import load_tokenizer
+
 _TOK = None
 
 
 def init_worker(tokenizer_path: str) -> None:
     global _TOK
-    from .tokenizer import load_tokenizer
 
     _TOK = load_tokenizer(tokenizer_path)
 

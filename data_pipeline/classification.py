@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from .cli import DATA_ERRORS, CliParser, run_cli
 from .errors import DataError
@@ -62,7 +63,7 @@ def read_examples(source: str, text_field: str = "text", label_field: str = "lab
     """(text, raw label) pairs of a local jsonl/csv file or of `hf:NAME` (split train or test)."""
     if source.startswith("hf:"):
         try:
-            import datasets
+            import datasets  # deferred: heavy (pyarrow, pandas)
         except ImportError as e:  # pragma: no cover
             raise DataError("data.source=hf:...: the `datasets` package is not installed") from e
         name = source[3:]
@@ -222,7 +223,6 @@ class ClassificationLoader:
         return self
 
     def __next__(self):
-        import torch
         per = self.B // self.world
         start = self.samples_seen + self.rank * per
         idx = self._index(np.arange(start, start + per, dtype=np.int64))

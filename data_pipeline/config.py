@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import DataError
+from .synthetic import TASKS
 
 VERIFY_MODES = ("full", "size")
 
@@ -139,7 +140,6 @@ class DataConfig:
                 f"DataConfig.mixture is set but source={self.source!r}; set source='mixture' to train on the mixture"
             )
         if self.source.startswith("synthetic:"):
-            from .synthetic import TASKS
 
             name = self.source.split(":", 1)[1]
             if name not in TASKS:

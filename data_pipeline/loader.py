@@ -32,6 +32,8 @@ from .errors import DataError
 from .order import MixtureSchedule, Permutation, derive_key
 from .shards import ShardSet, read_manifest, verify_shards
 from .storage import is_remote, local_path, open_shards
+from .synthetic import get_task
+from .tokenizer import load_tokenizer
 
 IGNORE = -100
 STATE_VERSION = 1
@@ -104,7 +106,6 @@ class SyntheticSource:
     """Rows of one synthetic task; finite when the task's split is finite, else unbounded."""
 
     def __init__(self, cfg: DataConfig, split: str, seq_len: int):
-        from .synthetic import get_task
 
         args = dict(cfg.task_args)
         n_val = int(args.pop("n_val", 512))
@@ -486,7 +487,6 @@ def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size
                     "prepare every component with the same --tokenizer"
                 )
         if cfg.tokenizer is not None:
-            from .tokenizer import load_tokenizer
 
             tok = load_tokenizer(cfg.tokenizer)
             for s in sources:

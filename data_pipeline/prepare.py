@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import json
+import multiprocessing as mp
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._encode import encode_docs, init_worker
 from .cli import DATA_ERRORS, CliParser, run_cli
 from .errors import DataError
 from .progress import progress_bar
@@ -111,7 +113,7 @@ def _hf_offline_error(spec: SourceSpec, e: Exception) -> DataError:
 
 def open_dataset(spec: SourceSpec, text_field: str):
     """A streaming ``datasets.IterableDataset`` of the source; fails fast on unusable input."""
-    import datasets
+    import datasets  # deferred: heavy
 
     if spec.kind == "hf":
         try:
@@ -262,9 +264,7 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
             if pbar is not None:
                 pbar.update(len(flat))
     else:
-        import multiprocessing as mp
 
-        from ._encode import encode_docs, init_worker
 
         ctx = mp.get_context("spawn")
         with ctx.Pool(workers, initializer=init_worker, initargs=(tok.path,)) as pool:
@@ -321,7 +321,6 @@ def _free_space(path: Path) -> str:
 
 
 def encode_docs_local(texts, tok):
-    from ._encode import encode_docs
 
     return encode_docs(texts, tok, num_threads=os.cpu_count() or 1)
 

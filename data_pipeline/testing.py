@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .tokenizer import train_sentencepiece
+
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
 
 _WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
@@ -40,7 +42,6 @@ def write_text(path: Path, lines: list[str]) -> Path:
 
 def make_tokenizer(out: Path, vocab_size: int = 400, n_lines: int = 1500) -> Path:
     """Train a small SentencePiece tokenizer on local text (about a second)."""
-    from .tokenizer import train_sentencepiece
 
     src = write_text(Path(out) / "_train.txt", corpus_lines(n_lines))
     train_sentencepiece([str(src)], vocab_size, out, quiet=True)

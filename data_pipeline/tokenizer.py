@@ -119,7 +119,7 @@ class Tokenizer:
             p = p.parent
             self.path = str(p)
         if (p / SP_MODEL).is_file() and not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
-            import sentencepiece as spm
+            import sentencepiece as spm  # deferred: heavy
 
             self.kind = "sentencepiece"
             self._sp = spm.SentencePieceProcessor(model_file=str(p / SP_MODEL))
@@ -132,7 +132,7 @@ class Tokenizer:
             if self.eos_id < 0:
                 raise DataError(f"{p / SP_MODEL}: the SentencePiece model has no EOS piece; retrain it with eos_id set")
         elif any((p / f).is_file() for f in HF_FILES):
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # deferred: heavy
 
             self.kind = "hf"
             try:
@@ -225,7 +225,7 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
     Special ids: unk=0, bos=1, eos=2, pad=3.
     The input is read in file order and not shuffled, so training is deterministic.
     """
-    import sentencepiece as spm
+    import sentencepiece as spm  # deferred: heavy
 
     files = [Path(f) for f in inputs]
     if not files:

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline import DataConfig, DataError, build_loader
+from data_pipeline import DataConfig, DataError
 from data_pipeline import loader as loader_mod
+from data_pipeline.loader import build_loader
 from data_pipeline.order import MixtureSchedule, Permutation
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import VERIFY_RECORD, ShardSet, read_manifest, verify_shards

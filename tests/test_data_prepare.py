@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipeline import DataConfig, DataError, build_loader, load_tokenizer
+from data_pipeline import DataConfig, DataError
+from data_pipeline.loader import build_loader
 from data_pipeline.prepare import DELAY_ENV, prepare
 from data_pipeline.shards import ShardSet, read_manifest
 from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
+from data_pipeline.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 

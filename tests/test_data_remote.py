@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline import DataConfig, DataError, build_loader
+from data_pipeline import DataConfig, DataError
+from data_pipeline.loader import build_loader
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import ShardSet
 from data_pipeline.storage import RemoteShardSet

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline")
 # What a function may import lazily: slow to import, or absent on some machines.
-HEAVY = ("deepspeed", "flash_attn", "triton", "lm_eval", "liger_kernel", "matplotlib", "scipy", "datasets",
+HEAVY = ("deepspeed", "flash_attn", "triton", "lm_eval", "liger_kernel", "matplotlib", "scipy", "datasets", "fsspec",
          "transformers", "model.hf", "torch.utils.tensorboard", "sentencepiece", "s3fs", "gcsfs", "aiohttp",
          "eval.lm_eval_adapter")      # imports lm_eval at its top
 
