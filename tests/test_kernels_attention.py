@@ -32,14 +32,14 @@ def test_selection_rule_on_cuda_without_running_it(monkeypatch):
     class FakeQ:
         is_cuda = True
         dtype = torch.bfloat16
-    monkeypatch.setattr("model.kernels.flash.flash_available", lambda: True)
+    monkeypatch.setattr(select, "flash_available", lambda: True)
     assert select.attention_backend("auto", FakeQ(), None, 0)[0] == "flash"
     assert select.attention_backend("auto", FakeQ(), torch.ones(1, 4, 4, dtype=torch.bool), 0)[0] == "flash_varlen"
     assert select.attention_backend("auto", FakeQ(), None, 5)[0] == "sdpa"                  # KV cache
     FakeQ.dtype = torch.float32
     assert select.attention_backend("auto", FakeQ(), None, 0)[0] == "sdpa"                  # fp32
     FakeQ.dtype = torch.bfloat16
-    monkeypatch.setattr("model.kernels.flash.flash_available", lambda: False)
+    monkeypatch.setattr(select, "flash_available", lambda: False)
     assert select.attention_backend("auto", FakeQ(), None, 0) == ("sdpa", "flash-attn not installed")
 
 
