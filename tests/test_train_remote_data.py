@@ -7,6 +7,8 @@ import pytest
 from conftest import read_losses, run_ranks, start_ranks, wait_for_steps
 
 from checkpoint import tags as ckpt
+from data_pipeline import loader as loader_mod
+from data_pipeline import shards as shard_mod
 from data_pipeline.prepare import prepare
 from data_pipeline.testing import (
     corpus_lines,
@@ -17,6 +19,7 @@ from data_pipeline.testing import (
     upload_dir,
     write_text,
 )
+from pretrain.train import train
 
 pytestmark = pytest.mark.slow
 
@@ -102,3 +105,18 @@ def test_two_ranks_on_remote_shards_match_local_across_kill9(shards, local_losse
                 p.wait()
         if srv is not None:
             srv.stop()
+
+
+def test_the_trainer_hashes_shards_once_per_run(shards, tmp_path, monkeypatch):
+    """The first start of a run sha256-checks the shards and records it in the run dir; a resume
+    (any rank, any later start) finds the record and checks sizes only."""
+    hashed = []
+    real = shard_mod._verify_contents
+    monkeypatch.setattr(shard_mod, "_verify_contents", lambda d, m: (hashed.append(d), real(d, m))[1])
+    run = tmp_path / "run"
+    over = [*COMMON, *data_args(shards, "local", None), "data.verify=full", "train.max_steps=2"]
+    train(RECIPE, over, run_dir=run, resume="never")
+    assert len(hashed) == 1 and (run / shard_mod.VERIFY_RECORD).is_file()
+    loader_mod._VERIFIED.clear()                       # as a new process would start: only the record remains
+    train(RECIPE, [*over[:-1], "train.max_steps=4"], run_dir=run, resume="auto")
+    assert len(hashed) == 1                            # the resume found the record: nothing hashed again
