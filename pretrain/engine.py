@@ -61,7 +61,7 @@ class Trainer:
         self.cfg, self.mcfg, self.layout, self.device = cfg, mcfg, layout, device
         self.pipe = layout.pipeline_stages > 1
         self.zero3 = layout.zero_stage >= 3
-        self.ds_config = build_ds_config(cfg, layout, on_cpu=device.type == "cpu")
+        self.ds_config = build_ds_config(cfg, layout, on_cpu=device.type == "cpu", hidden_size=mcfg.hidden_size)
         self.engine = None
         self.model = None
         self.trainable_step = 0
