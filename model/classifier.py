@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import init
 from .freezing import apply_freeze
 from .transformer import IGNORE_INDEX, Transformer, build_model
 
@@ -44,18 +45,18 @@ class SequenceClassifier(nn.Module):
         self.pad_id = int(pad_id)
         self.score = nn.Linear(backbone.cfg.hidden_size, num_labels, bias=True)
         with torch.no_grad():
-            self.score.weight.normal_(0.0, backbone.cfg.init_std)
-            self.score.bias.zero_()
+            for name, p in self.score.named_parameters(prefix="score"):
+                if not p.is_meta:
+                    p.copy_(self.initial_value(name, p.shape))
         self.set_step(0)
 
-    # The trainer sets this for activation checkpointing; it belongs to the backbone.
-    @property
-    def checkpoint_fn(self):
-        return self.model.checkpoint_fn
-
-    @checkpoint_fn.setter
-    def checkpoint_fn(self, fn) -> None:
-        self.model.checkpoint_fn = fn
+    def initial_value(self, name: str, shape) -> torch.Tensor:
+        """The backbone's initial values (model/init.py) under `model.`; `score`: N(0, init_std), zero bias."""
+        if name.startswith("model."):
+            return self.model.initial_value(name.removeprefix("model."), shape)
+        if name.endswith("bias"):
+            return torch.zeros(tuple(shape), device="cpu")
+        return init.normal(shape, self.cfg.init_std, self.model.init_seed, name)
 
     def set_step(self, step: int) -> list[str]:
         """The backbone's freeze schedule at `step` (group "head" covers `score`); lm_head stays frozen."""
@@ -75,9 +76,9 @@ class SequenceClassifier(nn.Module):
         last = torch.where(real, idx, -1).max(dim=1).values.clamp_min(0)          # last non-pad position
         return h[torch.arange(h.shape[0], device=h.device), last]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (b, num_labels), or the mean cross-entropy when `labels` (b,) is given
-        (IGNORE_INDEX labels are skipped)."""
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, reduction: str = "mean") -> torch.Tensor:
+        """Logits (b, num_labels), or the cross-entropy when `labels` (b,) is given: the mean over
+        sequences, or their sum with reduction="sum" (IGNORE_INDEX labels are skipped)."""
         doc_ids = None
         pads = input_ids == self.pad_id
         if not self.cfg.causal and self.cfg.mixer == "softmax" and not self.cfg.shaped and bool(pads.any()):
@@ -86,15 +87,11 @@ class SequenceClassifier(nn.Module):
         logits = self.score(self.pool(self.model.norm(h), input_ids))
         if labels is None:
             return logits
-        return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
 def build_classifier(cfg, num_labels: int, pooling: str = DEFAULT_POOLING, pad_id: int = 0, seed: int | None = None,
                      backbone: Transformer | None = None) -> SequenceClassifier:
     """A classifier with a fresh backbone from `cfg` (reproducible from `seed`), or around `backbone`."""
-    if seed is not None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            bb = backbone if backbone is not None else build_model(cfg)
-            return SequenceClassifier(bb, num_labels, pooling, pad_id)
-    return SequenceClassifier(backbone if backbone is not None else build_model(cfg), num_labels, pooling, pad_id)
+    return SequenceClassifier(backbone if backbone is not None else build_model(cfg, seed=seed), num_labels, pooling,
+                              pad_id)

@@ -15,6 +15,7 @@ from torch import nn
 from . import mixit
 from .config import ModelConfig
 from .kernels.flash import flash_attention, flash_attention_varlen, segments_from_mask
+from .kernels.loss import IGNORE_INDEX, linear_cross_entropy
 from .kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked
 from .kernels.mixit_triton import mixit_triton
 from .kernels.select import attention_backend, log_choice, mixit_backend
@@ -43,6 +44,23 @@ class ScaledLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
         return y if self.out_scale == 1.0 else y * self.out_scale
+
+
+class LMHead(nn.Linear):
+    """The output projection (vocab x hidden, no bias). Given labels it returns the next-token loss
+    instead of the logits: chunked (kernels/loss.py, never the full (tokens, vocab) logits) unless
+    `chunk` is 0. The loss runs inside this module's own forward, so a wrapper that gathers a
+    module's parameters around its forward (ZeRO-3) covers it, the tied embedding matrix included."""
+
+    def __init__(self, hidden: int, vocab: int, chunk: int):
+        super().__init__(hidden, vocab, bias=False)
+        self.chunk = chunk
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor | None = None, reduction: str = "mean") -> torch.Tensor:
+        if labels is None:
+            return super().forward(h)
+        return linear_cross_entropy(h.flatten(0, -2), self.weight, labels.flatten(), self.chunk, IGNORE_INDEX,
+                                    reduction)
 
 
 def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:

@@ -5,16 +5,13 @@ wrapper in pretrain/ reuses as-is; `forward` is just their composition.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from . import init
 from .config import ModelConfig
 from .freezing import apply_freeze
-from .kernels.loss import linear_cross_entropy
-from .layers import Block, KVCache, RMSNorm, rope_cos_sin
+from .layers import Block, KVCache, LMHead, RMSNorm, rope_cos_sin
 
 IGNORE_INDEX = -100
 
@@ -32,20 +29,23 @@ def doc_positions_and_mask(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """`init_seed` fixes the initial weights (model/init.py: each tensor from its own name); None
+    draws it from torch's global generator. Built on the meta device, nothing is allocated and
+    `initial_value` later gives any tensor's value on its own."""
+
+    def __init__(self, cfg: ModelConfig, init_seed: int | None = None):
         super().__init__()
         self.cfg = cfg
+        self.init_seed = init.draw_seed() if init_seed is None else int(init_seed)
         d = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
         self.embed_positions = nn.Embedding(cfg.max_seq_len, d) \
             if cfg.mixer == "mixit" and cfg.mixit_pos_embedding else None
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        self.lm_head = LMHead(d, cfg.vocab_size, cfg.loss_chunk_tokens)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # Set by the trainer for activation checkpointing: fn(block, h, cos, sin) -> h.
-        self.checkpoint_fn: Callable | None = None
         self.reset_parameters()
         self.set_step(0)
         if cfg.compile_blocks:
@@ -55,19 +55,23 @@ class Transformer(nn.Module):
     # ---- initialisation and freezing ---------------------------------------------------
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """N(0, init_std) for matrices and embeddings, ones for norm gains, zeros for biases;
-        Q/K that start frozen use qk_init_std (1/sqrt(d) by default, as in the paper)."""
-        cfg = self.cfg
-        qk_std = cfg.qk_init_std if "qk" in cfg.initial_frozen_groups() else cfg.init_std
+        """Every allocated parameter (not on the meta device) takes its `initial_value`."""
         for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                p.zero_()
-            elif "layernorm" in name or name.startswith("norm."):
-                p.fill_(1.0)
-            elif ".q_proj." in name or ".k_proj." in name:
-                p.normal_(0.0, qk_std)
-            else:
-                p.normal_(0.0, cfg.init_std)
+            if not p.is_meta:
+                p.copy_(self.initial_value(name, p.shape))
+
+    def initial_value(self, name: str, shape) -> torch.Tensor:
+        """The initial value of parameter `name` (fp32, CPU): N(0, init_std) for matrices and
+        embeddings, ones for norm gains, zeros for biases; Q/K that start frozen use qk_init_std
+        (1/sqrt(d) by default, as in the paper). Random ones depend on (init_seed, name) only."""
+        cfg = self.cfg
+        if name.endswith("bias"):
+            return torch.zeros(tuple(shape), device="cpu")
+        if "layernorm" in name or name.startswith("norm."):
+            return torch.ones(tuple(shape), device="cpu")
+        qk_std = cfg.qk_init_std if "qk" in cfg.initial_frozen_groups() else cfg.init_std
+        std = qk_std if ".q_proj." in name or ".k_proj." in name else cfg.init_std
+        return init.normal(shape, std, self.init_seed, name)
 
     def set_step(self, step: int) -> list[str]:
         """Apply the freeze schedule in effect at optimizer step `step`; returns frozen names."""
@@ -91,9 +95,10 @@ class Transformer(nn.Module):
     # ---- forward -----------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 doc_ids: torch.Tensor | None = None, cache: KVCache | None = None,
-                return_hidden: bool = False) -> torch.Tensor:
-        """Logits (b, t, vocab), or the mean next-token loss when `labels` (already shifted,
-        IGNORE_INDEX where unscored) is given. `doc_ids` enables per-document masking."""
+                return_hidden: bool = False, reduction: str = "mean") -> torch.Tensor:
+        """Logits (b, t, vocab), or the next-token loss when `labels` (already shifted,
+        IGNORE_INDEX where unscored) is given: the mean over scored tokens, or their sum with
+        reduction="sum" (0 when none is scored). `doc_ids` enables per-document masking."""
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
         if past + t > self.cfg.max_seq_len:
@@ -107,31 +112,19 @@ class Transformer(nn.Module):
         h = self.embed(input_ids, positions)
         cos, sin = self.rope(positions)
         for block in self.layers:
-            if self.checkpoint_fn is not None and self.training and cache is None and attn_mask is None:
-                h = self.checkpoint_fn(block, h, cos, sin)
-            else:
-                h = block(h, cos, sin, cache, attn_mask)
+            h = block(h, cos, sin, cache, attn_mask)
         if return_hidden:
             return h
-        if labels is not None and self.cfg.loss_chunk_tokens:
-            # never the full (b, t, vocab) logits: chunked, or Liger's fused kernel on CUDA (kernels/loss.py)
-            return linear_cross_entropy(self.norm(h).flatten(0, 1), self.lm_head.weight, labels.flatten(),
-                                        self.cfg.loss_chunk_tokens, IGNORE_INDEX)
-        logits = self.head(h)
-        if labels is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        if labels is not None:
+            # the head's own forward: chunked (never the full logits) unless loss_chunk_tokens=0
+            return self.lm_head(self.norm(h), labels, reduction)
+        return self.head(h)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.num_layers)
 
 
 def build_model(cfg: ModelConfig, seed: int | None = None, device: torch.device | str | None = None) -> Transformer:
-    """Construct (and initialise) a model; `seed` makes the initial weights reproducible."""
-    if seed is not None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = Transformer(cfg)
-    else:
-        model = Transformer(cfg)
+    """Construct (and initialise) a model; `seed` (the init seed) makes the initial weights reproducible."""
+    model = Transformer(cfg, init_seed=seed)
     return model.to(device) if device is not None else model

@@ -18,7 +18,9 @@ checked in pretrain/recipe_checks.py; reading a classifier back is checkpoint/co
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -65,21 +67,21 @@ def backbone_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig | Non
     return mcfg
 
 
-def build_classification_model(cfg: RunConfig, mcfg: ModelConfig, seed: int | None) -> SequenceClassifier:
-    """A SequenceClassifier: a fresh backbone, or the `init_from` weights loaded into `mcfg`'s backbone."""
+def classification_model_builder(cfg: RunConfig, mcfg: ModelConfig, seed: int | None
+                                 ) -> tuple[Callable[[], SequenceClassifier], dict[str, torch.Tensor] | None]:
+    """(construct, start_state) of a SequenceClassifier (pretrain/task_model.py): a fresh backbone, or
+    the `init_from` weights as the start state of `mcfg`'s backbone (checked to fit, by name and shape)."""
     s = classification_settings(cfg)
-    backbone = None
-    if s["init_from"]:
-        pre = _pretrained(s["init_from"])
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            backbone = Transformer(mcfg)
-        missing, unexpected = backbone.load_state_dict(pre.state_dict(), strict=False)
-        if missing or unexpected:
-            raise RecipeError(f"classification.init_from={s['init_from']}: weights do not fit the backbone "
-                              f"(missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})")
-        if mcfg.tie_embeddings:
-            backbone.lm_head.weight = backbone.embed_tokens.weight
-    return build_classifier(mcfg, _num_labels(cfg), s["pooling"], resolve_pad_id(cfg.data), seed=seed,
-                            backbone=backbone)
+    num_labels, pad_id = _num_labels(cfg), resolve_pad_id(cfg.data)
+    construct = functools.partial(build_classifier, mcfg, num_labels, s["pooling"], pad_id, seed=seed)
+    if not s["init_from"]:
+        return construct, None
+    pre = _pretrained(s["init_from"]).state_dict()
+    with torch.device("meta"):
+        want = {k: v.shape for k, v in Transformer(mcfg, init_seed=0).state_dict().items()}
+    missing, unexpected = sorted(want.keys() - pre.keys()), sorted(pre.keys() - want.keys())
+    misfit = sorted(k for k in want.keys() & pre.keys() if pre[k].shape != want[k])
+    if missing or unexpected or misfit:
+        raise RecipeError(f"classification.init_from={s['init_from']}: weights do not fit the backbone "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {misfit[:3]})")
+    return construct, {f"model.{k}": v for k, v in pre.items()}

@@ -2,6 +2,7 @@
 layout, and refuse an impossible layout, without hardware (meta tensors only)."""
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -12,7 +13,7 @@ from model import Transformer
 
 from .config import RunConfig
 from .data import make_loader
-from .layout import memory_estimate, plan_layout
+from .layout import build_ds_config, memory_estimate, plan_layout
 from .metrics import train_flops_per_token
 from .run_dir import resolved_config
 from .task_model import model_config
@@ -36,11 +37,14 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     total = sum(p.numel() for p in model.parameters())
     fpt, src = train_flops_per_token(mcfg, cfg.train.seq_len, 0)
     mem = memory_estimate(cfg, layout, trainable, total - trainable, mcfg.hidden_size, mcfg.num_layers,
-                          mcfg.num_heads, mcfg.vocab_size)
+                          mcfg.num_heads, mcfg.vocab_size, mcfg.loss_chunk_tokens)
+    zero = build_ds_config(cfg, layout, on_cpu=cfg.train.device == "cpu",
+                           hidden_size=mcfg.hidden_size).get("zero_optimization", {})
     info = {"params_total": total, "params_trainable": trainable, "params_frozen": total - trainable,
             "frozen_groups": sorted(mcfg.frozen_groups_at(0)), "schedule_boundaries": mcfg.schedule_boundaries(),
             "train_flops_per_token": fpt, "flops_source": src, "memory_per_rank_gib": mem,
-            "layout": layout.describe(), "tokens_per_step": cfg.tokens_per_step, "max_steps": cfg.max_steps}
+            "layout": layout.describe(), "zero_optimization": zero, "tokens_per_step": cfg.tokens_per_step,
+            "max_steps": cfg.max_steps}
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p("# resolved config")
     p(yaml.safe_dump(resolved_config(cfg, mcfg), sort_keys=False).rstrip())
@@ -51,6 +55,7 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     p(f"FLOPs per token (fwd+bwd): {fpt:,.0f} [{src}]; per step: {fpt * cfg.tokens_per_step:.3e}")
     p(f"tokens per step: {cfg.tokens_per_step:,}; steps: {cfg.max_steps:,}; tokens: {cfg.tokens_per_step * cfg.max_steps:,}")
     p(f"layout: {layout.describe()}")
+    p(f"deepspeed zero_optimization ({cfg.parallel.ds_config}, \"auto\" resolved): {json.dumps(zero)}")
     fmt = lambda v: f"{v:.2f} GiB" if v >= 1 else f"{v * 1024:.2f} MiB"  # noqa: E731
     p("memory per rank (estimate): " + ", ".join(f"{k[:-4]} {fmt(v)}" for k, v in mem.items()))
     return info

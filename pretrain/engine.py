@@ -19,8 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from model import IGNORE_INDEX
 
@@ -29,8 +27,7 @@ from .config import RunConfig
 from .errors import RecipeError
 from .layout import Layout, build_ds_config
 from .nonfinite import any_rank, install_step_gate, is_finite
-from .pipeline import build_pipeline
-from .task_model import build_task_model
+from .parallelize import build_local
 
 
 def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]]:
@@ -42,7 +39,8 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
             continue
         seen.add(id(p))
         lname = name.lower()
-        (no_decay if p.ndim < 2 or any(s in lname for s in cfg.optim.no_decay) else decay).append(p)
+        ndim = len(getattr(p, "ds_shape", p.shape))        # a ZeRO-3 partitioned tensor: its full shape
+        (no_decay if ndim < 2 or any(s in lname for s in cfg.optim.no_decay) else decay).append(p)
     groups = []
     if decay:
         groups.append({"params": decay, "weight_decay": cfg.optim.weight_decay})
@@ -61,7 +59,7 @@ class Trainer:
         self.cfg, self.mcfg, self.layout, self.device = cfg, mcfg, layout, device
         self.pipe = layout.pipeline_stages > 1
         self.zero3 = layout.zero_stage >= 3
-        self.ds_config = build_ds_config(cfg, layout, on_cpu=device.type == "cpu")
+        self.ds_config = build_ds_config(cfg, layout, on_cpu=device.type == "cpu", hidden_size=mcfg.hidden_size)
         self.engine = None
         self.model = None
         self.trainable_step = 0
@@ -70,21 +68,11 @@ class Trainer:
 
     # -- construction ---------------------------------------------------------------------
     def build(self, step: int, state: dict[str, torch.Tensor] | None = None, load_universal: bool = False) -> None:
-        """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights."""
+        """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights.
+        Each rank allocates only the tensors it owns (pretrain/parallelize.py)."""
         import deepspeed  # deferred: heavy (several seconds to import)
         seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
-        model = build_task_model(self.cfg, self.mcfg, seed)
-        if state is not None:
-            model.load_state_dict(state, strict=True)
-        model.set_step(step)
-        model.to(device=self.device)
-        if self.cfg.train.activation_checkpointing and not self.pipe:
-            model.checkpoint_fn = lambda block, h, cos, sin: checkpoint(block, h, cos, sin, use_reentrant=False)
-        if self.pipe:
-            module = build_pipeline(model, self.layout.pipeline_stages, self.cfg.parallel.partition_method,
-                                    self.cfg.train.activation_checkpointing, seed)
-        else:
-            module = model
+        model, module = build_local(self.cfg, self.mcfg, self.layout, self.device, self.ds_config, seed, step, state)
         ds_config = dict(self.ds_config)
         if load_universal:
             ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
@@ -122,10 +110,10 @@ class Trainer:
         return contextlib.nullcontext()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every tensor of the plain model (gathered under ZeRO-3), on CPU. Under pipeline
-        parallelism only this stage's tensors are current."""
+        """Every tensor of the plain model this rank holds (gathered under ZeRO-3), on CPU. Under
+        pipeline parallelism: this stage's tensors (the others are on the meta device)."""
         with self.gathered(self.model.parameters()):
-            return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+            return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items() if not v.is_meta}
 
     def frozen_tensors(self) -> dict[str, torch.Tensor]:
         frozen = [(self.name_of[id(p)], p) for p in self.module.parameters()
@@ -176,16 +164,10 @@ class Trainer:
         return n, torch.tensor([self.layout.data_parallel * self.layout.grad_accum], device=self.device) / n
 
     def _ce_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Summed token cross-entropy of one micro-batch. Uses the model's own loss (chunked: never
-        the full [b, t, vocab] logits) except under ZeRO-3, whose parameter gathering only covers
-        submodule forwards (the chunked loss reads lm_head.weight directly), or when the micro-batch
-        scores no token (the mean would be NaN)."""
-        n = int((y != IGNORE_INDEX).sum())
-        if n and not self.zero3 and self.mcfg.loss_chunk_tokens:
-            return self.engine(x, labels=y).float() * n
-        logits = self.engine(x)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
+        """Summed token cross-entropy of one micro-batch (0 when it scores no token), from the
+        model's own loss: chunked, never the full [b, t, vocab] logits, unless model.loss_chunk_tokens=0.
+        Under ZeRO-3 too: the loss runs inside the head's forward, whose parameters ZeRO-3 gathers."""
+        return self.engine(x, labels=y, reduction="sum").float()
 
     def set_lr(self, lr: float) -> None:
         for g in self.engine.optimizer.param_groups:

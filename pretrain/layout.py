@@ -17,6 +17,15 @@ from .config import RecipeError, RunConfig, resolve_ds_config_path
 RECIPE_OWNED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "bf16", "fp16", "optimizer", "scheduler", "gradient_clipping", "data_types")
 
+# zero_optimization sizes a template may leave "auto": filled from the model's hidden size h the way
+# HF Transformers resolves them (buckets of one h x h matrix; tensors up to 10 h, the norm gains and
+# biases, stay whole on every rank under ZeRO-3 instead of being gathered at each use).
+AUTO_SIZES = {
+    "reduce_bucket_size": lambda h: h * h,
+    "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+    "stage3_param_persistence_threshold": lambda h: 10 * h,
+}
+
 
 @dataclass
 class Layout:
@@ -48,6 +57,11 @@ def load_template(cfg: RunConfig) -> dict[str, Any]:
     if owned:
         raise RecipeError(f"{path} sets {owned}, which the recipe owns (train.*, optim.*). "
                           "Fix: remove them from the JSON and set them in the recipe.")
+    zero = tmpl.get("zero_optimization", {})
+    bad_auto = [k for k, v in zero.items() if v == "auto" and k not in AUTO_SIZES]
+    if bad_auto:
+        raise RecipeError(f"{path}: zero_optimization {bad_auto} cannot be \"auto\" (only {sorted(AUTO_SIZES)} can). "
+                          "Fix: give a number.")
     return tmpl
 
 
@@ -91,9 +105,16 @@ def plan_layout(cfg: RunConfig, world_size: int, num_layers: int | None = None) 
                   offload_optimizer="offload_optimizer" in zero, offload_param="offload_param" in zero)
 
 
-def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool) -> dict[str, Any]:
-    """The DeepSpeed config: the template plus every value the recipe owns."""
+def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool, hidden_size: int | None = None) -> dict[str, Any]:
+    """The DeepSpeed config: the template plus every value the recipe owns, and its "auto" sizes
+    from the model's `hidden_size` (AUTO_SIZES)."""
     ds = load_template(cfg)
+    zero = ds.get("zero_optimization", {})
+    for key, size in AUTO_SIZES.items():
+        if zero.get(key) == "auto":
+            if hidden_size is None:
+                raise ValueError(f"zero_optimization.{key} is \"auto\": pass the model's hidden_size")
+            zero[key] = size(hidden_size)
     o, t = cfg.optim, cfg.train
     ds["train_batch_size"] = layout.global_batch
     ds["train_micro_batch_size_per_gpu"] = layout.micro_batch
@@ -116,7 +137,7 @@ def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool) -> dict[str, A
 # ---- memory estimate --------------------------------------------------------------------
 
 def memory_estimate(cfg: RunConfig, layout: Layout, n_trainable: int, n_frozen: int,
-                    hidden: int, layers: int, heads: int, vocab: int) -> dict[str, float]:
+                    hidden: int, layers: int, heads: int, vocab: int, loss_chunk_tokens: int = 0) -> dict[str, float]:
     """Rough bytes per rank: weights, gradients, optimizer state (ZeRO-sharded), activations.
 
     fp32 training: 4 B weights + 4 B grads + 8 B Adam moments per trainable parameter.
@@ -125,7 +146,8 @@ def memory_estimate(cfg: RunConfig, layout: Layout, n_trainable: int, n_frozen: 
     ZeRO-2 also the gradients, ZeRO-3 also the weights, over the data-parallel ranks; pipeline
     stages split everything by the stage count. Activations follow Korthikanti et al.
     (sbh(34 + 5as/h) bytes per layer in 16-bit; x2 in fp32), or 2sbh per layer with activation
-    checkpointing, plus the fp32 logits.
+    checkpointing, plus the loss's fp32 logits: one (loss_chunk_tokens, vocab) buffer, or with
+    loss_chunk_tokens=0 the full (tokens, vocab) logits and their gradient.
     """
     bf16 = cfg.train.precision == "bf16"
     wb = 2 if bf16 else 4
@@ -144,7 +166,8 @@ def memory_estimate(cfg: RunConfig, layout: Layout, n_trainable: int, n_frozen: 
     per_layer = s * b * hidden * 2 * wb if cfg.train.activation_checkpointing else \
         s * b * hidden * (34 + 5 * heads * s / hidden) * (wb / 2)
     in_flight = min(pp, layout.grad_accum) if pp > 1 else 1
-    acts = per_layer * layers / pp * in_flight + s * b * vocab * 4 * 2
+    logits = min(s * b, loss_chunk_tokens) * vocab * 4 if loss_chunk_tokens else s * b * vocab * 4 * 2
+    acts = per_layer * layers / pp * in_flight + logits
     total = weights + grads + optim + acts
     gib = 1024 ** 3
     return {"weights_gib": weights / gib, "grads_gib": grads / gib, "optimizer_gib": optim / gib,

@@ -5,18 +5,26 @@ final norm, head. With tied embeddings the embedding and the head are the same
 `TiedLayerSpec("embed", ...)`: DeepSpeed keeps one copy per stage that holds it and
 all-reduces its gradient between the first and last stage.
 
-Every layer wraps the submodules of an already-built `model.Transformer` (built from the
-same seed on every rank), so the pipeline computes exactly the function of the plain
-model and starts from the same weights. checkpoint/consolidate.py's `layer_key_map` maps each
-layer's state-dict keys back to Transformer names (keep the two in the same order).
+Every layer wraps the submodules of one `model.Transformer`, built on the meta device:
+DeepSpeed builds only this stage's layers, and `materialise` then allocates just their tensors
+(pretrain/parallelize.py), so a rank never holds another stage's weights. The pipeline computes
+exactly the function of the plain model and starts from the same weights.
+checkpoint/consolidate.py's `layer_key_map` maps each layer's state-dict keys back to
+Transformer names (keep the two in the same order).
+
+The last layer hands the loss the final hidden states and the head matrix, never logits: DeepSpeed
+gives the labels to `loss_fn` only, so the chunked loss (model/kernels/loss.py) runs there.
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model import IGNORE_INDEX, Transformer
+from model.kernels.loss import linear_cross_entropy
 from model.layers import rope_cos_sin
 
 
@@ -67,24 +75,33 @@ class HeadPipe(nn.Module):
         super().__init__()
         self.lm_head = model.lm_head
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return h, self.lm_head.weight
 
 
-def tied_head(module: TokenEmbed, h: torch.Tensor) -> torch.Tensor:
-    return F.linear(h, module.embed_tokens.weight)
+def tied_head(module: TokenEmbed, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return h, module.embed_tokens.weight
 
 
-def pipe_loss(logits: torch.Tensor, labels) -> torch.Tensor:
-    """Summed token cross-entropy times a per-step scale (see train.loss_scale)."""
+def pipe_loss(outputs: tuple[torch.Tensor, torch.Tensor], labels, chunk: int) -> torch.Tensor:
+    """Summed token cross-entropy of (hidden states, head matrix) times a per-step scale (see
+    engine.py): chunked, never the full (tokens, vocab) logits, unless `chunk` is 0."""
+    h, weight = outputs
     labels, scale = labels
-    ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    ce = linear_cross_entropy(h.flatten(0, 1), weight, labels.flatten(), chunk, IGNORE_INDEX, reduction="sum")
     return ce * scale.to(ce.dtype).reshape(())
 
 
-def build_pipeline(model: Transformer, num_stages: int, partition_method: str, activation_checkpointing: bool,
-                   seed: int):
+def build_pipeline(model: Transformer, num_stages: int, partition_method: str, seed: int,
+                   materialise: Callable[[nn.Module], None]):
+    """This rank's stage of `model` as a PipelineModule; `materialise(stage)` allocates the tensors
+    of the layers DeepSpeed built for it (before it moves them to the device)."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # deferred: heavy (deepspeed)
+
+    class StagePipeline(PipelineModule):
+        def _build(self):
+            super()._build()            # this stage's layers only (DeepSpeed may build others to count them)
+            materialise(self)
 
     specs = []
     if model.cfg.tie_embeddings:
@@ -100,7 +117,6 @@ def build_pipeline(model: Transformer, num_stages: int, partition_method: str, a
                                    tied_weight_attr="embed_tokens.weight"))
     else:
         specs.append(LayerSpec(HeadPipe, model))
-    return PipelineModule(layers=specs, num_stages=num_stages, loss_fn=pipe_loss,
-                          partition_method=partition_method, base_seed=seed,
-                          activation_checkpoint_interval=1 if activation_checkpointing else 0,
-                          checkpointable_layers=["BlockPipe"])
+    return StagePipeline(layers=specs, num_stages=num_stages,
+                         loss_fn=functools.partial(pipe_loss, chunk=model.cfg.loss_chunk_tokens),
+                         partition_method=partition_method, base_seed=seed)

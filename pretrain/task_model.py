@@ -2,9 +2,12 @@
 vocabulary from the data) and the module itself (the LM, or a classifier for `task: classification`)."""
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 
-from model import ModelConfig, build_model, preset
+from model import ModelConfig, Transformer, preset
 
 from . import classification
 from .config import RunConfig
@@ -31,8 +34,12 @@ def model_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig:
     return preset(name, **m)
 
 
-def build_task_model(cfg: RunConfig, mcfg: ModelConfig, seed: int | None) -> torch.nn.Module:
-    """What the trainer trains: the LM (task lm) or a SequenceClassifier (task classification)."""
+def task_model_builder(cfg: RunConfig, mcfg: ModelConfig, seed: int | None
+                       ) -> tuple[Callable[[], torch.nn.Module], dict[str, torch.Tensor] | None]:
+    """What the trainer trains, the LM (task lm) or a SequenceClassifier (task classification), as
+    (construct, start_state). `construct()` reads nothing (call it on the meta device or under
+    ZeRO-3's zero.Init); `start_state` holds weights that replace initial values (a classifier's
+    pretrained backbone), or is None. Everything that reads files or data happens here, first."""
     if cfg.task == "classification":
-        return classification.build_classification_model(cfg, mcfg, seed)
-    return build_model(mcfg, seed=seed)
+        return classification.classification_model_builder(cfg, mcfg, seed)
+    return functools.partial(Transformer, mcfg, init_seed=seed), None

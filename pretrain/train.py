@@ -46,6 +46,7 @@ from .errors import INPUT_ERRORS, CheckpointWriteFailed, NonFiniteLoss, RankFail
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
 from .metrics import Logger, device_peak_tflops
+from .parallelize import residency
 from .preemption import stop_on_signals
 from .resume import check_fits, check_layout, resume_point
 from .run_dir import check_run_dir, default_run_dir, resolved_config, write_config
@@ -132,6 +133,7 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
         logger.truncate_after(point.step)
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")
     logger.message(f"layout: {layout.describe()}")
+    logger.message(residency(trainer.model, device))
     peak, _ = device_peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
     loop = TrainingLoop(cfg, mcfg, layout, trainer, loader, logger, run_dir, point.state, point.tag_dir,
                         getattr(loader, "tokenizer_id", None), peak)

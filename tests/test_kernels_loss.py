@@ -167,3 +167,47 @@ def test_liger_equals_chunked_on_gpu():
     g1, g2 = torch.autograd.grad(got, (h, w)), torch.autograd.grad(want, (h, w))
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_chunked_loss_never_waits_for_the_device():
+    """No data-dependent branch (the underflow rows included): forward and backward never read
+    a value back to the host, so on a GPU the chunks queue without a sync."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads = []
+
+    class HostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+                        torch.ops.aten.item.default):
+                reads.append(func)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(3)
+    h, w = torch.randn(30, 8), torch.randn(V, 8)
+    h[::3] *= 40.0                                      # rows whose p_y underflows take the same path
+    y = torch.randint(0, V, (30,))
+    y[1] = -100
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    with HostReads():
+        loss = chunked_linear_cross_entropy(hh, ww, y, 4)
+        loss.backward()
+    assert reads == []
+    torch.testing.assert_close(loss.double(), F.cross_entropy(h.double() @ w.double().t(), y, ignore_index=-100),
+                               rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_sum_reduction_equals_the_summed_full_loss(chunk):
+    torch.manual_seed(4)
+    h = torch.randn(20, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, V, (20,))
+    y[::4] = -100
+    got = linear_cross_entropy(h, w, y, chunk, reduction="sum")
+    want = F.cross_entropy(h @ w.t(), y, ignore_index=-100, reduction="sum")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for a, b in zip(torch.autograd.grad(got, (h, w)), torch.autograd.grad(want, (h, w))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    none = torch.full((20,), -100)
+    assert linear_cross_entropy(h, w, none, chunk, reduction="sum").item() == 0.0      # no token: 0, not nan

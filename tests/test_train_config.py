@@ -78,6 +78,31 @@ def test_every_ds_config_template_plans():
         assert plan_layout(load_recipe(RECIPE, [f"parallel.ds_config={name}"]), 2).zero_stage == stage
 
 
+def test_zero2_and_zero3_templates_carry_cluster_defaults_and_the_dry_run_shows_them(tmp_path):
+    """Communication overlapped with the backward pass; ZeRO-3 keeps tensors up to 10 x hidden whole
+    and sizes its buckets from the hidden size ("auto"); DeepSpeed's own config parser accepts them."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # deferred: heavy (deepspeed)
+
+    for name in ("zero2", "zero3", "zero2_offload", "zero3_offload"):
+        cfg = load_recipe(RECIPE, [f"parallel.ds_config={name}"])
+        zero = build_ds_config(cfg, plan_layout(cfg, 2), on_cpu=True, hidden_size=256)["zero_optimization"]
+        assert zero["overlap_comm"] is True and zero["contiguous_gradients"] is True, name
+        parsed = DeepSpeedZeroConfig(**zero)
+        assert parsed.overlap_comm and parsed.reduce_bucket_size >= 256 * 256, name
+        if zero["stage"] == 3:
+            assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"],
+                    zero["stage3_param_persistence_threshold"]) == (65536, 58982, 2560)
+            assert parsed.param_persistence_threshold == 2560 and parsed.max_live_parameters == 10 ** 9
+    out = io.StringIO()
+    info = dry_run(load_recipe(RECIPE, ["parallel.ds_config=zero3"]), 2, out=out)
+    assert info["zero_optimization"]["stage3_param_persistence_threshold"] == 640       # tiny: hidden 64
+    assert '"overlap_comm": true' in out.getvalue() and '"stage3_param_persistence_threshold": 640' in out.getvalue()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}))
+    with pytest.raises(RecipeError, match=r"sub_group_size.*cannot be \"auto\".*Fix: give a number"):
+        plan_layout(load_recipe(RECIPE, [f"parallel.ds_config={bad}"]), 2)
+
+
 def test_lr_schedule_warmup_then_decay_to_min():
     cfg = load_recipe(RECIPE, ["train.max_steps=100", "optim.warmup_steps=10", "optim.lr=1.0", "optim.min_lr=0.1"])
     lrs = [lr_at(cfg, s) for s in range(100)]

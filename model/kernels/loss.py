@@ -1,17 +1,19 @@
 """Next-token loss without full-vocabulary logits for the whole batch at once.
 
-`linear_cross_entropy(h, W, labels)` = cross_entropy((h @ W^T).float(), labels), mean over
-scored tokens (IGNORE_INDEX skipped), computed `chunk` tokens at a time. The gradients
+`linear_cross_entropy(h, W, labels)` = cross_entropy((h @ W^T).float(), labels), the mean (or
+sum) over scored tokens (IGNORE_INDEX skipped), computed `chunk` tokens at a time. The gradients
 w.r.t. h and W are produced chunk by chunk in the forward pass (the loss is a scalar,
 so backward only rescales them), hence at most chunk x vocab logits are ever alive.
 Weight gradients are computed only when W trains, input gradients only when h needs them.
-On CUDA, Liger's fused linear cross-entropy is used instead when it is installed.
+Nothing in the loop waits for the device (no data-dependent branch), so on a GPU the chunks
+queue back to back. On CUDA, Liger's fused linear cross-entropy is used instead when it is installed.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from .select import log_choice
 
@@ -45,20 +47,19 @@ def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -
 
 class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, chunk, ignore_index):
+    def forward(ctx, h, weight, labels, chunk, ignore_index, reduction):
         n = h.shape[0]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         valid = labels != ignore_index
         count = valid.sum()
         acc = torch.promote_types(h.dtype, torch.float32)         # fp32 logits, or fp64 for fp64 inputs
-        # Each token's gradient weight: 1/count when scored, 0 when ignored. It scales the
-        # (chunk, d) side of each matmul, never the (chunk, vocab) logits.
-        row_w = valid.to(acc) / count.clamp(min=1).to(acc)
+        # Each token's gradient weight: 1/count (mean) or 1 (sum) when scored, 0 when ignored. It
+        # scales the (chunk, d) side of each matmul, never the (chunk, vocab) logits.
+        row_w = valid.to(acc) / count.clamp(min=1).to(acc) if reduction == "mean" else valid.to(acc)
         target = torch.where(valid, labels, 0)
         total = torch.zeros((), dtype=acc, device=h.device)
         gh = torch.empty_like(h) if need_h else None
         gw = torch.empty(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        tiny = torch.finfo(acc).tiny
         # One (chunk, vocab) buffer serves every chunk: logits, then softmax, then the logits'
         # gradient, all in place.
         buf = _workspace(min(chunk, n), weight.shape[0], acc, h.device)
@@ -70,15 +71,13 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 torch.mm(hc, weight.t(), out=z)
             else:
                 z.copy_(hc @ weight.t())
-            # ATen's softmax (one pass over memory per row, in place) is ~3x faster on CPU than
-            # amax/sub/exp/sum/div; the loss -log p_y is then exact while p_y is a normal float
+            # -log p_y = logsumexp(z) - z_y, taken in log_softmax's form so that it stays exact
+            # where p_y underflows (a loss above ~87 nats in fp32): logsumexp(z) = max(z) - log p_max,
+            # and p_max >= 1/vocab never underflows. ATen's softmax (one pass per row, in place) is
+            # ~3x faster on CPU than amax/sub/exp/sum/div; the two amax passes add ~1/4 of it.
+            z_max, z_target = z.amax(-1), z[rows, yc]
             p = torch.softmax(z, -1, out=z)
-            p_target = p[rows, yc]
-            nll = -p_target.clamp(min=tiny).log()
-            under = vc & (p_target < tiny)      # loss > ~87 nats (fp32): those rows from log_softmax
-            if under.any():
-                lz = torch.log_softmax((hc[under] @ weight.t()).to(acc), -1)
-                nll[under] = -lz.gather(-1, yc[under, None]).squeeze(-1)
+            nll = (z_max - z_target) - p.amax(-1).log()
             total = total + torch.where(vc, nll, 0).sum()
             if need_h or need_w:
                 grad = p
@@ -98,30 +97,41 @@ class _ChunkedLinearCE(torch.autograd.Function):
         if need_w and n == 0:
             gw.zero_()
         ctx.save_for_backward(gh if need_h else None, gw.to(weight.dtype) if need_w else None)
-        # mean over scored tokens; nan when none is scored, like F.cross_entropy
-        return total / count.to(acc)
+        # mean over scored tokens (nan when none is scored, like F.cross_entropy), or the sum
+        return total / count.to(acc) if reduction == "mean" else total
 
     @staticmethod
     def backward(ctx, g):
         gh, gw = ctx.saved_tensors
         return (None if gh is None else gh * g.to(gh.dtype), None if gw is None else gw * g.to(gw.dtype),
-                None, None, None)
+                None, None, None, None)
+
+
+REDUCTIONS = ("mean", "sum")
 
 
 def chunked_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                                 chunk: int = 4096, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """h: (n, d), weight: (vocab, d), labels: (n,) -> mean cross-entropy over scored tokens."""
-    return _ChunkedLinearCE.apply(h, weight, labels, chunk, ignore_index)
+                                 chunk: int = 4096, ignore_index: int = IGNORE_INDEX,
+                                 reduction: str = "mean") -> torch.Tensor:
+    """h: (n, d), weight: (vocab, d), labels: (n,) -> cross-entropy over scored tokens (mean or sum)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
+    return _ChunkedLinearCE.apply(h, weight, labels, chunk, ignore_index, reduction)
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
-                         ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """The loss backend for the model: Liger on CUDA when installed, else the chunked path."""
+                         ignore_index: int = IGNORE_INDEX, reduction: str = "mean") -> torch.Tensor:
+    """The loss backend for the model: Liger on CUDA when installed, else the chunked path;
+    `chunk` 0 asks for the full (n, vocab) logits (the plain reference)."""
+    if not chunk:
+        log_choice("loss", "full logits", "loss_chunk_tokens=0")
+        logits = (h @ weight.t()).to(torch.promote_types(h.dtype, torch.float32))
+        return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction=reduction)
     if h.is_cuda and liger_available():
         from liger_kernel.transformers.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyLoss,  # deferred: heavy
         )
         log_choice("loss", "liger", "CUDA, liger-kernel installed")
-        return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index)(weight, h, labels)
+        return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index, reduction=reduction)(weight, h, labels)
     log_choice("loss", "chunked", f"{chunk} tokens per chunk")
-    return chunked_linear_cross_entropy(h, weight, labels, chunk, ignore_index)
+    return chunked_linear_cross_entropy(h, weight, labels, chunk, ignore_index, reduction)

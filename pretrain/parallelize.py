@@ -1,0 +1,156 @@
+"""Each rank's model, built where it lives, with parallelism applied from outside in one place.
+
+`build_local` runs in a fixed order (after torchtitan): construct the module without allocating
+it (on the meta device; under ZeRO-3 inside `deepspeed.zero.Init`, which partitions each
+submodule as soon as it is built), apply activation checkpointing, split out this rank's
+pipeline stage, then materialise only what this rank owns. Each tensor comes from a given state
+(a freeze boundary, a classifier's pretrained backbone) or from the model's `initial_value`, a
+function of the init seed and the tensor's name alone (model/init.py). So no rank ever holds the
+whole model on the host: a ZeRO-3 rank holds its partitions (and the small tensors ZeRO-3
+persists), a pipeline rank its stage's layers (the others stay on the meta device), and the
+weights are a single process's whatever the layout.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from model import ModelConfig
+from model.layers import Block
+
+from .config import RunConfig
+from .layout import Layout
+from .pipeline import build_pipeline
+from .task_model import task_model_builder
+
+Values = Callable[[str, torch.Size], torch.Tensor]
+
+
+def build_local(cfg: RunConfig, mcfg: ModelConfig, layout: Layout, device: torch.device, ds_config: dict[str, Any],
+                seed: int | None, step: int, state: dict[str, torch.Tensor] | None = None
+                ) -> tuple[nn.Module, nn.Module]:
+    """(model, module) with the trainable set of `step`: the plain model, and what the engine wraps
+    (the model itself, or this rank's PipelineModule stage). `state` replaces the initial values
+    and must hold every tensor this rank owns."""
+    construct, start_state = task_model_builder(cfg, mcfg, seed)
+    zero3 = layout.zero_stage >= 3
+    if zero3:
+        import deepspeed  # deferred: heavy (several seconds to import)
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            model = construct()
+    else:
+        with torch.device("meta"):
+            model = construct()
+    model.set_step(step)
+    if cfg.train.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    values = _values(model, state, start_state)
+    names = {id(p): n for n, p in model.named_parameters()}
+    fill = functools.partial(materialise, names=names, values=values, device=device)
+    if layout.pipeline_stages > 1:
+        module = build_pipeline(model, layout.pipeline_stages, cfg.parallel.partition_method, seed, fill)
+    else:
+        module = model
+        if zero3:
+            _fill_partitions(model, values)
+        else:
+            fill(model)
+    return model, module
+
+
+def _values(model: nn.Module, state: dict[str, torch.Tensor] | None,
+            start_state: dict[str, torch.Tensor] | None) -> Values:
+    def value(name: str, shape: torch.Size) -> torch.Tensor:
+        if state is not None:
+            if name not in state:
+                raise RuntimeError(f"no tensor {name} in the state to rebuild from")
+            return state[name]
+        if start_state is not None and name in start_state:
+            return start_state[name]
+        return model.initial_value(name, shape)
+    return value
+
+
+@torch.no_grad()
+def materialise(module: nn.Module, names: dict[int, str], values: Values, device: torch.device) -> None:
+    """Allocate every parameter of `module` still on the meta device, on `device`, with its value.
+    The Parameter objects stay the same (torch.utils.swap_tensors): ties, requires_grad and
+    attributes DeepSpeed set on them carry over."""
+    for p in {id(p): p for p in module.parameters()}.values():
+        if not p.is_meta:
+            continue
+        value = values(names[id(p)], p.shape)
+        if tuple(value.shape) != tuple(p.shape):
+            raise RuntimeError(f"{names[id(p)]}: value of shape {tuple(value.shape)} for a tensor of {tuple(p.shape)}")
+        fresh = nn.Parameter(value.to(device=device, dtype=p.dtype, copy=True), requires_grad=p.requires_grad)
+        fresh.__dict__.update(p.__dict__)
+        torch.utils.swap_tensors(p, fresh)
+    if any(b.is_meta for b in module.buffers()):
+        raise RuntimeError("a buffer is still on the meta device; materialise buffers too")
+
+
+@torch.no_grad()
+def _fill_partitions(model: nn.Module, values: Values) -> None:
+    """ZeRO-3: rank 0 writes each full tensor while it is gathered, and every rank keeps its partition."""
+    import deepspeed  # deferred: heavy
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+            if dist.get_rank() == 0:
+                p.data.copy_(values(name, p.shape))
+
+
+def apply_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute every decoder block in the backward pass instead of keeping its activations.
+    Applied from outside the model: each block's forward is wrapped in place, so parameter names
+    and the state dict do not change, and every argument (attention masks included) passes
+    through. Off where no gradient is taken or with a KV cache (decoding). Returns the block count."""
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    for block in blocks:
+        block.forward = _recomputed(block.forward)
+    return len(blocks)
+
+
+def _recomputed(forward: Callable) -> Callable:
+    @functools.wraps(forward)
+    def run(h, cos=None, sin=None, cache=None, attn_mask=None):
+        if cache is not None or not torch.is_grad_enabled():
+            return forward(h, cos, sin, cache, attn_mask)
+        return checkpoint(forward, h, cos, sin, None, attn_mask, use_reentrant=False)
+    return run
+
+
+def resident_parameter_bytes(model: nn.Module) -> int:
+    """Bytes of parameter storage allocated on this rank: tensors not on the meta device, plus
+    ZeRO-3's partitions (`ds_tensor`; a gathered or persisted tensor also counts in full)."""
+    total = 0
+    for p in {id(p): p for p in model.parameters()}.values():
+        if not p.is_meta:
+            total += p.numel() * p.element_size()
+        part = getattr(p, "ds_tensor", None)
+        if part is not None:
+            total += part.numel() * part.element_size()
+    return total
+
+
+def model_parameter_bytes(model: nn.Module) -> int:
+    """Bytes of the whole model's parameters in their current dtype (ZeRO-3: the full shapes)."""
+    total = 0
+    for p in {id(p): p for p in model.parameters()}.values():
+        total += int(getattr(p, "ds_numel", p.numel())) * p.element_size()
+    return total
+
+
+def residency(model: nn.Module, device: torch.device) -> str:
+    """One line for the log: parameter bytes resident on each rank (a collective: every rank calls it)."""
+    mine = torch.tensor([resident_parameter_bytes(model)], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    per_rank = [int(t) for t in every]
+    shown = ", ".join(f"{b:,}" for b in per_rank) if len(per_rank) <= 8 else \
+        f"min {min(per_rank):,}, max {max(per_rank):,}"
+    return f"parameter bytes resident per rank: {shown} (the whole model: {model_parameter_bytes(model):,})"
