@@ -49,8 +49,10 @@ def _summ(scores: list[tuple[float, int, int]]) -> dict[str, float]:
     return {"acc": c / n, "loss": nll / n}
 
 
-def _token_range(model, tokenizer, low: int | None) -> tuple[int, int]:
+def _token_range(model, tokenizer, low: int | None, high: int | None = None) -> tuple[int, int]:
     hi = model.cfg.vocab_size if tokenizer is None else min(tokenizer.vocab_size, model.cfg.vocab_size)
+    if high is not None:
+        hi = min(hi, high)
     lo = low if low is not None else 0
     if tokenizer is not None and low is None:
         lo = max(0, min(4, hi - 2))   # skip the usual special ids (unk/bos/eos/pad)
@@ -58,10 +60,12 @@ def _token_range(model, tokenizer, low: int | None) -> tuple[int, int]:
 
 
 def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: int = 0, tokenizer=None,
-              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None) -> dict[str, Any]:
-    """Repeated random tokens [x_1..x_L, x_1..x_L]: accuracy and loss on the repeat, per L."""
+              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None,
+              token_high: int | None = None) -> dict[str, Any]:
+    """Repeated random tokens [x_1..x_L, x_1..x_L] (ids in [token_low, token_high)): accuracy and loss
+    on the repeat, per L."""
     device = device or next(model.parameters()).device
-    lo, hi = _token_range(model, tokenizer, token_low)
+    lo, hi = _token_range(model, tokenizer, token_low, token_high)
     by_len: dict[str, Any] = {}
     all_rep, all_first = [], []
     for L in progress_bar(lengths, desc="induction", unit="length", enabled=progress, leave=False):

@@ -98,3 +98,16 @@ def test_mechanism_scores_and_heatmap(tmp_path, variant):
     else:
         assert res["source"] == "attention"
         assert all(0 <= s <= 1 for row in res["previous_token_score"] for s in row)
+
+
+def test_probes_draw_tokens_from_the_range_asked():
+    """A text model is probed with tokens it has seen (printable bytes), not the whole vocabulary."""
+    model = build_model(preset("tiny", variant="standard", vocab_size=256, max_seq_len=64), seed=0).eval()
+    seen = []
+    model.embed_tokens.register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
+    mechanism_scores(model, L=16, n=4, token_range=(32, 127))
+    induction(model, (8, 16), n=4, progress=False, token_low=32, token_high=127)
+    ids = torch.cat([s.flatten() for s in seen])
+    assert len(seen) >= 3 and int(ids.min()) >= 32 and int(ids.max()) < 127
+    with pytest.raises(ValueError, match="token_range"):
+        mechanism_scores(model, L=16, n=4, token_range=(32, 300))
