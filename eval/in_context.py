@@ -30,7 +30,7 @@ def loss_by_position(model, tokens, window: int, n_windows: int, batch_size: int
     """Mean next-token loss (nats) of token k = 1..window-1 of each window, over `n_windows` windows:
     a float64 tensor whose entry k-1 is the loss of token k."""
     device = device or next(model.parameters()).device
-    t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+    t = torch.as_tensor(np.array(tokens, dtype=np.int64))        # a copy: the caller's array may be read-only
     if window < 2 or window - 1 > model.cfg.max_seq_len:
         raise EvalError(f"icl: a window of {window} tokens needs 2 <= window <= max_seq_len + 1 "
                         f"({model.cfg.max_seq_len + 1})")

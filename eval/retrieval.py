@@ -89,6 +89,20 @@ def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: i
             "chance_acc": 1.0 / (hi - lo), "by_length": by_len}
 
 
+def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16, device=None) -> dict[str, float]:
+    """The caller's sequences (e.g. chunks of held-out text), each shown twice: accuracy and loss on the
+    repeat (tokens L+1..2L-1: the copy is predictable from the first occurrence) and the loss on the
+    same tokens the first time (L+1..2L-1 vs 1..L-1)."""
+    device = device or next(model.parameters()).device
+    L = len(halves[0])
+    if not halves or any(len(h) != L for h in halves) or 2 * L > model.cfg.max_seq_len + 1:
+        raise EvalError(f"repeated: need equal-length halves with 2L <= max_seq_len + 1 ({model.cfg.max_seq_len + 1})")
+    seqs = [list(h) + list(h) for h in halves]
+    rep = _summ(_score(model, seqs, [list(range(L + 1, 2 * L))] * len(seqs), device, batch_size))
+    first = _summ(_score(model, seqs, [list(range(1, L))] * len(seqs), device, batch_size))
+    return {"acc": rep["acc"], "loss": rep["loss"], "first_half_loss": first["loss"], "first_half_acc": first["acc"]}
+
+
 def kv_recall(model, num_pairs: Sequence[int] = (2, 4, 8), n: int = 64, seed: int = 0, tokenizer=None,
               batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None) -> dict[str, Any]:
     """`k1 v1 ... kn vn kq` -> vq with distinct random key ids; accuracy/loss of vq, per number of pairs."""
