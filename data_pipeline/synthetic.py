@@ -435,6 +435,40 @@ class KHopInduction(Task):
         raise DataError(f"khop: could not draw a sequence with a defined {self.k}-hop chain; raise length")
 
 
+class KHopDense(KHopInduction):
+    """k-hop induction scored at every position: ``x_1 y_1 x_2 y_2 ... x_T y_T``, where
+    ``y_t = khop_target(x_1..x_t, k)`` in an answer alphabet (``a0``...; ``a_`` where a hop finds no
+    earlier occurrence, unscored). The same sequences as ``khop``; what differs is the supervision:
+    about T answers per example instead of one, so a small model gets T times the signal per step
+    (the task of Sanford et al. 2024, where hop_k is output at every position, in next-token form).
+    ``y_t`` is predicted at ``x_t``'s position; answers never match a sequence symbol, so they do not
+    create "previous occurrences".
+    """
+
+    name = "khop_dense"
+
+    def build_symbols(self):
+        return [f"s{i}" for i in range(self.n_symbols)] + [f"a{i}" for i in range(self.n_symbols)] + ["a_"]
+
+    @property
+    def max_len(self):
+        return 2 * self.length + 1
+
+    def generate(self, rng, index, split):
+        for _ in range(10_000):
+            first = int(rng.integers(self.n_symbols))
+            steps = rng.integers(1, self.n_symbols, size=self.length - 1)  # never 0: no adjacent repeats
+            seq = np.concatenate([[first], (first + np.cumsum(steps)) % self.n_symbols]).tolist()
+            words, mask = [], []
+            for t in range(len(seq)):
+                y = khop_target(seq[:t + 1], self.k)
+                words += [f"s{seq[t]}", "a_" if y is None else f"a{y}"]
+                mask += [0, 0 if y is None else 1]
+            if khop_target(seq, self.k) is not None:       # the last position is always scored
+                return words, mask
+        raise DataError(f"khop_dense: could not draw a sequence with a defined {self.k}-hop chain; raise length")
+
+
 FILLER = ["the grass is green .", "the sky is blue .", "the sun is yellow .", "here we go .",
           "there and back again ."]
 
@@ -479,7 +513,7 @@ class Passkey(Task):
 
 
 TASKS = {cls.name: cls for cls in (Addition, Dyck1, KVRetrieval, ModularAddition, Memorization, MQAR,
-                                   KHopInduction, Passkey)}
+                                   KHopInduction, KHopDense, Passkey)}
 
 
 def list_tasks() -> list[str]:

@@ -29,19 +29,32 @@ def _scores(P: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def attention_maps(model, L: int = 32, n: int = 8, seed: int = 0, device=None) -> tuple[torch.Tensor, bool]:
-    """Mean map per layer and head, (layers, H, 2L, 2L); second value True if from MixiT matrices."""
+def attention_maps(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
+                   token_range: tuple[int, int] | None = None,
+                   halves: list[list[int]] | None = None) -> tuple[torch.Tensor, bool]:
+    """Mean map per layer and head, (layers, H, 2L, 2L); second value True if from MixiT matrices.
+    Tokens are drawn from `token_range` [lo, hi) (default: the whole vocabulary); a text model
+    is better probed with tokens it has seen (e.g. printable bytes, (32, 127)), or with `halves`:
+    the caller's own first halves (n sequences of L tokens, e.g. held-out text), each shown twice."""
     device = device or next(model.parameters()).device
     t = 2 * L
     if t > model.cfg.max_seq_len:
         raise ValueError(f"mechanisms: 2*L={t} exceeds max_seq_len={model.cfg.max_seq_len}")
     if model.cfg.mixer == "mixit":
         return torch.stack([b.self_attn.matrix(t, device).float().cpu() for b in model.layers]), True
-    r = random.Random(f"mech-{seed}-{L}")
-    x = []
-    for _ in range(n):
-        half = [r.randrange(model.cfg.vocab_size) for _ in range(L)]
-        x.append(half + half)
+    if halves is not None:
+        if not halves or any(len(h) != L for h in halves):
+            raise ValueError(f"mechanisms: halves must be a non-empty list of sequences of L={L} tokens")
+        x = [list(h) + list(h) for h in halves]
+    else:
+        lo, hi = token_range or (0, model.cfg.vocab_size)
+        if not 0 <= lo < hi <= model.cfg.vocab_size:
+            raise ValueError(f"mechanisms: token_range {token_range} is not within [0, vocab_size={model.cfg.vocab_size})")
+        r = random.Random(f"mech-{seed}-{L}")
+        x = []
+        for _ in range(n):
+            half = [r.randrange(lo, hi) for _ in range(L)]
+            x.append(half + half)
     x = torch.tensor(x, device=device)
     for b in model.layers:
         b.self_attn.record_attn = True
@@ -56,10 +69,12 @@ def attention_maps(model, L: int = 32, n: int = 8, seed: int = 0, device=None) -
 
 
 def mechanism_scores(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
-                     heatmap: str | Path | None = None) -> dict[str, Any]:
-    """Per-head scores as nested lists [layer][head]; the max over heads as headline numbers."""
-    L = min(L, model.cfg.max_seq_len // 2)
-    maps, fixed = attention_maps(model, L, n, seed, device)
+                     heatmap: str | Path | None = None, token_range: tuple[int, int] | None = None,
+                     halves: list[list[int]] | None = None) -> dict[str, Any]:
+    """Per-head scores as nested lists [layer][head]; the max over heads as headline numbers.
+    `halves` (the caller's first halves, e.g. held-out text) replaces the random tokens."""
+    L = len(halves[0]) if halves else min(L, model.cfg.max_seq_len // 2)
+    maps, fixed = attention_maps(model, L, n, seed, device, token_range, halves)
     prev, ind = _scores(maps, L)
     out: dict[str, Any] = {"source": "mixing_matrix" if fixed else "attention",
                            "previous_token_score": prev.tolist(), "induction_score": ind.tolist(),

@@ -49,8 +49,10 @@ def _summ(scores: list[tuple[float, int, int]]) -> dict[str, float]:
     return {"acc": c / n, "loss": nll / n}
 
 
-def _token_range(model, tokenizer, low: int | None) -> tuple[int, int]:
+def _token_range(model, tokenizer, low: int | None, high: int | None = None) -> tuple[int, int]:
     hi = model.cfg.vocab_size if tokenizer is None else min(tokenizer.vocab_size, model.cfg.vocab_size)
+    if high is not None:
+        hi = min(hi, high)
     lo = low if low is not None else 0
     if tokenizer is not None and low is None:
         lo = max(0, min(4, hi - 2))   # skip the usual special ids (unk/bos/eos/pad)
@@ -58,10 +60,12 @@ def _token_range(model, tokenizer, low: int | None) -> tuple[int, int]:
 
 
 def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: int = 0, tokenizer=None,
-              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None) -> dict[str, Any]:
-    """Repeated random tokens [x_1..x_L, x_1..x_L]: accuracy and loss on the repeat, per L."""
+              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None,
+              token_high: int | None = None) -> dict[str, Any]:
+    """Repeated random tokens [x_1..x_L, x_1..x_L] (ids in [token_low, token_high)): accuracy and loss
+    on the repeat, per L."""
     device = device or next(model.parameters()).device
-    lo, hi = _token_range(model, tokenizer, token_low)
+    lo, hi = _token_range(model, tokenizer, token_low, token_high)
     by_len: dict[str, Any] = {}
     all_rep, all_first = [], []
     for L in progress_bar(lengths, desc="induction", unit="length", enabled=progress, leave=False):
@@ -83,6 +87,20 @@ def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: i
     s = _summ(all_rep)
     return {"acc": s["acc"], "loss": s["loss"], "first_half_loss": _summ(all_first)["loss"],
             "chance_acc": 1.0 / (hi - lo), "by_length": by_len}
+
+
+def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16, device=None) -> dict[str, float]:
+    """The caller's sequences (e.g. chunks of held-out text), each shown twice: accuracy and loss on the
+    repeat (tokens L+1..2L-1: the copy is predictable from the first occurrence) and the loss on the
+    same tokens the first time (L+1..2L-1 vs 1..L-1)."""
+    device = device or next(model.parameters()).device
+    L = len(halves[0])
+    if not halves or any(len(h) != L for h in halves) or 2 * L > model.cfg.max_seq_len + 1:
+        raise EvalError(f"repeated: need equal-length halves with 2L <= max_seq_len + 1 ({model.cfg.max_seq_len + 1})")
+    seqs = [list(h) + list(h) for h in halves]
+    rep = _summ(_score(model, seqs, [list(range(L + 1, 2 * L))] * len(seqs), device, batch_size))
+    first = _summ(_score(model, seqs, [list(range(1, L))] * len(seqs), device, batch_size))
+    return {"acc": rep["acc"], "loss": rep["loss"], "first_half_loss": first["loss"], "first_half_acc": first["acc"]}
 
 
 def kv_recall(model, num_pairs: Sequence[int] = (2, 4, 8), n: int = 64, seed: int = 0, tokenizer=None,

@@ -5,7 +5,9 @@
     python -m eval.run --run-dir runs/std --run-dir runs/mixit --tasks induction,kv_recall --out-dir report/
 
 Tasks: perplexity (needs --text FILE or --val-dir DIR), induction, kv_recall, passkey (needs a
-tokenizer), mechanisms, classification (a classifier's accuracy and loss on its run's validation data),
+tokenizer), mechanisms, icl (Olsson et al.'s in-context learning score: loss late in a context minus
+loss early, on --text FILE or --val-dir DIR, --n windows; eval/in_context.py),
+classification (a classifier's accuracy and loss on its run's validation data),
 synthetic:<task> (data_pipeline.synthetic, e.g. synthetic:kv_retrieval),
 exact_match:FILE.jsonl (your own prompts and answers, greedy generation, exact match; eval/exact_match.py),
 lm_eval:<task> (an offline config in eval/tasks, e.g. lm_eval:tp_kv_recall, lm_eval:exact_match:FILE.jsonl,
@@ -40,6 +42,7 @@ from . import exact_match as em
 from . import mechanisms, retrieval
 from . import perplexity as ppl
 from .classification import evaluate_classification
+from .in_context import icl_score
 from .loading import (
     EVAL_ERRORS,
     EvalError,
@@ -53,7 +56,7 @@ from .loading import (
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
 from .synthetic_tasks import evaluate_task, get_task
 
-BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms", "classification")
+BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms", "classification", "icl")
 PREFIX_TASKS = ("synthetic:", em.PREFIX, "lm_eval:")
 LM_EVAL_EXACT = "lm_eval:" + em.PREFIX
 
@@ -106,7 +109,8 @@ def _exact_match_file_task(t: str) -> str | None:
 
 def _needs_tokenizer(t: str, opts: EvalOptions) -> bool:
     """Tasks that read or write text need the checkpoint's tokenizer."""
-    return t in ("passkey",) or (t == "perplexity" and bool(opts.text)) or t.startswith((em.PREFIX, "lm_eval:"))
+    return t in ("passkey",) or (t in ("perplexity", "icl") and bool(opts.text)) or \
+        t.startswith((em.PREFIX, "lm_eval:"))
 
 
 def result_key(t: str) -> str:
@@ -161,7 +165,7 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
     out: dict[str, Any] = {}
     t0 = time.time()
     for t in tasks:
-        if t == "perplexity":
+        if t in ("perplexity", "icl"):
             if opts.text:
                 toks, nbytes = ppl.file_stream(opts.text, tok)
                 src = {"source": str(opts.text)}
@@ -169,7 +173,10 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
                 toks, nbytes = ppl.shard_stream(opts.val_dir, tok, opts.max_tokens, info.get("tokenizer_id"))
                 src = {"source": str(opts.val_dir)}
             else:
-                raise EvalError("task perplexity needs --text FILE or --val-dir DIR (a prepared validation split)")
+                raise EvalError(f"task {t} needs --text FILE or --val-dir DIR (a prepared validation split)")
+            if t == "icl":
+                out[t] = {**icl_score(model, toks, opts.window, opts.n, batch_size=opts.batch_size), **src}
+                continue
             if opts.max_tokens:
                 toks = toks[:opts.max_tokens]
                 nbytes = None if tok is None else len(tok.decode(list(toks[1:])).encode("utf-8"))

@@ -1,5 +1,6 @@
-"""The training loop: steps, periodic validation and logging, checkpoints (every N steps and
-every M minutes), preemption, and the non-finite policy (skip, stop, rollback).
+"""The training loop: steps, periodic validation (and the caller's hooks, pretrain/hooks.py) and
+logging, checkpoints (every N steps and every M minutes), preemption, and the non-finite policy
+(skip, stop, rollback).
 
 Whether to save is decided collectively after every step: one all-reduce carries the stop
 request (a signal on any rank) and whether `checkpoint.every_minutes` have passed since the
@@ -23,6 +24,7 @@ from .config import RunConfig
 from .data import make_loader
 from .engine import Trainer
 from .errors import NonFiniteLoss
+from .hooks import TrainHook, run_hooks
 from .layout import Layout
 from .metrics import Logger, memory_gib, train_flops_per_token
 from .nonfinite import NanGuard, loader_position, skip_marked_batches
@@ -55,12 +57,13 @@ class TrainingLoop:
 
     def __init__(self, cfg: RunConfig, mcfg, layout: Layout, trainer: Trainer, loader, logger: Logger,
                  run_dir: Path, state: dict[str, Any], resumed_from: Path | None, tokenizer_id: str | None,
-                 peak_tflops: float | None):
+                 peak_tflops: float | None, hooks: list[TrainHook] | None = None):
         self.cfg, self.mcfg, self.layout, self.trainer = cfg, mcfg, layout, trainer
         self.loader, self.logger, self.run_dir = loader, logger, run_dir
         self.device = trainer.device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.tokenizer_id, self.peak = tokenizer_id, peak_tflops
+        self.hooks = list(hooks or [])
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
         self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
@@ -132,6 +135,8 @@ class TrainingLoop:
         do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == cfg.max_steps)
         if do_eval:
             rec["val_loss"] = self.result.val_losses[step] = self.evaluate()
+            rec.update(run_hooks(self.hooks, self.trainer.model, step,
+                                 self.trainer.gathered(self.trainer.model.parameters())))
         if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
             fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
             tps = cfg.tokens_per_step / dt

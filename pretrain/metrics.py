@@ -133,6 +133,8 @@ class Logger:
 
 
 def _tb_name(k: str) -> str:
+    if "/" in k:                  # already grouped (e.g. a training hook's "probe/induction_score")
+        return k
     if k.startswith("val"):
         return f"val/{k}"
     if k in ("tokens_per_s", "tflops", "mfu", "step_time_s"):

@@ -11,7 +11,8 @@ A run, in order (each step in its own module):
   the recipe (config.py) -> the process group (distributed.py) -> where to resume from (resume.py)
   -> the data, whose vocabulary sizes the model (data.py, task_model.py) -> the layout (layout.py)
   -> the run dir it owns (run_dir.py) -> the engine (engine.py) -> the loop (loop.py: steps,
-  checkpoints through engine_checkpoint.py, preemption.py, nonfinite.py, freeze_transitions.py).
+  checkpoints through engine_checkpoint.py, preemption.py, nonfinite.py, freeze_transitions.py;
+  a caller's probes through hooks.py).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from .dry_run import dry_run
 from .engine import Trainer
 from .engine_checkpoint import load as load_checkpoint
 from .errors import INPUT_ERRORS, CheckpointWriteFailed, NonFiniteLoss, RankFailure
+from .hooks import TrainHook, check_hooks
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
 from .metrics import Logger, device_peak_tflops
@@ -58,11 +60,14 @@ RUN_ERRORS = (NonFiniteLoss, CheckpointWriteFailed, RankFailure, DataError)
 
 
 def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str | Path | None = None,
-          resume: str | None = "auto", stop_after_steps: int | None = None, overwrite: bool = False) -> RunResult:
+          resume: str | None = "auto", stop_after_steps: int | None = None, overwrite: bool = False,
+          hooks: list[TrainHook] | None = None) -> RunResult:
     """Train (or continue) a run; returns the per-step losses. `stop_after_steps` ends the
     process's loop early at that step without a final checkpoint (for tests). A run dir that
-    holds another run is refused unless resumed or `overwrite` (pretrain/run_dir.py)."""
+    holds another run is refused unless resumed or `overwrite` (pretrain/run_dir.py). `hooks`:
+    callables (model, step) -> metrics run at the validation cadence (pretrain/hooks.py)."""
     cfg = load_recipe(recipe, overrides)
+    hooks = check_hooks(hooks, cfg.train.eval_every_steps, cfg.parallel.pipeline_stages)
     device = pick_device(cfg.train.device)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     plain = "RANK" not in os.environ
@@ -75,7 +80,7 @@ def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str 
         atexit.register(shutdown_distributed)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     try:
-        return _train(cfg, device, run_dir, resume, stop_after_steps, overwrite)
+        return _train(cfg, device, run_dir, resume, stop_after_steps, overwrite, hooks)
     except Exception as e:
         if isinstance(e, (RecipeError, NonFiniteLoss, CheckpointWriteFailed)) or not collective_failure(e):
             raise
@@ -89,7 +94,8 @@ def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str 
                     os.environ[k] = v
 
 
-def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_after_steps, overwrite) -> RunResult:
+def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_after_steps, overwrite,
+           hooks: list[TrainHook]) -> RunResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
     point = resume_point(cfg, run_dir, resume, overwrite)
@@ -136,7 +142,7 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
     logger.message(residency(trainer.model, device))
     peak, _ = device_peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
     loop = TrainingLoop(cfg, mcfg, layout, trainer, loader, logger, run_dir, point.state, point.tag_dir,
-                        getattr(loader, "tokenizer_id", None), peak)
+                        getattr(loader, "tokenizer_id", None), peak, hooks)
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:
             result = loop.run(stop, stop_after_steps)

@@ -1,6 +1,7 @@
 """Memorization capacity: bits stored per parameter by 2-layer models of each variant.
 
     python -m studies.capacity --recipe recipes/capacity_memorization.yaml --widths 16,32,64 --out-dir runs/capacity
+    python -m studies.capacity --widths 8,16 --seeds 2 --out-dir runs/capacity   # every cell twice: mean ± std
     python -m studies.capacity --smoke --out-dir /tmp/capacity          # smallest configuration, seconds
 
 For every (variant, width) the recipe is trained with the DeepSpeed trainer (pretrain.train,
@@ -11,6 +12,12 @@ scoring), and the stored information is memorization_capacity_bits(n_pairs, n_la
 bits per trainable parameter (the paper's measure), bits per parameter overall. A model holds
 at most its capacity only when the data set holds more bits than that (n_pairs * log2 C);
 `data_bits` is shown so saturated rows (acc ~ 1: the data, not the model, is the limit) stand out.
+Whether a run was trained long enough shows in `loss_drop_last_20pct` (how much the training loss
+fell over the last fifth of its steps: ~0 when it has flattened).
+
+With `--seeds N`, seed i re-initialises the model (the recipe's seed + i; MixiT: matrices of seed i)
+on the same labels (the recipe's data.seed), in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>);
+rows show mean ± std over the seeds. A finished cell (its study_result.json) is not trained again.
 
 Writes OUT/capacity.json and OUT/capacity.md (the table with the paper's numbers beside ours).
 """
@@ -32,6 +39,7 @@ from pretrain.config import load_recipe
 from pretrain.train import train
 
 from .errors import STUDY_ERRORS
+from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
 PAPER_BITS_PER_PARAM = {"standard": 2.98, "frozen_qk": 2.25, "mixit": 2.18, "frozen_mlp": 1.13}
@@ -46,13 +54,33 @@ def size_overrides(width: int, mlp_ratio: int = 3) -> list[str]:
             "model.num_kv_heads=null"]
 
 
+def seed_overrides(recipe_seed: int, seed_index: int) -> list[str]:
+    return [f"seed={recipe_seed + seed_index}", f"model.mixit_seed={seed_index}"] if seed_index else []
+
+
+def cell_dir(out_dir: Path, variant: str, width: int, seed_index: int) -> Path:
+    return Path(out_dir) / (f"{variant}_w{width}" + (f"_s{seed_index}" if seed_index else ""))
+
+
+def loss_drop(losses: dict[int, float], fraction: float = 0.2) -> float:
+    """How much the training loss fell over the last `fraction` of the steps (mean of the first and last
+    5% of that stretch, so one noisy step does not decide it)."""
+    steps = sorted(losses)
+    tail = steps[int(len(steps) * (1 - fraction)):]
+    k = max(1, len(steps) // 20)
+    head_mean = sum(losses[s] for s in tail[:k]) / len(tail[:k])
+    end_mean = sum(losses[s] for s in tail[-k:]) / len(tail[-k:])
+    return head_mean - end_mean
+
+
 def run_cell(recipe: str, variant: str, width: int, overrides: list[str], run_dir: Path,
-             mlp_ratio: int = 3) -> dict[str, Any]:
+             mlp_ratio: int = 3, seed_index: int = 0) -> dict[str, Any]:
 
     over = list(overrides) + size_overrides(width, mlp_ratio) + [f"model.variant={variant}"]
+    over += seed_overrides(load_recipe(recipe, over).seed, seed_index)
     cfg = load_recipe(recipe, over)
     t0 = time.time()
-    res = train(recipe, over, run_dir=run_dir, resume="never")
+    res = train(recipe, over, run_dir=run_dir, resume="never", overwrite=True)
     model, info = load_for_eval(res.last_checkpoint)
     model.eval()
     args = {k: v for k, v in dict(cfg.data.get("task_args") or {}).items() if k not in ("n_val", "seed")}
@@ -66,36 +94,60 @@ def run_cell(recipe: str, variant: str, width: int, overrides: list[str], run_di
             "params_trainable": trainable, "n_pairs": task.n_pairs, "n_labels": task.n_labels,
             "data_bits": task.n_pairs * math.log2(task.n_labels), "acc": ev["acc"], "bits": bits,
             "bits_per_trainable_param": bits / max(1, trainable), "bits_per_param": bits / max(1, total),
-            "final_loss": res.losses[max(res.losses)], "steps": res.final_step, "seconds": round(time.time() - t0, 1)}
+            "final_loss": res.losses[max(res.losses)], "loss_drop_last_20pct": loss_drop(res.losses),
+            "steps": res.final_step, "seed_index": seed_index, "seconds": round(time.time() - t0, 1)}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| variant | width | params (trainable / total) | data bits | acc | bits | bits / trainable param | "
-           "bits / param | max bits/trainable (over widths) | paper bits/param |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    best = {}
+    """One line per (variant, width), mean ± std over its seeds where there are several."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
-        best[r["variant"]] = max(best.get(r["variant"], 0.0), r["bits_per_trainable_param"])
-    for r in rows:
-        paper = PAPER_BITS_PER_PARAM.get(r["variant"])
-        out.append(f"| {r['variant']} | {r['width']} | {r['params_trainable']:,} / {r['params_total']:,} | "
-                   f"{r['data_bits']:,.0f} | {r['acc']:.3f} | {r['bits']:,.0f} | {r['bits_per_trainable_param']:.3f} | "
-                   f"{r['bits_per_param']:.3f} | {best[r['variant']]:.3f} | {paper if paper is not None else '-'} |")
+        cells.setdefault((r["variant"], r["width"]), []).append(r)
+    seeds = max(len(rs) for rs in cells.values())
+    out = ["| variant | width | params (trainable / total) | data bits | " + ("seeds | " if seeds > 1 else "") +
+           "acc | bits | bits / trainable param | bits / param | loss drop, last 20% of steps | "
+           "max bits/trainable (over widths) | paper bits/param |",
+           "|---|---|---|---|" + ("---|" if seeds > 1 else "") + "---|---|---|---|---|---|---|"]
+    best: dict[str, float] = {}
+    for (v, _), rs in cells.items():
+        best[v] = max(best.get(v, 0.0), Spread.of([r["bits_per_trainable_param"] for r in rs]).mean)
+    for (v, w), rs in cells.items():
+        r0 = rs[0]
+        paper = PAPER_BITS_PER_PARAM.get(v)
+
+        def col(key: str, fmt: str, rs=rs) -> str:
+            return Spread.of([r[key] for r in rs]).format(fmt)
+        drop = col("loss_drop_last_20pct", "{:.3f}") if all("loss_drop_last_20pct" in r for r in rs) else "-"
+        out.append(f"| {v} | {w} | {r0['params_trainable']:,} / {r0['params_total']:,} | {r0['data_bits']:,.0f} | " +
+                   (f"{len(rs)} | " if seeds > 1 else "") +
+                   f"{col('acc', '{:.3f}')} | {col('bits', '{:,.0f}')} | {col('bits_per_trainable_param', '{:.3f}')} | "
+                   f"{col('bits_per_param', '{:.3f}')} | {drop} | {best[v]:.3f} | "
+                   f"{paper if paper is not None else '-'} |")
     return "\n".join(out)
 
 
 def run_sweep(recipe: str, variants, widths, overrides: list[str], out_dir: Path, mlp_ratio: int = 3,
-              log=print) -> list[dict[str, Any]]:
+              log=print, seeds: int = 1) -> list[dict[str, Any]]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for w in widths:
-        for v in variants:
-            r = run_cell(recipe, v, int(w), overrides, out_dir / f"{v}_w{w}", mlp_ratio)
-            rows.append(r)
-            log(f"{v:>18} width {w:>4}: acc {r['acc']:.3f}  bits {r['bits']:,.0f}  "
-                f"bits/trainable {r['bits_per_trainable_param']:.3f}  ({r['seconds']}s)")
-            (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
+    for i in range(seeds):
+        for w in widths:
+            for v in variants:
+                run_dir = cell_dir(out_dir, v, int(w), i)
+                done = run_dir / "study_result.json"
+                if done.is_file():
+                    r = json.loads(done.read_text())
+                else:
+                    r = run_cell(recipe, v, int(w), overrides, run_dir, mlp_ratio, i)
+                    done.write_text(json.dumps(r) + "\n")
+                rows.append(r)
+                log(f"{v:>18} width {w:>4} seed {i}: acc {r['acc']:.3f}  bits {r['bits']:,.0f}  "
+                    f"bits/trainable {r['bits_per_trainable_param']:.3f}  ({r['seconds']}s)")
+                (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
+    rows.sort(key=lambda r: (list(widths).index(r["width"]), list(variants).index(r["variant"]),
+                             r.get("seed_index", 0)))
+    (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out_dir / "capacity.md").write_text(table(rows) + "\n")
     return rows
 
@@ -117,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--widths", type=_widths, default=[16, 32, 64], help="hidden sizes (intermediate = mlp-ratio x width)")
     ap.add_argument("--mlp-ratio", type=int, default=3)
+    ap.add_argument("--seeds", type=int, choices=range(1, 101), metavar="N", default=1,
+                    help="train every cell with this many seeds; rows show mean ± std")
     ap.add_argument("--smoke", action="store_true", help="the smallest configuration: width 8, 64 pairs, 20 steps")
     ap.add_argument("--out-dir", default="runs/capacity")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every cell")
@@ -129,8 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         for w in widths:            # every cell's recipe is checked before the first one trains
             for v in variants:
-                load_recipe(a.recipe, list(overrides) + size_overrides(w, a.mlp_ratio) + [f"model.variant={v}"])
-        rows = run_sweep(a.recipe, variants, widths, overrides, Path(a.out_dir), a.mlp_ratio)
+                cfg = load_recipe(a.recipe, list(overrides) + size_overrides(w, a.mlp_ratio) + [f"model.variant={v}"])
+                for i in range(a.seeds):
+                    load_recipe(a.recipe, list(overrides) + size_overrides(w, a.mlp_ratio) + [f"model.variant={v}"] +
+                                seed_overrides(cfg.seed, i))
+        t0 = time.time()
+        rows = run_sweep(a.recipe, variants, widths, overrides, Path(a.out_dir), a.mlp_ratio, seeds=a.seeds)
+        print(f"({time.time() - t0:.0f} s)")
         print(table(rows))
 
     return run_cli(body, STUDY_ERRORS)

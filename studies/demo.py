@@ -9,6 +9,13 @@ downloads. Re-running resumes and skips finished runs.
 
     python -m studies.demo                                  # suite `demo`: 2 tasks x 3 variants, ~10 min on 2 cores
     python -m studies.demo --suite paper --out outputs/paper   # 7 tasks x 4 variants (docs/RESULTS.md)
+    python -m studies.demo --suite paper --seeds 3          # every cell 3 times: mean ± std per cell
+
+With `--seeds N`, seed i (0-based) trains with the recipe's seed + i (model init, data order and
+the task's own draw: its held-out split, its random labels) and MixiT matrices of seed i, into RUN-DIR `<task>-<variant>` for
+i = 0 (the single-seed run dir, so earlier outputs are reused) and `<task>-<variant>-s<i>` after;
+it is evaluated with the same task seed. Cells show mean ± std (sample std) over the seeds;
+results.json keeps every seed's numbers.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
 
 from .errors import STUDY_ERRORS, StudyError
+from .spread import Spread
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,8 +89,12 @@ PAPER = {
 }
 
 
-def _run_dir(out: Path, task: DemoTask, variant: str) -> Path:
-    return out / "runs" / f"{task.name}-{variant}"
+def _run_dir(out: Path, task: DemoTask, variant: str, seed_index: int = 0) -> Path:
+    return out / "runs" / (f"{task.name}-{variant}" + (f"-s{seed_index}" if seed_index else ""))
+
+
+def _recipe_seed(task: DemoTask) -> int:
+    return int(yaml.safe_load((REPO_ROOT / task.recipe).read_text()).get("seed", 1234))
 
 
 def _steps_done(run_dir: Path) -> int:
@@ -103,51 +115,56 @@ def _max_steps(task: DemoTask, scale: float) -> int:
     return max(1, int(recipe["train"]["max_steps"] * scale))
 
 
-def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int) -> dict[tuple[str, str], Path]:
-    """Train every (task, variant) as its own process, `parallel` at a time, with one progress bar."""
+def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int,
+              seeds: int = 1) -> dict[tuple[str, str, int], Path]:
+    """Train every (task, variant, seed index) as its own process, `parallel` at a time, with one progress bar."""
 
-    jobs = [(t, v) for t in tasks for v in variants]
-    total = {(t.name, v): _max_steps(t, scale) for t, v in jobs}
-    pending = [(t, v) for t, v in jobs if not (_run_dir(out, t, v) / "demo_done").is_file()]
-    running: list[tuple[DemoTask, str, subprocess.Popen, object]] = []
+    jobs = [(t, v, i) for i in range(seeds) for t in tasks for v in variants]
+    total = {(t.name, v): _max_steps(t, scale) for t in tasks for v in variants}
+    pending = [(t, v, i) for t, v, i in jobs if not (_run_dir(out, t, v, i) / "demo_done").is_file()]
+    running: list[tuple[DemoTask, str, int, subprocess.Popen, object]] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1" if parallel > 1 else os.environ.get("OMP_NUM_THREADS", "2"),
            "PYTHONUNBUFFERED": "1"}
-    bar = progress_bar(total=sum(total.values()), desc="training", unit="step", dynamic_ncols=True, mininterval=2.0)
+    bar = progress_bar(total=sum(total[(t.name, v)] for t, v, _ in jobs), desc="training", unit="step",
+                       dynamic_ncols=True, mininterval=2.0)
 
     def refresh() -> None:
-        bar.n = sum(min(_steps_done(_run_dir(out, t, v)), total[(t.name, v)]) for t, v in jobs)
-        bar.set_postfix_str(", ".join(f"{t.name}/{v}" for t, v, _, _ in running) or "done")
+        bar.n = sum(min(_steps_done(_run_dir(out, t, v, i)), total[(t.name, v)]) for t, v, i in jobs)
+        bar.set_postfix_str(", ".join(f"{t.name}/{v}" + (f"/s{i}" if i else "") for t, v, i, _, _ in running)
+                            or "done")
 
     failed = []
     while pending or running:
         while pending and len(running) < parallel:
-            task, variant = pending.pop(0)
-            run_dir = _run_dir(out, task, variant)
+            task, variant, i = pending.pop(0)
+            run_dir = _run_dir(out, task, variant, i)
             run_dir.mkdir(parents=True, exist_ok=True)
             log = open(run_dir / "train.log", "a")
             cmd = [sys.executable, "-m", "pretrain.train", "--recipe", task.recipe, "--run-dir", str(run_dir),
                    "--resume", "auto", f"model.variant={variant}",
                    f"train.max_steps={total[(task.name, variant)]}"]
-            running.append((task, variant, subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log,
-                                                            stderr=subprocess.STDOUT), log))
+            if i:       # a new draw of everything random: init, data order, the task, MixiT's fixed matrices
+                cmd += [f"seed={_recipe_seed(task) + i}", f"model.mixit_seed={i}"]
+            running.append((task, variant, i, subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log,
+                                                               stderr=subprocess.STDOUT), log))
         time.sleep(1.0)
         for item in list(running):
-            task, variant, proc, log = item
+            task, variant, i, proc, log = item
             if proc.poll() is None:
                 continue
             running.remove(item)
             log.close()
-            run_dir = _run_dir(out, task, variant)
+            run_dir = _run_dir(out, task, variant, i)
             if proc.returncode == 0:
                 (run_dir / "demo_done").write_text("ok\n")
             else:
-                failed.append(f"{task.name}/{variant} (exit {proc.returncode}; see {run_dir / 'train.log'})")
+                failed.append(f"{task.name}/{variant}/seed {i} (exit {proc.returncode}; see {run_dir / 'train.log'})")
         refresh()
     bar.close()
     if failed:
         raise StudyError("training failed for " + "; ".join(failed) + ". Fix: read the log named, correct the "
                          "cause and run the same command again (finished runs are kept)")
-    return {(t.name, v): _run_dir(out, t, v) for t, v in jobs}
+    return {(t.name, v, i): _run_dir(out, t, v, i) for t, v, i in jobs}
 
 
 def _final_val_loss(run_dir: Path) -> float:
@@ -159,31 +176,38 @@ def _final_val_loss(run_dir: Path) -> float:
     return float(vals[-1])
 
 
-def evaluate_all(runs: dict[tuple[str, str], Path], tasks, n: int) -> dict[tuple[str, str], dict]:
-
-
+def evaluate_all(runs: dict[tuple[str, str, int], Path], tasks, n: int) -> dict[tuple[str, str, int], dict]:
+    """Each run's final checkpoint on its task (drawn with the seed the run trained with)."""
     results = {}
-    for (task_name, variant), run_dir in progress_bar(runs.items(), total=len(runs), desc="evaluating", unit="model",
-                                                      dynamic_ncols=True):
+    for (task_name, variant, i), run_dir in progress_bar(runs.items(), total=len(runs), desc="evaluating",
+                                                         unit="model", dynamic_ncols=True):
         task = next(t for t in tasks if t.name == task_name)
         if task.is_text:
-            results[(task_name, variant)] = {"val_loss": _final_val_loss(run_dir)}
+            results[(task_name, variant, i)] = {"val_loss": _final_val_loss(run_dir)}
             continue
-        opts = EvalOptions(task_args=task.task_args, synthetic_n=n, progress=False,
+        opts = EvalOptions(task_args=task.task_args, synthetic_n=n, progress=False, task_seed=_recipe_seed(task) + i,
                            device="cuda" if torch.cuda.is_available() else "cpu")
         res = evaluate_checkpoint(run_dir, [f"synthetic:{task_name}"], opts)
         scores = res["tasks"][f"synthetic:{task_name}"]
-        results[(task_name, variant)] = {"acc": scores["acc"], "samples": scores["samples"],
-                                         "loss": scores["loss"], "step": res["checkpoint"].get("step")}
+        results[(task_name, variant, i)] = {"acc": scores["acc"], "samples": scores["samples"],
+                                            "loss": scores["loss"], "step": res["checkpoint"].get("step")}
     return results
 
 
-def verdict(acc: dict[tuple[str, str], float], variants: list[str]) -> str:
-    """One line: does MixiT match standard on arithmetic and fail retrieval?"""
+def aggregate(per_seed: dict[tuple[str, str, int], float]) -> dict[tuple[str, str], Spread]:
+    """{(task, variant, seed index): value} -> {(task, variant): Spread over the seeds}."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for (t, v, _), x in sorted(per_seed.items()):
+        cells.setdefault((t, v), []).append(x)
+    return {k: Spread.of(xs) for k, xs in cells.items()}
+
+
+def verdict(acc: dict[tuple[str, str], float | Spread], variants: list[str]) -> str:
+    """One line: does MixiT match standard on arithmetic and fail retrieval? (On the means over seeds.)"""
     if not {"standard", "mixit"} <= set(variants) or (ARITHMETIC, "mixit") not in acc or (RETRIEVAL, "mixit") not in acc:
         return "(the verdict needs standard and mixit on modular addition and kv retrieval)"
-    add_std, add_mix = acc[(ARITHMETIC, "standard")], acc[(ARITHMETIC, "mixit")]
-    kv_std, kv_mix = acc[(RETRIEVAL, "standard")], acc[(RETRIEVAL, "mixit")]
+    add_std, add_mix = float(acc[(ARITHMETIC, "standard")]), float(acc[(ARITHMETIC, "mixit")])
+    kv_std, kv_mix = float(acc[(RETRIEVAL, "standard")]), float(acc[(RETRIEVAL, "mixit")])
     matches = add_mix >= add_std - 0.10
     fails = kv_mix <= kv_std - 0.30 and kv_mix <= CONTEXT_GUESS + 0.10
     holds = "HOLDS" if matches and fails else "does NOT hold at this scale"
@@ -192,11 +216,17 @@ def verdict(acc: dict[tuple[str, str], float], variants: list[str]) -> str:
             f"({kv_mix:.0%} vs {kv_std:.0%}; guessing a value from the context gets {CONTEXT_GUESS:.0%}).")
 
 
-def _cell(task: DemoTask, value: float) -> str:
+def _cell(task: DemoTask, value: float | Spread) -> str:
+    """0.5 -> '50.0%'; a Spread over several seeds -> '50.0 ± 1.2%' (text: '1.448 ± 0.010')."""
+    if isinstance(value, Spread) and len(value.values) > 1:
+        if task.is_text:
+            return f"{value.mean:.3f} ± {value.std:.3f}"
+        return f"{100 * value.mean:.1f} ± {100 * value.std:.1f}%"
+    value = float(value)
     return f"{value:.3f}" if task.is_text else f"{value:.1%}"
 
 
-def table(acc: dict[tuple[str, str], float], tasks, variants: list[str]) -> str:
+def table(acc: dict[tuple[str, str], float | Spread], tasks, variants: list[str]) -> str:
     """Tasks as rows (ours | paper per variant): reads well for 2 tasks and for 7."""
     lines = ["| task | " + " | ".join(f"{v} | paper" for v in variants) + " | chance |",
              "|---|" + "---:|---:|" * len(variants) + "---:|"]
@@ -209,8 +239,10 @@ def table(acc: dict[tuple[str, str], float], tasks, variants: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str], float], tasks,
+def plot(out: Path, runs: dict[tuple[str, str, int], Path], acc: dict[tuple[str, str], Spread], tasks,
          variants: list[str]) -> Path:
+    """Accuracy bars (mean over seeds, std as the error bar, each seed a dot) and training-loss curves
+    (one line per seed)."""
     import matplotlib  # deferred: heavy
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: heavy
@@ -219,8 +251,13 @@ def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str]
     fig, axes = plt.subplots(1, 1 + len(tasks), figsize=(4.5 * (1 + len(tasks)), 4))
     width = 0.8 / len(variants)
     for i, v in enumerate(variants):
-        axes[0].bar([j + i * width for j in range(len(bars))], [acc[(t.name, v)] for t in bars], width,
-                    label=v, color=f"C{i}")
+        xs = [j + i * width for j in range(len(bars))]
+        cells = [acc[(t.name, v)] for t in bars]
+        axes[0].bar(xs, [c.mean for c in cells], width, yerr=[c.std for c in cells], label=v, color=f"C{i}",
+                    capsize=2)
+        for x, c in zip(xs, cells):
+            if len(c.values) > 1:
+                axes[0].plot([x] * len(c.values), c.values, "k.", markersize=3)
     for j, t in enumerate(bars):
         axes[0].hlines(t.chance, j - width / 2, j + width * (len(variants) - 0.5), colors="gray", linestyles=":")
     axes[0].set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(bars))], [t.name for t in bars],
@@ -228,13 +265,17 @@ def plot(out: Path, runs: dict[tuple[str, str], Path], acc: dict[tuple[str, str]
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("test accuracy (scored positions)")
     axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(variants), fontsize=8)
-    axes[0].set_title("accuracy (dotted: chance)")
+    seeds = max(len(c.values) for c in acc.values())
+    axes[0].set_title("accuracy (dotted: chance)" + (f"; {seeds} seeds, bar = mean ± std" if seeds > 1 else ""))
     for ax, t in zip(axes[1:], tasks):
         for i, v in enumerate(variants):
-            rows = [json.loads(l) for l in (runs[(t.name, v)] / "metrics.jsonl").read_text().splitlines() if l.strip()]
-            pts = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
-            if pts:
-                ax.plot(*zip(*pts), label=v, color=f"C{i}", alpha=0.8)
+            for (tn, vn, s), run_dir in runs.items():
+                if (tn, vn) != (t.name, v):
+                    continue
+                rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+                pts = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
+                if pts:
+                    ax.plot(*zip(*pts), label=v if s == 0 else None, color=f"C{i}", alpha=0.8 if s == 0 else 0.4)
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")
@@ -268,22 +309,28 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     parallel = args.parallel or (1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1)))
     device = "GPU" if torch.cuda.is_available() else "CPU"
-    print(f"[{args.suite}] training {len(tasks) * len(variants)} tiny models on {device} ({parallel} at a time) "
-          f"into {out}")
+    print(f"[{args.suite}] training {len(tasks) * len(variants) * args.seeds} tiny models on {device} "
+          f"({parallel} at a time) into {out}")
     start = time.time()
-    runs = train_all(out, tasks, variants, args.steps_scale, parallel)
+    runs = train_all(out, tasks, variants, args.steps_scale, parallel, args.seeds)
     results = evaluate_all(runs, tasks, args.eval_samples)
-    acc = {k: r.get("acc", r.get("val_loss")) for k, r in results.items()}
+    acc = aggregate({k: r.get("acc", r.get("val_loss")) for k, r in results.items()})
     text = table(acc, tasks, variants)
     line = verdict(acc, variants)
     png = plot(out, runs, acc, tasks, variants)
-    (out / "results.json").write_text(json.dumps({f"{t}/{v}": r for (t, v), r in results.items()}, indent=2))
-    (out / "results.md").write_text(text + "\n\n" + line + "\n")
+    seconds = time.time() - start
+    summary = {f"{t}/{v}": {"mean": c.mean, "std": c.std, "min": c.lo, "max": c.hi, "values": list(c.values)}
+               for (t, v), c in acc.items()}
+    (out / "results.json").write_text(json.dumps({
+        "seeds": args.seeds, "seconds": round(seconds), "cells": summary,
+        "runs": {f"{t}/{v}" + (f"/s{i}" if i else ""): r for (t, v, i), r in results.items()}}, indent=2))
+    seeds_note = f"{args.seeds} seeds per cell, mean ± std. " if args.seeds > 1 else ""
+    (out / "results.md").write_text(text + "\n\n" + line + "\n\n" + seeds_note + f"{seconds:.0f} s wall.\n")
     print()
     print(text)
     print()
     print(line)
-    print(f"plot: {png}   table: {out / 'results.md'}   ({time.time() - start:.0f} s)")
+    print(f"plot: {png}   table: {out / 'results.md'}   ({seconds:.0f} s)")
     return 0
 
 
@@ -296,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-scale", type=_positive(float), default=1.0, help="multiply every recipe's max_steps")
     ap.add_argument("--parallel", type=_positive(int), default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--eval-samples", type=_positive(int), default=512)
+    ap.add_argument("--seeds", type=_positive(int), default=1,
+                    help="train every cell with this many seeds (recipe seed + 0..N-1); cells show mean ± std")
     args = ap.parse_args(argv)
     return run_cli(lambda: run(args), STUDY_ERRORS)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import math
 
+import yaml
+
 from data_pipeline.synthetic import memorization_capacity_bits
-from studies.capacity import PAPER_BITS_PER_PARAM, SMOKE, main, table
+from studies.capacity import PAPER_BITS_PER_PARAM, SMOKE, loss_drop, main, table
 
 
 def test_capacity_smoke_sweep_writes_the_table(tmp_path):
@@ -22,6 +24,15 @@ def test_capacity_smoke_sweep_writes_the_table(tmp_path):
     md = (tmp_path / "capacity.md").read_text()
     for v, bits in PAPER_BITS_PER_PARAM.items():
         assert f"| {v} |" in md and str(bits) in md
+    # a second seed trains only the new cell (seed 0's result is kept), re-initialised with its own seed
+    before = (tmp_path / "mixit_w8" / "study_result.json").read_text()
+    assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit", "--seeds", "2"]) == 0
+    assert (tmp_path / "mixit_w8" / "study_result.json").read_text() == before
+    cfg = yaml.safe_load((tmp_path / "mixit_w8_s1" / "config.yaml").read_text())
+    assert cfg["seed"] == 1235 and cfg["model"]["mixit_seed"] == 1
+    rows = json.loads((tmp_path / "capacity.json").read_text())
+    assert [r["seed_index"] for r in rows] == [0, 1]
+    assert " ± " in (tmp_path / "capacity.md").read_text()
 
 
 def test_table_shows_the_best_width_per_variant():
@@ -29,3 +40,11 @@ def test_table_shows_the_best_width_per_variant():
              "acc": 0.5, "bits": b, "bits_per_trainable_param": b / 10, "bits_per_param": b / 10}
             for w, b in ((8, 10.0), (16, 25.0))]
     assert "| 2.500 | 2.98 |" in table(rows)
+
+
+def test_loss_drop_reads_the_tail_of_the_curve():
+    flat = {s: 1.0 for s in range(1, 101)}
+    falling = {s: 2.0 - s / 100 for s in range(1, 101)}
+    assert loss_drop(flat) == 0.0
+    # the last 20 steps: mean of steps 81-85 (1.17) minus mean of steps 96-100 (1.02)
+    assert abs(loss_drop(falling) - 0.15) < 1e-9

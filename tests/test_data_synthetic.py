@@ -14,7 +14,8 @@ ALL = list_tasks()
 
 
 def test_all_tasks_present():
-    assert set(ALL) == {"addition", "dyck", "kv_retrieval", "modular_addition", "memorization", "mqar", "khop", "passkey"}
+    assert set(ALL) == {"addition", "dyck", "kv_retrieval", "modular_addition", "memorization", "mqar", "khop",
+                        "khop_dense", "passkey"}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -109,6 +110,21 @@ def test_khop_labels(k):
     assert khop_target([5, 1, 2, 5, 2], 2) == 1   # 2 -> token after previous 2 (5) -> token after previous 5 (1)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_khop_dense_scores_every_defined_position(k):
+    t, single = get_task("khop_dense", k=k), get_task("khop", k=k)
+    for i in range(50):
+        toks, mask = t.sample(i)
+        w = [t.symbols[x] for x in toks[:-1]]
+        seq = w[0::2]
+        assert len(seq) == t.length and all(a != b for a, b in zip(seq, seq[1:]))
+        for pos, (ans, m) in enumerate(zip(w[1::2], mask[1:-1:2])):
+            want = _khop_bruteforce(seq[:pos + 1], k)
+            assert (ans, m) == (("a_", 0) if want is None else ("a" + want[1:], 1))
+        assert mask[0::2] == [0] * (len(toks) + 1 >> 1) and sum(mask) >= 1 and mask[-2] == 1
+    assert t.vocab_size == single.vocab_size + t.n_symbols      # answers a0.. and a_ replace "="
+
+
 def test_modular_addition_split():
     t = get_task("modular_addition", p=23)
     train = {t.pair(i, "train") for i in range(t.train_size)}
@@ -147,7 +163,7 @@ def test_passkey_depth_and_answer():
 
 
 def test_train_and_test_streams_differ():
-    for name in ("addition", "kv_retrieval", "khop", "mqar", "dyck", "passkey"):
+    for name in ("addition", "kv_retrieval", "khop", "khop_dense", "mqar", "dyck", "passkey"):
         t = get_task(name)
         train = {tuple(t.sample(i, "train")[0]) for i in range(300)}
         test = {tuple(t.sample(i, "test")[0]) for i in range(300)}

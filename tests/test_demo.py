@@ -1,14 +1,17 @@
 """The README's main command at a tiny step budget: trains, evaluates, tabulates, plots; with its
 output sent to a log file (as on CI or Slurm), progress is a bounded number of compact lines."""
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 
+import yaml
 from conftest import REPO
 
-from studies.demo import CONTEXT_GUESS, KV, MODADD, main, table, verdict
+from studies.demo import CONTEXT_GUESS, KV, MODADD, aggregate, main, table, verdict
+from studies.spread import Spread
 
 
 def test_demo_end_to_end_small(tmp_path, capsys):
@@ -37,6 +40,18 @@ def test_demo_end_to_end_small(tmp_path, capsys):
     assert main(["--out", str(out), "--variants", "standard,mixit", "--steps-scale", "0.01",
                  "--eval-samples", "32"]) == 0                     # finished runs are skipped, not retrained
     assert "| modular addition (held-out pairs) |" in capsys.readouterr().out
+    # a second seed: only the new runs train (seed 0 is the run dir above), with their own seed
+    before = (out / "runs" / "modular_addition-mixit" / "metrics.jsonl").read_text()
+    assert main(["--out", str(out), "--variants", "mixit", "--steps-scale", "0.01", "--eval-samples", "32",
+                 "--seeds", "2"]) == 0
+    assert (out / "runs" / "modular_addition-mixit" / "metrics.jsonl").read_text() == before
+    cfg = yaml.safe_load((out / "runs" / "modular_addition-mixit-s1" / "config.yaml").read_text())
+    assert cfg["seed"] == 1235 and cfg["model"]["mixit_seed"] == 1
+    res = json.loads((out / "results.json").read_text())
+    assert res["seeds"] == 2 and len(res["cells"]["modular_addition/mixit"]["values"]) == 2
+    assert set(res["runs"]) == {"modular_addition/mixit", "modular_addition/mixit/s1", "kv_retrieval/mixit",
+                                "kv_retrieval/mixit/s1"}
+    assert " ± " in (out / "results.md").read_text() and "2 seeds per cell" in (out / "results.md").read_text()
 
 
 def test_verdict_reads_the_numbers():
@@ -53,3 +68,18 @@ def test_verdict_reads_the_numbers():
     assert abs(CONTEXT_GUESS - (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4) < 1e-12
     md = table(good, (MODADD, KV), ["standard", "mixit"])
     assert "97.0%" in md and "11.2%" in md
+
+
+def test_cells_over_seeds_are_mean_and_sample_std():
+    per_seed = {("modular_addition", "mixit", 0): 1.0, ("modular_addition", "mixit", 1): 0.5,
+                ("modular_addition", "mixit", 2): 0.75, ("kv_retrieval", "mixit", 0): 0.25}
+    cells = aggregate(per_seed)
+    c = cells[("modular_addition", "mixit")]
+    assert (c.mean, c.lo, c.hi, c.values) == (0.75, 0.5, 1.0, (1.0, 0.5, 0.75))
+    assert abs(c.std - 0.25) < 1e-12                      # sample std of (1, .5, .75)
+    assert cells[("kv_retrieval", "mixit")].std == 0.0    # one seed: no spread
+    md = table({**cells, ("modular_addition", "standard"): Spread.of([1.0, 1.0, 1.0]),
+                ("kv_retrieval", "standard"): Spread.of([1.0])}, (MODADD, KV), ["standard", "mixit"])
+    assert "75.0 ± 25.0%" in md and "100.0 ± 0.0%" in md and "| 25.0% |" in md
+    assert "HOLDS" not in verdict(cells | {("modular_addition", "standard"): Spread.of([1.0]),
+                                           ("kv_retrieval", "standard"): Spread.of([1.0])}, ["standard", "mixit"])

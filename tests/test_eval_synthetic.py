@@ -5,7 +5,7 @@ import torch
 from data_pipeline.tokenizer import ByteTokenizer
 from eval.loading import EvalError
 from eval.mechanisms import mechanism_scores
-from eval.retrieval import induction, kv_recall, passkey
+from eval.retrieval import induction, kv_recall, passkey, repeated
 from eval.run import evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task, get_task
 from model import IGNORE_INDEX, build_model, preset
@@ -98,3 +98,38 @@ def test_mechanism_scores_and_heatmap(tmp_path, variant):
     else:
         assert res["source"] == "attention"
         assert all(0 <= s <= 1 for row in res["previous_token_score"] for s in row)
+
+
+def test_probes_draw_tokens_from_the_range_asked():
+    """A text model is probed with tokens it has seen (printable bytes), not the whole vocabulary."""
+    model = build_model(preset("tiny", variant="standard", vocab_size=256, max_seq_len=64), seed=0).eval()
+    seen = []
+    model.embed_tokens.register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
+    mechanism_scores(model, L=16, n=4, token_range=(32, 127))
+    induction(model, (8, 16), n=4, progress=False, token_low=32, token_high=127)
+    ids = torch.cat([s.flatten() for s in seen])
+    assert len(seen) >= 3 and int(ids.min()) >= 32 and int(ids.max()) < 127
+    with pytest.raises(ValueError, match="token_range"):
+        mechanism_scores(model, L=16, n=4, token_range=(32, 300))
+
+
+def test_probes_on_the_callers_own_sequences():
+    """Held-out text shown twice: the maps and the repeat scores use exactly the halves given."""
+    model = build_model(preset("tiny", variant="standard", vocab_size=256, max_seq_len=64), seed=0).eval()
+    halves = [list(b"the cat sat on the mat, then"), list(b"a river runs under a stone ")]
+    halves[1] = halves[1] + [32] * (len(halves[0]) - len(halves[1]))
+    seen = []
+    model.embed_tokens.register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
+    res = mechanism_scores(model, halves=halves)
+    assert seen[0].tolist() == [h + h for h in halves]
+    assert len(res["induction_score"]) == 2
+    rep = repeated(model, halves)
+    L = len(halves[0])
+    with torch.no_grad():                     # the reference: loss on tokens L+1..2L-1 of each doubled sequence
+        x = torch.tensor([h + h for h in halves])
+        logp = torch.log_softmax(model(x[:, :-1]).float(), -1)
+        nll = -logp.gather(-1, x[:, 1:, None])[..., 0]
+    assert rep["loss"] == pytest.approx(float(nll[:, L:].mean()), rel=1e-5)
+    assert rep["first_half_loss"] == pytest.approx(float(nll[:, :L - 1].mean()), rel=1e-5)
+    with pytest.raises(ValueError, match="halves"):
+        mechanism_scores(model, halves=[[1, 2, 3], [1, 2]])

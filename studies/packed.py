@@ -1,0 +1,259 @@
+"""MixiT on packed text: does its arithmetic survive windows that are not aligned to examples?
+
+    python -m studies.packed --out outputs/packed --seeds 3
+    python -m studies.packed --smoke --out /tmp/packed                 # seconds: the pipeline only
+
+MixiT mixes tokens by a fixed matrix indexed by ABSOLUTE position, and the demo's arithmetic
+successes put one example per sequence at position 0 (the result is predicted at b's position 1,
+where the sink head reads a at position 0 exactly). LM pretraining instead packs documents into
+windows at arbitrary offsets. This study writes the demo's modular-addition examples (p = 31, the
+same 95/5 split of pairs as `synthetic:modular_addition`) as text, one example per line, each
+number one byte (chr(65 + n)): "a b c\\n" is 4 bytes. It trains `standard`, `frozen_qk` and `mixit`
+(recipes/packed_modadd.yaml: the demo's model and optimizer, same steps, same examples per step)
+through the trainer's `text:` reader in three layouts:
+
+- `aligned`:  `documents: lines, windows: documents`, seq_len 4: one example per window, at position 0
+              (the synthetic task's layout, as bytes);
+- `packed`:   the byte stream cut into windows of 63 tokens: 15.75 examples per window, at every offset
+              (63 is not a multiple of 4, so windows start inside examples);
+- `docpack`:  `documents: lines, windows: documents`, seq_len 64: windows start at an example and hold
+              16 whole ones, so examples sit at positions 0, 4, 8, ... of every window.
+
+Every model is then scored on the 49 held-out pairs, each placed after `o` bytes of training text
+(its own layout's text, from a random point) for every offset o a model's context allows: the
+accuracy of c, predicted at b's position. Reported per (layout, variant): accuracy at offset 0
+(alone, as in the synthetic task), the mean over every offset (what packing asks for), and the mean
+over offsets 4k (examples at document slots); OUT/packed.png plots accuracy against offset.
+Seed i trains with the recipe's seed + i and MixiT matrices of seed i; re-running skips finished runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checkpoint import load_for_eval
+from data_pipeline.cli import CliParser, run_cli
+from data_pipeline.synthetic import get_task
+from data_pipeline.tokenizer import BYTE_TOKENIZER
+from model import VARIANTS
+from pretrain.config import load_recipe
+from pretrain.train import train
+
+from .errors import STUDY_ERRORS, StudyError
+from .spread import Spread
+
+RECIPE = "recipes/packed_modadd.yaml"
+DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit")
+P = 31                  # the demo's modulus
+BASE = 65               # number n is the byte chr(65 + n): 'A' .. '_' for p = 31
+# layout -> recipe overrides (the data file and val_fraction are added per run)
+LAYOUTS = {
+    "aligned": {"seq_len": 4, "data": {"documents": "lines", "windows": "documents"}, "batch": 64},
+    "packed": {"seq_len": 63, "data": {}, "batch": 4},
+    "docpack": {"seq_len": 64, "data": {"documents": "lines", "windows": "documents"}, "batch": 4},
+}
+SMOKE = ["train.max_steps=4", "train.eval_every_steps=0", "checkpoint.every_steps=0", "model.hidden_size=32",
+         "model.intermediate_size=64"]
+
+
+def encode(a: int, b: int, c: int) -> bytes:
+    return bytes([BASE + a, BASE + b, BASE + c])
+
+
+def write_data(path: Path, p: int, seed: int, repeats: int, val_repeats: int) -> dict[str, Any]:
+    """One example per line: `repeats` shuffled passes over the training pairs, then `val_repeats` over the
+    held-out pairs (the file's tail, which val_fraction selects). Returns the split sizes."""
+    task = get_task("modular_addition", seed=seed, p=p)
+    train_pairs = [task.pair(i, "train") for i in range(task.size("train"))]
+    test_pairs = [task.pair(i, "test") for i in range(task.size("test"))]
+    rng = random.Random(seed)
+    lines = []
+    for pairs, reps in ((train_pairs, repeats), (test_pairs, val_repeats)):
+        for _ in range(reps):
+            order = list(pairs)
+            rng.shuffle(order)
+            lines += [encode(a, b, (a + b) % p) for a, b in order]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    n_val = len(test_pairs) * val_repeats
+    return {"train_pairs": train_pairs, "test_pairs": test_pairs, "lines": len(lines), "val_lines": n_val,
+            # the tail held out exactly (bytes and lines alike: every line is 4 bytes), whatever the rounding
+            "val_fraction": (n_val + 0.5) / len(lines)}
+
+
+def layout_overrides(layout: str, data_file: Path, val_fraction: float) -> list[str]:
+    spec = LAYOUTS[layout]
+    data = {"source": f"text:{data_file}", "val_fraction": val_fraction, **spec["data"]}
+    return [f"data={json.dumps(data)}", f"train.seq_len={spec['seq_len']}", f"model.max_seq_len={spec['seq_len']}",
+            f"train.global_batch_sequences={spec['batch']}", f"train.micro_batch_sequences={spec['batch']}"]
+
+
+def context_stream(layout: str, train_pairs, p: int, seed: int, n: int = 4096) -> list[int]:
+    """Training text in `layout`'s byte form (newline or EOS after each 3-byte example) to draw contexts from."""
+    rng = random.Random(f"context-{seed}")
+    sep = [10] if layout == "packed" else [BYTE_TOKENIZER.eos_id]
+    out: list[int] = []
+    while len(out) < n:
+        a, b = rng.choice(train_pairs)
+        out += list(encode(a, b, (a + b) % p)) + sep
+    return out
+
+
+@torch.no_grad()
+def accuracy_by_offset(model, layout: str, test_pairs, train_pairs, p: int, seed: int = 0) -> dict[int, float]:
+    """{offset o: accuracy of c over the held-out pairs, each after o bytes of training text}. The
+    context starts at an example boundary when o is a multiple of 4 (whole examples before it, as in
+    `docpack` windows), anywhere otherwise. `aligned` models (4-token context) are scored at o = 0."""
+    T = model.cfg.max_seq_len
+    stream = context_stream(layout, train_pairs, p, seed)
+    rng = random.Random(f"offsets-{seed}")
+    out = {}
+    offsets = [0] if layout == "aligned" else range(0, T - 1)     # a and b must fit: o + 2 <= T
+    for o in offsets:
+        xs, ys = [], []
+        for a, b in test_pairs:
+            start = 4 * rng.randrange((len(stream) - o) // 4) if o % 4 == 0 else rng.randrange(len(stream) - o)
+            ctx = stream[start:start + o]
+            xs.append(ctx + [BASE + a, BASE + b])
+            ys.append(BASE + (a + b) % p)
+        logits = model(torch.tensor(xs))[:, -1]
+        out[o] = float((logits.argmax(-1) == torch.tensor(ys)).float().mean())
+    return out
+
+
+def summarize_offsets(acc: dict[int, float]) -> dict[str, float | None]:
+    """Accuracy at offset 0, over every offset and over offsets 0, 4, 8, ... (None: only offset 0 was scored)."""
+    if len(acc) == 1:
+        return {"offset0": acc[0], "all_offsets": None, "slots_4k": None}
+    return {"offset0": acc[0], "all_offsets": sum(acc.values()) / len(acc),
+            "slots_4k": sum(v for o, v in acc.items() if o % 4 == 0) / len([o for o in acc if o % 4 == 0])}
+
+
+def run_cell(recipe: str, overrides: list[str], run_dir: Path, layout: str, data: dict[str, Any], p: int,
+             seed: int) -> dict[str, Any]:
+    t0 = time.time()
+    res = train(recipe, overrides, run_dir=run_dir, resume="auto")
+    if res.interrupted:
+        raise StudyError(f"{run_dir.name} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run "
+                         "the same command again to resume it")
+    model, _ = load_for_eval(res.last_checkpoint)
+    model.eval()
+    acc = accuracy_by_offset(model, layout, data["test_pairs"], data["train_pairs"], p, seed)
+    return {"layout": layout, "by_offset": {str(k): v for k, v in acc.items()}, **summarize_offsets(acc),
+            "final_loss": res.losses[max(res.losses)] if res.losses else None, "steps": res.final_step,
+            "seconds": round(time.time() - t0, 1)}
+
+
+def table(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts) -> str:
+    lines = ["| layout | variant | seeds | acc, example alone at position 0 | acc, mean over every offset | "
+             "acc, mean over offsets 0, 4, 8, ... |", "|---|---|---|---|---|---|"]
+    for layout in layouts:
+        for v in variants:
+            rs = results.get((layout, v), [])
+            if not rs:
+                continue
+            cells = [Spread.of([r[k] for r in rs]).format("{:.1%}") if rs[0][k] is not None else "— (4-token context)"
+                     for k in ("offset0", "all_offsets", "slots_4k")]
+            lines.append(f"| {layout} | {v} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts, path: Path) -> Path:
+    import matplotlib  # deferred: heavy
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: heavy
+
+    fig, axes = plt.subplots(1, len(layouts), figsize=(5 * len(layouts), 3.8), squeeze=False)
+    for ax, layout in zip(axes[0], layouts):
+        for i, v in enumerate(variants):
+            for j, r in enumerate(results.get((layout, v), [])):
+                pts = sorted((int(o), a) for o, a in r["by_offset"].items())
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, "o-" if len(xs) == 1 else "-", color=f"C{i}", alpha=0.7, ms=5,
+                        label=v if j == 0 else None)
+        ax.axhline(1 / 31, color="gray", ls=":", lw=1)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("offset of the held-out example in its window (bytes)")
+        ax.set_ylabel("accuracy of c")
+        ax.set_title(f"trained: {layout}", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle("modular addition (p = 31) as bytes: held-out accuracy vs where the example sits (dotted: chance)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = CliParser(prog="python -m studies.packed", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--recipe", default=RECIPE)
+    ap.add_argument("--out", default="outputs/packed")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--seeds", type=int, choices=range(1, 101), metavar="N", default=3)
+    ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: the pipeline only")
+    ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every run")
+    a = ap.parse_args(argv)
+    variants = [v for v in a.variants.split(",") if v]
+    layouts = [x for x in a.layouts.split(",") if x]
+    overrides = (SMOKE if a.smoke else []) + list(a.overrides)
+    out = Path(a.out)
+
+    def body() -> None:
+        for v in variants:
+            if v not in VARIANTS:
+                raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+        for x in layouts:
+            if x not in LAYOUTS:
+                raise StudyError(f"unknown layout {x!r}. Fix: choose from {list(LAYOUTS)}")
+        t0 = time.time()
+        base = load_recipe(a.recipe, overrides)
+        p = P
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        cells = [(x, v, i) for i in range(a.seeds) for x in layouts for v in variants]
+        datas = {}
+        for i in range(a.seeds):
+            datas[i] = write_data(out / "data" / f"modadd_p{p}_seed{base.seed + i}.txt", p, base.seed + i,
+                                  repeats=200 if not a.smoke else 2, val_repeats=200 if not a.smoke else 2)
+        for x, v, i in cells:              # every run's recipe is checked before the first one trains
+            load_recipe(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i]))
+        for x, v, i in cells:
+            run_dir = out / "runs" / f"{x}-{v}-s{i}"
+            done = run_dir / "study_result.json"
+            if done.is_file():
+                r = json.loads(done.read_text())
+            else:
+                r = run_cell(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i]), run_dir, x,
+                             datas[i], p, base.seed + i)
+                done.write_text(json.dumps(r) + "\n")
+                every = "" if r["all_offsets"] is None else f", every offset {r['all_offsets']:.1%}"
+                print(f"{x}/{v}/seed {i}: offset 0 {r['offset0']:.1%}{every} ({r['seconds']} s)", flush=True)
+            results.setdefault((x, v), []).append(r)
+        text = table(results, variants, layouts)
+        (out / "packed.md").write_text(text + "\n")
+        (out / "packed.json").write_text(json.dumps({f"{x}/{v}": rs for (x, v), rs in results.items()}, indent=1))
+        png = plot(results, variants, layouts, out / "packed.png")
+        print(text)
+        print(f"plot: {png}   table: {out / 'packed.md'}   ({time.time() - t0:.0f} s)")
+
+    return run_cli(body, STUDY_ERRORS)
+
+
+def _cell_overrides(layout: str, variant: str, i: int, base_seed: int, out: Path, p: int,
+                    data: dict[str, Any]) -> list[str]:
+    data_file = (out / "data" / f"modadd_p{p}_seed{base_seed + i}.txt").resolve()
+    return layout_overrides(layout, data_file, data["val_fraction"]) + [
+        f"model.variant={variant}", f"seed={base_seed + i}", f"model.mixit_seed={i}"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The mechanism studies at a tiny budget (the pipelines only; the measurements are docs/RESULTS.md's):
+induction probes logged during training and plotted, and the packed-arithmetic layouts."""
+from __future__ import annotations
+
+import json
+
+from studies import induction, packed
+
+
+def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
+    out = tmp_path / "ind"
+    assert induction.main(["--smoke", "--out", str(out), "--variants", "standard,mixit", "--seeds", "1",
+                           "--vocab-size", "400", "--repeat-fraction", "0.5"]) == 0
+    rows = [json.loads(x) for x in (out / "runs" / "standard-L2-s0" / "metrics.jsonl").read_text().splitlines()]
+    probed = [r for r in rows if "probe/icl_score" in r]
+    assert [r["step"] for r in probed] == [2, 4]                          # every eval_every_steps, in metrics.jsonl
+    assert len(probed[-1]["probe/induction_score_text_heads"]) == 2       # [layer][head]
+    mix = [json.loads(x) for x in (out / "runs" / "mixit-L2-s0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["probe/source"] for r in mix if "probe/source" in r] == ["mixing_matrix"] * 2
+    md = (out / "induction.md").read_text()
+    assert "| standard | 2 | 1 | 4 |" in md and "| mixit | 2 | 1 | 4 |" in md and "(fixed map)" in md
+    assert (out / "induction.png").stat().st_size > 10_000
+    # the held-out documents are the shards' tail, and the bursty copies only ever come from training text
+    data = out / "data"
+    held = (data / "bpe400_repeat0.5x400_heldout.txt").read_text()
+    full = (data / "bpe400_repeat0.5x400.txt").read_text()
+    assert full.endswith(held) and full.count("\n") > held.count("\n")
+
+
+def test_packed_study_trains_every_layout_and_scores_offsets(tmp_path):
+    out = tmp_path / "packed"
+    assert packed.main(["--smoke", "--out", str(out), "--variants", "mixit", "--seeds", "1"]) == 0
+    res = json.loads((out / "packed.json").read_text())
+    assert set(res) == {"aligned/mixit", "packed/mixit", "docpack/mixit"}
+    assert list(res["aligned/mixit"][0]["by_offset"]) == ["0"]             # a 4-token context: offset 0 only
+    assert len(res["packed/mixit"][0]["by_offset"]) == 62                  # a and b fit: offsets 0..61 of 63
+    cfg = (out / "runs" / "packed-mixit-s0" / "config.yaml").read_text()
+    assert "seq_len: 63" in cfg
+    assert (out / "packed.png").stat().st_size > 10_000
+    assert "| docpack | mixit | 1 |" in (out / "packed.md").read_text()
+
+
+def test_packed_data_keeps_the_held_out_pairs_out_of_training(tmp_path):
+    info = packed.write_data(tmp_path / "d.txt", 31, 1234, repeats=2, val_repeats=1)
+    lines = (tmp_path / "d.txt").read_bytes().split(b"\n")[:-1]
+    n_val = info["val_lines"]
+    train, val = lines[:-n_val], lines[-n_val:]
+    assert {packed.encode(a, b, (a + b) % 31) for a, b in info["test_pairs"]} == set(val)
+    assert not set(train) & set(val) and len(train) == 2 * len(info["train_pairs"])
+    assert all(len(x) == 3 for x in lines)
+    assert int(len(lines) * info["val_fraction"]) == n_val                  # the loader's tail is exactly them
