@@ -11,6 +11,7 @@ block sizes) and warm (cached); synthetic tasks. Columns: tokens/s in a tight lo
 time a training step waits for its batch when each step takes as long as a 1B model's step
 at 45% MFU on an H100 (the loader's work either runs inside the step or, prefetched, beside it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,18 +33,20 @@ from data_pipeline.loader import build_loader  # noqa: E402
 from data_pipeline.shards import FORMAT_VERSION, MANIFEST, atomic_write_json, write_shard  # noqa: E402
 from data_pipeline.testing import http_server  # noqa: E402
 
-H100_BF16_DENSE_TFLOPS = 989.4        # H100 SXM, dense bf16 tensor-core peak
+H100_BF16_DENSE_TFLOPS = 989.4  # H100 SXM, dense bf16 tensor-core peak
 MFU = 0.45
 
 
 def need_tokens_per_s(seq_len: int) -> tuple[float, str]:
     """Tokens/s one H100 consumes training a Llama-3.2-1B-shaped model at 45% MFU."""
     n_params, layers, d = 1.24e9, 16, 2048
-    flops = 6 * n_params + 12 * layers * d * seq_len          # dense matmuls + attention scores, fwd+bwd
+    flops = 6 * n_params + 12 * layers * d * seq_len  # dense matmuls + attention scores, fwd+bwd
     tps = MFU * H100_BF16_DENSE_TFLOPS * 1e12 / flops
-    how = (f"1B model (Llama-3.2-1B shape: 1.24e9 params, 16 layers, d=2048) at seq {seq_len}: "
-           f"6N + 12*layers*d*seq = {flops:.3g} FLOPs/token; {MFU:.0%} x {H100_BF16_DENSE_TFLOPS} TFLOP/s "
-           f"/ that = {tps:,.0f} tokens/s per GPU")
+    how = (
+        f"1B model (Llama-3.2-1B shape: 1.24e9 params, 16 layers, d=2048) at seq {seq_len}: "
+        f"6N + 12*layers*d*seq = {flops:.3g} FLOPs/token; {MFU:.0%} x {H100_BF16_DENSE_TFLOPS} TFLOP/s "
+        f"/ that = {tps:,.0f} tokens/s per GPU"
+    )
     return tps, how
 
 
@@ -77,17 +80,32 @@ def synthetic_shards(out: Path, n_tokens: int, shard_tokens: int, vocab: int = 3
         cut = np.cumsum(lens)
         offsets = np.concatenate([[0], cut[cut < n], [n]]).astype(np.int64)
         shards.append(write_shard(out, i, rng.integers(0, vocab, n, dtype=np.uint16), offsets))
-    m = {"format_version": FORMAT_VERSION, "complete": True, "tokenizer_id": "bench:random", "vocab_size": vocab,
-         "dtype": "uint16", "eos_id": 0, "pad_id": 0, "num_tokens": n_tokens,
-         "num_docs": sum(s["num_docs"] for s in shards), "shards": shards}
+    m = {
+        "format_version": FORMAT_VERSION,
+        "complete": True,
+        "tokenizer_id": "bench:random",
+        "vocab_size": vocab,
+        "dtype": "uint16",
+        "eos_id": 0,
+        "pad_id": 0,
+        "num_tokens": n_tokens,
+        "num_docs": sum(s["num_docs"] for s in shards),
+        "shards": shards,
+    }
     atomic_write_json(out / MANIFEST, m)
     return m
 
 
 def make(source: str, seq_len: int, rank_batch: int, *, prefetch: int, per_row: bool = False, **kw):
     # rank 0 of 8 data-parallel ranks: its share of each global batch is rank_batch rows
-    ld = build_loader(DataConfig(source=source, prefetch=prefetch, **kw), split="train", seq_len=seq_len,
-                      global_batch_size=8 * rank_batch, dp_rank=0, dp_world_size=8)
+    ld = build_loader(
+        DataConfig(source=source, prefetch=prefetch, **kw),
+        split="train",
+        seq_len=seq_len,
+        global_batch_size=8 * rank_batch,
+        dp_rank=0,
+        dp_world_size=8,
+    )
     if per_row:
         for s in ld.sources:
             s.fetch = types.MethodType(per_row_fetch, s)
@@ -111,7 +129,7 @@ def stall(ld, steps: int, step_s: float) -> float:
     next(ld)
     waited = 0.0
     for _ in range(steps):
-        time.sleep(step_s)                       # the model's step (sleep releases the GIL, as CUDA work does)
+        time.sleep(step_s)  # the model's step (sleep releases the GIL, as CUDA work does)
         t0 = time.perf_counter()
         next(ld)
         waited += time.perf_counter() - t0
@@ -135,8 +153,10 @@ def main() -> None:
         srv_root = tmp / "srv"
         m = synthetic_shards(srv_root / "shards", args.tokens, 16 << 20)
         local = str(srv_root / "shards")
-        print(f"corpus: {m['num_tokens']:,} random tokens ({m['num_tokens'] * 2 / 2**20:.0f} MiB) in "
-              f"{len(m['shards'])} shards, {m['num_docs']:,} documents; {os.cpu_count()} CPU cores")
+        print(
+            f"corpus: {m['num_tokens']:,} random tokens ({m['num_tokens'] * 2 / 2**20:.0f} MiB) in "
+            f"{len(m['shards'])} shards, {m['num_docs']:,} documents; {os.cpu_count()} CPU cores"
+        )
         print(f"need: {how}")
         print(f"one training step of {B} x {L} tokens per GPU = {step_s * 1e3:.0f} ms of compute\n")
         print(f"{'source / loader':<48}{'rows x seq':>11}{'tokens/s':>14}{'vs need':>9}{'wait/step':>12}{'of step':>9}")
@@ -154,9 +174,11 @@ def main() -> None:
                 sfx = " +doc_ids" if doc_ids else ""
                 shape = f"{rb}x{sl}"
                 stall_kw = dict(steps=args.stall_steps, step_s=step_s) if sl == L else None
-                for name, kw in ((f"local, per-row loop, sync (before){sfx}", dict(prefetch=0, per_row=True)),
-                                 (f"local, vectorised, sync{sfx}", dict(prefetch=0)),
-                                 (f"local, vectorised, prefetch 2 (after){sfx}", dict(prefetch=2))):
+                for name, kw in (
+                    (f"local, per-row loop, sync (before){sfx}", dict(prefetch=0, per_row=True)),
+                    (f"local, vectorised, sync{sfx}", dict(prefetch=0)),
+                    (f"local, vectorised, prefetch 2 (after){sfx}", dict(prefetch=2)),
+                ):
                     mk = lambda kw=kw: make(local, sl, rb, return_doc_ids=doc_ids, **kw)  # noqa: E731
                     wait = stall(mk(), **stall_kw) if stall_kw else None
                     row(name, shape, tight(mk, args.steps, repeats=3), wait)
@@ -165,22 +187,44 @@ def main() -> None:
             shape = f"{B}x{L}"
             for kb in (64, 1024):
                 cache = str(tmp / f"cache{kb}")
-                row(f"http cold, block {kb} KiB, sync", shape,
-                    tight(lambda: make(url, L, B, prefetch=0, cache_dir=cache, cache_block_kb=kb), args.steps))
-                row(f"http warm (node cache), block {kb} KiB, sync", shape,
-                    tight(lambda: make(url, L, B, prefetch=0, cache_dir=cache, cache_block_kb=kb), args.steps))
+                row(
+                    f"http cold, block {kb} KiB, sync",
+                    shape,
+                    tight(lambda: make(url, L, B, prefetch=0, cache_dir=cache, cache_block_kb=kb), args.steps),
+                )
+                row(
+                    f"http warm (node cache), block {kb} KiB, sync",
+                    shape,
+                    tight(lambda: make(url, L, B, prefetch=0, cache_dir=cache, cache_block_kb=kb), args.steps),
+                )
             cold = make(url, L, B, prefetch=0, cache_dir=str(tmp / "cache_sync"), cache_block_kb=64)
             row("http cold, block 64 KiB, sync, in a step", shape, float("nan"), stall(cold, args.stall_steps, step_s))
             cold = make(url, L, B, prefetch=2, cache_dir=str(tmp / "cache_pre"), cache_block_kb=64)
-            row("http cold, block 64 KiB, prefetch 2, in a step", shape, float("nan"),
-                stall(cold, args.stall_steps, step_s))
+            row(
+                "http cold, block 64 KiB, prefetch 2, in a step",
+                shape,
+                float("nan"),
+                stall(cold, args.stall_steps, step_s),
+            )
         for task in ("kv_retrieval", "addition"):
-            row(f"synthetic:{task}, sync", f"{B}x64", tight(lambda: build_loader(
-                DataConfig(source=f"synthetic:{task}", prefetch=0), split="train", seq_len=64, global_batch_size=B),
-                args.steps))
+            row(
+                f"synthetic:{task}, sync",
+                f"{B}x64",
+                tight(
+                    lambda: build_loader(
+                        DataConfig(source=f"synthetic:{task}", prefetch=0),
+                        split="train",
+                        seq_len=64,
+                        global_batch_size=B,
+                    ),
+                    args.steps,
+                ),
+            )
         worst = min((r for r in rows if not r[0].startswith("synthetic") and not math.isnan(r[1])), key=lambda r: r[1])
-        print(f"\nslowest shard row: {worst[0]}: {worst[1]:,.0f} tokens/s per rank = {worst[1] / need:,.0f}x "
-              "what one GPU consumes")
+        print(
+            f"\nslowest shard row: {worst[0]}: {worst[1]:,.0f} tokens/s per rank = {worst[1] / need:,.0f}x "
+            "what one GPU consumes"
+        )
 
 
 if __name__ == "__main__":

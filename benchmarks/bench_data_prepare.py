@@ -5,6 +5,7 @@ after each document); one run of each, printed as a ratio table.
 
     .venv/bin/python benchmarks/bench_data_prepare.py [--repeat 4] [--workers 1 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,14 @@ def baseline(path: Path, sp_model: str, workers: int, out: Path) -> int:
     _SP_PATH = sp_model
     os.environ["BENCH_SP_MODEL"] = sp_model
     ds = datasets.load_dataset("text", data_files=[str(path)], split="train", cache_dir=str(out / "hf_cache"))
-    ds = ds.map(_tokenize, batched=True, batch_size=512, num_proc=workers if workers > 1 else None,
-                remove_columns=["text"], load_from_cache_file=False)
+    ds = ds.map(
+        _tokenize,
+        batched=True,
+        batch_size=512,
+        num_proc=workers if workers > 1 else None,
+        remove_columns=["text"],
+        load_from_cache_file=False,
+    )
     flat = np.fromiter((t for row in ds["ids"] for t in row), dtype=np.uint16)
     flat.tofile(out / "baseline.bin")
     return len(flat)
@@ -71,8 +78,10 @@ def main() -> None:
         src.write_text("\n".join(lines * args.repeat) + "\n", encoding="utf-8")
         tok = train_sentencepiece([str(src)], args.vocab_size, tmp / "tok", quiet=True)
         mb = src.stat().st_size / 1e6
-        print(f"input: {mb:.1f} MB, {len(lines) * args.repeat} lines; tokenizer {tok.identity} vocab {tok.vocab_size}; "
-              f"{os.cpu_count()} CPUs")
+        print(
+            f"input: {mb:.1f} MB, {len(lines) * args.repeat} lines; tokenizer {tok.identity} vocab {tok.vocab_size}; "
+            f"{os.cpu_count()} CPUs"
+        )
         rows = []
         # Warm both paths' lazy imports (datasets streaming and arrow builders) before timing.
         import datasets
@@ -94,8 +103,10 @@ def main() -> None:
         base = {w: t for name, w, _, t in rows if name.startswith("datasets")}
         for name, w, n, t in rows:
             print(f"{name:<26}{w:>8}{n:>12,}{t:>10.2f}{n / t:>14,.0f}{base[w] / t:>7.2f}x")
-        print("\nratio = baseline seconds / method seconds at the same worker count (one run each; "
-              "prepare also writes checksummed shards, a document index and a manifest).")
+        print(
+            "\nratio = baseline seconds / method seconds at the same worker count (one run each; "
+            "prepare also writes checksummed shards, a document index and a manifest)."
+        )
 
 
 if __name__ == "__main__":

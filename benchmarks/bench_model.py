@@ -16,6 +16,7 @@ a fresh subprocess (peak RSS on CPU, torch.cuda.max_memory_allocated on CUDA).
     python benchmarks/bench_model.py --mixit-memory 1024 2048 4096
     python benchmarks/bench_model.py --device cuda --dtype bf16 --compile --sizes 12x768x1024
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,19 @@ def parse_size(s: str) -> tuple[int, int, int]:
 def make_cfg(args, size: str, variant: str, **over):
     layers, width, seq = parse_size(size)
     heads = max(1, width // 64)
-    return preset("s", hidden_size=width, num_layers=layers, num_heads=heads, num_kv_heads=heads,
-                  intermediate_size=None, vocab_size=args.vocab, max_seq_len=seq, variant=variant,
-                  compile_blocks=args.compile, **over)
+    return preset(
+        "s",
+        hidden_size=width,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        intermediate_size=None,
+        vocab_size=args.vocab,
+        max_seq_len=seq,
+        variant=variant,
+        compile_blocks=args.compile,
+        **over,
+    )
 
 
 def sync(device):
@@ -70,7 +81,7 @@ def measure_peak_tflops(device, dtype, n: int, repeats: int = 5) -> float:
             a @ b
         sync(device)
         best = min(best, (time.perf_counter() - t0) / 3)
-    return 2 * n ** 3 / best / 1e12
+    return 2 * n**3 / best / 1e12
 
 
 class Entry:
@@ -86,6 +97,7 @@ class Entry:
             from transformers import LlamaForCausalLM
 
             from model.hf import llama_config
+
             hf_cfg = llama_config(self.cfg.replace(compile_blocks=False))
             hf_cfg._attn_implementation = "sdpa"
             self.model = LlamaForCausalLM(hf_cfg).to(self.device, self.dtype).train()
@@ -129,7 +141,7 @@ class Entry:
 def _worker_main(conn, args, size: str, kind: str):
     """Build one entry, warm it up, then time `steps` steps whenever asked."""
     e = Entry(args, size, kind)
-    e.step()                                    # warm-up (and compilation)
+    e.step()  # warm-up (and compilation)
     e.step()
     conn.send((e.tokens, e.flops))
     while (steps := conn.recv()) is not None:
@@ -169,10 +181,27 @@ class Worker:
 
 def memory_of(args, size: str, kind: str, extra: list[str]) -> float:
     """Peak memory (MiB) of a few training steps of one entry, in a fresh process."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", kind, "--sizes", size,
-           "--vocab", str(args.vocab), "--batch", str(args.batch), "--device", args.device,
-           "--dtype", args.dtype] + (["--compile"] if args.compile else []) + \
-        (["--plain-adamw"] if args.plain_adamw else []) + extra
+    cmd = (
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--_memory-child",
+            kind,
+            "--sizes",
+            size,
+            "--vocab",
+            str(args.vocab),
+            "--batch",
+            str(args.batch),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+        ]
+        + (["--compile"] if args.compile else [])
+        + (["--plain-adamw"] if args.plain_adamw else [])
+        + extra
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -195,7 +224,7 @@ def memory_child(args):
     kind = args._memory_child
     over = {"mixit_impl": args.mixit_impl} if args.mixit_impl else {}
     e = Entry(args, args.sizes[0], kind, **over)
-    try:                                        # reset the peak RSS (a forked child inherits its parent's)
+    try:  # reset the peak RSS (a forked child inherits its parent's)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
@@ -213,8 +242,10 @@ def memory_child(args):
 
 
 def mixit_memory_table(args):
-    print(f"\nMixiT memory vs T (1 layer of width {args.mixit_width}, batch 1, {args.dtype}, one fwd+bwd step; "
-          f"peak {'CUDA allocated' if args.device == 'cuda' else 'process RSS'} in MiB)")
+    print(
+        f"\nMixiT memory vs T (1 layer of width {args.mixit_width}, batch 1, {args.dtype}, one fwd+bwd step; "
+        f"peak {'CUDA allocated' if args.device == 'cuda' else 'process RSS'} in MiB)"
+    )
     print(f"{'T':>6} {'impl':>8} {'peak MiB':>10} {'H*T^2*4B per layer (MiB)':>26}")
     for T in args.mixit_memory:
         heads = max(1, args.mixit_width // 64)
@@ -236,8 +267,11 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     ap.add_argument("--compile", action="store_true", help="torch.compile the blocks (ours and HF's)")
-    ap.add_argument("--plain-adamw", action="store_true",
-                    help="give our entries HF's plain AdamW too (isolates the model from the optimizer)")
+    ap.add_argument(
+        "--plain-adamw",
+        action="store_true",
+        help="give our entries HF's plain AdamW too (isolates the model from the optimizer)",
+    )
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--peak-n", type=int, default=0, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
     ap.add_argument("--mixit-memory", type=int, nargs="*", default=[], help="T values for the MixiT memory table")
@@ -250,16 +284,18 @@ def main():
         return memory_child(args)
 
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    print(f"device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} compile={args.compile} "
-          f"vocab={args.vocab} batch={args.batch} torch={torch.__version__}")
+    print(
+        f"device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} compile={args.compile} "
+        f"vocab={args.vocab} batch={args.batch} torch={torch.__version__}"
+    )
     peak_n = args.peak_n or (8192 if device.type == "cuda" else 2048)
     peak = measure_peak_tflops(device, dtype, peak_n) if args.variants else 0.0
     for size in args.sizes if args.variants else []:
         kinds = list(args.variants) + ([] if args.no_hf else ["hf_llama"])
-        entries = [Worker(args, size, k) for k in kinds]     # built and warmed up (compiled) one by one
+        entries = [Worker(args, size, k) for k in kinds]  # built and warmed up (compiled) one by one
         try:
-            for r in range(args.rounds):            # alternate: each round times every entry once
-                for e in (entries if r % 2 == 0 else entries[::-1]):
+            for r in range(args.rounds):  # alternate: each round times every entry once
+                for e in entries if r % 2 == 0 else entries[::-1]:
                     e.timed(args.steps)
                 peak = max(peak, measure_peak_tflops(device, dtype, peak_n, repeats=2))
         finally:
@@ -269,8 +305,10 @@ def main():
         hf = next((e for e in entries if e.kind == "hf_llama"), None)
         print(f"measured peak (square matmul, best over rounds): {peak:.3f} TFLOP/s")
         print(f"\nsize {size} (layers x width x seq), {args.batch * parse_size(size)[2]} tokens/step")
-        print(f"{'model':<20} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'GFLOP/tok':>9} {'peak MiB':>9} "
-              f"{'vs std':>7} {'vs HF':>7}")
+        print(
+            f"{'model':<20} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'GFLOP/tok':>9} {'peak MiB':>9} "
+            f"{'vs std':>7} {'vs HF':>7}"
+        )
         for e in entries:
             t = statistics.median(e.times)
             tps = e.tokens / t
@@ -278,8 +316,11 @@ def main():
             mem = "" if args.no_memory else f"{memory_of(args, size, e.kind, []):.0f}"
             vs_std = f"{statistics.median(std.times) / t:.2f}x" if std else ""
             vs_hf = f"{statistics.median(hf.times) / t:.2f}x" if hf else ""
-            print(f"{e.kind:<20} {tps:>9.0f} {tf:>8.4f} {tf / peak:>6.1%} {e.flops / e.tokens / 1e9:>9.4f} "
-                  f"{mem:>9} {vs_std:>7} {vs_hf:>7}", flush=True)
+            print(
+                f"{e.kind:<20} {tps:>9.0f} {tf:>8.4f} {tf / peak:>6.1%} {e.flops / e.tokens / 1e9:>9.4f} "
+                f"{mem:>9} {vs_std:>7} {vs_hf:>7}",
+                flush=True,
+            )
     if args.mixit_memory:
         mixit_memory_table(args)
 

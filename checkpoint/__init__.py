@@ -13,6 +13,7 @@ and the evaluation harness.
 It imports `model/` (to build the network) and `data_pipeline/` (a classifier's pad id), and
 nothing from `pretrain/` or `eval/`.
 """
+
 from .load import CorruptCheckpoint, load_for_eval, run_checkpoints
 from .pickle_scan import UnsafeCheckpoint
 

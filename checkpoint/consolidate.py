@@ -6,6 +6,7 @@ frozen ones verbatim from the checkpoint's `frozen-stage*.safetensors` in their 
 tied embeddings once. The MixiT matrices are regenerated from the seed in the model config.
 Classification runs (recipe `task: classification`) come back as a SequenceClassifier.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,8 +40,9 @@ def layer_key_map(model: Transformer) -> list[dict[str, str]]:
     for i, blk in enumerate(model.layers):
         out.append({f"block.{k}": f"layers.{i}.{k}" for k in blk.state_dict()})
     out.append({"norm.weight": "norm.weight"})
-    out.append({"embed_tokens.weight": "embed_tokens.weight"} if cfg.tie_embeddings
-               else {"lm_head.weight": "lm_head.weight"})
+    out.append(
+        {"embed_tokens.weight": "embed_tokens.weight"} if cfg.tie_embeddings else {"lm_head.weight": "lm_head.weight"}
+    )
     return out
 
 
@@ -48,7 +50,7 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
     """(ModelConfig, full state dict in the trained module's names, trainer state) of a tag dir."""
     tag_dir = Path(tag_dir)
     state = tags.read_state(tag_dir)
-    verify_checkpoint_dir(tag_dir)         # zero_to_fp32 below unpickles in full: scan first
+    verify_checkpoint_dir(tag_dir)  # zero_to_fp32 below unpickles in full: scan first
     mcfg = ModelConfig.from_dict(state["model_config"])
     dtype = _module_dtype(state)
     layer_files = sorted(tag_dir.glob("layer_*-model_states.pt"))
@@ -63,19 +65,22 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
                 if k in keymap[idx]:
                     sd[keymap[idx][k]] = v
     else:
-        files = sorted(tag_dir.glob("mp_rank_*_model_states.pt")) or sorted(tag_dir.glob("zero_pp_rank_*_model_states.pt"))
+        files = sorted(tag_dir.glob("mp_rank_*_model_states.pt")) or sorted(
+            tag_dir.glob("zero_pp_rank_*_model_states.pt")
+        )
         if not files:
             raise FileNotFoundError(f"{tag_dir} holds no DeepSpeed model states (*model_states.pt)")
         states = safe_torch_load(files[0])
         stage = int(states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0))
         if stage >= 3:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # deferred: heavy
-            with guarded_torch_load():        # zero_to_fp32 reads only what was scanned, weights-only
+
+            with guarded_torch_load():  # zero_to_fp32 reads only what was scanned, weights-only
                 full = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
             sd = {k: v.to(dtype) for k, v in full.items()}
         else:
             sd = dict(states["module"])
-    sd.update(tags.load_frozen(tag_dir))            # frozen tensors verbatim, own dtype
+    sd.update(tags.load_frozen(tag_dir))  # frozen tensors verbatim, own dtype
     if mcfg.tie_embeddings:
         sd.pop("lm_head.weight", None)
     return mcfg, sd, state
@@ -100,9 +105,14 @@ def _fill(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str, tied
 
 def _meta(state: dict[str, Any], mcfg: ModelConfig, tag_dir: Path) -> dict[str, Any]:
     """What evaluation needs besides weights; `data` (the recipe's section) locates the run's tokenizer."""
-    return {"step": state.get("step"), "tokens_seen": state.get("tokens_seen"),
-            "tokenizer_id": state.get("tokenizer_id"), "variant": mcfg.variant, "source": str(tag_dir),
-            "data": (state.get("recipe") or {}).get("data")}
+    return {
+        "step": state.get("step"),
+        "tokens_seen": state.get("tokens_seen"),
+        "tokenizer_id": state.get("tokenizer_id"),
+        "variant": mcfg.variant,
+        "source": str(tag_dir),
+        "data": (state.get("recipe") or {}).get("data"),
+    }
 
 
 def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device = "cpu"):
@@ -117,8 +127,12 @@ def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device =
     if mcfg.tie_embeddings:
         model.model.lm_head.weight = model.model.embed_tokens.weight
     model.set_step(int(state.get("step", 0)))
-    meta = {**_meta(state, mcfg, tag_dir), "task": "classification", "data": data,
-            "seq_len": recipe.get("train", {}).get("seq_len")}
+    meta = {
+        **_meta(state, mcfg, tag_dir),
+        "task": "classification",
+        "data": data,
+        "seq_len": recipe.get("train", {}).get("seq_len"),
+    }
     return model.to(device), meta
 
 

@@ -6,6 +6,7 @@ DeepSpeed's tools unpickle checkpoint files in full (`weights_only=False`). Insi
 process each `torch.load` scans the file and loads it weights-only from the same open file
 (`pickle_scan.guarded_torch_load`); worker processes forked by the tool inherit that.
 """
+
 from __future__ import annotations
 
 import runpy

@@ -4,6 +4,7 @@ Accepted paths: a native dir (model.safetensors + config.json, model/io.py), a t
 dir (checkpoint/tags.py; any ZeRO stage or pipeline layout), a run dir (its latest complete
 checkpoint), or a HuggingFace dir (safetensors only, never remote code).
 """
+
 from __future__ import annotations
 
 import json
@@ -50,14 +51,18 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple
     try:
         return _load_for_eval(Path(path), device)
     except _CORRUPT as e:
-        raise CorruptCheckpoint(f"{path}: a checkpoint file is corrupt or truncated ({type(e).__name__}: {e}). "
-                                "Fix: use an earlier checkpoint of the run, or write this one again") from e
+        raise CorruptCheckpoint(
+            f"{path}: a checkpoint file is corrupt or truncated ({type(e).__name__}: {e}). "
+            "Fix: use an earlier checkpoint of the run, or write this one again"
+        ) from e
 
 
 def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist. Fix: pass a run dir, a checkpoint tag dir (RUN/checkpoints/"
-                                "step_N), or a native or HuggingFace model dir")
+        raise FileNotFoundError(
+            f"{p} does not exist. Fix: pass a run dir, a checkpoint tag dir (RUN/checkpoints/"
+            "step_N), or a native or HuggingFace model dir"
+        )
     if mio.is_native(p):
         model, meta = mio.load_native(p, device=device)
         meta = dict(meta)
@@ -66,30 +71,39 @@ def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module
     if tags.is_complete(p):
         problems = tags.verify(p)
         if problems:
-            raise FileNotFoundError(f"{p} fails verification against its {tags.COMPLETE} marker ({'; '.join(problems[:3])}); "
-                                    "use an earlier checkpoint")
+            raise FileNotFoundError(
+                f"{p} fails verification against its {tags.COMPLETE} marker ({'; '.join(problems[:3])}); "
+                "use an earlier checkpoint"
+            )
         return model_from_checkpoint(p, device)
     if (p / tags.STATE).is_file():
-        raise FileNotFoundError(f"{p} is an incomplete checkpoint (no {tags.COMPLETE} marker: the save was "
-                                "interrupted); use an earlier checkpoint")
+        raise FileNotFoundError(
+            f"{p} is an incomplete checkpoint (no {tags.COMPLETE} marker: the save was "
+            "interrupted); use an earlier checkpoint"
+        )
     if (p / "checkpoints").is_dir() or p.name == "checkpoints":
         run = p if (p / "checkpoints").is_dir() else p.parent
         latest, notes = tags.newest_good_checkpoint(run)
         if latest is None:
-            raise FileNotFoundError(f"run dir {run} has no intact complete checkpoint under checkpoints/"
-                                    + (f" ({'; '.join(notes)})" if notes else ""))
+            raise FileNotFoundError(
+                f"run dir {run} has no intact complete checkpoint under checkpoints/"
+                + (f" ({'; '.join(notes)})" if notes else "")
+            )
         return model_from_checkpoint(latest, device)
     if is_hf_dir(p):
         from model.hf import import_hf  # deferred: heavy (transformers, ~3 s to import)
+
         model = import_hf(p).to(device)
         meta = _hf_meta(p)
         meta.setdefault("variant", model.cfg.variant)
         for k in ("step", "tokens_seen", "tokenizer_id"):
             meta.setdefault(k, None)
         return model, meta
-    raise FileNotFoundError(f"no checkpoint at {p}: expected a native dir (model.safetensors + config.json), an HF "
-                            f"dir (config.json + *.safetensors), a checkpoint tag dir ({tags.STATE} + {tags.COMPLETE}) "
-                            "or a run dir with checkpoints/")
+    raise FileNotFoundError(
+        f"no checkpoint at {p}: expected a native dir (model.safetensors + config.json), an HF "
+        f"dir (config.json + *.safetensors), a checkpoint tag dir ({tags.STATE} + {tags.COMPLETE}) "
+        "or a run dir with checkpoints/"
+    )
 
 
 def run_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:

@@ -8,6 +8,7 @@ Every load then reads the file it scanned, from the same open file, with `weight
 for `weights_only=False`), so a file swapped between the scan and the load is never unpickled
 in full.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,17 +24,26 @@ from torch.serialization import get_unsafe_globals_in_checkpoint
 # Globals a trainer checkpoint legitimately needs besides torch's own weights-only set:
 # numpy arrays in the RNG state, and DeepSpeed's small bookkeeping classes in optimizer states.
 CHECKPOINT_GLOBALS = (
-    "numpy.dtype", "numpy.ndarray", "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct",
-    "numpy.dtypes.UInt32DType", "numpy.dtypes.Int64DType", "numpy.dtypes.Float64DType",
-    "numpy._core.multiarray.scalar", "numpy.core.multiarray.scalar",
+    "numpy.dtype",
+    "numpy.ndarray",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray._reconstruct",
+    "numpy.dtypes.UInt32DType",
+    "numpy.dtypes.Int64DType",
+    "numpy.dtypes.Float64DType",
+    "numpy._core.multiarray.scalar",
+    "numpy.core.multiarray.scalar",
     "deepspeed.utils.tensor_fragment.fragment_address",
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
     "deepspeed.runtime.zero.config.ZeroStageEnum",
     "deepspeed.checkpoint.utils.clone_tensors_for_torch_save",
-    "collections.OrderedDict", "collections.defaultdict", "argparse.Namespace",
+    "collections.OrderedDict",
+    "collections.defaultdict",
+    "argparse.Namespace",
 )
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
-_torch_load = torch.load          # the real loader, whatever guarded_torch_load() puts in its place
+_torch_load = torch.load  # the real loader, whatever guarded_torch_load() puts in its place
 
 
 class UnsafeCheckpoint(RuntimeError):
@@ -69,7 +79,8 @@ def _refuse(path, bad) -> UnsafeCheckpoint:
     return UnsafeCheckpoint(
         f"{path} would import {bad} when loaded; a checkpoint written by this trainer never does, so it is refused "
         "(loading it could run code). Fix: use a checkpoint from a trusted run; if you wrote this file yourself and "
-        "trust it, add the names to checkpoint.pickle_scan.CHECKPOINT_GLOBALS")
+        "trust it, add the names to checkpoint.pickle_scan.CHECKPOINT_GLOBALS"
+    )
 
 
 def _load_scanned(f: IO[bytes], name: str, map_location, **kwargs) -> Any:
@@ -88,7 +99,7 @@ def safe_torch_load(path: str | os.PathLike | IO[bytes], map_location="cpu", **k
     scan and the load), refusing files that import non-allowlisted globals."""
     if hasattr(path, "read"):
         return _load_scanned(path, getattr(path, "name", "<file>"), map_location, **kwargs)
-    if kwargs.get("mmap"):           # mmap needs the path: scan, then load weights-only (which allows no code)
+    if kwargs.get("mmap"):  # mmap needs the path: scan, then load weights-only (which allows no code)
         bad = scan_pickle(path)
         if bad:
             raise _refuse(path, bad)

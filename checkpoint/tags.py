@@ -25,6 +25,7 @@ Layout of `RUN/checkpoints/<tag>/` (tag = `step_00000042`):
 symlinked tag dir) is refused (`UnsafeCheckpoint`), never followed; a name that is not one of
 our tags is ignored.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,8 @@ from .pickle_scan import UnsafeCheckpoint, safe_torch_load
 TAG_RE = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
 STATE = "trainer_state.json"
-MARKER_FORMAT = 2                  # COMPLETE holds the file list (format 1: the text "ok")
-CHECKSUM_MAX_BYTES = 1 << 20       # files up to this size get a sha256 in the marker; larger ones their size
+MARKER_FORMAT = 2  # COMPLETE holds the file list (format 1: the text "ok")
+CHECKSUM_MAX_BYTES = 1 << 20  # files up to this size get a sha256 in the marker; larger ones their size
 
 
 def tag_for(step: int) -> str:
@@ -92,9 +93,11 @@ def latest_tag_dir(run_dir: str | os.PathLike) -> Path | None:
     if not tag:
         return None
     if "/" in tag or "\\" in tag or tag in (".", "..") or not _inside(root, root / tag):
-        raise UnsafeCheckpoint(f"{ptr} names {tag[:200]!r}, which leads out of {root}; it is refused, not "
-                               f"followed. Fix: write the tag of a checkpoint of this run (step_NNNNNNNN) into {ptr}, "
-                               "or delete it (the newest complete checkpoint is then used)")
+        raise UnsafeCheckpoint(
+            f"{ptr} names {tag[:200]!r}, which leads out of {root}; it is refused, not "
+            f"followed. Fix: write the tag of a checkpoint of this run (step_NNNNNNNN) into {ptr}, "
+            "or delete it (the newest complete checkpoint is then used)"
+        )
     return root / tag if TAG_RE.match(tag) else None
 
 
@@ -176,7 +179,7 @@ def file_list(tag_dir: Path) -> dict[str, dict[str, Any]]:
 def mark_complete(tag_dir: Path) -> dict[str, dict[str, Any]]:
     """fsync every file and directory of the tag dir, then write the marker listing them
     (atomically, fsynced). Returns the list."""
-    for p in sorted(tag_dir.rglob("*"), reverse=True):       # files before the directories holding them
+    for p in sorted(tag_dir.rglob("*"), reverse=True):  # files before the directories holding them
         fsync_path(p)
     fsync_path(tag_dir)
     files = file_list(tag_dir)
@@ -237,7 +240,7 @@ def load_rng(tag_dir: Path, rank: int) -> bool:
     f = Path(tag_dir) / "rng" / f"rank{rank}.pt"
     if not f.is_file():
         return False
-    set_rng_state(safe_torch_load(f))     # weights_only=True, allowlisted globals
+    set_rng_state(safe_torch_load(f))  # weights_only=True, allowlisted globals
     return True
 
 
@@ -296,27 +299,36 @@ def resolve_resume(resume: str | None, run_dir: Path) -> tuple[Path | None, list
     if resume == "auto":
         found, notes = newest_good_checkpoint(run_dir)
         if found is None and notes:
-            raise FileNotFoundError(f"--resume auto: {run_dir} has complete checkpoints but none is intact "
-                                    f"({' '.join(notes[:3])}). Fix: --resume PATH of a checkpoint you trust, or "
-                                    "--resume never --overwrite to start the run over")
+            raise FileNotFoundError(
+                f"--resume auto: {run_dir} has complete checkpoints but none is intact "
+                f"({' '.join(notes[:3])}). Fix: --resume PATH of a checkpoint you trust, or "
+                "--resume never --overwrite to start the run over"
+            )
         return found, notes
     p = Path(resume)
     if is_complete(p):
         problems = verify(p)
         if problems:
-            raise FileNotFoundError(f"--resume {resume}: the checkpoint fails verification ({'; '.join(problems[:3])}): "
-                                    "it was damaged after it was written (or by a crash before its files reached the "
-                                    "disk). Fix: resume from an earlier checkpoint of the run")
+            raise FileNotFoundError(
+                f"--resume {resume}: the checkpoint fails verification ({'; '.join(problems[:3])}): "
+                "it was damaged after it was written (or by a crash before its files reached the "
+                "disk). Fix: resume from an earlier checkpoint of the run"
+            )
         return p, []
     run = p if (p / "checkpoints").is_dir() else p.parent if p.name == "checkpoints" else None
     if run is not None:
         found, notes = newest_good_checkpoint(run)
         if found is not None:
             return found, notes
-    tag_dirs = sorted((int(m.group(1)), c) for c in (p.iterdir() if p.is_dir() else ())
-                      if (m := TAG_RE.match(c.name)) and is_complete(c))
+    tag_dirs = sorted(
+        (int(m.group(1)), c)
+        for c in (p.iterdir() if p.is_dir() else ())
+        if (m := TAG_RE.match(c.name)) and is_complete(c)
+    )
     for _, c in reversed(tag_dirs):
         if not verify(c):
             return c, []
-    raise FileNotFoundError(f"--resume {resume}: no intact complete checkpoint there (expected a run dir, its "
-                            f"checkpoints/ dir, or a tag dir containing {STATE} and {COMPLETE})")
+    raise FileNotFoundError(
+        f"--resume {resume}: no intact complete checkpoint there (expected a run dir, its "
+        f"checkpoints/ dir, or a tag dir containing {STATE} and {COMPLETE})"
+    )

@@ -11,6 +11,7 @@ Public entry points::
 The package itself imports only the light config and error types, so the CLIs and the
 tokeniser worker processes start without torch.
 """
+
 from .config import DataConfig
 from .errors import DataError
 

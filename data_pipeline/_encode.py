@@ -3,6 +3,7 @@
 Kept import-light (numpy + the tokenizer wrapper) because worker processes are spawned
 fresh and each one imports this module.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -27,6 +27,7 @@ used by the tests and the CPU recipe:
 
     python -m data_pipeline.classification --out data/toy_sentiment.jsonl --n 2000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,17 @@ from .order import Permutation, derive_key
 from .tokenizer import BYTE_TOKENIZER, BYTES, load_tokenizer
 
 PREFIX = "classify:"
-KNOWN_KEYS = {"source", "text_field", "label_field", "tokenizer", "pad_id", "val_fraction", "val_source",
-              "max_examples", "seed"}
+KNOWN_KEYS = {
+    "source",
+    "text_field",
+    "label_field",
+    "tokenizer",
+    "pad_id",
+    "val_fraction",
+    "val_source",
+    "max_examples",
+    "seed",
+}
 
 
 def _repo_path(p: str) -> Path:
@@ -58,8 +68,13 @@ def _repo_path(p: str) -> Path:
     return path
 
 
-def read_examples(source: str, text_field: str = "text", label_field: str = "label", split: str = "train",
-                  max_examples: int | None = None) -> list[tuple[str, Any]]:
+def read_examples(
+    source: str,
+    text_field: str = "text",
+    label_field: str = "label",
+    split: str = "train",
+    max_examples: int | None = None,
+) -> list[tuple[str, Any]]:
     """(text, raw label) pairs of a local jsonl/csv file or of `hf:NAME` (split train or test)."""
     if source.startswith("hf:"):
         try:
@@ -73,12 +88,16 @@ def read_examples(source: str, text_field: str = "text", label_field: str = "lab
         try:
             ds = datasets.load_dataset(name, split=hf_split)
         except Exception as e:  # noqa: BLE001 - network / cache errors: say what to do
-            raise DataError(f"could not load HuggingFace dataset {name!r} split {hf_split!r}: {e}. Fix: run once "
-                            "with network access (it is cached), or export it to jsonl and use a local file") from e
+            raise DataError(
+                f"could not load HuggingFace dataset {name!r} split {hf_split!r}: {e}. Fix: run once "
+                "with network access (it is cached), or export it to jsonl and use a local file"
+            ) from e
         for f in (text_field, label_field):
             if f not in ds.column_names:
-                raise DataError(f"dataset {name!r} has no column {f!r}; columns: {ds.column_names}. "
-                                "Fix: set data.text_field / data.label_field")
+                raise DataError(
+                    f"dataset {name!r} has no column {f!r}; columns: {ds.column_names}. "
+                    "Fix: set data.text_field / data.label_field"
+                )
         return list(zip(ds[text_field], ds[label_field]))
     path = _repo_path(source)
     if not path.is_file():
@@ -88,8 +107,10 @@ def read_examples(source: str, text_field: str = "text", label_field: str = "lab
         with open(path, newline="", encoding="utf-8") as f:
             rows = csv.DictReader(f)
             if rows.fieldnames is None or text_field not in rows.fieldnames or label_field not in rows.fieldnames:
-                raise DataError(f"{path}: CSV header {rows.fieldnames} lacks {text_field!r}/{label_field!r}; "
-                                "set data.text_field / data.label_field")
+                raise DataError(
+                    f"{path}: CSV header {rows.fieldnames} lacks {text_field!r}/{label_field!r}; "
+                    "set data.text_field / data.label_field"
+                )
             out = [(r[text_field], r[label_field]) for r in rows]
     else:
         with open(path, encoding="utf-8") as f:
@@ -100,10 +121,11 @@ def read_examples(source: str, text_field: str = "text", label_field: str = "lab
                     r = json.loads(line)
                     out.append((r[text_field], r[label_field]))
                 except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise DataError(f"{path}:{n}: expected a JSON object with {text_field!r} and {label_field!r} "
-                                    f"({e})") from None
+                    raise DataError(
+                        f"{path}:{n}: expected a JSON object with {text_field!r} and {label_field!r} ({e})"
+                    ) from None
     if max_examples:
-        out = out[:int(max_examples)]
+        out = out[: int(max_examples)]
     if not out:
         raise DataError(f"{source}: no examples")
     return out
@@ -150,16 +172,25 @@ def resolve_pad_id(data: dict[str, Any]) -> int:
 class ClassificationLoader:
     """This rank's share [B // W, T] of each global batch: {"input_ids", "labels" (one per sequence)}."""
 
-    def __init__(self, data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
-                 dp_rank: int = 0, dp_world_size: int = 1):
+    def __init__(
+        self,
+        data: dict[str, Any],
+        split: str,
+        seq_len: int,
+        global_batch_size: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+    ):
         data = dict(data)
         unknown = set(data) - KNOWN_KEYS
         if unknown:
-            raise DataError(f"data: unknown keys {sorted(unknown)} for classification data; known: {sorted(KNOWN_KEYS)}")
+            raise DataError(
+                f"data: unknown keys {sorted(unknown)} for classification data; known: {sorted(KNOWN_KEYS)}"
+            )
         if global_batch_size % dp_world_size:
             raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
         src = str(data["source"])
-        self.source = src[len(PREFIX):] if src.startswith(PREFIX) else src
+        self.source = src[len(PREFIX) :] if src.startswith(PREFIX) else src
         self.seed = int(data.get("seed", 0))
         self.split = "train" if split == "train" else "val"
         self.T, self.B, self.rank, self.world = seq_len, global_batch_size, dp_rank, dp_world_size
@@ -180,8 +211,10 @@ class ClassificationLoader:
             frac = float(data.get("val_fraction", 0.1))
             n_val = int(round(frac * len(every)))
             if not 0 < n_val < len(every):
-                raise DataError(f"{self.source}: val_fraction={frac} leaves {n_val} of {len(every)} examples for "
-                                "validation; use a fraction that gives both splits examples, or data.val_source")
+                raise DataError(
+                    f"{self.source}: val_fraction={frac} leaves {n_val} of {len(every)} examples for "
+                    "validation; use a fraction that gives both splits examples, or data.val_source"
+                )
             rank_of = Permutation(len(every), derive_key(self.seed, "classify-split"))(np.arange(len(every)))
             keep = rank_of < n_val if self.split == "val" else rank_of >= n_val
             rows = [r for r, k in zip(every, keep) if k]
@@ -200,10 +233,11 @@ class ClassificationLoader:
         self.input_ids = np.full((self.n, seq_len), self.pad_id, dtype=np.int64)
         for i, toks in enumerate(ids):
             toks = toks[:seq_len]
-            self.input_ids[i, :len(toks)] = toks
+            self.input_ids[i, : len(toks)] = toks
         self.labels = np.asarray(labels, dtype=np.int64)
-        self.fingerprint = hashlib.sha1(f"{self.source}|{self.seed}|{seq_len}|{self.n}|{self.tokenizer_id}".encode()
-                                        ).hexdigest()[:12]
+        self.fingerprint = hashlib.sha1(
+            f"{self.source}|{self.seed}|{seq_len}|{self.n}|{self.tokenizer_id}".encode()
+        ).hexdigest()[:12]
         self._perm_epoch, self._perm = -1, None
 
     def __len__(self) -> int:
@@ -230,22 +264,46 @@ class ClassificationLoader:
         return {"input_ids": torch.from_numpy(self.input_ids[idx]), "labels": torch.from_numpy(self.labels[idx])}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"samples_seen": self.samples_seen, "source": self.source, "seed": self.seed,
-                "fingerprint": self.fingerprint}
+        return {
+            "samples_seen": self.samples_seen,
+            "source": self.source,
+            "seed": self.seed,
+            "fingerprint": self.fingerprint,
+        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         if d.get("fingerprint", self.fingerprint) != self.fingerprint:
-            raise DataError(f"loader state is for {d.get('source')!r} (seed {d.get('seed')}, fingerprint "
-                            f"{d.get('fingerprint')}), but the recipe gives {self.source!r} (seed {self.seed}, "
-                            f"fingerprint {self.fingerprint}); resume with the same data")
+            raise DataError(
+                f"loader state is for {d.get('source')!r} (seed {d.get('seed')}, fingerprint "
+                f"{d.get('fingerprint')}), but the recipe gives {self.source!r} (seed {self.seed}, "
+                f"fingerprint {self.fingerprint}); resume with the same data"
+            )
         self.samples_seen = int(d["samples_seen"])
 
 
 # ---- a small learnable data set ------------------------------------------------------------
 POSITIVE = ["great", "excellent", "wonderful", "delicious", "friendly", "amazing", "lovely", "perfect"]
 NEGATIVE = ["awful", "terrible", "rude", "bland", "dirty", "horrible", "slow", "broken"]
-FILLER = ["the", "food", "was", "and", "service", "staff", "place", "really", "our", "table", "very", "we",
-          "ordered", "pizza", "coffee", "room", "night", "again"]
+FILLER = [
+    "the",
+    "food",
+    "was",
+    "and",
+    "service",
+    "staff",
+    "place",
+    "really",
+    "our",
+    "table",
+    "very",
+    "we",
+    "ordered",
+    "pizza",
+    "coffee",
+    "room",
+    "night",
+    "again",
+]
 
 
 def make_toy_example(rng: np.random.Generator) -> tuple[str, int]:
@@ -270,8 +328,9 @@ def make_toy_dataset(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m data_pipeline.classification",
-                   description="write a small learnable sentiment data set (jsonl)")
+    ap = CliParser(
+        prog="python -m data_pipeline.classification", description="write a small learnable sentiment data set (jsonl)"
+    )
     ap.add_argument("--out", required=True)
     ap.add_argument("--n", type=_positive_int, default=2000, help="examples to write")
     ap.add_argument("--seed", type=int, default=0)

@@ -3,6 +3,7 @@
 Why: a typo in a mixture weight or a task name should fail in the first second of a job,
 not after the model has been built and sharded.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,12 +42,12 @@ def normalize_mixture(mixture: Any) -> list[dict]:
     out = []
     for i, entry in enumerate(mixture):
         if not isinstance(entry, dict) or "path" not in entry or "weight" not in entry:
-            raise DataError(
-                f"DataConfig.mixture[{i}] = {entry!r} must be a dict with keys 'path' and 'weight'"
-            )
+            raise DataError(f"DataConfig.mixture[{i}] = {entry!r} must be a dict with keys 'path' and 'weight'")
         extra = set(entry) - {"path", "weight"}
         if extra:
-            raise DataError(f"DataConfig.mixture[{i}] has unknown keys {sorted(extra)}; only 'path' and 'weight' are allowed")
+            raise DataError(
+                f"DataConfig.mixture[{i}] has unknown keys {sorted(extra)}; only 'path' and 'weight' are allowed"
+            )
         raw = entry["weight"]
         try:
             if isinstance(raw, bool):
@@ -58,9 +59,7 @@ def normalize_mixture(mixture: Any) -> list[dict]:
                 "use a non-negative number such as 0.3"
             ) from None
         if not math.isfinite(weight) or weight < 0:
-            raise DataError(
-                f"DataConfig.mixture[{i}] (path {entry['path']!r}): weight {raw!r} must be finite and >= 0"
-            )
+            raise DataError(f"DataConfig.mixture[{i}] (path {entry['path']!r}): weight {raw!r} must be finite and >= 0")
         if not isinstance(entry["path"], str) or not entry["path"]:
             raise DataError(f"DataConfig.mixture[{i}]: path must be a non-empty string, got {entry['path']!r}")
         out.append({"path": entry["path"], "weight": weight})
@@ -122,14 +121,15 @@ class DataConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
             raise DataError(
-                "DataConfig.source must be a shard directory, 'mixture' or 'synthetic:<task>', "
-                f"got {self.source!r}"
+                f"DataConfig.source must be a shard directory, 'mixture' or 'synthetic:<task>', got {self.source!r}"
             )
         self.source = self.source.strip()
         if self.source.startswith("mixture:") and self.source != "mixture:":
             if self.mixture:
-                raise DataError("DataConfig: give the mixture either in source='mixture:...' or in mixture=[...], not both")
-            self.mixture = parse_mixture_string(self.source[len("mixture:"):])
+                raise DataError(
+                    "DataConfig: give the mixture either in source='mixture:...' or in mixture=[...], not both"
+                )
+            self.mixture = parse_mixture_string(self.source[len("mixture:") :])
             self.source = "mixture"
         if self.source == "mixture:":
             self.source = "mixture"
@@ -140,12 +140,9 @@ class DataConfig:
                 f"DataConfig.mixture is set but source={self.source!r}; set source='mixture' to train on the mixture"
             )
         if self.source.startswith("synthetic:"):
-
             name = self.source.split(":", 1)[1]
             if name not in TASKS:
-                raise DataError(
-                    f"DataConfig.source: unknown synthetic task {name!r}; choose one of {sorted(TASKS)}"
-                )
+                raise DataError(f"DataConfig.source: unknown synthetic task {name!r}; choose one of {sorted(TASKS)}")
         if not isinstance(self.task_args, dict):
             raise DataError(f"DataConfig.task_args must be a dict, got {type(self.task_args).__name__}")
         if self.task_args and not self.source.startswith("synthetic:"):
@@ -155,7 +152,9 @@ class DataConfig:
         try:
             self.val_fraction = float(self.val_fraction)
         except (TypeError, ValueError):
-            raise DataError(f"DataConfig.val_fraction must be a number in [0, 0.5], got {self.val_fraction!r}") from None
+            raise DataError(
+                f"DataConfig.val_fraction must be a number in [0, 0.5], got {self.val_fraction!r}"
+            ) from None
         if not (0.0 <= self.val_fraction <= 0.5):
             raise DataError(f"DataConfig.val_fraction must be in [0, 0.5], got {self.val_fraction}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
@@ -164,7 +163,9 @@ class DataConfig:
             raise DataError(f"DataConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
         self.return_doc_ids = bool(self.return_doc_ids)
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise DataError(f"DataConfig.storage_options must be a mapping of fsspec options, got {self.storage_options!r}")
+            raise DataError(
+                f"DataConfig.storage_options must be a mapping of fsspec options, got {self.storage_options!r}"
+            )
         if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):
             raise DataError(f"DataConfig.cache_dir must be a directory path, got {self.cache_dir!r}")
         for name, lo in (("cache_max_gb", 0.0), ("retry_backoff_s", 0.0)):

@@ -3,6 +3,7 @@
 Why: the trainer catches ``DataError`` to print a one-paragraph message instead of a
 stack trace; every message names the offending file/field and says how to fix it.
 """
+
 from __future__ import annotations
 
 

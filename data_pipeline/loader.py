@@ -14,6 +14,7 @@ stream order.
 Synthetic tasks: one example per row, padded with ``pad_id``; labels are -100 except where
 the task's loss mask scores the next token.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -37,21 +38,27 @@ from .tokenizer import load_tokenizer
 
 IGNORE = -100
 STATE_VERSION = 1
-_VERIFIED: set = set()   # (dir, manifest sha, mode) already verified in this process
+_VERIFIED: set = set()  # (dir, manifest sha, mode) already verified in this process
 
 
 def remote_options(cfg: DataConfig) -> dict:
     """Keyword arguments of `open_shards` for a remote source, from the data config."""
-    return {"storage_options": cfg.storage_options, "cache_dir": cfg.cache_dir,
-            "cache_max_bytes": int(cfg.cache_max_gb * (1 << 30)), "block_bytes": cfg.cache_block_kb << 10,
-            "retries": cfg.retries, "backoff_s": cfg.retry_backoff_s}
+    return {
+        "storage_options": cfg.storage_options,
+        "cache_dir": cfg.cache_dir,
+        "cache_max_bytes": int(cfg.cache_max_gb * (1 << 30)),
+        "block_bytes": cfg.cache_block_kb << 10,
+        "retries": cfg.retries,
+        "backoff_s": cfg.retry_backoff_s,
+    }
 
 
 class ShardSource:
     """Fixed-length windows over one prepared directory's (or URL's) train or val region."""
 
-    def __init__(self, directory: str, cfg: DataConfig, split: str, seq_len: int,
-                 verify_record: str | os.PathLike | None = None):
+    def __init__(
+        self, directory: str, cfg: DataConfig, split: str, seq_len: int, verify_record: str | os.PathLike | None = None
+    ):
         if is_remote(directory):
             # Remote: manifest first; sizes are checked per shard on first touch and sha256 when a
             # shard is cached whole (hashing at start would download the corpus on every rank).
@@ -86,7 +93,8 @@ class ShardSource:
             what = "training" if split == "train" else f"validation (val_fraction={cfg.val_fraction})"
             raise DataError(
                 f"{self.dir}: the {what} region has {self.stop - self.start} tokens, fewer than seq_len+1 = "
-                f"{seq_len + 1}; use more data, a shorter seq_len" + ("" if split == "train" else " or a larger val_fraction")
+                f"{seq_len + 1}; use more data, a shorter seq_len"
+                + ("" if split == "train" else " or a larger val_fraction")
             )
 
     def fetch(self, idx: np.ndarray, want_docs: bool):
@@ -124,7 +132,8 @@ class SyntheticSource:
         self.vocab_size = self.task.vocab_size
         self.eos_id, self.pad_id = self.task.eos_id, self.task.pad_id
         self.fingerprint = hashlib.sha256(
-            json.dumps([self.tokenizer_id, self.task.args, seed, n_val], sort_keys=True).encode()).hexdigest()[:16]
+            json.dumps([self.tokenizer_id, self.task.args, seed, n_val], sort_keys=True).encode()
+        ).hexdigest()[:16]
 
     def fetch(self, idx: np.ndarray, want_docs: bool):
         L = self.seq_len
@@ -236,8 +245,18 @@ class Loader:
     checks), so it resumes exactly, on any data-parallel world size.
     """
 
-    def __init__(self, sources: list, weights: list[float] | None, *, cfg: DataConfig, split: str, seq_len: int,
-                 global_batch_size: int, dp_rank: int, dp_world_size: int):
+    def __init__(
+        self,
+        sources: list,
+        weights: list[float] | None,
+        *,
+        cfg: DataConfig,
+        split: str,
+        seq_len: int,
+        global_batch_size: int,
+        dp_rank: int,
+        dp_world_size: int,
+    ):
         self.sources = sources
         self.cfg = cfg
         self.split = split
@@ -304,7 +323,7 @@ class Loader:
         for c in np.unique(comp):
             sel = comp == c
             n = self._sizes[c]
-            if n is None:                      # unbounded synthetic stream: every index is fresh
+            if n is None:  # unbounded synthetic stream: every index is fresh
                 seq[sel] = local[sel]
                 continue
             epochs, within = np.divmod(local[sel], n)
@@ -326,7 +345,7 @@ class Loader:
         n, L = len(seq), self.seq_len
         inp = np.empty((n, L), dtype=np.int64)
         lab = np.empty((n, L), dtype=np.int64)
-        if len(self.sources) == 1:                # one component: its arrays are the batch
+        if len(self.sources) == 1:  # one component: its arrays are the batch
             inp, lab, docs = self.sources[0].fetch(seq, want)
             batch = {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(lab)}
             if want:
@@ -418,18 +437,31 @@ class Loader:
         """Plain ints/strings: the global position plus what it is only valid with."""
         n = self.num_sequences
         k = self._samples_seen
-        return {"version": STATE_VERSION, "split": self.split, "samples_seen": int(k),
-                "epoch": int(k // n) if n else 0, "index_in_epoch": int(k % n) if n else int(k),
-                "seed": int(self.cfg.seed), "seq_len": int(self.seq_len), "source": self.cfg.source,
-                "fingerprint": self.fingerprint, "tokenizer_id": self.tokenizer_id,
-                "global_batch_size": int(self.global_batch_size)}
+        return {
+            "version": STATE_VERSION,
+            "split": self.split,
+            "samples_seen": int(k),
+            "epoch": int(k // n) if n else 0,
+            "index_in_epoch": int(k % n) if n else int(k),
+            "seed": int(self.cfg.seed),
+            "seq_len": int(self.seq_len),
+            "source": self.cfg.source,
+            "fingerprint": self.fingerprint,
+            "tokenizer_id": self.tokenizer_id,
+            "global_batch_size": int(self.global_batch_size),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the saved global position; refuses state from a different stream."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "samples_seen" not in state:
             raise DataError(f"loader state {state!r} was not produced by Loader.state_dict() (version {STATE_VERSION})")
-        for key, mine in (("split", self.split), ("seed", int(self.cfg.seed)), ("seq_len", int(self.seq_len)),
-                          ("tokenizer_id", self.tokenizer_id), ("fingerprint", self.fingerprint)):
+        for key, mine in (
+            ("split", self.split),
+            ("seed", int(self.cfg.seed)),
+            ("seq_len", int(self.seq_len)),
+            ("tokenizer_id", self.tokenizer_id),
+            ("fingerprint", self.fingerprint),
+        ):
             if state.get(key) != mine:
                 raise DataError(
                     f"loader state has {key}={state.get(key)!r} but this loader has {mine!r}: the checkpoint was "
@@ -439,13 +471,23 @@ class Loader:
         self._samples_seen = int(state["samples_seen"])
 
     def __repr__(self) -> str:
-        return (f"Loader({self.cfg.source!r}, split={self.split}, seq_len={self.seq_len}, "
-                f"batch={self.local_batch_size}x{self.dp_world_size}, vocab={self.vocab_size}, "
-                f"samples_seen={self._samples_seen})")
+        return (
+            f"Loader({self.cfg.source!r}, split={self.split}, seq_len={self.seq_len}, "
+            f"batch={self.local_batch_size}x{self.dp_world_size}, vocab={self.vocab_size}, "
+            f"samples_seen={self._samples_seen})"
+        )
 
 
-def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size: int, dp_rank: int = 0,
-                 dp_world_size: int = 1, verify_record: str | os.PathLike | None = None) -> Loader:
+def build_loader(
+    cfg: DataConfig,
+    *,
+    split: str,
+    seq_len: int,
+    global_batch_size: int,
+    dp_rank: int = 0,
+    dp_world_size: int = 1,
+    verify_record: str | os.PathLike | None = None,
+) -> Loader:
     """A `Loader` yielding this rank's share of each global batch (see module doc).
 
     ``verify_record``: a directory shared by the run's ranks (e.g. the run directory). With
@@ -459,8 +501,11 @@ def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size
     if split not in aliases:
         raise DataError(f"build_loader: split must be 'train' or 'val', got {split!r}")
     split = aliases[split]
-    for name, v, lo in (("seq_len", seq_len, 1), ("global_batch_size", global_batch_size, 1),
-                        ("dp_world_size", dp_world_size, 1)):
+    for name, v, lo in (
+        ("seq_len", seq_len, 1),
+        ("global_batch_size", global_batch_size, 1),
+        ("dp_world_size", dp_world_size, 1),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise DataError(f"build_loader: {name} must be an int >= {lo}, got {v!r}")
     if not isinstance(dp_rank, int) or not 0 <= dp_rank < dp_world_size:
@@ -475,7 +520,9 @@ def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size
     else:
         entries = cfg.mixture if cfg.kind == "mixture" else [{"path": cfg.source, "weight": 1.0}]
         if split == "val" and cfg.val_fraction == 0:
-            raise DataError("build_loader(split='val'): DataConfig.val_fraction is 0, so there is no validation split; set it > 0")
+            raise DataError(
+                "build_loader(split='val'): DataConfig.val_fraction is 0, so there is no validation split; set it > 0"
+            )
         sources = [ShardSource(e["path"], cfg, split, seq_len, verify_record) for e in entries]
         weights = [e["weight"] for e in entries]
         first = sources[0]
@@ -487,7 +534,6 @@ def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size
                     "prepare every component with the same --tokenizer"
                 )
         if cfg.tokenizer is not None:
-
             tok = load_tokenizer(cfg.tokenizer)
             for s in sources:
                 if s.tokenizer_id != tok.identity:
@@ -504,5 +550,13 @@ def build_loader(cfg: DataConfig, *, split: str, seq_len: int, global_batch_size
                     f"{where} has vocab_size {s.vocab_size} but the training config says vocab_size={cfg.vocab_size}; "
                     "set the model's vocab_size to the data's, or re-prepare the data with the matching tokenizer"
                 )
-    return Loader(sources, weights, cfg=cfg, split=split, seq_len=seq_len, global_batch_size=global_batch_size,
-                  dp_rank=dp_rank, dp_world_size=dp_world_size)
+    return Loader(
+        sources,
+        weights,
+        cfg=cfg,
+        split=split,
+        seq_len=seq_len,
+        global_batch_size=global_batch_size,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+    )

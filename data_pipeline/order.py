@@ -5,6 +5,7 @@ compute its share of any global batch without communication, a resume needs only
 global position, and a changed world size continues the same order. Both tools below
 are stateless and vectorised over numpy arrays of indices.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,7 +62,7 @@ class Permutation:
             raise IndexError(f"permutation index out of range [0, {self.n})")
         y = self._feistel(idx.astype(np.uint64))
         bad = y >= np.uint64(self.n)
-        while bad.any():           # cycle walking: stays a bijection of [0, n)
+        while bad.any():  # cycle walking: stays a bijection of [0, n)
             y[bad] = self._feistel(y[bad])
             bad = y >= np.uint64(self.n)
         return y.astype(np.int64)

@@ -14,6 +14,7 @@ Why it looks like this:
   into place; a re-run skips those documents without tokenising them again.
 * Inputs are checked (exist, non-empty, reachable) before the tokenizer or any worker starts.
 """
+
 from __future__ import annotations
 
 import glob
@@ -36,16 +37,15 @@ from .shards import FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype
 from .tokenizer import load_tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64M tokens = 128 MiB of uint16 per shard
-EXT_BUILDER = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
-               ".parquet": "parquet"}
+EXT_BUILDER = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # For tests of crash safety only: seconds to sleep between writing a shard and renaming it.
 DELAY_ENV = "DATA_PIPELINE_PREPARE_DELAY_S"
 
 
 @dataclass
 class SourceSpec:
-    kind: str                      # "local" or "hf"
-    builder: str = ""              # text / json / parquet for local files
+    kind: str  # "local" or "hf"
+    builder: str = ""  # text / json / parquet for local files
     files: list[str] = field(default_factory=list)
     hf_name: str = ""
     hf_config: str | None = None
@@ -66,12 +66,18 @@ def resolve_source(sources: list[str] | str) -> SourceSpec:
         raise DataError("prepare: --source is empty; pass local text/jsonl/parquet files or hf:NAME")
     if any(s.startswith("hf:") for s in sources):
         if len(sources) != 1:
-            raise DataError("prepare: an hf:NAME source cannot be combined with other sources; prepare them separately and use a mixture")
+            raise DataError(
+                "prepare: an hf:NAME source cannot be combined with other sources; prepare them separately and use a mixture"
+            )
         parts = sources[0][3:].split(":")
         if not parts[0]:
             raise DataError("prepare: hf source needs a dataset name: hf:NAME[:CONFIG][:SPLIT]")
-        return SourceSpec(kind="hf", hf_name=parts[0], hf_config=(parts[1] or None) if len(parts) > 1 else None,
-                          hf_split=parts[2] if len(parts) > 2 and parts[2] else "train")
+        return SourceSpec(
+            kind="hf",
+            hf_name=parts[0],
+            hf_config=(parts[1] or None) if len(parts) > 1 else None,
+            hf_split=parts[2] if len(parts) > 2 and parts[2] else "train",
+        )
     files: list[str] = []
     for s in sources:
         p = Path(s)
@@ -83,22 +89,30 @@ def resolve_source(sources: list[str] | str) -> SourceSpec:
         elif p.is_dir():
             matched = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in EXT_BUILDER)
             if not matched:
-                raise DataError(f"prepare: --source directory {s} has no .txt/.jsonl/.json/.parquet files. Fix: point --source at the files")
+                raise DataError(
+                    f"prepare: --source directory {s} has no .txt/.jsonl/.json/.parquet files. Fix: point --source at the files"
+                )
             files += matched
         elif not p.exists():
-            raise DataError(f"prepare: input file {s} does not exist. Fix: check the path (for a HuggingFace dataset write hf:NAME)")
+            raise DataError(
+                f"prepare: input file {s} does not exist. Fix: check the path (for a HuggingFace dataset write hf:NAME)"
+            )
         else:
             files.append(s)
     builders = set()
     for f in files:
         ext = Path(f).suffix.lower()
         if ext not in EXT_BUILDER:
-            raise DataError(f"prepare: input file {f} has unsupported extension {ext!r}. Fix: use .txt, .jsonl/.json or .parquet")
+            raise DataError(
+                f"prepare: input file {f} has unsupported extension {ext!r}. Fix: use .txt, .jsonl/.json or .parquet"
+            )
         if os.path.getsize(f) == 0:
             raise DataError(f"prepare: input file {f} is empty. Fix: remove it from --source or regenerate it")
         builders.add(EXT_BUILDER[ext])
     if len(builders) > 1:
-        raise DataError(f"prepare: --source mixes file types {sorted(builders)}; prepare each type into its own --out and combine them with a mixture")
+        raise DataError(
+            f"prepare: --source mixes file types {sorted(builders)}; prepare each type into its own --out and combine them with a mixture"
+        )
     return SourceSpec(kind="local", builder=builders.pop(), files=[str(Path(f).resolve()) for f in files])
 
 
@@ -154,8 +168,17 @@ def _iter_text_batches(ds, text_field: str, skip: int, batch_docs: int):
         idx += n
 
 
-def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEFAULT_SHARD_TOKENS,
-            text_field: str = "text", batch_docs: int = 512, progress: bool = True) -> dict:
+def prepare(
+    source,
+    tokenizer,
+    out,
+    *,
+    workers: int = 1,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    text_field: str = "text",
+    batch_docs: int = 512,
+    progress: bool = True,
+) -> dict:
     """Tokenise ``source`` into shards under ``out`` and return the manifest (see module doc)."""
     if workers < 1:
         raise DataError(f"prepare: --workers must be >= 1, got {workers}")
@@ -164,15 +187,24 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
     spec = resolve_source(source)
     tok = load_tokenizer(tokenizer)
     out = Path(out)
-    config = {"format_version": FORMAT_VERSION, "source": spec.fingerprint(), "tokenizer_id": tok.identity,
-              "shard_tokens": int(shard_tokens), "text_field": text_field, "append_eos": True,
-              "skip_whitespace_docs": True}
+    config = {
+        "format_version": FORMAT_VERSION,
+        "source": spec.fingerprint(),
+        "tokenizer_id": tok.identity,
+        "shard_tokens": int(shard_tokens),
+        "text_field": text_field,
+        "append_eos": True,
+        "skip_whitespace_docs": True,
+    }
     mpath, ppath = out / MANIFEST, out / PROGRESS
     if mpath.is_file():
         m = json.loads(mpath.read_text())
         if m.get("config") == config and m.get("complete"):
             if progress:
-                print(f"[prepare] {out} is already complete ({m['num_tokens']} tokens in {len(m['shards'])} shards)", file=sys.stderr)
+                print(
+                    f"[prepare] {out} is already complete ({m['num_tokens']} tokens in {len(m['shards'])} shards)",
+                    file=sys.stderr,
+                )
             return m
         raise DataError(
             f"prepare: {mpath} was written by a different prepare run (source, tokenizer or shard size differ); "
@@ -195,8 +227,11 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
     shards: list[dict] = list(state["shards"])
     done_tokens = sum(s["num_tokens"] for s in shards)
     if shards and progress:
-        print(f"[prepare] resuming at shard {len(shards)} (document {state['next_doc']}, {done_tokens} tokens done)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[prepare] resuming at shard {len(shards)} (document {state['next_doc']}, {done_tokens} tokens done)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     buf_tokens: list[np.ndarray] = []
     buf_lengths: list[np.ndarray] = []
@@ -204,8 +239,16 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
     max_seen = -1
     pbar = None
     if progress:
-        pbar = progress_bar(total=None, initial=done_tokens, unit="tok", desc="prepare", file=sys.stderr,
-                            unit_scale=True, mininterval=0.5, smoothing=0.1)
+        pbar = progress_bar(
+            total=None,
+            initial=done_tokens,
+            unit="tok",
+            desc="prepare",
+            file=sys.stderr,
+            unit_scale=True,
+            mininterval=0.5,
+            smoothing=0.1,
+        )
 
     def flush(next_doc: int) -> None:
         nonlocal buf_tokens, buf_lengths, buf_count
@@ -217,13 +260,14 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
         try:
             info = write_shard(out, len(shards), toks.astype(dtype), offsets, delay_s=delay)
             atomic_write_json(ppath, {**state, "shards": shards + [info], "next_doc": int(next_doc)})
-        except OSError as e:     # e.g. no space left: keep what is done, free the partial files, say how to go on
+        except OSError as e:  # e.g. no space left: keep what is done, free the partial files, say how to go on
             for stray in out.glob("*.tmp"):
                 stray.unlink(missing_ok=True)
             raise DataError(
                 f"prepare: could not write {shard_name(len(shards))} into {out} ({e.strerror or e}; "
                 f"{_free_space(out)} free there); the {len(shards)} shards already written are kept. Fix: free space "
-                f"(or use another --out), then re-run the same command: it resumes at shard {len(shards)}") from e
+                f"(or use another --out), then re-run the same command: it resumes at shard {len(shards)}"
+            ) from e
         shards.append(info)
         state["shards"] = shards
         state["next_doc"] = int(next_doc)
@@ -235,7 +279,7 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
         if mx >= tok.vocab_size:
             raise DataError(f"prepare: tokenizer {tok.path} produced id {mx} >= its vocab size {tok.vocab_size}")
         cum = np.cumsum(lengths)
-        pos_doc, pos_tok = 0, 0          # position inside this batch
+        pos_doc, pos_tok = 0, 0  # position inside this batch
         while pos_doc < len(lengths):
             base = int(cum[pos_doc - 1]) if pos_doc else 0
             need = shard_tokens - buf_count
@@ -248,7 +292,7 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
                 return
             end_tok = int(cum[j])
             buf_tokens.append(flat[pos_tok:end_tok])
-            buf_lengths.append(lengths[pos_doc:j + 1])
+            buf_lengths.append(lengths[pos_doc : j + 1])
             buf_count += end_tok - base
             flush(first_doc + j + 1)
             pos_doc, pos_tok = j + 1, end_tok
@@ -264,14 +308,12 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
             if pbar is not None:
                 pbar.update(len(flat))
     else:
-
-
         ctx = mp.get_context("spawn")
         with ctx.Pool(workers, initializer=init_worker, initargs=(tok.path,)) as pool:
             pending: deque = deque()
             exhausted = False
             while True:
-                while not exhausted and len(pending) < 2 * workers:   # bounded: memory stays flat
+                while not exhausted and len(pending) < 2 * workers:  # bounded: memory stays flat
                     try:
                         first, texts = next(batches)
                     except StopIteration:
@@ -297,18 +339,30 @@ def prepare(source, tokenizer, out, *, workers: int = 1, shard_tokens: int = DEF
         where = ", ".join(spec.files) if spec.files else spec.hf_name
         raise DataError(f"prepare: {where} contains no non-empty documents; check --source and --text-field")
     manifest = {
-        "format_version": FORMAT_VERSION, "complete": True, "config": config,
-        "tokenizer_id": tok.identity, "tokenizer_path": tok.path, "vocab_size": tok.vocab_size,
-        "dtype": dtype.name, "eos_id": tok.eos_id, "pad_id": tok.pad_id, "bos_id": tok.bos_id,
-        "num_tokens": num_tokens, "num_docs": sum(s["num_docs"] for s in shards),
-        "source_docs": total_docs, "shards": shards,
+        "format_version": FORMAT_VERSION,
+        "complete": True,
+        "config": config,
+        "tokenizer_id": tok.identity,
+        "tokenizer_path": tok.path,
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype.name,
+        "eos_id": tok.eos_id,
+        "pad_id": tok.pad_id,
+        "bos_id": tok.bos_id,
+        "num_tokens": num_tokens,
+        "num_docs": sum(s["num_docs"] for s in shards),
+        "source_docs": total_docs,
+        "shards": shards,
     }
     atomic_write_json(mpath, manifest)
     ppath.unlink(missing_ok=True)
     if progress:
         dt = time.time() - t0
-        print(f"[prepare] wrote {len(shards)} shards, {num_tokens} tokens ({new_tokens / max(dt, 1e-9):,.0f} tok/s this run) -> {out}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[prepare] wrote {len(shards)} shards, {num_tokens} tokens ({new_tokens / max(dt, 1e-9):,.0f} tok/s this run) -> {out}",
+            file=sys.stderr,
+            flush=True,
+        )
     return manifest
 
 
@@ -326,11 +380,17 @@ def encode_docs_local(texts, tok):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m data_pipeline.prepare",
-                                 description="Tokenise local text/jsonl/parquet files or hf:NAME into token shards.")
-    ap.add_argument("--source", nargs="+", required=True,
-                    help="files, globs or directories (.txt: one document per line; .jsonl/.parquet: --text-field), "
-                         "or hf:NAME[:CONFIG][:SPLIT]")
+    ap = CliParser(
+        prog="python -m data_pipeline.prepare",
+        description="Tokenise local text/jsonl/parquet files or hf:NAME into token shards.",
+    )
+    ap.add_argument(
+        "--source",
+        nargs="+",
+        required=True,
+        help="files, globs or directories (.txt: one document per line; .jsonl/.parquet: --text-field), "
+        "or hf:NAME[:CONFIG][:SPLIT]",
+    )
     ap.add_argument("--tokenizer", required=True, help="tokenizer directory (SentencePiece or HuggingFace)")
     ap.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     ap.add_argument("--workers", type=int, default=1, help="tokeniser processes")
@@ -340,8 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def body() -> None:
-        prepare(args.source, args.tokenizer, args.out, workers=args.workers, shard_tokens=args.shard_tokens,
-                text_field=args.text_field, progress=not args.quiet)
+        prepare(
+            args.source,
+            args.tokenizer,
+            args.out,
+            workers=args.workers,
+            shard_tokens=args.shard_tokens,
+            text_field=args.text_field,
+            progress=not args.quiet,
+        )
 
     return run_cli(body, DATA_ERRORS)
 

@@ -10,6 +10,7 @@ Why this shape: the loader maps shards with ``np.memmap`` and never reads a whol
 memory does not grow with corpus size; the sha256 in the manifest lets a truncated or
 corrupted shard be caught before training rather than as a NaN three days in.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -106,7 +107,9 @@ def parse_manifest(text: bytes | str, where: str) -> dict:
     if missing:
         raise DataError(f"{where} lacks keys {missing}; it was not written by data_pipeline.prepare, re-run prepare")
     if m["format_version"] != FORMAT_VERSION:
-        raise DataError(f"{where}: format_version {m['format_version']} is not supported (expected {FORMAT_VERSION}); re-run prepare")
+        raise DataError(
+            f"{where}: format_version {m['format_version']} is not supported (expected {FORMAT_VERSION}); re-run prepare"
+        )
     if not m.get("complete", False):
         raise DataError(f"{where} is marked incomplete; re-run the same prepare command to finish it")
     return m
@@ -145,8 +148,9 @@ def idx_file_bytes(num_docs: int) -> int:
     return len(buf.getvalue()) + 8 * (num_docs + 1)
 
 
-FIX_SHARDS = ("re-run 'python -m data_pipeline.prepare' into a fresh --out directory (or restore the file from a "
-              "good copy)")
+FIX_SHARDS = (
+    "re-run 'python -m data_pipeline.prepare' into a fresh --out directory (or restore the file from a good copy)"
+)
 
 
 def _check_sizes(d: Path, manifest: dict) -> list[tuple[str, int, int]]:
@@ -161,10 +165,15 @@ def _check_sizes(d: Path, manifest: dict) -> list[tuple[str, int, int]]:
             except FileNotFoundError:
                 raise DataError(f"shard file {p} listed in {d / MANIFEST} is missing; {FIX_SHARDS}") from None
             if st.st_size != want:
-                what = (f"the manifest says {s['num_tokens']} tokens ({want} bytes)" if ext == "bin"
-                        else f"{s['num_docs']} documents need {want} bytes")
-                raise DataError(f"shard {p} has {st.st_size} bytes but {what}: the file is truncated or was "
-                                f"overwritten; {FIX_SHARDS}")
+                what = (
+                    f"the manifest says {s['num_tokens']} tokens ({want} bytes)"
+                    if ext == "bin"
+                    else f"{s['num_docs']} documents need {want} bytes"
+                )
+                raise DataError(
+                    f"shard {p} has {st.st_size} bytes but {what}: the file is truncated or was "
+                    f"overwritten; {FIX_SHARDS}"
+                )
             state.append((p.name, st.st_size, st.st_mtime_ns))
     return state
 
@@ -174,10 +183,12 @@ def check_token_range(path: Path, dtype: np.dtype, vocab: int, where: str) -> No
     arr = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
     step = 1 << 24
     for a in range(0, len(arr), step):
-        mx = int(arr[a:a + step].max())
+        mx = int(arr[a : a + step].max())
         if mx >= vocab:
-            raise DataError(f"shard {where} contains token id {mx} >= vocab_size {vocab} from its manifest: "
-                            f"it was made with a different tokenizer; {FIX_SHARDS}")
+            raise DataError(
+                f"shard {where} contains token id {mx} >= vocab_size {vocab} from its manifest: "
+                f"it was made with a different tokenizer; {FIX_SHARDS}"
+            )
     del arr
 
 
@@ -186,7 +197,9 @@ def _verify_contents(d: Path, manifest: dict) -> None:
     for s in manifest["shards"]:
         bin_path, idx_path = d / f"{s['name']}.bin", d / f"{s['name']}.idx"
         if sha256_file(bin_path) != s["sha256"]:
-            raise DataError(f"shard {bin_path} fails its sha256 check against {d / MANIFEST} (corrupted bytes); {FIX_SHARDS}")
+            raise DataError(
+                f"shard {bin_path} fails its sha256 check against {d / MANIFEST} (corrupted bytes); {FIX_SHARDS}"
+            )
         if "idx_sha256" in s and sha256_file(idx_path) != s["idx_sha256"]:
             raise DataError(f"document index {idx_path} fails its sha256 check against {d / MANIFEST}; {FIX_SHARDS}")
         check_token_range(bin_path, dtype, vocab, str(bin_path))
@@ -194,7 +207,9 @@ def _verify_contents(d: Path, manifest: dict) -> None:
 
 
 def check_offsets(offs: np.ndarray, shard: dict, where: str) -> None:
-    if len(offs) != shard["num_docs"] + 1 or (len(offs) and (int(offs[0]) != 0 or int(offs[-1]) != shard["num_tokens"])):
+    if len(offs) != shard["num_docs"] + 1 or (
+        len(offs) and (int(offs[0]) != 0 or int(offs[-1]) != shard["num_tokens"])
+    ):
         raise DataError(f"document index {where} does not match {shard['name']}.bin and the manifest; {FIX_SHARDS}")
 
 
@@ -236,8 +251,14 @@ def file_lock(path: Path, blocking: bool = True):
         os.close(fd)
 
 
-def verify_shards(directory: str | os.PathLike, manifest: dict, *, mode: str = "full",
-                  record_dir: str | os.PathLike | None = None, manifest_sha: str | None = None) -> str:
+def verify_shards(
+    directory: str | os.PathLike,
+    manifest: dict,
+    *,
+    mode: str = "full",
+    record_dir: str | os.PathLike | None = None,
+    manifest_sha: str | None = None,
+) -> str:
     """Check every shard against the manifest; return ``"size"``, ``"hashed"`` or ``"recorded"``.
 
     Always (cheap, every rank): each .bin/.idx exists with its exact byte size. With
@@ -263,12 +284,17 @@ def verify_shards(directory: str | os.PathLike, manifest: dict, *, mode: str = "
     if key in _read_record(record):
         return "recorded"
     with file_lock(record_dir / f".{VERIFY_RECORD}.lock"):
-        if key in _read_record(record):          # another rank finished while we waited
+        if key in _read_record(record):  # another rank finished while we waited
             return "recorded"
         _verify_contents(d, manifest)
         entries = _read_record(record)
-        entries[key] = {"source": str(d.resolve()), "manifest_sha256": manifest_sha, "shards": len(manifest["shards"]),
-                        "bytes": sum(sz for _, sz, _ in state), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        entries[key] = {
+            "source": str(d.resolve()),
+            "manifest_sha256": manifest_sha,
+            "shards": len(manifest["shards"]),
+            "bytes": sum(sz for _, sz, _ in state),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"version": 1, "verified": entries}, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, record)
@@ -337,11 +363,12 @@ class ShardSet:
     def _bin(self, i: int) -> np.ndarray:
         a = self._bins.get(i)
         if a is None:
-            self._check_live(i)                       # size first: never map a short file
+            self._check_live(i)  # size first: never map a short file
             p = self._path(i)
             self._opened[i] = p.stat()
-            a = self._bins[i] = (np.memmap(p, dtype=self.dtype, mode="r") if self._opened[i].st_size
-                                 else np.zeros(0, self.dtype))
+            a = self._bins[i] = (
+                np.memmap(p, dtype=self.dtype, mode="r") if self._opened[i].st_size else np.zeros(0, self.dtype)
+            )
         else:
             self._check_live(i)
         return a
@@ -421,9 +448,9 @@ class ShardSet:
         for s, rows in groups:
             offs = self._offsets(s)
             lo = starts[rows] - self.tok_starts[s]
-            first = np.searchsorted(offs, lo, side="right")             # offsets <= lo: doc of lo is first - 1
-            last = np.searchsorted(offs, lo + n - 1, side="right")      # offsets <= the window's last position
-            k = last - first                                            # document starts inside the window
+            first = np.searchsorted(offs, lo, side="right")  # offsets <= lo: doc of lo is first - 1
+            last = np.searchsorted(offs, lo + n - 1, side="right")  # offsets <= the window's last position
+            k = last - first  # document starts inside the window
             if k.any():
                 r = np.repeat(np.arange(len(rows)), k)
                 j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k) + np.repeat(first, k)

@@ -16,6 +16,7 @@ order, the loader state and a resume are the same whichever storage holds the sh
   bytes asked for.
 * Every remote read retries with exponential backoff; then a DataError names the URL.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,7 +56,7 @@ def local_path(location: str | os.PathLike) -> str:
     s = str(location)
     for p in _SCHEMES_LOCAL:
         if s.startswith(p):
-            return s[len(p):]
+            return s[len(p) :]
     return s
 
 
@@ -78,8 +79,10 @@ class RemoteStore:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         except (ImportError, ValueError) as e:
             scheme = self.url.split("://", 1)[0]
-            raise DataError(f"cannot open {self.url}: {e}. Fix: install the fsspec backend for {scheme}:// "
-                            "(s3fs for s3://, gcsfs for gs://, aiohttp for http(s)://) or correct the URL") from e
+            raise DataError(
+                f"cannot open {self.url}: {e}. Fix: install the fsspec backend for {scheme}:// "
+                "(s3fs for s3://, gcsfs for gs://, aiohttp for http(s)://) or correct the URL"
+            ) from e
         self.root = self.root.rstrip("/")
         self.retries, self.backoff_s = int(retries), float(backoff_s)
 
@@ -93,18 +96,27 @@ class RemoteStore:
         """A DataError for failures that retrying cannot fix (missing file, refused credentials)."""
         cause = e.__cause__
         if isinstance(e, FileNotFoundError) and cause is not None and not isinstance(cause, FileNotFoundError):
-            return None     # fsspec's HTTP info() reports any failure, a refused connection too, as not found
+            return None  # fsspec's HTTP info() reports any failure, a refused connection too, as not found
         if isinstance(e, FileNotFoundError):
-            return DataError(f"{self.url_of(name)} was not found on the server; upload the whole prepared directory "
-                             f"(manifest.json and every shard_*.bin/.idx) to {self.url}, or fix data.source")
-        status = getattr(e, "status", None)      # an HTTP answer (aiohttp's ClientResponseError)
-        if (isinstance(e, PermissionError) or type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError")
-                or status in (401, 403)):
-            return DataError(f"access to {self.url_of(name)} was refused ({e}); check the credentials in "
-                             "data.storage_options or the environment, and the server's permissions")
+            return DataError(
+                f"{self.url_of(name)} was not found on the server; upload the whole prepared directory "
+                f"(manifest.json and every shard_*.bin/.idx) to {self.url}, or fix data.source"
+            )
+        status = getattr(e, "status", None)  # an HTTP answer (aiohttp's ClientResponseError)
+        if (
+            isinstance(e, PermissionError)
+            or type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError")
+            or status in (401, 403)
+        ):
+            return DataError(
+                f"access to {self.url_of(name)} was refused ({e}); check the credentials in "
+                "data.storage_options or the environment, and the server's permissions"
+            )
         if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
-            return DataError(f"{self.url_of(name)}: the server answered {status} ({e}); retrying cannot help. "
-                             "Fix: check the URL and the server's configuration")
+            return DataError(
+                f"{self.url_of(name)}: the server answered {status} ({e}); retrying cannot help. "
+                "Fix: check the URL and the server's configuration"
+            )
         return None
 
     def _retrying(self, what: str, name: str, attempt_fn):
@@ -124,8 +136,9 @@ class RemoteStore:
                         f"cannot read {self.url_of(name)} ({what}) after {self.retries + 1} attempts over "
                         f"{time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}. Fix: check that the server is up and "
                         "reachable from this node, then resume from the last checkpoint (--resume auto); raise "
-                        "data.retries / data.retry_backoff_s to ride out longer outages") from e
-                time.sleep(min(self.backoff_s * 2 ** attempt, 60.0))
+                        "data.retries / data.retry_backoff_s to ride out longer outages"
+                    ) from e
+                time.sleep(min(self.backoff_s * 2**attempt, 60.0))
         raise AssertionError("unreachable")
 
     def read_bytes(self, name: str) -> bytes:
@@ -141,8 +154,12 @@ class RemoteStore:
         t0 = time.monotonic()
         for attempt in range(self.retries + 1):
             try:
-                got = self.fs.cat_ranges([self._path(reqs[i][0]) for i in pending], [reqs[i][1] for i in pending],
-                                         [reqs[i][2] for i in pending], on_error="return")
+                got = self.fs.cat_ranges(
+                    [self._path(reqs[i][0]) for i in pending],
+                    [reqs[i][1] for i in pending],
+                    [reqs[i][2] for i in pending],
+                    on_error="return",
+                )
             except Exception as e:  # noqa: BLE001 - e.g. the whole batch failed to connect
                 got = [e] * len(pending)
             failed = []
@@ -156,11 +173,15 @@ class RemoteStore:
                     continue
                 if len(r) != b - a:
                     if len(r) > b - a:
-                        raise DataError(f"{self.url_of(name)}: a request for bytes [{a}, {b}) returned {len(r)} bytes; "
-                                        "the server ignores HTTP Range requests. Fix: serve the shards from a server "
-                                        "that supports them (nginx, S3, GCS ...)")
-                    raise DataError(f"{self.url_of(name)}: bytes [{a}, {b}) returned only {len(r)} bytes; the remote "
-                                    f"file is shorter than its manifest says (truncated or replaced); {FIX_SHARDS}")
+                        raise DataError(
+                            f"{self.url_of(name)}: a request for bytes [{a}, {b}) returned {len(r)} bytes; "
+                            "the server ignores HTTP Range requests. Fix: serve the shards from a server "
+                            "that supports them (nginx, S3, GCS ...)"
+                        )
+                    raise DataError(
+                        f"{self.url_of(name)}: bytes [{a}, {b}) returned only {len(r)} bytes; the remote "
+                        f"file is shorter than its manifest says (truncated or replaced); {FIX_SHARDS}"
+                    )
                 out[i] = bytes(r)
             if not failed:
                 return out  # type: ignore[return-value]
@@ -171,8 +192,9 @@ class RemoteStore:
                     f"cannot read {self.url_of(name)} (bytes [{a}, {b})) after {self.retries + 1} attempts over "
                     f"{time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}. Fix: check that the server is up and "
                     "reachable from this node, then resume from the last checkpoint (--resume auto); raise "
-                    "data.retries / data.retry_backoff_s to ride out longer outages") from e
-            time.sleep(min(self.backoff_s * 2 ** attempt, 60.0))
+                    "data.retries / data.retry_backoff_s to ride out longer outages"
+                ) from e
+            time.sleep(min(self.backoff_s * 2**attempt, 60.0))
             pending = [i for i, _ in failed]
         raise AssertionError("unreachable")
 
@@ -197,8 +219,10 @@ class ShardCache:
             for sub in ("blocks", "whole", "idx"):
                 (self.dir / sub).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise DataError(f"cannot create the shard cache in {self.dir} ({e}). Fix: set data.cache_dir (or "
-                            f"${CACHE_ENV}) to a writable node-local directory") from e
+            raise DataError(
+                f"cannot create the shard cache in {self.dir} ({e}). Fix: set data.cache_dir (or "
+                f"${CACHE_ENV}) to a writable node-local directory"
+            ) from e
 
     def block_path(self, name: str, b: int) -> Path:
         return self.dir / "blocks" / name / f"{b:07d}"
@@ -214,7 +238,7 @@ class ShardCache:
             data = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if size is not None and len(data) != size:      # not ours (renames are atomic): drop it
+        if size is not None and len(data) != size:  # not ours (renames are atomic): drop it
             path.unlink(missing_ok=True)
             return None
         try:
@@ -231,8 +255,10 @@ class ShardCache:
             os.replace(tmp, path)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise DataError(f"cannot write the shard cache file {path} ({e}). Fix: free space there, lower "
-                            "data.cache_max_gb, or point data.cache_dir at another node-local disk") from e
+            raise DataError(
+                f"cannot write the shard cache file {path} ({e}). Fix: free space there, lower "
+                "data.cache_max_gb, or point data.cache_dir at another node-local disk"
+            ) from e
         self._written += len(data)
         if self._written > self.max_bytes // 16:
             self.evict()
@@ -262,7 +288,7 @@ class ShardCache:
                         st = os.stat(p)
                     except FileNotFoundError:
                         continue
-                    if n.endswith(".tmp") and now - st.st_mtime < 600:     # someone is writing it
+                    if n.endswith(".tmp") and now - st.st_mtime < 600:  # someone is writing it
                         continue
                     files.append((st.st_mtime, st.st_size, p))
                     total += st.st_size
@@ -284,11 +310,20 @@ class RemoteShardSet(ShardSet):
     Same interface and the same bytes as `ShardSet`. One instance is meant for one thread.
     """
 
-    MEMORY_BLOCKS_BYTES = 32 << 20      # recently used blocks kept in memory, per instance
+    MEMORY_BLOCKS_BYTES = 32 << 20  # recently used blocks kept in memory, per instance
 
-    def __init__(self, url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
-                 cache_max_bytes: int = 20 << 30, block_bytes: int = 1 << 20, retries: int = 5,
-                 backoff_s: float = 1.0, manifest_bytes: bytes | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_max_bytes: int = 20 << 30,
+        block_bytes: int = 1 << 20,
+        retries: int = 5,
+        backoff_s: float = 1.0,
+        manifest_bytes: bytes | None = None,
+    ):
         self.store = RemoteStore(url, storage_options, retries, backoff_s)
         self.url = self.where = self.dir = self.store.url
         text = manifest_bytes if manifest_bytes is not None else self.read_manifest_bytes()
@@ -319,7 +354,7 @@ class RemoteShardSet(ShardSet):
 
     # -- whole cached shards: memory-mapped, like local ones -------------------------------------
     def _check_live(self, i: int) -> None:
-        pass        # cache files are only ever renamed into place after their sha256 check
+        pass  # cache files are only ever renamed into place after their sha256 check
 
     def _bin(self, i: int) -> np.ndarray | None:
         a = self._bins.get(i)
@@ -351,7 +386,7 @@ class RemoteShardSet(ShardSet):
                 with open(tmp, "wb") as f:
                     for b in range(self._nblocks(i)):
                         data = self._block(i, b, fetch=False)
-                        if data is None:                 # evicted meanwhile: try again later
+                        if data is None:  # evicted meanwhile: try again later
                             return
                         h.update(data)
                         f.write(data)
@@ -359,11 +394,12 @@ class RemoteShardSet(ShardSet):
                     self.cache.drop_blocks(name)
                     self._mem.clear()
                     self._mem_bytes = 0
-                    raise DataError(f"shard {self.store.url_of(name + '.bin')} fails its sha256 check against "
-                                    f"{self.store.url_of(MANIFEST)}: the remote file differs from the one prepared "
-                                    f"(corrupted or replaced); {FIX_SHARDS}")
-                check_token_range(tmp, self.dtype, int(self.manifest["vocab_size"]),
-                                  self.store.url_of(name + ".bin"))
+                    raise DataError(
+                        f"shard {self.store.url_of(name + '.bin')} fails its sha256 check against "
+                        f"{self.store.url_of(MANIFEST)}: the remote file differs from the one prepared "
+                        f"(corrupted or replaced); {FIX_SHARDS}"
+                    )
+                check_token_range(tmp, self.dtype, int(self.manifest["vocab_size"]), self.store.url_of(name + ".bin"))
                 os.replace(tmp, whole)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -373,7 +409,7 @@ class RemoteShardSet(ShardSet):
     def _remember(self, key, data: bytes) -> None:
         self._mem[key] = data
         self._mem_bytes += len(data)
-        limit = min(self.MEMORY_BLOCKS_BYTES, self.cache.max_bytes)     # memory counts as cache too
+        limit = min(self.MEMORY_BLOCKS_BYTES, self.cache.max_bytes)  # memory counts as cache too
         while self._mem_bytes > limit and self._mem:
             _, old = self._mem.popitem(last=False)
             self._mem_bytes -= len(old)
@@ -397,9 +433,11 @@ class RemoteShardSet(ShardSet):
         name = self.names[i] + ".bin"
         size = self.store.size(name)
         if size is not None and size != self._nbytes(i):
-            raise DataError(f"shard {self.store.url_of(name)} has {size} bytes but {self.store.url_of(MANIFEST)} "
-                            f"says {self.manifest['shards'][i]['num_tokens']} tokens ({self._nbytes(i)} bytes): the "
-                            f"remote file is truncated or was replaced; {FIX_SHARDS}")
+            raise DataError(
+                f"shard {self.store.url_of(name)} has {size} bytes but {self.store.url_of(MANIFEST)} "
+                f"says {self.manifest['shards'][i]['num_tokens']} tokens ({self._nbytes(i)} bytes): the "
+                f"remote file is truncated or was replaced; {FIX_SHARDS}"
+            )
         self._sized.add(i)
 
     def _fetch_blocks(self, i: int, blocks) -> dict[int, bytes]:
@@ -433,9 +471,9 @@ class RemoteShardSet(ShardSet):
         B = self.block_bytes
         first, last = a // B, (b - 1) // B
         if first == last:
-            raw = blocks[first][a - first * B:b - first * B]
+            raw = blocks[first][a - first * B : b - first * B]
         else:
-            raw = b"".join(blocks[k] for k in range(first, last + 1))[a - first * B:b - first * B]
+            raw = b"".join(blocks[k] for k in range(first, last + 1))[a - first * B : b - first * B]
         return np.frombuffer(raw, dtype=self.dtype)
 
     def _slice(self, i: int, lo: int, hi: int) -> np.ndarray:
@@ -472,13 +510,17 @@ class RemoteShardSet(ShardSet):
         if data is None or ("idx_sha256" in s and hashlib.sha256(data).hexdigest() != s["idx_sha256"]):
             data = self.store.read_bytes(name)
             if "idx_sha256" in s and hashlib.sha256(data).hexdigest() != s["idx_sha256"]:
-                raise DataError(f"document index {self.store.url_of(name)} fails its sha256 check against "
-                                f"{self.store.url_of(MANIFEST)}; {FIX_SHARDS}")
+                raise DataError(
+                    f"document index {self.store.url_of(name)} fails its sha256 check against "
+                    f"{self.store.url_of(MANIFEST)}; {FIX_SHARDS}"
+                )
             self.cache.put(path, data)
         try:
             a = np.load(io.BytesIO(data), allow_pickle=False)
         except ValueError as e:
-            raise DataError(f"document index {self.store.url_of(name)} is not a valid .npy file ({e}); {FIX_SHARDS}") from e
+            raise DataError(
+                f"document index {self.store.url_of(name)} is not a valid .npy file ({e}); {FIX_SHARDS}"
+            ) from e
         check_offsets(a, s, self.store.url_of(name))
         self._idx[i] = a
         return a

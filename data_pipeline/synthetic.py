@@ -14,6 +14,7 @@ fixed 95/5 split of all pairs; memorization's test set is its train set by defin
 Defaults are sized so a 2-layer transformer of width 64-128 learns them on CPU within a
 few thousand steps with ``seq_len`` around 64.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,7 +44,7 @@ class Task:
     name = "task"
     version = "v1"
     DEFAULTS: dict = {}
-    train_size: int | None = None   # None = an unbounded stream of fresh examples
+    train_size: int | None = None  # None = an unbounded stream of fresh examples
     test_size: int | None = None
     word_sep = " "
 
@@ -111,7 +112,9 @@ class Task:
                     break
                 words, mask = self.generate(rng, index, split)
             else:  # pragma: no cover - only for degenerate task_args with a handful of distinct examples
-                raise DataError(f"synthetic task {self.name!r}: too few distinct examples to split train/test; enlarge task_args")
+                raise DataError(
+                    f"synthetic task {self.name!r}: too few distinct examples to split train/test; enlarge task_args"
+                )
         words = words + [EOS]
         mask = list(mask) + [0]
         return [self.ids[w] for w in words], mask
@@ -152,7 +155,7 @@ class Addition(Task):
 
     def generate(self, rng, index, split):
         n = self.n_digits
-        a, b = (int(x) for x in rng.integers(0, 10 ** n, size=2))
+        a, b = (int(x) for x in rng.integers(0, 10**n, size=2))
         prompt = _digits(a, n)[::-1] + ["+"] + _digits(b, n)[::-1] + ["="]
         answer = _digits(a + b, n + 1)[::-1]
         return prompt + answer, [0] * len(prompt) + [1] * len(answer)
@@ -274,7 +277,7 @@ class ModularAddition(Task):
     """
 
     name = "modular_addition"
-    version = "v2"          # v1 had "+" and "=" tokens
+    version = "v2"  # v1 had "+" and "=" tokens
     DEFAULTS = {"p": 97, "train_fraction": 0.95}
 
     def build_symbols(self):
@@ -332,14 +335,20 @@ class Memorization(Task):
     DEFAULTS = {"n1": 32, "n2": 32, "n_labels": 16}
 
     def build_symbols(self):
-        return ([f"a{i}" for i in range(self.n1)] + [f"b{i}" for i in range(self.n2)] + ["="]
-                + [f"y{i}" for i in range(self.n_labels)])
+        return (
+            [f"a{i}" for i in range(self.n1)]
+            + [f"b{i}" for i in range(self.n2)]
+            + ["="]
+            + [f"y{i}" for i in range(self.n_labels)]
+        )
 
     def check(self):
         if self.n1 < 1 or self.n2 < 1 or self.n_labels < 2:
             raise DataError(f"memorization: need n1, n2 >= 1 and n_labels >= 2, got {self.args}")
         self.train_size = self.test_size = self.n1 * self.n2
-        self.labels = np.random.default_rng([self.seed, _name_code(self.name)]).integers(0, self.n_labels, self.train_size)
+        self.labels = np.random.default_rng([self.seed, _name_code(self.name)]).integers(
+            0, self.n_labels, self.train_size
+        )
 
     @property
     def n_pairs(self) -> int:
@@ -461,16 +470,15 @@ class KHopDense(KHopInduction):
             seq = np.concatenate([[first], (first + np.cumsum(steps)) % self.n_symbols]).tolist()
             words, mask = [], []
             for t in range(len(seq)):
-                y = khop_target(seq[:t + 1], self.k)
+                y = khop_target(seq[: t + 1], self.k)
                 words += [f"s{seq[t]}", "a_" if y is None else f"a{y}"]
                 mask += [0, 0 if y is None else 1]
-            if khop_target(seq, self.k) is not None:       # the last position is always scored
+            if khop_target(seq, self.k) is not None:  # the last position is always scored
                 return words, mask
         raise DataError(f"khop_dense: could not draw a sequence with a defined {self.k}-hop chain; raise length")
 
 
-FILLER = ["the grass is green .", "the sky is blue .", "the sun is yellow .", "here we go .",
-          "there and back again ."]
+FILLER = ["the grass is green .", "the sky is blue .", "the sun is yellow .", "here we go .", "there and back again ."]
 
 
 class Passkey(Task):
@@ -512,8 +520,10 @@ class Passkey(Task):
         return words + key, mask
 
 
-TASKS = {cls.name: cls for cls in (Addition, Dyck1, KVRetrieval, ModularAddition, Memorization, MQAR,
-                                   KHopInduction, KHopDense, Passkey)}
+TASKS = {
+    cls.name: cls
+    for cls in (Addition, Dyck1, KVRetrieval, ModularAddition, Memorization, MQAR, KHopInduction, KHopDense, Passkey)
+}
 
 
 def list_tasks() -> list[str]:

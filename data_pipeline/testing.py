@@ -3,6 +3,7 @@
 Real text comes from the wikitext-2 copy next to the repository when it exists; otherwise
 a deterministic generated corpus stands in, so the tests run anywhere.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,11 @@ from .tokenizer import train_sentencepiece
 
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
 
-_WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
-          "have an they you were her she there been one all we their has would when if so no what up out "
-          "lobster ocean river city music model data train token shard memory order seed epoch").split()
+_WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at which but "
+    "have an they you were her she there been one all we their has would when if so no what up out "
+    "lobster ocean river city music model data train token shard memory order seed epoch"
+).split()
 
 
 def corpus_lines(n_lines: int, split: str = "valid") -> list[str]:
@@ -55,6 +58,7 @@ def make_tokenizer(out: Path, vocab_size: int = 400, n_lines: int = 1500) -> Pat
 # server (`python -m moto.server`), a separate process speaking the S3 REST protocol, so
 # s3fs/botocore sign, send and parse real HTTP requests against it. Both come from
 # pyproject.toml, so a clean checkout has them without system packages.
+
 
 def http_app(argv: list[str]):
     """`python -m aiohttp.web -H 127.0.0.1 -P PORT data_pipeline.testing:http_app ROOT`: serve ROOT."""
@@ -95,8 +99,10 @@ class LoopbackServer:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 self._log.seek(0)
-                raise RuntimeError(f"server {self._cmd_for_port(self.port)} exited with {self.proc.returncode}: "
-                                   f"{self._log.read().decode(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"server {self._cmd_for_port(self.port)} exited with {self.proc.returncode}: "
+                    f"{self._log.read().decode(errors='replace')[-2000:]}"
+                )
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return
@@ -122,8 +128,20 @@ class LoopbackServer:
 
 def http_server(root: str | Path, port: int | None = None) -> LoopbackServer:
     """Serve the directory ``root`` over HTTP (with Range support) from a separate process."""
-    return LoopbackServer(lambda p: [sys.executable, "-m", "aiohttp.web", "-H", "127.0.0.1", "-P", str(p),
-                                     "data_pipeline.testing:http_app", str(root)], port)
+    return LoopbackServer(
+        lambda p: [
+            sys.executable,
+            "-m",
+            "aiohttp.web",
+            "-H",
+            "127.0.0.1",
+            "-P",
+            str(p),
+            "data_pipeline.testing:http_app",
+            str(root),
+        ],
+        port,
+    )
 
 
 S3_TEST_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -131,15 +149,20 @@ S3_TEST_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 def s3_server(port: int | None = None) -> LoopbackServer:
     """An S3-compatible server (moto) in a separate process; its state lives in that process."""
-    return LoopbackServer(lambda p: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p)], port,
-                          env=S3_TEST_ENV)
+    return LoopbackServer(
+        lambda p: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p)], port, env=S3_TEST_ENV
+    )
 
 
 def s3_storage_options(server: LoopbackServer, fast_fail: bool = False) -> dict:
     """fsspec options for ``s3://`` URLs on ``server`` (fast_fail: no retries inside botocore; s3fs's
     own loop is the class attribute ``s3fs.S3FileSystem.retries``)."""
-    opts = {"endpoint_url": server.url, "key": S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
-            "secret": S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"], "config_kwargs": {"region_name": "us-east-1"}}
+    opts = {
+        "endpoint_url": server.url,
+        "key": S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
+        "secret": S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+        "config_kwargs": {"region_name": "us-east-1"},
+    }
     if fast_fail:
         opts["config_kwargs"].update(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5)
     return opts
@@ -152,7 +175,7 @@ def upload_dir(local: str | Path, url: str, storage_options: dict | None = None)
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     bucket = root.split("/", 1)[0]
     if url.startswith("s3://"):
-        fs.invalidate_cache()             # the server may have been restarted (moto keeps objects in memory)
+        fs.invalidate_cache()  # the server may have been restarted (moto keeps objects in memory)
         try:
             fs.mkdir(bucket)
         except FileExistsError:

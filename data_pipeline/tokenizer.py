@@ -11,6 +11,7 @@ CLI::
     python -m data_pipeline.tokenizer train --input a.txt b.txt --vocab-size 8000 --out tok/
     python -m data_pipeline.tokenizer info tok/
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,14 +60,16 @@ def _sp_identity(sp) -> str:
     """
     h = hashlib.sha256()
     for i in range(sp.get_piece_size()):
-        h.update(f"{sp.id_to_piece(i)}\0{sp.get_score(i)!r}\0{int(sp.is_control(i))}{int(sp.is_unknown(i))}"
-                 f"{int(sp.is_byte(i))}{int(sp.is_unused(i))}\n".encode())
+        h.update(
+            f"{sp.id_to_piece(i)}\0{sp.get_score(i)!r}\0{int(sp.is_control(i))}{int(sp.is_unknown(i))}"
+            f"{int(sp.is_byte(i))}{int(sp.is_unused(i))}\n".encode()
+        )
     for text in _PROBES:
         h.update(repr(sp.encode(text, out_type=int)).encode())
     return h.hexdigest()[:16]
 
 
-BYTES = "bytes"      # the byte tokenizer's name wherever a tokenizer is given (recipes, --tokenizer), and its identity
+BYTES = "bytes"  # the byte tokenizer's name wherever a tokenizer is given (recipes, --tokenizer), and its identity
 
 
 class ByteTokenizer:
@@ -118,7 +121,11 @@ class Tokenizer:
         if p.is_file() and p.suffix == ".model":
             p = p.parent
             self.path = str(p)
-        if (p / SP_MODEL).is_file() and not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+        if (
+            (p / SP_MODEL).is_file()
+            and not (p / "tokenizer.json").is_file()
+            and not (p / "tokenizer_config.json").is_file()
+        ):
             import sentencepiece as spm  # deferred: heavy
 
             self.kind = "sentencepiece"
@@ -217,9 +224,15 @@ def tokenizer_identity(path: str | os.PathLike) -> str:
     return load_tokenizer(path).identity
 
 
-def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLike, *,
-                        max_sentences: int = 2_000_000, character_coverage: float = 0.9995,
-                        quiet: bool = False) -> Tokenizer:
+def train_sentencepiece(
+    inputs: list[str],
+    vocab_size: int,
+    out: str | os.PathLike,
+    *,
+    max_sentences: int = 2_000_000,
+    character_coverage: float = 0.9995,
+    quiet: bool = False,
+) -> Tokenizer:
     """Train a byte-fallback BPE SentencePiece model on local text files.
 
     Special ids: unk=0, bos=1, eos=2, pad=3.
@@ -236,24 +249,30 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
         if f.stat().st_size == 0:
             raise DataError(f"tokenizer train: input file {f} is empty; remove it from --input or fill it with text")
     if vocab_size < 1:
-        raise DataError(f"tokenizer train: --vocab-size {vocab_size} must be positive. Fix: pass e.g. --vocab-size 8000")
+        raise DataError(
+            f"tokenizer train: --vocab-size {vocab_size} must be positive. Fix: pass e.g. --vocab-size 8000"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     total = sum(f.stat().st_size for f in files)
     t0 = time.time()
     if not quiet:
-        print(f"[tokenizer] training BPE vocab={vocab_size} on {len(files)} file(s), {total / 1e6:.1f} MB ...",
-              file=sys.stderr, flush=True)
+        print(
+            f"[tokenizer] training BPE vocab={vocab_size} on {len(files)} file(s), {total / 1e6:.1f} MB ...",
+            file=sys.stderr,
+            flush=True,
+        )
     prefix = out / "tokenizer.tmp"
     try:
         _train(spm, files, prefix, vocab_size, character_coverage, max_sentences)
     except RuntimeError as e:
         if "required_chars" not in str(e):
             raise DataError(f"tokenizer train: SentencePiece failed on {[str(f) for f in files]}: {e}") from e
-        raise _vocab_range_error(vocab_size, _probe_vocab_range(spm, files, character_coverage, max_sentences),
-                                 character_coverage) from None
+        raise _vocab_range_error(
+            vocab_size, _probe_vocab_range(spm, files, character_coverage, max_sentences), character_coverage
+        ) from None
     trained = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
-    if trained.get_piece_size() < vocab_size:      # BPE ran out of merges (the limit is soft, see _train)
+    if trained.get_piece_size() < vocab_size:  # BPE ran out of merges (the limit is soft, see _train)
         bounds = _piece_bounds(trained, saturated=True)
         for suffix in (".model", ".vocab"):
             Path(f"{prefix}{suffix}").unlink(missing_ok=True)
@@ -263,13 +282,24 @@ def train_sentencepiece(inputs: list[str], vocab_size: int, out: str | os.PathLi
         os.replace(f"{prefix}.vocab", out / "tokenizer.vocab")
     _CACHE.pop(str(out.resolve()), None)
     tok = load_tokenizer(out)
-    meta = {"identity": tok.identity, "vocab_size": tok.vocab_size, "kind": "sentencepiece", "model_type": "bpe",
-            "byte_fallback": True, "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id,
-            "inputs": [str(f) for f in files]}
+    meta = {
+        "identity": tok.identity,
+        "vocab_size": tok.vocab_size,
+        "kind": "sentencepiece",
+        "model_type": "bpe",
+        "byte_fallback": True,
+        "eos_id": tok.eos_id,
+        "bos_id": tok.bos_id,
+        "pad_id": tok.pad_id,
+        "inputs": [str(f) for f in files],
+    }
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
     if not quiet:
-        print(f"[tokenizer] done in {time.time() - t0:.1f}s: {tok.identity} vocab={tok.vocab_size} -> {out}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[tokenizer] done in {time.time() - t0:.1f}s: {tok.identity} vocab={tok.vocab_size} -> {out}",
+            file=sys.stderr,
+            flush=True,
+        )
     return tok
 
 
@@ -280,8 +310,11 @@ FIXED_PIECES = 4 + 256
 def _piece_bounds(sp, saturated: bool) -> tuple[int, int | None]:
     """The valid --vocab-size range a model trained with a soft limit shows: its single-character pieces
     (what character_coverage requires) plus the fixed pieces, up to its size when BPE ran out of merges."""
-    chars = sum(1 for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))
-                and len(sp.id_to_piece(i)) == 1)
+    chars = sum(
+        1
+        for i in range(sp.get_piece_size())
+        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)) and len(sp.id_to_piece(i)) == 1
+    )
     return FIXED_PIECES + chars, sp.get_piece_size() if saturated else None
 
 
@@ -318,8 +351,10 @@ def _vocab_range_error(vocab_size: int, bounds: tuple[int, int | None], characte
         valid = f"the valid range starts at {low}"
         fix = f"pass --vocab-size {low} or more"
     if vocab_size < low:
-        why = (f"too small for this data: {low - FIXED_PIECES} characters need their own piece at "
-               f"--character-coverage {character_coverage} besides {FIXED_PIECES} special and byte pieces")
+        why = (
+            f"too small for this data: {low - FIXED_PIECES} characters need their own piece at "
+            f"--character-coverage {character_coverage} besides {FIXED_PIECES} special and byte pieces"
+        )
         fix += " (or lower --character-coverage, so rare characters go through byte fallback)"
     else:
         why = f"too large for this data: BPE runs out of merges at {high} pieces"
@@ -340,7 +375,10 @@ def _train(spm, files, prefix, vocab_size, character_coverage, max_sentences, mo
         model_type="bpe",
         byte_fallback=True,
         character_coverage=character_coverage,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
         input_sentence_size=max_sentences,
         shuffle_input_sentence=False,
         split_digits=True,
@@ -360,20 +398,40 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--vocab-size", type=int, required=True)
     t.add_argument("--out", required=True, help="output directory (gets tokenizer.model + tokenizer_meta.json)")
     t.add_argument("--max-sentences", type=int, default=2_000_000, help="lines read for training")
-    t.add_argument("--character-coverage", type=float, default=0.9995,
-                   help="share of characters given their own piece; the rest use byte fallback")
+    t.add_argument(
+        "--character-coverage",
+        type=float,
+        default=0.9995,
+        help="share of characters given their own piece; the rest use byte fallback",
+    )
     i = sub.add_parser("info", help="print identity and special ids of a tokenizer directory (or 'bytes')")
     i.add_argument("path")
     args = ap.parse_args(argv)
 
     def body() -> None:
         if args.cmd == "train":
-            train_sentencepiece(args.input, args.vocab_size, args.out, max_sentences=args.max_sentences,
-                                character_coverage=args.character_coverage)
+            train_sentencepiece(
+                args.input,
+                args.vocab_size,
+                args.out,
+                max_sentences=args.max_sentences,
+                character_coverage=args.character_coverage,
+            )
         else:
             tok = load_tokenizer(args.path)
-            print(json.dumps({"identity": tok.identity, "kind": tok.kind, "vocab_size": tok.vocab_size,
-                              "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "identity": tok.identity,
+                        "kind": tok.kind,
+                        "vocab_size": tok.vocab_size,
+                        "eos_id": tok.eos_id,
+                        "bos_id": tok.bos_id,
+                        "pad_id": tok.pad_id,
+                    },
+                    indent=2,
+                )
+            )
 
     return run_cli(body, DATA_ERRORS)
 

@@ -5,6 +5,7 @@ The data is the run's own (`data` section of the checkpoint's recipe, validation
 of data_pipeline.classification plus `split`, `seq_len`, `limit`). Also reported: the
 majority-class rate of that data (the accuracy of always answering the commonest label).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,18 +23,23 @@ EXTRA_KEYS = ("split", "seq_len", "limit")
 
 
 @torch.no_grad()
-def evaluate_classification(model, info: dict[str, Any], task_args: dict | None = None,
-                            batch_size: int = 64, device=None) -> dict[str, Any]:
+def evaluate_classification(
+    model, info: dict[str, Any], task_args: dict | None = None, batch_size: int = 64, device=None
+) -> dict[str, Any]:
     if not isinstance(model, SequenceClassifier):
-        raise EvalError(f"task classification needs a classification checkpoint (recipe task: classification); "
-                        f"{info.get('path')} is a language model")
+        raise EvalError(
+            f"task classification needs a classification checkpoint (recipe task: classification); "
+            f"{info.get('path')} is a language model"
+        )
     meta = info.get("meta", {})
     args = dict(task_args or {})
     extra = {k: args.pop(k) for k in EXTRA_KEYS if k in args}
     data = {**{k: v for k, v in (meta.get("data") or {}).items() if k in KNOWN_KEYS}, **args}
     if not data.get("source"):
-        raise EvalError("task classification: no data (the checkpoint records none); pass --task-args "
-                        "'{\"source\": \"classify:FILE.jsonl\"}'")
+        raise EvalError(
+            "task classification: no data (the checkpoint records none); pass --task-args "
+            '\'{"source": "classify:FILE.jsonl"}\''
+        )
     seq_len = int(extra.get("seq_len") or meta.get("seq_len") or model.cfg.max_seq_len)
     try:
         loader = ClassificationLoader(data, extra.get("split", "val"), seq_len, 1)
@@ -46,10 +52,17 @@ def evaluate_classification(model, info: dict[str, Any], task_args: dict | None 
     model.eval()
     nll, correct = 0.0, 0
     for i in range(0, n, batch_size):
-        x = torch.from_numpy(loader.input_ids[i:min(n, i + batch_size)]).to(device)
-        y = torch.from_numpy(loader.labels[i:min(n, i + batch_size)]).to(device)
+        x = torch.from_numpy(loader.input_ids[i : min(n, i + batch_size)]).to(device)
+        y = torch.from_numpy(loader.labels[i : min(n, i + batch_size)]).to(device)
         logits = model(x).float()
         nll += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(-1) == y).sum())
     counts = np.bincount(loader.labels[:n], minlength=loader.num_labels)
-    return {"acc": correct / n, "loss": nll / n, "samples": n, "majority_acc": float(counts.max() / n), "split": loader.split, "source": loader.source}
+    return {
+        "acc": correct / n,
+        "loss": nll / n,
+        "samples": n,
+        "majority_acc": float(counts.max() / n),
+        "split": loader.split,
+        "source": loader.source,
+    }

@@ -5,6 +5,7 @@ reduced on rank 0 in the original item order, so N processes give bit-identical 
 to 1 process. Launch under `torchrun`/`deepspeed` (env:// rendezvous) or spawn processes
 that call `init(rank, world, ...)` themselves.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,9 @@ def init_from_env(backend: str | None = None) -> bool:
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     try:
         import deepspeed  # deferred: heavy (deepspeed)
+
         deepspeed.init_distributed(dist_backend=backend)
-    except Exception:   # noqa: BLE001 - deepspeed absent or unusable: plain torch.distributed
+    except Exception:  # noqa: BLE001 - deepspeed absent or unusable: plain torch.distributed
         if not is_initialized():
             dist.init_process_group(backend=backend)
     if torch.cuda.is_available():

@@ -11,6 +11,7 @@ CLI (greedy unless --temperature > 0, --top-k or --top-p is given; --temperature
 Without --tokenizer, the tokenizer the checkpoint was trained with is used (bytes, or the one its
 recipe records).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,13 @@ def is_greedy(top_k: int | None = None, top_p: float | None = None, temperature:
     return temperature == 0 or (temperature is None and top_k is None and top_p is None)
 
 
-def sample_next(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None,
-                temperature: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    temperature: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """logits (b, V) -> next ids (b,). Greedy by default (see is_greedy); sampling uses temperature 1
     unless one is given."""
     if is_greedy(top_k, top_p, temperature):
@@ -51,7 +57,7 @@ def sample_next(logits: torch.Tensor, top_k: int | None = None, top_p: float | N
     if top_p is not None:
         sorted_logits, idx = logits.sort(-1, descending=True)
         probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > top_p          # keep the smallest prefix with mass >= top_p
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix with mass >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     probs = logits.softmax(-1)
@@ -59,10 +65,19 @@ def sample_next(logits: torch.Tensor, top_k: int | None = None, top_p: float | N
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int = 32, *,
-             top_k: int | None = None, top_p: float | None = None, temperature: float | None = None,
-             seed: int = 0, use_cache: bool = True, eos_id: int | None = None,
-             return_logits: bool = False):
+def generate(
+    model,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    max_new_tokens: int = 32,
+    *,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    temperature: float | None = None,
+    seed: int = 0,
+    use_cache: bool = True,
+    eos_id: int | None = None,
+    return_logits: bool = False,
+):
     """Continue `prompt_ids` (1-D, or 2-D for a batch of equal-length prompts), greedily unless a
     temperature > 0, top_k or top_p asks for sampling; returns the new ids (list per row, cut after
     the first `eos_id`) and, with return_logits, the (b, new, V) logits that produced them."""
@@ -99,7 +114,7 @@ def generate(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: in
             break
     ids = torch.stack(new, 1).tolist() if new else [[] for _ in range(x.shape[0])]
     if eos_id is not None:
-        ids = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in ids]
+        ids = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in ids]
     out = ids[0] if single else ids
     if return_logits:
         lg = torch.stack(all_logits, 1)
@@ -115,20 +130,27 @@ def _temperature(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = CliParser(prog="python -m eval.generate",
-                   description="Generate text from a checkpoint. Decoding is greedy (the most likely token at "
-                               "every step) unless --temperature > 0, --top-k or --top-p asks for sampling.")
+    ap = CliParser(
+        prog="python -m eval.generate",
+        description="Generate text from a checkpoint. Decoding is greedy (the most likely token at "
+        "every step) unless --temperature > 0, --top-k or --top-p asks for sampling.",
+    )
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes' (default: the one the checkpoint was trained "
-                                        "with); omit with --prompt-ids")
+    ap.add_argument(
+        "--tokenizer",
+        help="tokenizer dir, or 'bytes' (default: the one the checkpoint was trained with); omit with --prompt-ids",
+    )
     ap.add_argument("--prompt", default="")
     ap.add_argument("--prompt-ids", help="comma-separated token ids (no tokenizer needed)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--top-k", type=int, help="sample from the k most likely tokens (default: greedy)")
     ap.add_argument("--top-p", type=float, help="sample from the smallest set with probability >= p (default: greedy)")
-    ap.add_argument("--temperature", type=_temperature, default=None,
-                    help="sampling temperature; default: greedy decoding (0 = greedy; 1 when only --top-k/--top-p "
-                         "is given)")
+    ap.add_argument(
+        "--temperature",
+        type=_temperature,
+        default=None,
+        help="sampling temperature; default: greedy decoding (0 = greedy; 1 when only --top-k/--top-p is given)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="sampling seed")
     ap.add_argument("--no-cache", action="store_true", help="recompute the full sequence every step")
     ap.add_argument("--device", default="cpu")
@@ -139,8 +161,9 @@ def _prompt_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise EvalError(f"--prompt-ids {text!r} is not a comma-separated list of integers. Fix: e.g. "
-                        "--prompt-ids 5,17,3") from None
+        raise EvalError(
+            f"--prompt-ids {text!r} is not a comma-separated list of integers. Fix: e.g. --prompt-ids 5,17,3"
+        ) from None
 
 
 def run(a: argparse.Namespace) -> int:
@@ -150,14 +173,24 @@ def run(a: argparse.Namespace) -> int:
     if a.prompt_ids:
         ids = _prompt_ids(a.prompt_ids)
         if not ids or max(ids) >= model.cfg.vocab_size or min(ids) < 0:
-            raise EvalError(f"--prompt-ids must be ids in [0, {model.cfg.vocab_size}). Fix: pass ids of the "
-                            "checkpoint's vocabulary")
+            raise EvalError(
+                f"--prompt-ids must be ids in [0, {model.cfg.vocab_size}). Fix: pass ids of the checkpoint's vocabulary"
+            )
     elif tok is not None:
         ids = tok.encode(a.prompt) or [tok.eos_id]
     else:
         raise missing_tokenizer_error(info, "--prompt")
-    out = generate(model, ids, a.max_new_tokens, top_k=a.top_k, top_p=a.top_p, temperature=a.temperature,
-                   seed=a.seed, use_cache=not a.no_cache, eos_id=getattr(tok, "eos_id", None))
+    out = generate(
+        model,
+        ids,
+        a.max_new_tokens,
+        top_k=a.top_k,
+        top_p=a.top_p,
+        temperature=a.temperature,
+        seed=a.seed,
+        use_cache=not a.no_cache,
+        eos_id=getattr(tok, "eos_id", None),
+    )
     if tok is not None and not a.prompt_ids:
         print(a.prompt + tok.decode(out))
     else:

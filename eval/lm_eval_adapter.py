@@ -16,6 +16,7 @@ give the same numbers: generation runs to EOS or the longest record's budget (lm
 one list per task, so it is left empty), then each record's own stop, or its answer's length,
 decides the prediction.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,9 +41,17 @@ TASK_DIR = Path(__file__).parent / "tasks"
 
 @register_model("trainable_parts")
 class TrainablePartsLM(TemplateLM):
-    def __init__(self, model=None, tokenizer=None, checkpoint: str | None = None, batch_size: int | str | None = 8,
-                 device: str | None = None, max_length: int | None = None, info: dict[str, Any] | None = None,
-                 **_: Any):
+    def __init__(
+        self,
+        model=None,
+        tokenizer=None,
+        checkpoint: str | None = None,
+        batch_size: int | str | None = 8,
+        device: str | None = None,
+        max_length: int | None = None,
+        info: dict[str, Any] | None = None,
+        **_: Any,
+    ):
         super().__init__()
         info = dict(info or {})
         if model is None:
@@ -79,26 +88,27 @@ class TrainablePartsLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
-        bar = progress_bar(total=len(requests), desc="loglikelihood", unit="request", enabled=not disable_tqdm,
-                           leave=False)
+        bar = progress_bar(
+            total=len(requests), desc="loglikelihood", unit="request", enabled=not disable_tqdm, leave=False
+        )
         for s in range(0, len(order), self.batch_size):
-            idx = order[s:s + self.batch_size]
+            idx = order[s : s + self.batch_size]
             inps, conts = [], []
             for i in idx:
                 _, ctx, cont = requests[i]
                 if not cont:
                     raise ValueError("empty continuation")
-                inp = (list(ctx) + list(cont))[:-1][-self.max_length:]
+                inp = (list(ctx) + list(cont))[:-1][-self.max_length :]
                 inps.append(inp)
                 conts.append(list(cont))
             width = max(len(x) for x in inps)
             x = torch.zeros(len(inps), width, dtype=torch.long, device=self._device)
             for r, inp in enumerate(inps):
-                x[r, :len(inp)] = torch.tensor(inp)      # right padding: earlier positions are unaffected
+                x[r, : len(inp)] = torch.tensor(inp)  # right padding: earlier positions are unaffected
             logp = F.log_softmax(self.model(x).float(), dim=-1)
             for r, i in enumerate(idx):
                 n, m = len(inps[r]), len(conts[r])
-                rows = logp[r, n - m:n]                       # logit row n-m+j predicts cont[j]
+                rows = logp[r, n - m : n]  # logit row n-m+j predicts cont[j]
                 y = torch.tensor(conts[r], device=self._device)
                 ll = float(rows.gather(-1, y[:, None]).double().sum())
                 greedy = bool((rows.argmax(-1) == y).all())
@@ -110,12 +120,19 @@ class TrainablePartsLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
-        for req in progress_bar(requests, desc="loglikelihood_rolling", unit="request", enabled=not disable_tqdm,
-                                leave=False):
+        for req in progress_bar(
+            requests, desc="loglikelihood_rolling", unit="request", enabled=not disable_tqdm, leave=False
+        ):
             (string,) = req.args
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1)]
+            windows = [
+                make_disjoint_window(w)
+                for w in get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
             parts = self._loglikelihood_tokens([(None, c, y) for c, y in windows], disable_tqdm=True)
             ll = sum(p[0] for p in parts)
             out.append(ll)
@@ -138,19 +155,27 @@ class TrainablePartsLM(TemplateLM):
             temperature = float(gen_kwargs.pop("temperature", 1.0 if do_sample else 0.0))
             top_k, top_p = (gen_kwargs.get("top_k"), gen_kwargs.get("top_p")) if do_sample else (None, None)
             ctx = self.tok_encode(context) or [self.eot_token_id]
-            ctx = ctx[-max(1, self.max_length - max_new):]
+            ctx = ctx[-max(1, self.max_length - max_new) :]
             plans.append((ctx, until, max_new, top_k, top_p, temperature))
             greedy = not do_sample or is_greedy(top_k, top_p, temperature)
-            key = (len(ctx), max_new) if greedy else ("sample", i)      # a sampled request runs alone
+            key = (len(ctx), max_new) if greedy else ("sample", i)  # a sampled request runs alone
             groups.setdefault(key, []).append(i)
-        bar = progress_bar(total=len(requests), desc="generate_until", unit="request", enabled=not disable_tqdm,
-                           leave=False)
+        bar = progress_bar(
+            total=len(requests), desc="generate_until", unit="request", enabled=not disable_tqdm, leave=False
+        )
         for key, idx in groups.items():
             for s in range(0, len(idx), self.batch_size):
-                batch = idx[s:s + self.batch_size]
+                batch = idx[s : s + self.batch_size]
                 _, _, max_new, top_k, top_p, temperature = plans[batch[0]]
-                rows = generate(self.model, [plans[i][0] for i in batch], max_new, eos_id=self.eot_token_id,
-                                top_k=top_k, top_p=top_p, temperature=temperature if key[0] == "sample" else 0.0)
+                rows = generate(
+                    self.model,
+                    [plans[i][0] for i in batch],
+                    max_new,
+                    eos_id=self.eot_token_id,
+                    top_k=top_k,
+                    top_p=top_p,
+                    temperature=temperature if key[0] == "sample" else 0.0,
+                )
                 for i, ids in zip(batch, rows):
                     context = requests[i].args[0]
                     text = em.continuation_text(self.tokenizer, plans[i][0], ids)
@@ -204,32 +229,55 @@ def exact_match_task_config(path: str | Path, tokenizer) -> dict[str, Any]:
         "doc_to_text": lambda d: d["prompt"],
         "doc_to_target": lambda d: d["answer"],
         "target_delimiter": "",
-        "generation_kwargs": {"until": [], "max_gen_toks": max(em.budget(tokenizer, r) for r in records),
-                              "do_sample": False},
+        "generation_kwargs": {
+            "until": [],
+            "max_gen_toks": max(em.budget(tokenizer, r) for r in records),
+            "do_sample": False,
+        },
         "process_results": process_results,
-        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True},
-                        {"metric": "char_acc", "aggregation": "mean", "higher_is_better": True}],
+        "metric_list": [
+            {"metric": "exact_match", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "char_acc", "aggregation": "mean", "higher_is_better": True},
+        ],
         "metadata": {"version": 1.0},
     }
 
 
-def run_lm_eval(lm: TrainablePartsLM, tasks: list[str], limit: int | float | None = None,
-                num_fewshot: int | None = None) -> dict[str, dict[str, float]]:
+def run_lm_eval(
+    lm: TrainablePartsLM, tasks: list[str], limit: int | float | None = None, num_fewshot: int | None = None
+) -> dict[str, dict[str, float]]:
     """Run lm_eval tasks in-process; our offline tasks by name (eval/tasks), exact_match:FILE.jsonl,
     others as lm_eval names. Returns {task: {metric: value}} (numbers only)."""
     import lm_eval  # deferred: heavy
     from lm_eval.tasks import TaskManager  # deferred: heavy
+
     ours = set(offline_tasks())
     local = [t in ours or t.startswith(em.PREFIX) for t in tasks]
-    specs: list[Any] = [task_config(t) if t in ours else
-                        exact_match_task_config(em.task_file(t), lm.tokenizer) if t.startswith(em.PREFIX) else t
-                        for t in tasks]
+    specs: list[Any] = [
+        task_config(t)
+        if t in ours
+        else exact_match_task_config(em.task_file(t), lm.tokenizer)
+        if t.startswith(em.PREFIX)
+        else t
+        for t in tasks
+    ]
     # Index lm_eval's built-in task library only when a non-local task is asked for (it is slow).
     manager = TaskManager(include_path=str(TASK_DIR), include_defaults=not all(local))
-    res = lm_eval.simple_evaluate(model=lm, tasks=specs, limit=limit, num_fewshot=num_fewshot, task_manager=manager,
-                                  log_samples=False, bootstrap_iters=0, verbosity="WARNING")
+    res = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=specs,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        task_manager=manager,
+        log_samples=False,
+        bootstrap_iters=0,
+        verbosity="WARNING",
+    )
     out: dict[str, dict[str, float]] = {}
     for task, metrics in (res or {}).get("results", {}).items():
-        out[task] = {k.split(",")[0]: float(v) for k, v in metrics.items()
-                     if isinstance(v, (int, float)) and not k.startswith("alias") and "stderr" not in k}
+        out[task] = {
+            k.split(",")[0]: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not k.startswith("alias") and "stderr" not in k
+        }
     return out

@@ -2,6 +2,7 @@
 layer reads (native, HF, DeepSpeed tag, run dir), and tokenizers with identity checks; without a
 tokenizer given, the one the checkpoint records (`run_tokenizer`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,12 +33,14 @@ def load_tokenizer(spec: Any):
     if spec is None or not isinstance(spec, (str, Path)):
         return spec
     if str(spec) != BYTES and not Path(spec).exists():
-        raise EvalError(f"tokenizer {spec} does not exist. Fix: pass --tokenizer DIR (the directory the data was "
-                        "prepared with), --tokenizer bytes for the byte tokenizer, or omit --tokenizer to use the "
-                        "one the checkpoint was trained with")
+        raise EvalError(
+            f"tokenizer {spec} does not exist. Fix: pass --tokenizer DIR (the directory the data was "
+            "prepared with), --tokenizer bytes for the byte tokenizer, or omit --tokenizer to use the "
+            "one the checkpoint was trained with"
+        )
     try:
         return load_data_tokenizer(spec)
-    except ValueError as e:   # DataError
+    except ValueError as e:  # DataError
         raise EvalError(str(e)) from e
 
 
@@ -48,7 +51,7 @@ def _candidate_tokenizers(meta: dict[str, Any]) -> list[str]:
     out = [str(x) for x in (data.get("tokenizer"), meta.get("tokenizer_path")) if x]
     dirs = [data.get("source")] + [m.get("path") for m in data.get("mixture") or [] if isinstance(m, dict)]
     for d in dirs:
-        if not isinstance(d, str) or ":" in d.split("/")[0]:          # text:, synthetic:, classify:, hf:, s3: ...
+        if not isinstance(d, str) or ":" in d.split("/")[0]:  # text:, synthetic:, classify:, hf:, s3: ...
             continue
         for base in (Path(d), REPO_ROOT / d):
             if (base / MANIFEST).is_file():
@@ -83,10 +86,16 @@ def run_tokenizer(info: dict[str, Any]):
 
 def missing_tokenizer_error(info: dict[str, Any], needs: str) -> EvalError:
     want = info.get("tokenizer_id")
-    where = (f"the checkpoint records tokenizer {want}, which was not found from its recipe (data.tokenizer or "
-             "the shards' manifest)" if want else "the checkpoint records no tokenizer")
-    return EvalError(f"{needs} needs a tokenizer and {where}. Fix: pass --tokenizer DIR (the tokenizer the run was "
-                     "trained with) or --tokenizer bytes")
+    where = (
+        f"the checkpoint records tokenizer {want}, which was not found from its recipe (data.tokenizer or "
+        "the shards' manifest)"
+        if want
+        else "the checkpoint records no tokenizer"
+    )
+    return EvalError(
+        f"{needs} needs a tokenizer and {where}. Fix: pass --tokenizer DIR (the tokenizer the run was "
+        "trained with) or --tokenizer bytes"
+    )
 
 
 def _repo_path(p: str) -> Path:
@@ -100,12 +109,16 @@ def check_tokenizer(tok, model, info: dict[str, Any]) -> None:
         return
     want = info.get("tokenizer_id")
     if want and getattr(tok, "identity", None) and want != tok.identity:
-        raise EvalError(f"tokenizer mismatch: checkpoint {info.get('path')} was trained with tokenizer {want}, "
-                        f"but the given tokenizer is {tok.identity} ({getattr(tok, 'path', tok)}). "
-                        "Fix: omit --tokenizer to use the run's own, or pass the tokenizer the run was trained with.")
+        raise EvalError(
+            f"tokenizer mismatch: checkpoint {info.get('path')} was trained with tokenizer {want}, "
+            f"but the given tokenizer is {tok.identity} ({getattr(tok, 'path', tok)}). "
+            "Fix: omit --tokenizer to use the run's own, or pass the tokenizer the run was trained with."
+        )
     if tok.vocab_size > model.cfg.vocab_size:
-        raise EvalError(f"tokenizer mismatch: tokenizer {tok.identity} has {tok.vocab_size} tokens but the "
-                        f"checkpoint's vocabulary has {model.cfg.vocab_size}. Fix: use the run's tokenizer.")
+        raise EvalError(
+            f"tokenizer mismatch: tokenizer {tok.identity} has {tok.vocab_size} tokens but the "
+            f"checkpoint's vocabulary has {model.cfg.vocab_size}. Fix: use the run's tokenizer."
+        )
 
 
 # ---- checkpoints -------------------------------------------------------------------------
@@ -121,17 +134,27 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     """(model in eval mode, info) where info has path, step, tokens_seen, variant, tokenizer_id (+ raw meta)."""
     p = Path(path)
     if not p.exists():
-        raise EvalError(f"checkpoint path {p} does not exist. Fix: pass a native/HF/DeepSpeed checkpoint "
-                        "directory or a run directory.")
+        raise EvalError(
+            f"checkpoint path {p} does not exist. Fix: pass a native/HF/DeepSpeed checkpoint "
+            "directory or a run directory."
+        )
     try:
         model, meta = load_for_eval(p, device=str(device))
     except FileNotFoundError as e:
-        raise EvalError(f"no checkpoint found at {p}: {e}. Fix: pass a native/HF/DeepSpeed checkpoint directory "
-                        "or a run directory") from e
+        raise EvalError(
+            f"no checkpoint found at {p}: {e}. Fix: pass a native/HF/DeepSpeed checkpoint directory or a run directory"
+        ) from e
     model.eval()
     meta = dict(meta or {})
     cfg = model.cfg
-    info = {"path": str(p.resolve()), "step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"),
-            "variant": meta.get("variant", cfg.variant), "tokenizer_id": meta.get("tokenizer_id"),
-            "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "meta": meta}
+    info = {
+        "path": str(p.resolve()),
+        "step": meta.get("step"),
+        "tokens_seen": meta.get("tokens_seen"),
+        "variant": meta.get("variant", cfg.variant),
+        "tokenizer_id": meta.get("tokenizer_id"),
+        "vocab_size": cfg.vocab_size,
+        "max_seq_len": cfg.max_seq_len,
+        "meta": meta,
+    }
     return model, info

@@ -9,6 +9,7 @@ Softmax variants use the recorded attention probabilities; MixiT uses its fixed 
 matrices A (the same "what does position i read" map, input-independent; entries can be
 negative, so |A| is also reported). Heatmaps go to a PNG.
 """
+
 from __future__ import annotations
 
 import random
@@ -29,9 +30,15 @@ def _scores(P: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def attention_maps(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
-                   token_range: tuple[int, int] | None = None,
-                   halves: list[list[int]] | None = None) -> tuple[torch.Tensor, bool]:
+def attention_maps(
+    model,
+    L: int = 32,
+    n: int = 8,
+    seed: int = 0,
+    device=None,
+    token_range: tuple[int, int] | None = None,
+    halves: list[list[int]] | None = None,
+) -> tuple[torch.Tensor, bool]:
     """Mean map per layer and head, (layers, H, 2L, 2L); second value True if from MixiT matrices.
     Tokens are drawn from `token_range` [lo, hi) (default: the whole vocabulary); a text model
     is better probed with tokens it has seen (e.g. printable bytes, (32, 127)), or with `halves`:
@@ -49,7 +56,9 @@ def attention_maps(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
     else:
         lo, hi = token_range or (0, model.cfg.vocab_size)
         if not 0 <= lo < hi <= model.cfg.vocab_size:
-            raise ValueError(f"mechanisms: token_range {token_range} is not within [0, vocab_size={model.cfg.vocab_size})")
+            raise ValueError(
+                f"mechanisms: token_range {token_range} is not within [0, vocab_size={model.cfg.vocab_size})"
+            )
         r = random.Random(f"mech-{seed}-{L}")
         x = []
         for _ in range(n):
@@ -68,17 +77,28 @@ def attention_maps(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
     return maps, False
 
 
-def mechanism_scores(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
-                     heatmap: str | Path | None = None, token_range: tuple[int, int] | None = None,
-                     halves: list[list[int]] | None = None) -> dict[str, Any]:
+def mechanism_scores(
+    model,
+    L: int = 32,
+    n: int = 8,
+    seed: int = 0,
+    device=None,
+    heatmap: str | Path | None = None,
+    token_range: tuple[int, int] | None = None,
+    halves: list[list[int]] | None = None,
+) -> dict[str, Any]:
     """Per-head scores as nested lists [layer][head]; the max over heads as headline numbers.
     `halves` (the caller's first halves, e.g. held-out text) replaces the random tokens."""
     L = len(halves[0]) if halves else min(L, model.cfg.max_seq_len // 2)
     maps, fixed = attention_maps(model, L, n, seed, device, token_range, halves)
     prev, ind = _scores(maps, L)
-    out: dict[str, Any] = {"source": "mixing_matrix" if fixed else "attention",
-                           "previous_token_score": prev.tolist(), "induction_score": ind.tolist(),
-                           "max_previous_token_score": float(prev.max()), "max_induction_score": float(ind.max())}
+    out: dict[str, Any] = {
+        "source": "mixing_matrix" if fixed else "attention",
+        "previous_token_score": prev.tolist(),
+        "induction_score": ind.tolist(),
+        "max_previous_token_score": float(prev.max()),
+        "max_induction_score": float(ind.max()),
+    }
     if fixed:
         aprev, aind = _scores(maps.abs(), L)
         out["abs_previous_token_score"] = aprev.tolist()
@@ -92,12 +112,14 @@ def mechanism_scores(model, L: int = 32, n: int = 8, seed: int = 0, device=None,
 def save_heatmap(maps: torch.Tensor, prev: torch.Tensor, ind: torch.Tensor, path: str | Path, title: str = "") -> Path:
     """Row 0: per-head score grids; below: each layer's read maps, one panel per head."""
     import matplotlib  # deferred: heavy
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: heavy
 
     layers, heads = maps.shape[:2]
-    fig, axes = plt.subplots(layers + 1, max(heads, 2), figsize=(2.2 * max(heads, 2), 2.2 * (layers + 1)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        layers + 1, max(heads, 2), figsize=(2.2 * max(heads, 2), 2.2 * (layers + 1)), squeeze=False
+    )
     for ax in axes.flat:
         ax.axis("off")
     for k, (name, s) in enumerate((("previous-token", prev), ("induction", ind))):

@@ -9,6 +9,7 @@ convention as lm-eval's rolling windows).
 Reported token-weighted: loss (nats/token), perplexity, bits per byte (when the byte
 count of the scored text is known).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,11 +32,13 @@ def window_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int]]
     if n < 2:
         raise EvalError(f"perplexity needs at least 2 tokens, got {n}")
     if window < 2 or not 1 <= stride <= window - 1:
-        raise EvalError(f"need window >= 2 and 1 <= stride <= window - 1 (consecutive windows share at least the "
-                        f"one token that predicts the next window's first target); got window={window}, stride={stride}")
+        raise EvalError(
+            f"need window >= 2 and 1 <= stride <= window - 1 (consecutive windows share at least the "
+            f"one token that predicts the next window's first target); got window={window}, stride={stride}"
+        )
     spans, b, scored_to = [], 0, 1
     while True:
-        if b + window > n:          # the last window is pulled back to full length: more context, same shape
+        if b + window > n:  # the last window is pulled back to full length: more context, same shape
             b = max(0, n - window)
         e = min(b + window, n)
         spans.append((b, e, max(scored_to, b + 1)))
@@ -62,8 +65,9 @@ def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[l
     return text_stream(p.read_text(encoding="utf-8"), tokenizer, prefix_eos)
 
 
-def shard_stream(directory: str | Path, tokenizer=None, max_tokens: int | None = None,
-                 expect_tokenizer_id: str | None = None) -> tuple[np.ndarray, int | None]:
+def shard_stream(
+    directory: str | Path, tokenizer=None, max_tokens: int | None = None, expect_tokenizer_id: str | None = None
+) -> tuple[np.ndarray, int | None]:
     """Tokens of a prepared (data_pipeline) split; byte count via the tokenizer when given."""
     try:
         shards = open_shards(directory)
@@ -71,8 +75,10 @@ def shard_stream(directory: str | Path, tokenizer=None, max_tokens: int | None =
         raise EvalError(str(e)) from e
     tid = shards.manifest.get("tokenizer_id")
     if expect_tokenizer_id and tid and tid != expect_tokenizer_id:
-        raise EvalError(f"tokenizer mismatch: {directory} was prepared with tokenizer {tid} but the checkpoint "
-                        f"was trained with {expect_tokenizer_id}. Fix: evaluate on data prepared with the run's tokenizer.")
+        raise EvalError(
+            f"tokenizer mismatch: {directory} was prepared with tokenizer {tid} but the checkpoint "
+            f"was trained with {expect_tokenizer_id}. Fix: evaluate on data prepared with the run's tokenizer."
+        )
     n = shards.num_tokens if max_tokens is None else min(max_tokens, shards.num_tokens)
     toks = shards.read(0, n)
     n_bytes = None
@@ -82,7 +88,9 @@ def shard_stream(directory: str | Path, tokenizer=None, max_tokens: int | None =
 
 
 @torch.no_grad()
-def _window_batch_nll(model, tokens: torch.Tensor, spans: Sequence[tuple[int, int, int]], device) -> list[tuple[float, int]]:
+def _window_batch_nll(
+    model, tokens: torch.Tensor, spans: Sequence[tuple[int, int, int]], device
+) -> list[tuple[float, int]]:
     """(sum nll in float64, n scored) per window; all spans in the batch have the same length."""
     x = torch.stack([tokens[b:e] for b, e, _ in spans]).to(device)
     logits = model(x[:, :-1]).float()
@@ -95,17 +103,26 @@ def _window_batch_nll(model, tokens: torch.Tensor, spans: Sequence[tuple[int, in
     return out
 
 
-def perplexity(model, tokens, window: int | None = None, stride: int | None = None, batch_size: int = 8,
-               n_bytes: int | None = None, device: str | torch.device | None = None,
-               progress: bool = True) -> dict[str, Any]:
+def perplexity(
+    model,
+    tokens,
+    window: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 8,
+    n_bytes: int | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Token-weighted loss / perplexity / bits-per-byte of `tokens` (any int sequence)."""
     device = device or next(model.parameters()).device
     t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
     if t.numel() and int(t.max()) >= model.cfg.vocab_size:
-        raise EvalError(f"token id {int(t.max())} is outside the model vocabulary ({model.cfg.vocab_size}); "
-                        "the tokenizer does not match the checkpoint")
-    window = min(window or model.cfg.max_seq_len + 1, model.cfg.max_seq_len + 1)   # window-1 inputs fit the model
-    stride = stride or window - 1          # default: no recomputation beyond the one shared token
+        raise EvalError(
+            f"token id {int(t.max())} is outside the model vocabulary ({model.cfg.vocab_size}); "
+            "the tokenizer does not match the checkpoint"
+        )
+    window = min(window or model.cfg.max_seq_len + 1, model.cfg.max_seq_len + 1)  # window-1 inputs fit the model
+    stride = stride or window - 1  # default: no recomputation beyond the one shared token
     spans = window_spans(t.numel(), window, stride)
     batches: list[list[tuple[int, int, int]]] = []
     for s in spans:
@@ -124,7 +141,13 @@ def perplexity(model, tokens, window: int | None = None, stride: int | None = No
         total += nll
         count += n
     loss = total / count
-    out = {"loss": loss, "perplexity": math.exp(loss), "tokens": count, "windows": len(spans),
-           "window": window, "stride": stride}
+    out = {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "tokens": count,
+        "windows": len(spans),
+        "window": window,
+        "stride": stride,
+    }
     out["bits_per_byte"] = total / math.log(2) / n_bytes if n_bytes else None
     return out

@@ -1,5 +1,6 @@
 """Reports over many evaluated checkpoints: flat metric names, markdown/CSV tables,
 TensorBoard scalars against the training step, and PNG plots (one line per run/variant)."""
+
 from __future__ import annotations
 
 import csv
@@ -36,8 +37,12 @@ def rows_from_results(results: Iterable[dict[str, Any]], run: str | None = None)
     rows = []
     for r in results:
         ck = r.get("checkpoint", {})
-        row = {"run": run or r.get("run") or Path(ck.get("path", "?")).name, "variant": ck.get("variant"),
-               "step": ck.get("step"), "tokens_seen": ck.get("tokens_seen")}
+        row = {
+            "run": run or r.get("run") or Path(ck.get("path", "?")).name,
+            "variant": ck.get("variant"),
+            "step": ck.get("step"),
+            "tokens_seen": ck.get("tokens_seen"),
+        }
         row.update(r.get("metrics") or flatten(r.get("tasks", {})))
         rows.append(row)
     return sorted(rows, key=lambda x: (str(x["run"]), x["step"] if x["step"] is not None else -1))
@@ -45,8 +50,9 @@ def rows_from_results(results: Iterable[dict[str, Any]], run: str | None = None)
 
 def headline(metric: str) -> bool:
     """Metrics worth a table column / plot (the per-length details stay in the JSON)."""
-    return "/by_" not in metric and not metric.endswith(("/tokens", "/windows", "/window", "/stride", "/samples",
-                                                         "sample_len", "/chance_acc"))
+    return "/by_" not in metric and not metric.endswith(
+        ("/tokens", "/windows", "/window", "/stride", "/samples", "sample_len", "/chance_acc")
+    )
 
 
 def _fmt(v: Any) -> str:
@@ -57,8 +63,9 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def write_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path | None = None,
-                all_metrics: bool = False) -> list[str]:
+def write_table(
+    rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path | None = None, all_metrics: bool = False
+) -> list[str]:
     metrics = sorted({k for r in rows for k in r if k not in INFO_COLS and (all_metrics or headline(k))})
     cols = list(INFO_COLS) + metrics
     md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -67,8 +74,11 @@ def write_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str |
     Path(md_path).write_text("\n".join(md) + "\n")
     if csv_path is not None:
         with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(INFO_COLS) + sorted(
-                {k for r in rows for k in r if k not in INFO_COLS}), extrasaction="ignore")
+            w = csv.DictWriter(
+                f,
+                fieldnames=list(INFO_COLS) + sorted({k for r in rows for k in r if k not in INFO_COLS}),
+                extrasaction="ignore",
+            )
             w.writeheader()
             for r in rows:
                 w.writerow({k: r.get(k) for k in w.fieldnames})
@@ -78,6 +88,7 @@ def write_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str |
 def write_tensorboard(rows: list[dict[str, Any]], logdir: str | Path) -> None:
     """One scalar per metric, x = the checkpoint's training step (tag prefix `eval/`)."""
     from torch.utils.tensorboard import SummaryWriter  # deferred: heavy
+
     w = SummaryWriter(log_dir=str(logdir))
     try:
         for r in rows:
@@ -97,6 +108,7 @@ def _safe(name: str) -> str:
 def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[str] | None = None) -> list[Path]:
     """One PNG per metric vs step; one line per run, labelled by variant (and run when ambiguous)."""
     import matplotlib  # deferred: heavy
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: heavy
 
@@ -146,5 +158,5 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
-                continue    # a torn last line from an interrupted run
+                continue  # a torn last line from an interrupted run
     return out

@@ -7,6 +7,7 @@
   "What is the pass key? The pass key is"; exact match of the teacher-forced greedy
   answer tokens. Needs a tokenizer.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,19 +22,20 @@ from .loading import EvalError
 
 
 def _rng(seed: int, *key) -> random.Random:
-    return random.Random("-".join(str(k) for k in (seed,) + tuple(key)))   # str seeds are hashed deterministically
+    return random.Random("-".join(str(k) for k in (seed,) + tuple(key)))  # str seeds are hashed deterministically
 
 
 @torch.no_grad()
-def _score(model, seqs: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], device,
-           batch_size: int = 16) -> list[tuple[float, int, int]]:
+def _score(
+    model, seqs: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], device, batch_size: int = 16
+) -> list[tuple[float, int, int]]:
     """For each sequence and its list of target positions p (token p predicted from tokens < p):
     (sum nll, n correct argmax, n targets). Sequences in one call must have equal length."""
     out = []
     for i in range(0, len(seqs), batch_size):
-        x = torch.tensor([list(s) for s in seqs[i:i + batch_size]], dtype=torch.long, device=device)
+        x = torch.tensor([list(s) for s in seqs[i : i + batch_size]], dtype=torch.long, device=device)
         logp = F.log_softmax(model(x[:, :-1]).float(), dim=-1)
-        for row, tg, s in zip(logp, targets[i:i + batch_size], x):
+        for row, tg, s in zip(logp, targets[i : i + batch_size], x):
             pos = torch.tensor(tg, device=device) - 1
             true = s[pos + 1]
             nll = -row[pos].gather(-1, true[:, None])[:, 0]
@@ -55,13 +57,22 @@ def _token_range(model, tokenizer, low: int | None, high: int | None = None) -> 
         hi = min(hi, high)
     lo = low if low is not None else 0
     if tokenizer is not None and low is None:
-        lo = max(0, min(4, hi - 2))   # skip the usual special ids (unk/bos/eos/pad)
+        lo = max(0, min(4, hi - 2))  # skip the usual special ids (unk/bos/eos/pad)
     return lo, hi
 
 
-def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: int = 0, tokenizer=None,
-              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None,
-              token_high: int | None = None) -> dict[str, Any]:
+def induction(
+    model,
+    lengths: Sequence[int] = (16, 32, 64),
+    n: int = 32,
+    seed: int = 0,
+    tokenizer=None,
+    batch_size: int = 16,
+    device=None,
+    progress: bool = True,
+    token_low: int | None = None,
+    token_high: int | None = None,
+) -> dict[str, Any]:
     """Repeated random tokens [x_1..x_L, x_1..x_L] (ids in [token_low, token_high)): accuracy and loss
     on the repeat, per L."""
     device = device or next(model.parameters()).device
@@ -83,10 +94,17 @@ def induction(model, lengths: Sequence[int] = (16, 32, 64), n: int = 32, seed: i
         all_rep += rep
         all_first += first
     if not by_len:
-        raise EvalError(f"induction: every length in {list(lengths)} is too long for max_seq_len={model.cfg.max_seq_len}")
+        raise EvalError(
+            f"induction: every length in {list(lengths)} is too long for max_seq_len={model.cfg.max_seq_len}"
+        )
     s = _summ(all_rep)
-    return {"acc": s["acc"], "loss": s["loss"], "first_half_loss": _summ(all_first)["loss"],
-            "chance_acc": 1.0 / (hi - lo), "by_length": by_len}
+    return {
+        "acc": s["acc"],
+        "loss": s["loss"],
+        "first_half_loss": _summ(all_first)["loss"],
+        "chance_acc": 1.0 / (hi - lo),
+        "by_length": by_len,
+    }
 
 
 def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16, device=None) -> dict[str, float]:
@@ -103,8 +121,17 @@ def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16, devic
     return {"acc": rep["acc"], "loss": rep["loss"], "first_half_loss": first["loss"], "first_half_acc": first["acc"]}
 
 
-def kv_recall(model, num_pairs: Sequence[int] = (2, 4, 8), n: int = 64, seed: int = 0, tokenizer=None,
-              batch_size: int = 16, device=None, progress: bool = True, token_low: int | None = None) -> dict[str, Any]:
+def kv_recall(
+    model,
+    num_pairs: Sequence[int] = (2, 4, 8),
+    n: int = 64,
+    seed: int = 0,
+    tokenizer=None,
+    batch_size: int = 16,
+    device=None,
+    progress: bool = True,
+    token_low: int | None = None,
+) -> dict[str, Any]:
     """`k1 v1 ... kn vn kq` -> vq with distinct random key ids; accuracy/loss of vq, per number of pairs."""
     device = device or next(model.parameters()).device
     lo, hi = _token_range(model, tokenizer, token_low)
@@ -147,8 +174,16 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> tuple[list
     return filler[:cut] + needle + filler[cut:] + question, answer
 
 
-def passkey(model, tokenizer, lengths: Sequence[int] = (64, 128, 256), depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
-            n: int = 4, seed: int = 0, device=None, progress: bool = True) -> dict[str, Any]:
+def passkey(
+    model,
+    tokenizer,
+    lengths: Sequence[int] = (64, 128, 256),
+    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+    n: int = 4,
+    seed: int = 0,
+    device=None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Exact-match retrieval of a 5-digit pass key, per length and depth."""
     if tokenizer is None:
         raise EvalError("passkey is a text probe and needs a tokenizer (--tokenizer DIR, or --tokenizer bytes)")
@@ -170,7 +205,7 @@ def passkey(model, tokenizer, lengths: Sequence[int] = (64, 128, 256), depths: S
                 key = r.randrange(10000, 100000)
                 prompt, ans = passkey_prompt(tokenizer, L, d, key)
                 seq = prompt + ans
-                (s_nll, correct, cnt), = _score(model, [seq], [list(range(len(prompt), len(seq)))], device)
+                ((s_nll, correct, cnt),) = _score(model, [seq], [list(range(len(prompt), len(seq)))], device)
                 hits += int(correct == cnt)
                 nll += s_nll
                 ntok += cnt

@@ -19,6 +19,7 @@ same tasks and options are skipped), and the table (markdown + CSV), TensorBoard
 per-metric PNG plots go to --out-dir. Under torchrun/deepspeed, perplexity and synthetic
 batches are shared across ranks and rank 0 writes the results.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,20 +64,20 @@ LM_EVAL_EXACT = "lm_eval:" + em.PREFIX
 
 @dataclass
 class EvalOptions:
-    tokenizer: Any = None                  # dir, "bytes", a tokenizer object, or None: the checkpoint's own
-    text: str | None = None                # perplexity on a text file
-    val_dir: str | None = None             # perplexity on a prepared split (data_pipeline shards)
-    window: int | None = None              # tokens per perplexity window (default: max_seq_len)
-    stride: int | None = None              # default: window (no overlap)
+    tokenizer: Any = None  # dir, "bytes", a tokenizer object, or None: the checkpoint's own
+    text: str | None = None  # perplexity on a text file
+    val_dir: str | None = None  # perplexity on a prepared split (data_pipeline shards)
+    window: int | None = None  # tokens per perplexity window (default: max_seq_len)
+    stride: int | None = None  # default: window (no overlap)
     max_tokens: int | None = None
     batch_size: int = 8
-    lengths: tuple[int, ...] = (16, 32, 64)            # induction
-    num_pairs: tuple[int, ...] = (2, 4, 8)             # kv_recall
+    lengths: tuple[int, ...] = (16, 32, 64)  # induction
+    num_pairs: tuple[int, ...] = (2, 4, 8)  # kv_recall
     passkey_lengths: tuple[int, ...] = (128, 256, 512)
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-    n: int = 32                            # samples per length (probes)
+    n: int = 32  # samples per length (probes)
     synthetic_n: int = 256
-    task_args: dict = field(default_factory=dict)      # for synthetic:<task>
+    task_args: dict = field(default_factory=dict)  # for synthetic:<task>
     task_seed: int = 1234
     lm_eval_limit: int | float | None = None
     heatmap_dir: str | None = None
@@ -91,8 +92,9 @@ class EvalOptions:
         for k in ("device", "progress", "heatmap_dir"):
             d.pop(k)
         d["tokenizer"] = getattr(self.tokenizer, "identity", self.tokenizer)
-        files = {t: em.file_digest(em.task_file(_exact_match_file_task(t))) for t in tasks or []
-                 if _exact_match_file_task(t)}
+        files = {
+            t: em.file_digest(em.task_file(_exact_match_file_task(t))) for t in tasks or [] if _exact_match_file_task(t)
+        }
         if files:
             d["task_files"] = files
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -103,14 +105,15 @@ def _exact_match_file_task(t: str) -> str | None:
     if t.startswith(em.PREFIX):
         return t
     if t.startswith(LM_EVAL_EXACT):
-        return t[len("lm_eval:"):]
+        return t[len("lm_eval:") :]
     return None
 
 
 def _needs_tokenizer(t: str, opts: EvalOptions) -> bool:
     """Tasks that read or write text need the checkpoint's tokenizer."""
-    return t in ("passkey",) or (t in ("perplexity", "icl") and bool(opts.text)) or \
-        t.startswith((em.PREFIX, "lm_eval:"))
+    return (
+        t in ("passkey",) or (t in ("perplexity", "icl") and bool(opts.text)) or t.startswith((em.PREFIX, "lm_eval:"))
+    )
 
 
 def result_key(t: str) -> str:
@@ -118,7 +121,7 @@ def result_key(t: str) -> str:
     if t.startswith(em.PREFIX):
         return em.result_key(t)
     if t.startswith(LM_EVAL_EXACT):
-        return "lm_eval:" + em.result_key(t[len("lm_eval:"):])
+        return "lm_eval:" + em.result_key(t[len("lm_eval:") :])
     return t
 
 
@@ -126,32 +129,40 @@ def validate_tasks(tasks: list[str] | str) -> list[str]:
     if isinstance(tasks, str):
         tasks = [t.strip() for t in tasks.split(",") if t.strip()]
     if not tasks:
-        raise EvalError(f"no tasks given. Fix: choose from {list(BASE_TASKS)} or synthetic:<task>, "
-                        "exact_match:FILE.jsonl, lm_eval:<task>")
+        raise EvalError(
+            f"no tasks given. Fix: choose from {list(BASE_TASKS)} or synthetic:<task>, "
+            "exact_match:FILE.jsonl, lm_eval:<task>"
+        )
     keys: dict[str, str] = {}
     for t in tasks:
         if t in BASE_TASKS:
             pass
         elif t.startswith("synthetic:"):
-            get_task(t.split(":", 1)[1])      # raises EvalError for unknown names
+            get_task(t.split(":", 1)[1])  # raises EvalError for unknown names
         elif _exact_match_file_task(t):
-            em.read_records(em.task_file(_exact_match_file_task(t)))     # a missing or malformed file fails now
+            em.read_records(em.task_file(_exact_match_file_task(t)))  # a missing or malformed file fails now
         elif t.startswith("lm_eval:") and t.split(":", 1)[1]:
             pass
         else:
             close = difflib.get_close_matches(t, list(BASE_TASKS), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise EvalError(f"unknown task {t!r}. {hint}Fix: use one of {list(BASE_TASKS)}, synthetic:<task> "
-                            "(e.g. synthetic:kv_retrieval), exact_match:FILE.jsonl, lm_eval:<task> "
-                            "(e.g. lm_eval:tp_kv_recall)")
+            raise EvalError(
+                f"unknown task {t!r}. {hint}Fix: use one of {list(BASE_TASKS)}, synthetic:<task> "
+                "(e.g. synthetic:kv_retrieval), exact_match:FILE.jsonl, lm_eval:<task> "
+                "(e.g. lm_eval:tp_kv_recall)"
+            )
         if result_key(t) in keys:
-            raise EvalError(f"tasks {keys[result_key(t)]!r} and {t!r} would both report as {result_key(t)!r}. "
-                            "Fix: list each task once, and give exact_match files different names")
+            raise EvalError(
+                f"tasks {keys[result_key(t)]!r} and {t!r} would both report as {result_key(t)!r}. "
+                "Fix: list each task once, and give exact_match files different names"
+            )
         keys[result_key(t)] = t
     return list(tasks)
 
 
-def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: EvalOptions | None = None) -> dict[str, Any]:
+def evaluate_model(
+    model, info: dict[str, Any], tasks: list[str] | str, opts: EvalOptions | None = None
+) -> dict[str, Any]:
     """Run `tasks` on an already-loaded model; returns {"checkpoint": info, "tasks": {...}, "metrics": {...}}."""
     opts = opts or EvalOptions()
     tasks = validate_tasks(tasks)
@@ -178,17 +189,20 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
                 out[t] = {**icl_score(model, toks, opts.window, opts.n, batch_size=opts.batch_size), **src}
                 continue
             if opts.max_tokens:
-                toks = toks[:opts.max_tokens]
+                toks = toks[: opts.max_tokens]
                 nbytes = None if tok is None else len(tok.decode(list(toks[1:])).encode("utf-8"))
-            out[t] = {**ppl.perplexity(model, toks, opts.window, opts.stride, opts.batch_size, nbytes,
-                                       progress=prog), **src}
+            out[t] = {
+                **ppl.perplexity(model, toks, opts.window, opts.stride, opts.batch_size, nbytes, progress=prog),
+                **src,
+            }
         elif t == "induction":
             out[t] = retrieval.induction(model, opts.lengths, opts.n, opts.seed, tok, progress=prog)
         elif t == "kv_recall":
             out[t] = retrieval.kv_recall(model, opts.num_pairs, opts.n, opts.seed, tok, progress=prog)
         elif t == "passkey":
-            out[t] = retrieval.passkey(model, tok, opts.passkey_lengths, opts.depths, max(1, opts.n // 8),
-                                       opts.seed, progress=prog)
+            out[t] = retrieval.passkey(
+                model, tok, opts.passkey_lengths, opts.depths, max(1, opts.n // 8), opts.seed, progress=prog
+            )
         elif t == "mechanisms":
             hm = None
             if opts.heatmap_dir and D.is_main():
@@ -198,25 +212,34 @@ def evaluate_model(model, info: dict[str, Any], tasks: list[str] | str, opts: Ev
             out[t] = evaluate_classification(model, info, opts.task_args, max(opts.batch_size, 64))
         elif t.startswith("synthetic:"):
             task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)
-            out[t] = evaluate_task(model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info,
-                                   progress=prog)
+            out[t] = evaluate_task(
+                model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info, progress=prog
+            )
         elif t.startswith(em.PREFIX):
-            out[result_key(t)] = em.evaluate_exact_match(model, tok, em.task_file(t), max(opts.batch_size, 32),
-                                                         progress=prog)
+            out[result_key(t)] = em.evaluate_exact_match(
+                model, tok, em.task_file(t), max(opts.batch_size, 32), progress=prog
+            )
         elif t.startswith("lm_eval:"):
             from .lm_eval_adapter import TrainablePartsLM, lm_eval_task_name, run_lm_eval  # deferred: heavy (lm_eval)
+
             lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size, info=info)
             name = t.split(":", 1)[1]
             res = run_lm_eval(lm, [name], limit=opts.lm_eval_limit)
             out[result_key(t)] = res.get(lm_eval_task_name(name), res)
     ck = {k: info.get(k) for k in ("path", "step", "tokens_seen", "variant", "tokenizer_id")}
     ck["tokenizer_used"] = getattr(tok, "identity", None)
-    return {"checkpoint": ck, "tasks": out, "metrics": flatten(out), "options_signature": opts.signature(tasks),
-            "seconds": round(time.time() - t0, 3)}
+    return {
+        "checkpoint": ck,
+        "tasks": out,
+        "metrics": flatten(out),
+        "options_signature": opts.signature(tasks),
+        "seconds": round(time.time() - t0, 3),
+    }
 
 
-def evaluate_checkpoint(path: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None,
-                        **kw: Any) -> dict[str, Any]:
+def evaluate_checkpoint(
+    path: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None, **kw: Any
+) -> dict[str, Any]:
     """Load any checkpoint (native, HF, DeepSpeed tag, run dir) and evaluate `tasks` on it.
     Keyword arguments override EvalOptions fields."""
     opts = dataclasses.replace(opts or EvalOptions(), **kw)
@@ -225,8 +248,9 @@ def evaluate_checkpoint(path: str | Path, tasks: list[str] | str, opts: EvalOpti
     return evaluate_model(model, info, tasks, opts)
 
 
-def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None,
-                 results_path: str | Path | None = None) -> list[dict[str, Any]]:
+def evaluate_run(
+    run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None, results_path: str | Path | None = None
+) -> list[dict[str, Any]]:
     """Evaluate every complete checkpoint of a run not yet in RUN/eval/results.jsonl (same tasks+options)."""
     opts = opts or EvalOptions()
     tasks = validate_tasks(tasks)
@@ -238,11 +262,11 @@ def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions 
     sig = opts.signature(tasks)
     key = (sig, tuple(tasks))
     have = read_jsonl(results_path)
-    done = {r["checkpoint"]["step"] for r in have
-            if (r.get("options_signature"), tuple(r.get("task_list", []))) == key}
+    done = {r["checkpoint"]["step"] for r in have if (r.get("options_signature"), tuple(r.get("task_list", []))) == key}
     todo = [(s, p) for s, p in ckpts if s not in done]
-    for step, path in progress_bar(todo, desc=f"checkpoints of {run_dir.name}", unit="checkpoint",
-                                   enabled=opts.progress and D.is_main()):
+    for step, path in progress_bar(
+        todo, desc=f"checkpoints of {run_dir.name}", unit="checkpoint", enabled=opts.progress and D.is_main()
+    ):
         model, info = load_checkpoint(path, opts.device)
         if info.get("step") is None:
             info["step"] = step
@@ -254,8 +278,10 @@ def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions 
             with open(results_path, "a") as f:
                 f.write(json.dumps(res) + "\n")
         have.append(res)
-    return sorted([r for r in have if (r.get("options_signature"), tuple(r.get("task_list", []))) == key],
-                  key=lambda r: r["checkpoint"]["step"])
+    return sorted(
+        [r for r in have if (r.get("options_signature"), tuple(r.get("task_list", []))) == key],
+        key=lambda r: r["checkpoint"]["step"],
+    )
 
 
 def write_reports(results_by_run: dict[str, list[dict[str, Any]]], out_dir: str | Path) -> dict[str, Any]:
@@ -266,8 +292,12 @@ def write_reports(results_by_run: dict[str, list[dict[str, Any]]], out_dir: str 
     for run, res in results_by_run.items():
         write_tensorboard(rows_from_results(res, run), out_dir / "tb" / run)
     plots = plot_metrics(rows, out_dir / "plots")
-    return {"table": str(out_dir / "results.md"), "csv": str(out_dir / "results.csv"),
-            "tensorboard": str(out_dir / "tb"), "plots": [str(p) for p in plots]}
+    return {
+        "table": str(out_dir / "results.md"),
+        "csv": str(out_dir / "results.csv"),
+        "tensorboard": str(out_dir / "tb"),
+        "plots": [str(p) for p in plots],
+    }
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -279,16 +309,22 @@ def _floats(s: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = CliParser(prog="python -m eval.run", description=__doc__.split("\n")[0],
-                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = CliParser(
+        prog="python -m eval.run",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="native / HF / DeepSpeed checkpoint dir (or a run dir: its latest)")
     src.add_argument("--run-dir", action="append", help="evaluate every checkpoint of this run (repeatable)")
     ap.add_argument("--tasks", required=True, help="comma-separated task names")
     ap.add_argument("--out", help="results JSON (--checkpoint mode)")
     ap.add_argument("--out-dir", help="table/plots/TensorBoard dir (--run-dir mode; default RUN/eval)")
-    ap.add_argument("--tokenizer", help="tokenizer dir, or 'bytes' for the byte tokenizer (default: the one the "
-                                        "checkpoint was trained with)")
+    ap.add_argument(
+        "--tokenizer",
+        help="tokenizer dir, or 'bytes' for the byte tokenizer (default: the one the checkpoint was trained with)",
+    )
     ap.add_argument("--text", help="perplexity: a UTF-8 text file")
     ap.add_argument("--val-dir", help="perplexity: a prepared split directory (manifest.json + shards)")
     ap.add_argument("--window", type=int)
@@ -301,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--depths", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
     ap.add_argument("--n", type=int, default=32, help="samples per length for the probes")
     ap.add_argument("--synthetic-n", type=int, default=256)
-    ap.add_argument("--task-args", type=json.loads, default={}, help='JSON, e.g. \'{"n_pairs": 4}\'')
+    ap.add_argument("--task-args", type=json.loads, default={}, help="JSON, e.g. '{\"n_pairs\": 4}'")
     ap.add_argument("--task-seed", type=int, default=1234)
     ap.add_argument("--lm-eval-limit", type=float)
     ap.add_argument("--heatmap-dir")
@@ -318,12 +354,28 @@ def run(a: argparse.Namespace) -> int:
     if limit is not None and limit >= 1:
         limit = int(limit)
     tasks = validate_tasks(a.tasks)
-    opts = EvalOptions(tokenizer=load_tokenizer(a.tokenizer), text=a.text, val_dir=a.val_dir, window=a.window,
-                       stride=a.stride, max_tokens=a.max_tokens, batch_size=a.batch_size, lengths=a.lengths,
-                       num_pairs=a.num_pairs, passkey_lengths=a.passkey_lengths, depths=a.depths, n=a.n,
-                       synthetic_n=a.synthetic_n, task_args=a.task_args, task_seed=a.task_seed,
-                       lm_eval_limit=limit, heatmap_dir=a.heatmap_dir, seed=a.seed, device=device,
-                       progress=not a.no_progress)
+    opts = EvalOptions(
+        tokenizer=load_tokenizer(a.tokenizer),
+        text=a.text,
+        val_dir=a.val_dir,
+        window=a.window,
+        stride=a.stride,
+        max_tokens=a.max_tokens,
+        batch_size=a.batch_size,
+        lengths=a.lengths,
+        num_pairs=a.num_pairs,
+        passkey_lengths=a.passkey_lengths,
+        depths=a.depths,
+        n=a.n,
+        synthetic_n=a.synthetic_n,
+        task_args=a.task_args,
+        task_seed=a.task_seed,
+        lm_eval_limit=limit,
+        heatmap_dir=a.heatmap_dir,
+        seed=a.seed,
+        device=device,
+        progress=not a.no_progress,
+    )
     if a.checkpoint:
         res = evaluate_checkpoint(a.checkpoint, tasks, opts)
         if D.is_main():

@@ -5,6 +5,7 @@ Reported: token accuracy and loss on the marked positions, exact match (all mark
 of a sample right), and the same per sample length (length tracks difficulty, e.g. the
 number of key-value pairs). Samples are grouped by length, so batches carry no padding.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -23,22 +24,32 @@ from .loading import EvalError
 def get_task(name: str, task_args: dict | None = None, seed: int = 1234):
     try:
         return _get(name, seed=seed, **(task_args or {}))
-    except ValueError as e:    # DataError: unknown task / bad args
+    except ValueError as e:  # DataError: unknown task / bad args
         raise EvalError(f"{e} (available: {list_tasks()})") from e
 
 
 def check_task_matches(task, model, info: dict | None = None) -> None:
     if task.vocab_size > model.cfg.vocab_size:
-        raise EvalError(f"task {task.tokenizer_id} needs {task.vocab_size} token ids but the checkpoint has "
-                        f"vocab_size={model.cfg.vocab_size}: the checkpoint was not trained on this task")
+        raise EvalError(
+            f"task {task.tokenizer_id} needs {task.vocab_size} token ids but the checkpoint has "
+            f"vocab_size={model.cfg.vocab_size}: the checkpoint was not trained on this task"
+        )
     want = (info or {}).get("tokenizer_id")
     if want and want != task.tokenizer_id:
         raise EvalError(f"tokenizer mismatch: checkpoint was trained with {want}, task uses {task.tokenizer_id}")
 
 
 @torch.no_grad()
-def evaluate_task(model, task, n: int = 256, split: str = "test", batch_size: int = 64, device=None,
-                  info: dict | None = None, progress: bool = True) -> dict[str, Any]:
+def evaluate_task(
+    model,
+    task,
+    n: int = 256,
+    split: str = "test",
+    batch_size: int = 64,
+    device=None,
+    info: dict | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Token accuracy / loss / exact match of `task` (a name or a data_pipeline task object) on `n` samples."""
     if isinstance(task, str):
         task = get_task(task)
@@ -50,12 +61,15 @@ def evaluate_task(model, task, n: int = 256, split: str = "test", batch_size: in
     for i in range(n):
         toks, mask = task.sample(i, split)
         if len(toks) > model.cfg.max_seq_len + 1:
-            raise EvalError(f"task sample of length {len(toks)} exceeds the model's max_seq_len={model.cfg.max_seq_len}")
+            raise EvalError(
+                f"task sample of length {len(toks)} exceeds the model's max_seq_len={model.cfg.max_seq_len}"
+            )
         groups[len(toks)].append((toks, mask))
     by_len: dict[str, Any] = {}
     tot = {"nll": 0.0, "correct": 0, "count": 0, "exact": 0, "samples": 0}
-    batches = [(L, items[j:j + batch_size]) for L, items in sorted(groups.items())
-               for j in range(0, len(items), batch_size)]
+    batches = [
+        (L, items[j : j + batch_size]) for L, items in sorted(groups.items()) for j in range(0, len(items), batch_size)
+    ]
     for L, items in progress_bar(batches, desc=f"synthetic:{task.name}", unit="batch", enabled=progress, leave=False):
         x = torch.tensor([t for t, _ in items], device=device)
         m = torch.tensor([mk for _, mk in items], device=device, dtype=torch.bool)[:, 1:]
@@ -74,8 +88,13 @@ def evaluate_task(model, task, n: int = 256, split: str = "test", batch_size: in
         raise EvalError(f"task {task.name}: no scored positions in {n} samples")
 
     def fin(a):
-        return {"acc": a["correct"] / a["count"], "loss": a["nll"] / a["count"],
-                "exact_match": a["exact"] / a["samples"], "samples": a["samples"]}
+        return {
+            "acc": a["correct"] / a["count"],
+            "loss": a["nll"] / a["count"],
+            "exact_match": a["exact"] / a["samples"],
+            "samples": a["samples"],
+        }
+
     out = fin(tot)
     out["task"] = task.tokenizer_id
     out["by_length"] = {k: fin(v) for k, v in by_len.items()}

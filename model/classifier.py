@@ -17,6 +17,7 @@ logits; MixiT (no scores to mask) and shaped attention (its identity/centering t
 masked form here) do mix the (constant) pad tokens into real tokens.
 With a causal backbone, right padding never reaches real tokens.
 """
+
 from __future__ import annotations
 
 import torch
@@ -73,16 +74,18 @@ class SequenceClassifier(nn.Module):
             w = real.to(h.dtype)[..., None]
             return (h * w).sum(1) / w.sum(1).clamp_min(1.0)
         idx = torch.arange(input_ids.shape[1], device=input_ids.device)
-        last = torch.where(real, idx, -1).max(dim=1).values.clamp_min(0)          # last non-pad position
+        last = torch.where(real, idx, -1).max(dim=1).values.clamp_min(0)  # last non-pad position
         return h[torch.arange(h.shape[0], device=h.device), last]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, reduction: str = "mean") -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, reduction: str = "mean"
+    ) -> torch.Tensor:
         """Logits (b, num_labels), or the cross-entropy when `labels` (b,) is given: the mean over
         sequences, or their sum with reduction="sum" (IGNORE_INDEX labels are skipped)."""
         doc_ids = None
         pads = input_ids == self.pad_id
         if not self.cfg.causal and self.cfg.mixer == "softmax" and not self.cfg.shaped and bool(pads.any()):
-            doc_ids = pads.long()            # real tokens see only real tokens; pads see pads
+            doc_ids = pads.long()  # real tokens see only real tokens; pads see pads
         h = self.model(input_ids, doc_ids=doc_ids, return_hidden=True)
         logits = self.score(self.pool(self.model.norm(h), input_ids))
         if labels is None:
@@ -90,8 +93,15 @@ class SequenceClassifier(nn.Module):
         return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
-def build_classifier(cfg, num_labels: int, pooling: str = DEFAULT_POOLING, pad_id: int = 0, seed: int | None = None,
-                     backbone: Transformer | None = None) -> SequenceClassifier:
+def build_classifier(
+    cfg,
+    num_labels: int,
+    pooling: str = DEFAULT_POOLING,
+    pad_id: int = 0,
+    seed: int | None = None,
+    backbone: Transformer | None = None,
+) -> SequenceClassifier:
     """A classifier with a fresh backbone from `cfg` (reproducible from `seed`), or around `backbone`."""
-    return SequenceClassifier(backbone if backbone is not None else build_model(cfg, seed=seed), num_labels, pooling,
-                              pad_id)
+    return SequenceClassifier(
+        backbone if backbone is not None else build_model(cfg, seed=seed), num_labels, pooling, pad_id
+    )

@@ -4,6 +4,7 @@ A config is everything needed to rebuild a model bit-for-bit, including the
 MixiT seed: the fixed random mixing matrices are regenerated from it rather than
 stored, so checkpoints stay small and two constructions always agree.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,9 +53,9 @@ class ModelConfig:
     hidden_size: int = 256
     num_layers: int = 4
     num_heads: int = 4
-    num_kv_heads: int | None = None          # None -> num_heads (no GQA)
-    intermediate_size: int | None = None     # None -> 8/3 * hidden, rounded up to a multiple of 64
-    max_seq_len: int = 256                   # T: RoPE table / MixiT matrix size
+    num_kv_heads: int | None = None  # None -> num_heads (no GQA)
+    intermediate_size: int | None = None  # None -> 8/3 * hidden, rounded up to a multiple of 64
+    max_seq_len: int = 256  # T: RoPE table / MixiT matrix size
     # Llama details
     rope_theta: float = 10000.0
     # None: plain RoPE. Llama-3.1/3.2: {rope_type: llama3, factor, low_freq_factor, high_freq_factor,
@@ -62,32 +63,38 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = False
-    bias: bool = False                       # biases on every projection (the reference turned them on)
+    bias: bool = False  # biases on every projection (the reference turned them on)
     init_std: float = 0.02
-    qk_init_std: float | None = None         # std of Q/K when they start frozen; None -> 1/sqrt(hidden) (the paper; the reference code used 0.02)
+    qk_init_std: float | None = (
+        None  # std of Q/K when they start frozen; None -> 1/sqrt(hidden) (the paper; the reference code used 0.02)
+    )
     # Variant and freezing
     variant: str = "standard"
-    frozen_groups: list[str] | None = None   # None -> the variant's preset
+    frozen_groups: list[str] | None = None  # None -> the variant's preset
     # Freeze/unfreeze schedule: [[step, [groups...]], ...]; from `step` on, exactly these groups are frozen.
     freeze_schedule: list[list[Any]] = field(default_factory=list)
     # MixiT (VARIANTS.md); only read when variant == "mixit"
     mixit_seed: int = 0
     mixit_beta: float = 1.0
-    mixit_depth_alpha: float = 0.0           # != 0 selects the reference's other path (no identity, sigma=1/sqrt(T), branch scale)
-    mixit_depth_base_layers: int = 2         # L_base in the branch scale (L_base / L) ** alpha
+    mixit_depth_alpha: float = (
+        0.0  # != 0 selects the reference's other path (no identity, sigma=1/sqrt(T), branch scale)
+    )
+    mixit_depth_base_layers: int = 2  # L_base in the branch scale (L_base / L) ** alpha
     mixit_residual_scale: float | None = 0.5  # s in h <- s h + sqrt(1-s^2) f(norm(h)); None -> plain residual
-    mixit_leaky_c: float | None = -1.0       # gated LeakyReLU slope a = 1 + c/sqrt(d); None -> SwiGLU
-    mixit_width_base: int | None = 512       # projection outputs times sqrt(base/fan_in); None -> off
-    mixit_pos_embedding: bool = True         # learned absolute positions added to token embeddings
-    shaped_tau0: float = 1.0                 # shaped attention temperature: tau = tau0 sqrt(d_h) (d / d_base)
-    shaped_width_base: int = 512             # d_base in that temperature
-    causal: bool = True                      # False: bidirectional (sequence classification)
+    mixit_leaky_c: float | None = -1.0  # gated LeakyReLU slope a = 1 + c/sqrt(d); None -> SwiGLU
+    mixit_width_base: int | None = 512  # projection outputs times sqrt(base/fan_in); None -> off
+    mixit_pos_embedding: bool = True  # learned absolute positions added to token embeddings
+    shaped_tau0: float = 1.0  # shaped attention temperature: tau = tau0 sqrt(d_h) (d / d_base)
+    shaped_width_base: int = 512  # d_base in that temperature
+    causal: bool = True  # False: bidirectional (sequence classification)
     # Implementation choices (do not change the function computed)
     attn_impl: str = "auto"
     mixit_impl: str = "auto"
     mixit_block_size: int = 128
-    compile_blocks: bool = False             # torch.compile each decoder block (CPU and GPU)
-    loss_chunk_tokens: int = 1024            # loss from `labels` in chunks of this many tokens, never full logits; 0 -> full logits
+    compile_blocks: bool = False  # torch.compile each decoder block (CPU and GPU)
+    loss_chunk_tokens: int = (
+        1024  # loss from `labels` in chunks of this many tokens, never full logits; 0 -> full logits
+    )
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -100,13 +107,21 @@ class ModelConfig:
             self.frozen_groups = list(self.frozen_groups)
         self.freeze_schedule = [[int(s), list(g)] for s, g in self.freeze_schedule]
         if isinstance(self.rope_scaling, dict):
-            self.rope_scaling = dict(self.rope_scaling)     # a copy: two configs never share one dict
+            self.rope_scaling = dict(self.rope_scaling)  # a copy: two configs never share one dict
         self.validate()
 
     # ---- validation: one clear error per rule -------------------------------------------
     def validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "intermediate_size", "max_seq_len", "mixit_block_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_seq_len",
+            "mixit_block_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _bad(name, f"must be a positive integer, got {value!r}", f"set {name} to an integer >= 1")
@@ -115,23 +130,45 @@ class ModelConfig:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise _bad("variant", f"unknown variant {self.variant!r}", f"{hint}choose one of {sorted(VARIANTS)}")
         if self.hidden_size % self.num_heads:
-            raise _bad("hidden_size", f"{self.hidden_size} is not divisible by num_heads={self.num_heads}",
-                       "choose hidden_size a multiple of num_heads")
+            raise _bad(
+                "hidden_size",
+                f"{self.hidden_size} is not divisible by num_heads={self.num_heads}",
+                "choose hidden_size a multiple of num_heads",
+            )
         if (self.hidden_size // self.num_heads) % 2:
-            raise _bad("num_heads", f"head dim {self.hidden_size // self.num_heads} is odd; RoPE needs an even head dim",
-                       "choose num_heads so hidden_size/num_heads is even")
+            raise _bad(
+                "num_heads",
+                f"head dim {self.hidden_size // self.num_heads} is odd; RoPE needs an even head dim",
+                "choose num_heads so hidden_size/num_heads is even",
+            )
         if self.num_heads % self.num_kv_heads:
-            raise _bad("num_kv_heads", f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}",
-                       "choose num_kv_heads dividing num_heads (GQA groups must be equal)")
+            raise _bad(
+                "num_kv_heads",
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}",
+                "choose num_kv_heads dividing num_heads (GQA groups must be equal)",
+            )
         if self.variant == "mixit" and self.max_seq_len > MAX_MIXIT_SEQ_LEN:
-            raise _bad("max_seq_len", f"{self.max_seq_len} exceeds the MixiT limit {MAX_MIXIT_SEQ_LEN} (32-bit RNG counters)",
-                       f"use max_seq_len <= {MAX_MIXIT_SEQ_LEN}")
-        if self.variant == "mixit" and self.mixit_residual_scale is not None and not 0.0 < self.mixit_residual_scale <= 1.0:
-            raise _bad("mixit_residual_scale", f"{self.mixit_residual_scale} is outside (0, 1]",
-                       "use a value in (0, 1], e.g. 0.5, or null for the plain residual")
+            raise _bad(
+                "max_seq_len",
+                f"{self.max_seq_len} exceeds the MixiT limit {MAX_MIXIT_SEQ_LEN} (32-bit RNG counters)",
+                f"use max_seq_len <= {MAX_MIXIT_SEQ_LEN}",
+            )
+        if (
+            self.variant == "mixit"
+            and self.mixit_residual_scale is not None
+            and not 0.0 < self.mixit_residual_scale <= 1.0
+        ):
+            raise _bad(
+                "mixit_residual_scale",
+                f"{self.mixit_residual_scale} is outside (0, 1]",
+                "use a value in (0, 1], e.g. 0.5, or null for the plain residual",
+            )
         if self.shaped_tau0 <= 0 or not isinstance(self.shaped_width_base, int) or self.shaped_width_base < 1:
-            raise _bad("shaped_tau0/shaped_width_base", f"got {self.shaped_tau0!r}/{self.shaped_width_base!r}",
-                       "use a positive temperature and a positive integer base width")
+            raise _bad(
+                "shaped_tau0/shaped_width_base",
+                f"got {self.shaped_tau0!r}/{self.shaped_width_base!r}",
+                "use a positive temperature and a positive integer base width",
+            )
         if not (self.rope_theta > 0 and self.rms_norm_eps > 0 and self.init_std > 0 and self.qk_init_std > 0):
             raise _bad("rope_theta/rms_norm_eps/init_std/qk_init_std", "must be positive", "set positive values")
         self._validate_rope_scaling()
@@ -140,10 +177,21 @@ class ModelConfig:
         if self.attn_impl not in ATTN_IMPLS:
             raise _bad("attn_impl", f"unknown {self.attn_impl!r}", f"choose one of {list(ATTN_IMPLS)}")
         if not isinstance(self.compile_blocks, bool):
-            raise _bad("compile_blocks", f"must be true or false, got {self.compile_blocks!r}", "set compile_blocks to a boolean")
-        if not isinstance(self.loss_chunk_tokens, int) or isinstance(self.loss_chunk_tokens, bool) or self.loss_chunk_tokens < 0:
-            raise _bad("loss_chunk_tokens", f"must be an integer >= 0, got {self.loss_chunk_tokens!r}",
-                       "use e.g. 4096, or 0 to compute the loss from full logits")
+            raise _bad(
+                "compile_blocks",
+                f"must be true or false, got {self.compile_blocks!r}",
+                "set compile_blocks to a boolean",
+            )
+        if (
+            not isinstance(self.loss_chunk_tokens, int)
+            or isinstance(self.loss_chunk_tokens, bool)
+            or self.loss_chunk_tokens < 0
+        ):
+            raise _bad(
+                "loss_chunk_tokens",
+                f"must be an integer >= 0, got {self.loss_chunk_tokens!r}",
+                "use e.g. 4096, or 0 to compute the loss from full logits",
+            )
         if self.mixit_impl not in MIXIT_IMPLS:
             raise _bad("mixit_impl", f"unknown {self.mixit_impl!r}", f"choose one of {list(MIXIT_IMPLS)}")
         groups = list(self.frozen_groups or [])
@@ -169,26 +217,40 @@ class ModelConfig:
             raise _bad("rope_scaling", f"must be a mapping or null, got {rs!r}", f"use null (plain RoPE) or {example}")
         kind = rs.get("rope_type")
         if kind not in ROPE_SCALING_KEYS:
-            raise _bad("rope_scaling", f"RoPE scaling type {kind!r} is not supported (supported: plain RoPE and "
-                       f"{', '.join(repr(k) for k in ROPE_SCALING_KEYS)}, as in Llama-3.1/3.2)",
-                       f"use null or {example}; linear, dynamic, yarn and longrope scalings are not implemented")
+            raise _bad(
+                "rope_scaling",
+                f"RoPE scaling type {kind!r} is not supported (supported: plain RoPE and "
+                f"{', '.join(repr(k) for k in ROPE_SCALING_KEYS)}, as in Llama-3.1/3.2)",
+                f"use null or {example}; linear, dynamic, yarn and longrope scalings are not implemented",
+            )
         need = set(ROPE_SCALING_KEYS[kind])
         missing, extra = sorted(need - set(rs)), sorted(set(rs) - need - {"rope_type"})
         if missing or extra:
-            raise _bad("rope_scaling", f"{kind} needs exactly {sorted(need)} besides rope_type (missing {missing}, "
-                       f"unknown {extra})", f"write it as {example}")
+            raise _bad(
+                "rope_scaling",
+                f"{kind} needs exactly {sorted(need)} besides rope_type (missing {missing}, unknown {extra})",
+                f"write it as {example}",
+            )
         if self.mixer == "mixit":
             raise _bad("rope_scaling", "MixiT has no rotary embedding to scale", "set rope_scaling to null for mixit")
         num = {k: rs[k] for k in ("factor", "low_freq_factor", "high_freq_factor")}
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in num.values()):
-            raise _bad("rope_scaling", f"factor/low_freq_factor/high_freq_factor must be numbers, got {num}", f"e.g. {example}")
+            raise _bad(
+                "rope_scaling", f"factor/low_freq_factor/high_freq_factor must be numbers, got {num}", f"e.g. {example}"
+            )
         if not (num["factor"] >= 1.0 and 0 < num["low_freq_factor"] < num["high_freq_factor"]):
-            raise _bad("rope_scaling", f"need factor >= 1 and 0 < low_freq_factor < high_freq_factor, got {num}",
-                       "use Llama-3.1's factor 8, low_freq_factor 1, high_freq_factor 4 (Llama-3.2: factor 32)")
+            raise _bad(
+                "rope_scaling",
+                f"need factor >= 1 and 0 < low_freq_factor < high_freq_factor, got {num}",
+                "use Llama-3.1's factor 8, low_freq_factor 1, high_freq_factor 4 (Llama-3.2: factor 32)",
+            )
         old = rs["original_max_position_embeddings"]
         if not isinstance(old, int) or isinstance(old, bool) or old < 1:
-            raise _bad("rope_scaling", f"original_max_position_embeddings must be a positive integer, got {old!r}",
-                       "set it to the context length of the unscaled pretraining (8192 for Llama-3.1/3.2)")
+            raise _bad(
+                "rope_scaling",
+                f"original_max_position_embeddings must be a positive integer, got {old!r}",
+                "set it to the context length of the unscaled pretraining (8192 for Llama-3.1/3.2)",
+            )
 
     # ---- derived quantities ------------------------------------------------------------
     @property
@@ -252,12 +314,41 @@ PRESETS: dict[str, dict[str, Any]] = {
     "m": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536),
     "l": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=2048),
     "xl": dict(hidden_size=1024, num_layers=16, num_heads=16, num_kv_heads=8, intermediate_size=2816),
-    "1b": dict(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
-               vocab_size=128256, tie_embeddings=True, rope_theta=500000.0, rms_norm_eps=1e-5, max_seq_len=2048),
-    "3b": dict(hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8, intermediate_size=8192,
-               vocab_size=128256, tie_embeddings=True, rope_theta=500000.0, rms_norm_eps=1e-5, max_seq_len=2048),
-    "8b": dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, intermediate_size=14336,
-               vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, max_seq_len=2048),
+    "1b": dict(
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_embeddings=True,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        max_seq_len=2048,
+    ),
+    "3b": dict(
+        hidden_size=3072,
+        num_layers=28,
+        num_heads=24,
+        num_kv_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_embeddings=True,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        max_seq_len=2048,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        max_seq_len=2048,
+    ),
 }
 
 
@@ -280,7 +371,7 @@ def param_count(cfg: ModelConfig) -> dict[str, int]:
     kv = cfg.num_kv_heads * cfg.head_dim
     b = 1 if cfg.bias else 0
     if cfg.mixer == "mixit":
-        attn = (d * kv + b * kv) + (d * d + b * d)          # v, o only
+        attn = (d * kv + b * kv) + (d * d + b * d)  # v, o only
     else:
         attn = (d * d + b * d) + 2 * (d * kv + b * kv) + (d * d + b * d)
     mlp = 2 * (d * f + b * f) + (f * d + b * d)
@@ -289,5 +380,12 @@ def param_count(cfg: ModelConfig) -> dict[str, int]:
     embed = v * d + (cfg.max_seq_len * d if cfg.mixer == "mixit" and cfg.mixit_pos_embedding else 0)
     head = 0 if cfg.tie_embeddings else v * d
     total = embed + cfg.num_layers * layer + d + head
-    return {"total": total, "embedding": embed, "head": head, "per_layer": layer,
-            "attention_per_layer": attn, "mlp_per_layer": mlp, "non_embedding": total - embed}
+    return {
+        "total": total,
+        "embedding": embed,
+        "head": head,
+        "per_layer": layer,
+        "attention_per_layer": attn,
+        "mlp_per_layer": mlp,
+        "non_embedding": total - embed,
+    }

@@ -16,6 +16,7 @@ embedding lookup excluded). What the variants save, per layer and token:
   * random_transformer: 2 P_layer per layer (weights frozen; input gradients still
                 flow to the trainable embeddings).
 """
+
 from __future__ import annotations
 
 from .config import ModelConfig
@@ -32,9 +33,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, step: int = 0)
         return not (set(groups) & frozen)
 
     fwd = bwd = 0.0
-    upstream = trains("embeddings")          # does anything before this op need gradients?
+    upstream = trains("embeddings")  # does anything before this op need gradients?
     for _ in range(cfg.num_layers):
-        ops = []                              # (weight entries, groups)
+        ops = []  # (weight entries, groups)
         if cfg.mixer == "softmax":
             ops += [(d * d, ("qk", "blocks")), (d * kv, ("qk", "blocks"))]
         ops += [(d * kv, ("v", "blocks"))]

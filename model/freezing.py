@@ -7,6 +7,7 @@ groups (ModelConfig.frozen_groups_at), applied here by setting requires_grad.
 Frozen tensors then get no gradient, and the trainer gives them no optimizer
 state and no data-parallel reduction (DeepSpeed only manages requires_grad tensors).
 """
+
 from __future__ import annotations
 
 import re

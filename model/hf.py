@@ -9,6 +9,7 @@ MixiT, shaped attention and bidirectional models are not Llamas: they export to
 `TrainablePartsForCausalLM`, a PreTrainedModel subclass registered with the Auto classes
 when this module is imported (no remote code).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,16 +43,29 @@ def is_llama(cfg: ModelConfig) -> bool:
 
 def llama_config(cfg: ModelConfig) -> LlamaConfig:
     if not is_llama(cfg):
-        raise ValueError(f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama; use export_hf, "
-                         "which writes it to the registered TrainablePartsForCausalLM class")
+        raise ValueError(
+            f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama; use export_hf, "
+            "which writes it to the registered TrainablePartsForCausalLM class"
+        )
     return LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, rope_parameters=rope_parameters(cfg),
-        tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.bias, mlp_bias=cfg.bias,
-        hidden_act="silu", initializer_range=cfg.init_std, bos_token_id=None, eos_token_id=None,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta,
+        rope_parameters=rope_parameters(cfg),
+        tie_word_embeddings=cfg.tie_embeddings,
+        attention_bias=cfg.bias,
+        mlp_bias=cfg.bias,
+        hidden_act="silu",
+        initializer_range=cfg.init_std,
+        bos_token_id=None,
+        eos_token_id=None,
         trainable_parts=cfg.to_dict(),
     )
 
@@ -103,7 +117,7 @@ class TrainablePartsForCausalLM(PreTrainedModel):
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:
-        pass   # Transformer initialises itself; loading overwrites every tensor anyway
+        pass  # Transformer initialises itself; loading overwrites every tensor anyway
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed_tokens
@@ -111,13 +125,19 @@ class TrainablePartsForCausalLM(PreTrainedModel):
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.model.lm_head
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, **_: Any) -> CausalLMOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        **_: Any,
+    ) -> CausalLMOutput:
         logits = self.model(input_ids)
         loss = None
-        if labels is not None:   # HF convention: labels are the inputs, shifted here
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
-                                                     ignore_index=IGNORE_INDEX)
+        if labels is not None:  # HF convention: labels are the inputs, shifted here
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX
+            )
         return CausalLMOutput(loss=loss, logits=logits)
 
 
@@ -148,8 +168,10 @@ def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     else:
         files = [p.name for p in path.glob("*.safetensors")]
     if not files:
-        raise FileNotFoundError(f"{path} has no *.safetensors weights; convert the checkpoint to safetensors "
-                                "(pickle .bin files are not loaded, since they can run code)")
+        raise FileNotFoundError(
+            f"{path} has no *.safetensors weights; convert the checkpoint to safetensors "
+            "(pickle .bin files are not loaded, since they can run code)"
+        )
     sd: dict[str, torch.Tensor] = {}
     for name in files:
         sd.update(load_file(str(path / name)))
@@ -164,13 +186,20 @@ def config_from_llama(hf_cfg: dict[str, Any], **overrides: Any) -> ModelConfig:
     if hf_cfg.get("head_dim") not in (None, hf_cfg["hidden_size"] // heads):
         raise ValueError("head_dim != hidden_size / num_attention_heads is not supported")
     return ModelConfig(
-        vocab_size=hf_cfg["vocab_size"], hidden_size=hf_cfg["hidden_size"],
-        intermediate_size=hf_cfg["intermediate_size"], num_layers=hf_cfg["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf_cfg.get("num_key_value_heads") or heads,
-        max_seq_len=hf_cfg.get("max_position_embeddings", 2048), rms_norm_eps=hf_cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)), rope_scaling=rope_scaling_from_hf(hf_cfg),
+        vocab_size=hf_cfg["vocab_size"],
+        hidden_size=hf_cfg["hidden_size"],
+        intermediate_size=hf_cfg["intermediate_size"],
+        num_layers=hf_cfg["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf_cfg.get("num_key_value_heads") or heads,
+        max_seq_len=hf_cfg.get("max_position_embeddings", 2048),
+        rms_norm_eps=hf_cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)),
+        rope_scaling=rope_scaling_from_hf(hf_cfg),
         tie_embeddings=hf_cfg.get("tie_word_embeddings", False),
-        bias=bool(hf_cfg.get("attention_bias", False)), **overrides)
+        bias=bool(hf_cfg.get("attention_bias", False)),
+        **overrides,
+    )
 
 
 def rope_scaling_from_hf(hf_cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -179,15 +208,18 @@ def rope_scaling_from_hf(hf_cfg: dict[str, Any]) -> dict[str, Any] | None:
     rope = dict(hf_cfg.get("rope_parameters") or hf_cfg.get("rope_scaling") or {})
     kind = rope.pop("rope_type", rope.pop("type", "default"))
     if rope.pop("partial_rotary_factor", 1.0) != 1.0:
-        raise ConfigError("rope_parameters.partial_rotary_factor != 1 is not supported. "
-                          "Fix: import a Llama whose rotary embedding covers the whole head")
+        raise ConfigError(
+            "rope_parameters.partial_rotary_factor != 1 is not supported. "
+            "Fix: import a Llama whose rotary embedding covers the whole head"
+        )
     if kind in ("default", None):
         return None
     rope.pop("rope_theta", None)
-    if kind == "llama3":    # as transformers: a top-level value first, else the model's own context
+    if kind == "llama3":  # as transformers: a top-level value first, else the model's own context
         rope["original_max_position_embeddings"] = hf_cfg.get(
             "original_max_position_embeddings",
-            rope.get("original_max_position_embeddings", hf_cfg.get("max_position_embeddings", 2048)))
+            rope.get("original_max_position_embeddings", hf_cfg.get("max_position_embeddings", 2048)),
+        )
     return {"rope_type": kind, **rope}
 
 

@@ -6,6 +6,7 @@ model. Here each tensor draws from its own CPU generator seeded from (init seed,
 materialises just the tensors (or the ZeRO-3 partitions) it owns, on any device, and gets the
 values a single process would have.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,7 @@ import torch
 
 def draw_seed() -> int:
     """An init seed from torch's global CPU generator (so `torch.manual_seed` still fixes the model)."""
-    return int(torch.randint(0, 2 ** 62, (), device="cpu"))
+    return int(torch.randint(0, 2**62, (), device="cpu"))
 
 
 def tensor_generator(seed: int, name: str) -> torch.Generator:
@@ -26,5 +27,6 @@ def tensor_generator(seed: int, name: str) -> torch.Generator:
 
 def normal(shape, std: float, seed: int, name: str) -> torch.Tensor:
     """N(0, std) fp32 on the CPU, drawn from the tensor's own generator."""
-    return torch.empty(tuple(shape), dtype=torch.float32, device="cpu").normal_(0.0, std,
-                                                                             generator=tensor_generator(seed, name))
+    return torch.empty(tuple(shape), dtype=torch.float32, device="cpu").normal_(
+        0.0, std, generator=tensor_generator(seed, name)
+    )

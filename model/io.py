@@ -4,6 +4,7 @@ Only safetensors and JSON are read, so loading a file can never run code. The Mi
 matrices are not stored: `config.json` holds the seed that regenerates them. Tied
 embeddings are stored once (as embed_tokens.weight).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,12 @@ def state_dict_for_save(model: Transformer) -> dict[str, torch.Tensor]:
     return sd
 
 
-def save_native(model: Transformer, out_dir: str | os.PathLike, meta: dict[str, Any] | None = None,
-                state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+def save_native(
+    model: Transformer,
+    out_dir: str | os.PathLike,
+    meta: dict[str, Any] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write weights (true dtypes, frozen tensors included) and config+meta atomically."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,13 +64,16 @@ def read_native_config(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     return ModelConfig.from_dict(doc["model"]), doc.get("meta", {})
 
 
-def load_native(path: str | os.PathLike, device: torch.device | str = "cpu",
-                expect: ModelConfig | None = None) -> tuple[Transformer, dict[str, Any]]:
+def load_native(
+    path: str | os.PathLike, device: torch.device | str = "cpu", expect: ModelConfig | None = None
+) -> tuple[Transformer, dict[str, Any]]:
     """Rebuild the model from a native checkpoint; `expect` checks variant and shape first."""
     path = Path(path)
     if not is_native(path):
-        raise FileNotFoundError(f"{path} is not a native checkpoint (needs {WEIGHTS_NAME} and {CONFIG_NAME}); "
-                                "export one with `python -m pretrain.export --checkpoint RUN/checkpoints/TAG --out DIR`")
+        raise FileNotFoundError(
+            f"{path} is not a native checkpoint (needs {WEIGHTS_NAME} and {CONFIG_NAME}); "
+            "export one with `python -m pretrain.export --checkpoint RUN/checkpoints/TAG --out DIR`"
+        )
     cfg, meta = read_native_config(path)
     if expect is not None:
         check_compatible(expect, cfg, str(path))
@@ -78,14 +86,30 @@ def load_native(path: str | os.PathLike, device: torch.device | str = "cpu",
     return model.to(device), meta
 
 
-SHAPE_FIELDS = ("variant", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                "intermediate_size", "max_seq_len", "tie_embeddings", "bias", "mixit_seed")
+SHAPE_FIELDS = (
+    "variant",
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "max_seq_len",
+    "tie_embeddings",
+    "bias",
+    "mixit_seed",
+)
 
 
 def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:
     """Refuse a checkpoint whose variant or shape differs from the configured model."""
-    diffs = [f"{f}: config has {getattr(want, f)!r}, checkpoint has {getattr(have, f)!r}"
-             for f in SHAPE_FIELDS if getattr(want, f) != getattr(have, f)]
+    diffs = [
+        f"{f}: config has {getattr(want, f)!r}, checkpoint has {getattr(have, f)!r}"
+        for f in SHAPE_FIELDS
+        if getattr(want, f) != getattr(have, f)
+    ]
     if diffs:
-        raise ValueError(f"checkpoint {where} does not match the model config ({'; '.join(diffs)}). "
-                         "Fix: use the config the checkpoint was trained with, or point at another checkpoint.")
+        raise ValueError(
+            f"checkpoint {where} does not match the model config ({'; '.join(diffs)}). "
+            "Fix: use the config the checkpoint was trained with, or point at another checkpoint."
+        )

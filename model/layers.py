@@ -4,6 +4,7 @@ Module and parameter names follow HuggingFace's LlamaForCausalLM (q_proj, k_proj
 v_proj, o_proj, gate_proj, up_proj, down_proj, input_layernorm, ...) so that export
 and import are a rename of the top-level prefix and nothing else.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,9 @@ class LMHead(nn.Linear):
     def forward(self, h: torch.Tensor, labels: torch.Tensor | None = None, reduction: str = "mean") -> torch.Tensor:
         if labels is None:
             return super().forward(h)
-        return linear_cross_entropy(h.flatten(0, -2), self.weight, labels.flatten(), self.chunk, IGNORE_INDEX,
-                                    reduction)
+        return linear_cross_entropy(
+            h.flatten(0, -2), self.weight, labels.flatten(), self.chunk, IGNORE_INDEX, reduction
+        )
 
 
 def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:
@@ -85,7 +87,7 @@ def llama3_scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tenso
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     context = scaling["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq
-    smooth = (context / wavelen - low) / (high - low)              # 0 at the long-wavelength edge, 1 at the short one
+    smooth = (context / wavelen - low) / (high - low)  # 0 at the long-wavelength edge, 1 at the short one
     between = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     long_waves = torch.where(wavelen > context / low, inv_freq / factor, between)
     return torch.where(wavelen < context / high, inv_freq, long_waves)
@@ -120,7 +122,7 @@ class MLP(nn.Module):
         self.leaky_slope = None
         if cfg.mixer == "mixit" and cfg.mixit_leaky_c is not None:
             self.leaky_slope = 1.0 + cfg.mixit_leaky_c / math.sqrt(d)
-            self.leaky_gain = math.sqrt(2.0 / (1.0 + self.leaky_slope ** 2))
+            self.leaky_gain = math.sqrt(2.0 / (1.0 + self.leaky_slope**2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.gate_proj(x)
@@ -174,11 +176,17 @@ class SoftmaxAttention(nn.Module):
         self.k_proj = nn.Linear(d, kv, bias=cfg.bias)
         self.v_proj = nn.Linear(d, kv, bias=cfg.bias)
         self.o_proj = nn.Linear(d, d, bias=cfg.bias)
-        self.record_attn = False            # eval probes: keep the last attention pattern
+        self.record_attn = False  # eval probes: keep the last attention pattern
         self.last_attn: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
@@ -205,8 +213,9 @@ class SoftmaxAttention(nn.Module):
             out = flash_attention_varlen(q, k, v, cu_seqlens, causal=cfg.causal, softmax_scale=cfg.attn_scale)
         else:
             mask, causal = self._sdpa_mask(t, past, attn_mask, q.device)
-            out = F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups),
-                                                 attn_mask=mask, is_causal=causal, scale=cfg.attn_scale)
+            out = F.scaled_dot_product_attention(
+                q, _expand_kv(k, groups), _expand_kv(v, groups), attn_mask=mask, is_causal=causal, scale=cfg.attn_scale
+            )
         if cfg.shaped:
             out = self._shape(out, _expand_kv(v, groups), past, attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
@@ -264,7 +273,7 @@ class MixingAttention(nn.Module):
         self.v_proj = linear(cfg, d, kv)
         self.o_proj = linear(cfg, d, d)
         self._cache: dict[tuple, torch.Tensor] = {}
-        self._params = None                 # kernels.mixit_blocked.MixitParams, built on first use
+        self._params = None  # kernels.mixit_blocked.MixitParams, built on first use
 
     def impl(self, device: torch.device) -> str:
         """The mixing implementation for this device (cfg.mixit_impl; 'auto': kernels/select.py)."""
@@ -291,12 +300,15 @@ class MixingAttention(nn.Module):
             self._cache[key] = mixit.mixing_matrix(self.cfg, self.layer, full_t, device).to(dtype)
         return self._cache[key][:, :t, :t]
 
-    def forward(self, x: torch.Tensor, cos=None, sin=None, cache: KVCache | None = None,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos=None, sin=None, cache: KVCache | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
         if attn_mask is not None:
-            raise NotImplementedError("MixiT has no attention scores to mask; document masking is not supported for mixit")
+            raise NotImplementedError(
+                "MixiT has no attention scores to mask; document masking is not supported for mixit"
+            )
         v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         past = 0
         if cache is not None:
@@ -308,8 +320,8 @@ class MixingAttention(nn.Module):
         v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
         impl = self.impl(x.device)
         if impl == "dense":
-            a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]     # rows of the new positions
-            out = torch.matmul(a, v)                                              # (b, H, t, dh)
+            a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]  # rows of the new positions
+            out = torch.matmul(a, v)  # (b, H, t, dh)
         else:
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)
@@ -340,7 +352,13 @@ class Block(nn.Module):
             return h + f
         return self.skip_scale * h + self.branch_scale * f
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         h = self._residual(h, self.self_attn(self.input_layernorm(h), cos, sin, cache, attn_mask))
         return self._residual(h, self.mlp(self.post_attention_layernorm(h)))

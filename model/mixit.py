@@ -12,6 +12,7 @@ Unlike the reference code, the matrix is regenerated on the model's device from 
 config seed (never stored in checkpoints), any length t <= T is the leading t x t block
 (causal), and bidirectional centering divides by the number of entries averaged (t).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,29 +28,38 @@ def head_sigmas(cfg: ModelConfig, layer: int) -> torch.Tensor:
     T, dh = cfg.max_seq_len, cfg.head_dim
     if cfg.mixit_depth_alpha != 0:
         return torch.full((cfg.num_heads,), 1.0 / math.sqrt(T), dtype=torch.float64)
-    u = torch.stack([rng.uniform(rng.mixit_key(cfg.mixit_seed, layer, h), torch.zeros(1, dtype=torch.int64))[0]
-                     for h in range(cfg.num_heads)]).double()
+    u = torch.stack(
+        [
+            rng.uniform(rng.mixit_key(cfg.mixit_seed, layer, h), torch.zeros(1, dtype=torch.int64))[0]
+            for h in range(cfg.num_heads)
+        ]
+    ).double()
     lo, hi = 1.0 / math.sqrt(T * dh), 1.0 / math.sqrt(T)
     return lo + u * (hi - lo)
 
 
-def raw_block(cfg: ModelConfig, layer: int, head: int, rows: torch.Tensor, cols: torch.Tensor,
-              sigma: float) -> torch.Tensor:
+def raw_block(
+    cfg: ModelConfig, layer: int, head: int, rows: torch.Tensor, cols: torch.Tensor, sigma: float
+) -> torch.Tensor:
     """sigma * z[i, j] for i in rows, j in cols (float32), without masking: any block, any device."""
     offsets = rows[:, None].to(torch.int64) * cfg.max_seq_len + cols[None, :].to(torch.int64)
     return rng.randn(rng.mixit_key(cfg.mixit_seed, layer, head), offsets) * sigma
 
 
-def mixing_matrix(cfg: ModelConfig, layer: int, t: int | None = None,
-                  device: torch.device | str | None = None) -> torch.Tensor:
+def mixing_matrix(
+    cfg: ModelConfig, layer: int, t: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
     """The dense mixing matrices A of one layer, shape (H, t, t), float32 (the reference path)."""
     t = cfg.max_seq_len if t is None else t
     if not 1 <= t <= cfg.max_seq_len:
         raise ValueError(f"sequence length {t} is outside [1, max_seq_len={cfg.max_seq_len}]")
     idx = torch.arange(t, device=device)
-    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril() if cfg.causal else \
-        torch.ones(t, t, dtype=torch.bool, device=device)
-    count = causal.sum(dim=1, keepdim=True).to(torch.float32)        # entries averaged per row
+    causal = (
+        torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        if cfg.causal
+        else torch.ones(t, t, dtype=torch.bool, device=device)
+    )
+    count = causal.sum(dim=1, keepdim=True).to(torch.float32)  # entries averaged per row
     eye = torch.eye(t, device=device)
     sigmas = head_sigmas(cfg, layer)
     out = torch.empty(cfg.num_heads, t, t, device=device)

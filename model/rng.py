@@ -9,6 +9,7 @@ Computing it from a counter, not from a sequential generator, means that:
 
 uint32 arithmetic is emulated in int64 tensors (PyTorch lacks uint32 multiply).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ _UNIFORM_SCALE = 4.6566127342e-10  # Triton's uint_to_uniform_float scale for 32
 def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(a * b) >> 32 and (a * b) & 0xffffffff for a constant a < 2**32 and b < 2**32, in int64."""
     b_hi, b_lo = b >> 16, b & 0xFFFF
-    p_hi, p_lo = a * b_hi, a * b_lo                          # each < 2**48
+    p_hi, p_lo = a * b_hi, a * b_lo  # each < 2**48
     hi = (p_hi + (p_lo >> 16)) >> 16
     lo = (((p_hi & 0xFFFF) << 16) + p_lo) & _MASK32
     return hi, lo
@@ -45,8 +46,8 @@ def philox(key: int, c0: torch.Tensor, c1: torch.Tensor | int = 0, rounds: int =
 
 def _to_uniform(x: torch.Tensor) -> torch.Tensor:
     """Triton's uint_to_uniform_float for 32-bit words: [0, 1) in float32."""
-    x = torch.where(x >= 2**31, x - 2**32, x)               # reinterpret as int32
-    x = torch.where(x < 0, -x - 1, x)                       # ~x
+    x = torch.where(x >= 2**31, x - 2**32, x)  # reinterpret as int32
+    x = torch.where(x < 0, -x - 1, x)  # ~x
     return x.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
 
 

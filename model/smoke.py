@@ -1,4 +1,5 @@
 """Forward/backward smoke of every variant on a tiny config: `python -m model.smoke`."""
+
 from __future__ import annotations
 
 import time
@@ -21,8 +22,10 @@ def main() -> None:
         loss.backward()
         ms = 1000 * (time.perf_counter() - start)
         n = count_params(model)
-        print(f"{variant:<20}{loss.item():>8.3f}{n['trainable']:>11,}{n['frozen']:>9,}"
-              f"{flops_per_token(cfg, 63)['train'] / 1e6:>13.2f}{ms:>9.1f}")
+        print(
+            f"{variant:<20}{loss.item():>8.3f}{n['trainable']:>11,}{n['frozen']:>9,}"
+            f"{flops_per_token(cfg, 63)['train'] / 1e6:>13.2f}{ms:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 The model is split into three stages (embed -> blocks -> head) that the pipeline
 wrapper in pretrain/ reuses as-is; `forward` is just their composition.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,9 @@ def doc_positions_and_mask(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     b, t = doc_ids.shape
     same = doc_ids[:, :, None] == doc_ids[:, None, :]
     idx = torch.arange(t, device=doc_ids.device)
-    starts = torch.where(torch.cat([torch.ones_like(doc_ids[:, :1], dtype=torch.bool),
-                                    doc_ids[:, 1:] != doc_ids[:, :-1]], dim=1), idx, 0)
+    starts = torch.where(
+        torch.cat([torch.ones_like(doc_ids[:, :1], dtype=torch.bool), doc_ids[:, 1:] != doc_ids[:, :-1]], dim=1), idx, 0
+    )
     positions = idx - torch.cummax(starts, dim=1).values
     return positions, same
 
@@ -39,8 +41,9 @@ class Transformer(nn.Module):
         self.init_seed = init.draw_seed() if init_seed is None else int(init_seed)
         d = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
-        self.embed_positions = nn.Embedding(cfg.max_seq_len, d) \
-            if cfg.mixer == "mixit" and cfg.mixit_pos_embedding else None
+        self.embed_positions = (
+            nn.Embedding(cfg.max_seq_len, d) if cfg.mixer == "mixit" and cfg.mixit_pos_embedding else None
+        )
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
         self.lm_head = LMHead(d, cfg.vocab_size, cfg.loss_chunk_tokens)
@@ -50,7 +53,7 @@ class Transformer(nn.Module):
         self.set_step(0)
         if cfg.compile_blocks:
             for block in self.layers:
-                block.compile()             # in place: parameter names and the state dict are unchanged
+                block.compile()  # in place: parameter names and the state dict are unchanged
 
     # ---- initialisation and freezing ---------------------------------------------------
     @torch.no_grad()
@@ -93,17 +96,25 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(h))
 
     # ---- forward -----------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None, cache: KVCache | None = None,
-                return_hidden: bool = False, reduction: str = "mean") -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        return_hidden: bool = False,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
         """Logits (b, t, vocab), or the next-token loss when `labels` (already shifted,
         IGNORE_INDEX where unscored) is given: the mean over scored tokens, or their sum with
         reduction="sum" (0 when none is scored). `doc_ids` enables per-document masking."""
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
         if past + t > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {past + t} exceeds model.max_seq_len={self.cfg.max_seq_len}; "
-                             "use shorter sequences or a model built with a larger max_seq_len")
+            raise ValueError(
+                f"sequence length {past + t} exceeds model.max_seq_len={self.cfg.max_seq_len}; "
+                "use shorter sequences or a model built with a larger max_seq_len"
+            )
         attn_mask = None
         if doc_ids is not None:
             positions, attn_mask = doc_positions_and_mask(doc_ids)

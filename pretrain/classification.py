@@ -16,6 +16,7 @@ the backbone's config is the checkpoint's, with the recipe's explicit `model` ke
 Pipeline parallelism is refused (the stage split assumes the LM head). The recipe schema is
 checked in pretrain/recipe_checks.py; reading a classifier back is checkpoint/consolidate.py's job.
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,15 +61,18 @@ def backbone_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig | Non
     explicit = {k: v for k, v in cfg.model.items() if k != "preset"}
     mcfg = ModelConfig.from_dict({**base, **explicit})
     if vocab_size is not None and mcfg.vocab_size < vocab_size:
-        raise RecipeError(f"classification.init_from={s['init_from']}: the checkpoint's vocabulary {mcfg.vocab_size} "
-                          f"is smaller than the data's {vocab_size}; use the tokenizer it was trained with")
+        raise RecipeError(
+            f"classification.init_from={s['init_from']}: the checkpoint's vocabulary {mcfg.vocab_size} "
+            f"is smaller than the data's {vocab_size}; use the tokenizer it was trained with"
+        )
     if mcfg.max_seq_len < cfg.train.seq_len:
         raise RecipeError(f"the backbone's max_seq_len={mcfg.max_seq_len} < train.seq_len={cfg.train.seq_len}")
     return mcfg
 
 
-def classification_model_builder(cfg: RunConfig, mcfg: ModelConfig, seed: int | None
-                                 ) -> tuple[Callable[[], SequenceClassifier], dict[str, torch.Tensor] | None]:
+def classification_model_builder(
+    cfg: RunConfig, mcfg: ModelConfig, seed: int | None
+) -> tuple[Callable[[], SequenceClassifier], dict[str, torch.Tensor] | None]:
     """(construct, start_state) of a SequenceClassifier (pretrain/task_model.py): a fresh backbone, or
     the `init_from` weights as the start state of `mcfg`'s backbone (checked to fit, by name and shape)."""
     s = classification_settings(cfg)
@@ -82,6 +86,8 @@ def classification_model_builder(cfg: RunConfig, mcfg: ModelConfig, seed: int | 
     missing, unexpected = sorted(want.keys() - pre.keys()), sorted(pre.keys() - want.keys())
     misfit = sorted(k for k in want.keys() & pre.keys() if pre[k].shape != want[k])
     if missing or unexpected or misfit:
-        raise RecipeError(f"classification.init_from={s['init_from']}: weights do not fit the backbone "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {misfit[:3]})")
+        raise RecipeError(
+            f"classification.init_from={s['init_from']}: weights do not fit the backbone "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {misfit[:3]})"
+        )
     return construct, {f"model.{k}": v for k, v in pre.items()}

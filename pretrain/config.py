@@ -10,6 +10,7 @@ Batch sizes are stated either in sequences (`train.global_batch_sequences`) or i
 tokens (`train.global_batch_tokens`, which must be a multiple of `train.seq_len`);
 `train.micro_batch_sequences` is per data-parallel rank per forward pass.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,20 +34,20 @@ DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
 @dataclass
 class TrainConfig:
     seq_len: int = 64
-    global_batch_sequences: int | None = None     # exactly one of these two
+    global_batch_sequences: int | None = None  # exactly one of these two
     global_batch_tokens: int | None = None
-    micro_batch_sequences: int = 4                # per data-parallel rank, per forward pass
-    max_steps: int | None = None                  # exactly one of max_steps / max_tokens
+    micro_batch_sequences: int = 4  # per data-parallel rank, per forward pass
+    max_steps: int | None = None  # exactly one of max_steps / max_tokens
     max_tokens: int | None = None
-    precision: str = "fp32"                       # fp32 | bf16 (fp16 is not supported)
-    grad_clip: float = 1.0                        # 0 disables clipping
+    precision: str = "fp32"  # fp32 | bf16 (fp16 is not supported)
+    grad_clip: float = 1.0  # 0 disables clipping
     activation_checkpointing: bool = False
-    device: str = "auto"                          # auto | cpu | cuda
-    init_seed: int | None = None                  # model init seed; None -> top-level seed
-    eval_every_steps: int = 0                     # 0: no periodic validation
-    eval_batches: int = 4                         # validation batches (of global_batch_sequences) per evaluation
-    nan_policy: str = "stop"                      # non-finite loss: skip | stop | rollback (pretrain/nonfinite.py)
-    max_nan_skips: int = 5                        # more non-finite steps than this in one process stop the run
+    device: str = "auto"  # auto | cpu | cuda
+    init_seed: int | None = None  # model init seed; None -> top-level seed
+    eval_every_steps: int = 0  # 0: no periodic validation
+    eval_batches: int = 4  # validation batches (of global_batch_sequences) per evaluation
+    nan_policy: str = "stop"  # non-finite loss: skip | stop | rollback (pretrain/nonfinite.py)
+    max_nan_skips: int = 5  # more non-finite steps than this in one process stop the run
 
 
 @dataclass
@@ -57,38 +58,40 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 0
-    decay: str = "cosine"                         # cosine | linear | constant
-    decay_steps: int | None = None                # None -> max_steps - warmup_steps
-    no_decay: list[str] = field(default_factory=lambda: ["bias", "norm", "embed"])  # name substrings without weight decay
-    torch_adam: bool = True                       # torch.optim.AdamW (no JIT build); false -> DeepSpeed's fused Adam
-    fused: bool = True                            # torch AdamW's fused kernel (CPU and CUDA: ~4x its foreach step on CPU)
+    decay: str = "cosine"  # cosine | linear | constant
+    decay_steps: int | None = None  # None -> max_steps - warmup_steps
+    no_decay: list[str] = field(
+        default_factory=lambda: ["bias", "norm", "embed"]
+    )  # name substrings without weight decay
+    torch_adam: bool = True  # torch.optim.AdamW (no JIT build); false -> DeepSpeed's fused Adam
+    fused: bool = True  # torch AdamW's fused kernel (CPU and CUDA: ~4x its foreach step on CPU)
 
 
 @dataclass
 class ParallelConfig:
-    ds_config: str = "zero1"                      # a name in ds_configs/ or a path to a JSON file
+    ds_config: str = "zero1"  # a name in ds_configs/ or a path to a JSON file
     pipeline_stages: int = 1
-    partition_method: str = "parameters"          # PipelineModule partitioning: parameters | uniform | type:Block
-    timeout_s: float = 1800.0                     # collective timeout: a dead or hung rank ends the run with a message
+    partition_method: str = "parameters"  # PipelineModule partitioning: parameters | uniform | type:Block
+    timeout_s: float = 1800.0  # collective timeout: a dead or hung rank ends the run with a message
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0                          # 0: no step-based saves
-    every_minutes: float = 30.0                   # also save when this long has passed since the last save; 0: off
-    keep_last: int = 3                            # 0 keeps all
+    every_steps: int = 0  # 0: no step-based saves
+    every_minutes: float = 30.0  # also save when this long has passed since the last save; 0: off
+    keep_last: int = 3  # 0 keeps all
     save_final: bool = True
     save_on_signal: bool = True
-    load_universal: bool = False                  # resume from a universal checkpoint (pretrain.universal)
+    load_universal: bool = False  # resume from a universal checkpoint (pretrain.universal)
 
 
 @dataclass
 class LoggingConfig:
     every_steps: int = 1
     tensorboard: bool = True
-    progress_bar: str = "auto"                    # auto (tty only) | on | off
-    peak_tflops: float | None = None              # per-device peak for MFU; None -> a table by device name, or measured
-    measure_peak: bool = False                    # measure a matmul peak at start when peak_tflops is None
+    progress_bar: str = "auto"  # auto (tty only) | on | off
+    peak_tflops: float | None = None  # per-device peak for MFU; None -> a table by device name, or measured
+    measure_peak: bool = False  # measure a matmul peak at start when peak_tflops is None
 
 
 @dataclass
@@ -102,8 +105,8 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    task: str = "lm"                              # lm | classification (pretrain/classification.py)
-    classification: dict[str, Any] = field(default_factory=dict)   # num_labels, pooling, init_from
+    task: str = "lm"  # lm | classification (pretrain/classification.py)
+    classification: dict[str, Any] = field(default_factory=dict)  # num_labels, pooling, init_from
 
     # ---- derived ----------------------------------------------------------------------
     @property
@@ -134,14 +137,19 @@ class RunConfig:
     def validate(self) -> None:
         t, o, p, c = self.train, self.optim, self.parallel, self.checkpoint
         if (t.global_batch_sequences is None) == (t.global_batch_tokens is None):
-            raise RecipeError("train: give exactly one of global_batch_sequences or global_batch_tokens "
-                              f"(got {t.global_batch_sequences!r} and {t.global_batch_tokens!r})")
+            raise RecipeError(
+                "train: give exactly one of global_batch_sequences or global_batch_tokens "
+                f"(got {t.global_batch_sequences!r} and {t.global_batch_tokens!r})"
+            )
         if t.global_batch_tokens is not None and t.global_batch_tokens % t.seq_len:
-            raise RecipeError(f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
-                              f"train.seq_len={t.seq_len}; use e.g. {t.seq_len * max(1, t.global_batch_tokens // t.seq_len)}")
+            raise RecipeError(
+                f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
+                f"train.seq_len={t.seq_len}; use e.g. {t.seq_len * max(1, t.global_batch_tokens // t.seq_len)}"
+            )
         if (t.max_steps is None) == (t.max_tokens is None):
-            raise RecipeError("train: give exactly one of max_steps or max_tokens "
-                              f"(got {t.max_steps!r} and {t.max_tokens!r})")
+            raise RecipeError(
+                f"train: give exactly one of max_steps or max_tokens (got {t.max_steps!r} and {t.max_tokens!r})"
+            )
         for name in ("seq_len", "micro_batch_sequences"):
             if getattr(t, name) < 1:
                 raise RecipeError(f"train.{name} must be >= 1")
@@ -174,20 +182,35 @@ class RunConfig:
         check_task(self)
 
 
-SECTIONS = {"train": TrainConfig, "optim": OptimConfig, "parallel": ParallelConfig,
-            "checkpoint": CheckpointConfig, "logging": LoggingConfig}
-FREE_SECTIONS = ("model", "data")      # validated by model.ModelConfig / data_pipeline.DataConfig
+SECTIONS = {
+    "train": TrainConfig,
+    "optim": OptimConfig,
+    "parallel": ParallelConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+}
+FREE_SECTIONS = ("model", "data")  # validated by model.ModelConfig / data_pipeline.DataConfig
 TOP_KEYS = ("name", "seed", "task", "classification") + FREE_SECTIONS + tuple(SECTIONS)
 
 
 # Common names from other trainers -> where the setting lives here.
-SYNONYMS = {"learning_rate": "optim.lr", "lr": "optim.lr", "zero_stage": "parallel.ds_config (pick zero0..zero3)",
-            "stage": "parallel.ds_config (pick zero0..zero3)", "batch_size": "train.global_batch_sequences",
-            "global_batch_size": "train.global_batch_sequences", "micro_batch_size": "train.micro_batch_sequences",
-            "steps": "train.max_steps", "wd": "optim.weight_decay", "warmup": "optim.warmup_steps",
-            "grad_accum": "train.micro_batch_sequences (grad-accum = global / (micro x data-parallel))",
-            "gradient_accumulation_steps": "train.micro_batch_sequences (grad-accum = global / (micro x data-parallel))",
-            "bf16": "train.precision=bf16", "fp16": "train.precision (fp32 | bf16)", "pp": "parallel.pipeline_stages"}
+SYNONYMS = {
+    "learning_rate": "optim.lr",
+    "lr": "optim.lr",
+    "zero_stage": "parallel.ds_config (pick zero0..zero3)",
+    "stage": "parallel.ds_config (pick zero0..zero3)",
+    "batch_size": "train.global_batch_sequences",
+    "global_batch_size": "train.global_batch_sequences",
+    "micro_batch_size": "train.micro_batch_sequences",
+    "steps": "train.max_steps",
+    "wd": "optim.weight_decay",
+    "warmup": "optim.warmup_steps",
+    "grad_accum": "train.micro_batch_sequences (grad-accum = global / (micro x data-parallel))",
+    "gradient_accumulation_steps": "train.micro_batch_sequences (grad-accum = global / (micro x data-parallel))",
+    "bf16": "train.precision=bf16",
+    "fp16": "train.precision (fp32 | bf16)",
+    "pp": "parallel.pipeline_stages",
+}
 
 
 def _unknown(where: str, key: str, valid) -> RecipeError:
@@ -197,10 +220,14 @@ def _unknown(where: str, key: str, valid) -> RecipeError:
         hint = f"did you mean {', '.join(repr(c) for c in close)}?"
     else:
         everywhere = {f"{sec}.{f.name}": f.name for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
-        other = [q for q, n in everywhere.items() if n in difflib.get_close_matches(key, list(everywhere.values()), n=2)]
+        other = [
+            q for q, n in everywhere.items() if n in difflib.get_close_matches(key, list(everywhere.values()), n=2)
+        ]
         if key in SYNONYMS:
             other = [SYNONYMS[key]] + other
-        hint = (f"did you mean {', '.join(repr(o) for o in other[:3])}? " if other else "") + f"valid keys here: {valid}"
+        hint = (
+            f"did you mean {', '.join(repr(o) for o in other[:3])}? " if other else ""
+        ) + f"valid keys here: {valid}"
     return RecipeError(f"{where}{key}: unknown key. Fix: {hint}")
 
 
@@ -267,9 +294,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 # Short aliases so `train.lr=3e-4` works as written in the issue (lr lives in optim).
-ALIASES = {("train", "lr"): ("optim", "lr"), ("train", "min_lr"): ("optim", "min_lr"),
-           ("train", "warmup_steps"): ("optim", "warmup_steps"),
-           ("train", "weight_decay"): ("optim", "weight_decay")}
+ALIASES = {
+    ("train", "lr"): ("optim", "lr"),
+    ("train", "min_lr"): ("optim", "min_lr"),
+    ("train", "warmup_steps"): ("optim", "warmup_steps"),
+    ("train", "weight_decay"): ("optim", "weight_decay"),
+}
 
 
 def apply_overrides(d: dict[str, Any], overrides: list[str] | tuple[str, ...] | dict | None) -> dict[str, Any]:
@@ -320,9 +350,11 @@ def parse_yaml_file(path: Path) -> Any:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         context = e.context and (f"{e.context} from line {ctx.line + 1}" if ctx is not None else e.context)
         what = "; ".join(x for x in (context, e.problem) if x)
-        raise RecipeError(f"{where}: not valid recipe YAML ({what}). Fix: correct the YAML at that line (indentation, "
-                          "a missing ':' or an unclosed quote or bracket are the usual causes); only plain values, "
-                          "lists and mappings are allowed") from None
+        raise RecipeError(
+            f"{where}: not valid recipe YAML ({what}). Fix: correct the YAML at that line (indentation, "
+            "a missing ':' or an unclosed quote or bracket are the usual causes); only plain values, "
+            "lists and mappings are allowed"
+        ) from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise RecipeError(f"{path}: not valid recipe YAML ({e}). Fix: save the recipe as UTF-8 YAML text") from None
 
@@ -335,4 +367,6 @@ def resolve_ds_config_path(name: str) -> Path:
     names = sorted(x.stem for x in DS_CONFIG_DIR.glob("*.json"))
     close = difflib.get_close_matches(name, names, n=3)
     hint = f"did you mean {close}? " if close else ""
-    raise RecipeError(f"parallel.ds_config: {name!r} is neither a file nor a name in ds_configs/. Fix: {hint}choose one of {names}")
+    raise RecipeError(
+        f"parallel.ds_config: {name!r} is neither a file nor a name in ds_configs/. Fix: {hint}choose one of {names}"
+    )

@@ -8,6 +8,7 @@ Every loader keeps one contract: each `next()` returns this rank's share [B // W
 batch; the state is the GLOBAL number of sequences consumed, so a resume with another world size
 continues the same order.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,16 @@ from data_pipeline.text import PREFIX as TEXT_PREFIX
 from data_pipeline.text import TextLoader
 
 
-def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_size: int,
-                dp_rank: int, dp_world_size: int, seed: int, verify_record: str | Path | None = None):
+def make_loader(
+    data: dict[str, Any],
+    split: str,
+    seq_len: int,
+    global_batch_size: int,
+    dp_rank: int,
+    dp_world_size: int,
+    seed: int,
+    verify_record: str | Path | None = None,
+):
     """A per-rank batch iterator for the recipe's `data` section.
 
     `verify_record`: a directory all ranks share (the run dir): shards are sha256-checked once
@@ -35,6 +44,12 @@ def make_loader(data: dict[str, Any], split: str, seq_len: int, global_batch_siz
         return ClassificationLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
     if source.startswith(TEXT_PREFIX):
         return TextLoader(data, split, seq_len, global_batch_size, dp_rank, dp_world_size)
-    return build_loader(DataConfig.from_dict(data), split=split, seq_len=seq_len,
-                        global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size,
-                        verify_record=verify_record)
+    return build_loader(
+        DataConfig.from_dict(data),
+        split=split,
+        seq_len=seq_len,
+        global_batch_size=global_batch_size,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        verify_record=verify_record,
+    )

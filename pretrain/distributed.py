@@ -1,5 +1,6 @@
 """The process group: which device a rank uses, starting and ending torch.distributed, and
 turning a failed collective (a peer died or hangs) into a message that says what to do."""
+
 from __future__ import annotations
 
 import datetime
@@ -46,6 +47,7 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
     """Initialise torch.distributed through DeepSpeed; returns True when this call created it.
     `timeout_s` bounds every collective (a dead or hung peer ends the run instead of hanging it)."""
     import deepspeed  # deferred: heavy (several seconds to import)
+
     if dist.is_available() and dist.is_initialized():
         return False
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
@@ -53,6 +55,7 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
         # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce op on first use
         # (minutes on a small machine); gloo's own all-reduce is used instead.
         from deepspeed.accelerator import get_accelerator  # deferred: heavy (deepspeed)
+
         builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
         if builder is not None:
             deepspeed.ops.__compatible_ops__[builder.NAME] = False
@@ -83,15 +86,26 @@ def collective_failure(exc: BaseException) -> bool:
     if isinstance(exc, getattr(dist, "DistError", ())):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(s in text for s in (
-        "connection closed by peer", "connection reset by peer", "timed out", "timeout", "gloo", "nccl",
-        "broken pipe"))
+    return isinstance(exc, RuntimeError) and any(
+        s in text
+        for s in (
+            "connection closed by peer",
+            "connection reset by peer",
+            "timed out",
+            "timeout",
+            "gloo",
+            "nccl",
+            "broken pipe",
+        )
+    )
 
 
 def rank_failure_message(exc: BaseException, timeout_s: float, run_dir: Path) -> str:
     latest = tags.latest_checkpoint(run_dir)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return (f"a collective operation failed or waited more than parallel.timeout_s={timeout_s:g}s: another rank "
-            f"died or hangs ({first[:300]}). This rank stops. Last complete checkpoint: "
-            f"{latest if latest else 'none'}. Fix: find why the other rank stopped (its log), then restart every "
-            "rank with --resume auto")
+    return (
+        f"a collective operation failed or waited more than parallel.timeout_s={timeout_s:g}s: another rank "
+        f"died or hangs ({first[:300]}). This rank stops. Last complete checkpoint: "
+        f"{latest if latest else 'none'}. Fix: find why the other rank stopped (its log), then restart every "
+        "rank with --resume auto"
+    )

@@ -1,5 +1,6 @@
 """`--dry-run`: print the resolved config, parameter counts, FLOPs, memory per rank and the
 layout, and refuse an impossible layout, without hardware (meta tensors only)."""
+
 from __future__ import annotations
 
 import json
@@ -36,26 +37,49 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     fpt, src = train_flops_per_token(mcfg, cfg.train.seq_len, 0)
-    mem = memory_estimate(cfg, layout, trainable, total - trainable, mcfg.hidden_size, mcfg.num_layers,
-                          mcfg.num_heads, mcfg.vocab_size, mcfg.loss_chunk_tokens)
-    zero = build_ds_config(cfg, layout, on_cpu=cfg.train.device == "cpu",
-                           hidden_size=mcfg.hidden_size).get("zero_optimization", {})
-    info = {"params_total": total, "params_trainable": trainable, "params_frozen": total - trainable,
-            "frozen_groups": sorted(mcfg.frozen_groups_at(0)), "schedule_boundaries": mcfg.schedule_boundaries(),
-            "train_flops_per_token": fpt, "flops_source": src, "memory_per_rank_gib": mem,
-            "layout": layout.describe(), "zero_optimization": zero, "tokens_per_step": cfg.tokens_per_step,
-            "max_steps": cfg.max_steps}
+    mem = memory_estimate(
+        cfg,
+        layout,
+        trainable,
+        total - trainable,
+        mcfg.hidden_size,
+        mcfg.num_layers,
+        mcfg.num_heads,
+        mcfg.vocab_size,
+        mcfg.loss_chunk_tokens,
+    )
+    zero = build_ds_config(cfg, layout, on_cpu=cfg.train.device == "cpu", hidden_size=mcfg.hidden_size).get(
+        "zero_optimization", {}
+    )
+    info = {
+        "params_total": total,
+        "params_trainable": trainable,
+        "params_frozen": total - trainable,
+        "frozen_groups": sorted(mcfg.frozen_groups_at(0)),
+        "schedule_boundaries": mcfg.schedule_boundaries(),
+        "train_flops_per_token": fpt,
+        "flops_source": src,
+        "memory_per_rank_gib": mem,
+        "layout": layout.describe(),
+        "zero_optimization": zero,
+        "tokens_per_step": cfg.tokens_per_step,
+        "max_steps": cfg.max_steps,
+    }
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p("# resolved config")
     p(yaml.safe_dump(resolved_config(cfg, mcfg), sort_keys=False).rstrip())
     p("# summary")
     p(f"vocab_size: {mcfg.vocab_size}{vocab_note}")
-    p(f"parameters: total {total:,} | trainable {trainable:,} | frozen {total - trainable:,} "
-      f"(frozen groups at step 0: {info['frozen_groups']}; schedule boundaries: {info['schedule_boundaries']})")
+    p(
+        f"parameters: total {total:,} | trainable {trainable:,} | frozen {total - trainable:,} "
+        f"(frozen groups at step 0: {info['frozen_groups']}; schedule boundaries: {info['schedule_boundaries']})"
+    )
     p(f"FLOPs per token (fwd+bwd): {fpt:,.0f} [{src}]; per step: {fpt * cfg.tokens_per_step:.3e}")
-    p(f"tokens per step: {cfg.tokens_per_step:,}; steps: {cfg.max_steps:,}; tokens: {cfg.tokens_per_step * cfg.max_steps:,}")
+    p(
+        f"tokens per step: {cfg.tokens_per_step:,}; steps: {cfg.max_steps:,}; tokens: {cfg.tokens_per_step * cfg.max_steps:,}"
+    )
     p(f"layout: {layout.describe()}")
-    p(f"deepspeed zero_optimization ({cfg.parallel.ds_config}, \"auto\" resolved): {json.dumps(zero)}")
+    p(f'deepspeed zero_optimization ({cfg.parallel.ds_config}, "auto" resolved): {json.dumps(zero)}')
     fmt = lambda v: f"{v:.2f} GiB" if v >= 1 else f"{v * 1024:.2f} MiB"  # noqa: E731
     p("memory per rank (estimate): " + ", ".join(f"{k[:-4]} {fmt(v)}" for k, v in mem.items()))
     return info

@@ -11,6 +11,7 @@ Freezing: the engine (and so the optimizer, gradient buffers and all-reduce) cov
 parameters with requires_grad at the current step; `rebuild` applies a new trainable set
 (pretrain/freeze_transitions.py carries the Adam moments across).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +40,7 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
             continue
         seen.add(id(p))
         lname = name.lower()
-        ndim = len(getattr(p, "ds_shape", p.shape))        # a ZeRO-3 partitioned tensor: its full shape
+        ndim = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 partitioned tensor: its full shape
         (no_decay if ndim < 2 or any(s in lname for s in cfg.optim.no_decay) else decay).append(p)
     groups = []
     if decay:
@@ -47,8 +48,10 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     if not groups:
-        raise RecipeError("no trainable parameters at this step (every group is frozen); check model.frozen_groups "
-                          "and model.freeze_schedule")
+        raise RecipeError(
+            "no trainable parameters at this step (every group is frozen); check model.frozen_groups "
+            "and model.freeze_schedule"
+        )
     return groups
 
 
@@ -63,7 +66,7 @@ class Trainer:
         self.engine = None
         self.model = None
         self.trainable_step = 0
-        self.batch_index: int | None = None     # position of the current batch (fault injection)
+        self.batch_index: int | None = None  # position of the current batch (fault injection)
         self.nonfinite = False
 
     # -- construction ---------------------------------------------------------------------
@@ -71,15 +74,17 @@ class Trainer:
         """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights.
         Each rank allocates only the tensors it owns (pretrain/parallelize.py)."""
         import deepspeed  # deferred: heavy (several seconds to import)
+
         seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
         model, module = build_local(self.cfg, self.mcfg, self.layout, self.device, self.ds_config, seed, step, state)
         ds_config = dict(self.ds_config)
         if load_universal:
             ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
-        engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=param_groups(module, self.cfg),
-                                               config=ds_config)
+        engine, _, _, _ = deepspeed.initialize(
+            model=module, model_parameters=param_groups(module, self.cfg), config=ds_config
+        )
         self.model, self.module, self.engine = model, module, engine
-        self.gate = install_step_gate(engine)    # skips the update of a step with a non-finite loss or gradient norm
+        self.gate = install_step_gate(engine)  # skips the update of a step with a non-finite loss or gradient norm
         self.trainable_step = step
         self.name_of = {id(p): n for n, p in model.named_parameters()}
         self.local_ids = {id(p) for p in module.parameters()}
@@ -106,6 +111,7 @@ class Trainer:
         """Full parameters inside the block (ZeRO-3 gathers its partitions; otherwise a no-op)."""
         if self.zero3:
             import deepspeed  # deferred: heavy
+
             return deepspeed.zero.GatheredParameters(list(params), modifier_rank=None)
         return contextlib.nullcontext()
 
@@ -116,18 +122,23 @@ class Trainer:
             return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items() if not v.is_meta}
 
     def frozen_tensors(self) -> dict[str, torch.Tensor]:
-        frozen = [(self.name_of[id(p)], p) for p in self.module.parameters()
-                  if not p.requires_grad and id(p) in self.name_of]
+        frozen = [
+            (self.name_of[id(p)], p) for p in self.module.parameters() if not p.requires_grad and id(p) in self.name_of
+        ]
         with self.gathered([p for _, p in frozen]):
             return {n: p.detach().clone().cpu() for n, p in frozen}
 
     def restore_frozen(self, tensors: dict[str, torch.Tensor]) -> int:
-        params = [(n, p) for n, p in self.model.named_parameters()
-                  if n in tensors and not p.requires_grad and id(p) in self.local_ids]
+        params = [
+            (n, p)
+            for n, p in self.model.named_parameters()
+            if n in tensors and not p.requires_grad and id(p) in self.local_ids
+        ]
         if not params:
             return 0
         if self.zero3:
             import deepspeed  # deferred: heavy
+
             with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0):
                 with torch.no_grad():
                     for n, p in params:
@@ -153,9 +164,13 @@ class Trainer:
         ids, labels = batch["input_ids"], batch["labels"]
         mb = self.layout.micro_batch
         if ids.shape[0] != mb * self.layout.grad_accum:
-            raise RuntimeError(f"loader returned {ids.shape[0]} sequences per rank; expected "
-                               f"{mb * self.layout.grad_accum} (micro {mb} x grad-accum {self.layout.grad_accum})")
-        return [(ids[i:i + mb].to(self.device), labels[i:i + mb].to(self.device)) for i in range(0, ids.shape[0], mb)]
+            raise RuntimeError(
+                f"loader returned {ids.shape[0]} sequences per rank; expected "
+                f"{mb * self.layout.grad_accum} (micro {mb} x grad-accum {self.layout.grad_accum})"
+            )
+        return [
+            (ids[i : i + mb].to(self.device), labels[i : i + mb].to(self.device)) for i in range(0, ids.shape[0], mb)
+        ]
 
     def _scale(self, mbs) -> tuple[torch.Tensor, torch.Tensor]:
         n = torch.tensor(float(sum(int((y != IGNORE_INDEX).sum()) for _, y in mbs)), device=self.device)
@@ -193,7 +208,7 @@ class Trainer:
             for i, (x, y) in enumerate(mbs):
                 ce = faults.poison_loss(self._ce_sum(x, y), self.batch_index)
                 bad = bad or not is_finite(ce)
-                if i == len(mbs) - 1:        # before the boundary step: every rank agrees to skip the update
+                if i == len(mbs) - 1:  # before the boundary step: every rank agrees to skip the update
                     loss_bad = any_rank(bad, self.device)
                     self.gate.begin(skip=loss_bad)
                 self.engine.backward(ce * scale.reshape(()))

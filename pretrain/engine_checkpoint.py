@@ -16,6 +16,7 @@ dir after every rank has stopped writing, and every rank raises the same
 A load scans every pickle before DeepSpeed starts, and DeepSpeed's own loads read each file
 weights-only from the same open file that was scanned (`guarded_torch_load`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +40,7 @@ class _RankWrites:
     After a failure it writes nothing more."""
 
     def __init__(self, where: Path):
-        self.where = where                   # the filesystem whose free space a failure reports
+        self.where = where  # the filesystem whose free space a failure reports
         self.paths: list[str] = []
         self.error: str | None = None
 
@@ -50,8 +51,9 @@ class _RankWrites:
             fn()
         except Exception as e:  # noqa: BLE001 - any failed write (OSError, torch's RuntimeError, SafetensorError)
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            self.error = (f"{type(e).__name__}: {first}" if first else type(e).__name__) + \
-                f", with {_free_space(self.where)} free on that filesystem"
+            self.error = (
+                f"{type(e).__name__}: {first}" if first else type(e).__name__
+            ) + f", with {_free_space(self.where)} free on that filesystem"
             return
         self.paths += [str(p) for p in paths]
 
@@ -99,7 +101,7 @@ def _agree(writes: _RankWrites, tag_dir: Path, run_dir: Path, device: torch.devi
     errors: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, writes.error)
     if dist.get_rank() == 0:
-        tags.discard(tag_dir)                  # every rank has stopped writing into it
+        tags.discard(tag_dir)  # every rank has stopped writing into it
     dist.barrier()
     raise write_failed([(r, e) for r, e in enumerate(errors) if e is not None], tag_dir, run_dir)
 
@@ -112,32 +114,37 @@ def write_failed(errors: list[tuple[int, str]], tag_dir: Path, run_dir: Path) ->
         f"could not write checkpoint {tag_dir.name} ({which}); "
         f"every rank abandoned it, the partial files were removed and the last complete checkpoint "
         f"{latest if latest else '(none yet)'} is untouched. Fix: free space under {run_dir} (or lower "
-        "checkpoint.keep_last), then rerun with --resume auto")
+        "checkpoint.keep_last), then rerun with --resume auto"
+    )
 
 
 def save(trainer, run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
     """Collective: write, fsync and mark complete the checkpoint of `step` (raises
     CheckpointWriteFailed on every rank when any rank could not write)."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO  # deferred: heavy (deepspeed)
+
     root = tags.ckpt_root(run_dir)
     tag = tags.tag_for(step)
     tag_dir = root / tag
     rank, device = dist.get_rank(), trainer.device
     prepare = _RankWrites(root)
     if rank == 0 and tag_dir.exists():
-        prepare.run(lambda: tags.discard(tag_dir))         # rewriting a tag: start from an empty dir
+        prepare.run(lambda: tags.discard(tag_dir))  # rewriting a tag: start from an empty dir
     _agree(prepare, tag_dir, run_dir, device)
     writes = _RankWrites(root)
     with writes.engine_writes(trainer.engine):
-        trainer.engine.save_checkpoint(str(root), tag=tag, client_state={UNIVERSAL_CHECKPOINT_INFO: {},
-                                                                        "trainer_state": trainer_state},
-                                       save_latest=False)
-    frozen = trainer.frozen_tensors()      # collective under ZeRO-3: every rank takes part
+        trainer.engine.save_checkpoint(
+            str(root),
+            tag=tag,
+            client_state={UNIVERSAL_CHECKPOINT_INFO: {}, "trainer_state": trainer_state},
+            save_latest=False,
+        )
+    frozen = trainer.frozen_tensors()  # collective under ZeRO-3: every rank takes part
     stage = trainer.engine.stage_id if trainer.pipe else 0
     if trainer.dp_rank == 0:
         writes.run(lambda: tags.save_frozen(tag_dir, stage, frozen), tag_dir / f"frozen-stage{stage}.safetensors")
     writes.run(lambda: tags.save_rng(tag_dir, rank), tag_dir / "rng" / f"rank{rank}.pt")
-    writes.fsync()                         # this rank's files reach the disk before the marker can exist
+    writes.fsync()  # this rank's files reach the disk before the marker can exist
     faults.pause("save", step)
     _agree(writes, tag_dir, run_dir, device)
     done = _RankWrites(root)
@@ -150,10 +157,11 @@ def save(trainer, run_dir: Path, step: int, trainer_state: dict[str, Any], keep_
 def load(trainer, tag_dir: Path, universal: bool, seed: int) -> None:
     """Weights, optimizer, frozen tensors and this rank's RNG (re-seeded from `seed` when the
     checkpoint has none for this rank, e.g. a universal checkpoint)."""
-    verify_checkpoint_dir(tag_dir)     # refuse a crafted file before DeepSpeed reads any
-    with guarded_torch_load():         # and DeepSpeed unpickles only what was scanned, weights-only
-        path, _ = trainer.engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
-                                                 load_lr_scheduler_states=False)
+    verify_checkpoint_dir(tag_dir)  # refuse a crafted file before DeepSpeed reads any
+    with guarded_torch_load():  # and DeepSpeed unpickles only what was scanned, weights-only
+        path, _ = trainer.engine.load_checkpoint(
+            str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
     trainer.restore_frozen(tags.load_frozen(tag_dir))

@@ -1,6 +1,7 @@
 """The trainer's user-facing errors. Each message says what happened and how to fix it;
 `python -m pretrain.train` prints it as one `error:` line (exit 2 for bad input, 3 for a
 run that had to stop); `INPUT_ERRORS` is what the pretrain CLIs report as bad input."""
+
 from __future__ import annotations
 
 from checkpoint import CorruptCheckpoint, UnsafeCheckpoint

@@ -6,6 +6,7 @@
 pipeline), a run dir (its latest complete checkpoint), or a native dir; reading them is the
 checkpoint layer's job (checkpoint/load.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ def export(checkpoint: str | Path, out: str | Path, fmt: str = "native") -> Path
         return save_native(model, out, meta)
     if fmt == "hf":
         from model.hf import export_hf  # deferred: heavy (transformers)
+
         export_hf(model, out)
         (out / "trainer_meta.json").write_text(json.dumps(meta, indent=1, default=str))
         return out

@@ -16,6 +16,7 @@
 
 Everything else in the trainer runs as in production.
 """
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ moments of tensors that stay trainable carry over under ZeRO 0/1/2 and pipeline 
 newly trainable tensors start with zero moments and the old Adam step count (no
 bias-correction restart); under ZeRO-3 and CPU offload all moments restart (docs/TRAINING.md).
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,6 +45,7 @@ def optimizer_snapshot(trainer) -> tuple[dict[str, dict[str, torch.Tensor]], flo
     if mode is None or not steps:
         return None
     from deepspeed.utils import safe_get_full_optimizer_state  # deferred: heavy (deepspeed)
+
     _link_fragments(trainer)
     snap = {}
     for p in trainer.module.parameters():
@@ -64,12 +66,16 @@ def optimizer_restore(trainer, snap: dict[str, dict[str, torch.Tensor]], step: f
     if mode is None:
         return
     from deepspeed.utils import safe_set_full_optimizer_state  # deferred: heavy (deepspeed)
+
     inner = trainer.inner_optimizer
     for group in inner.param_groups:
         for fp in group["params"]:
             if len(inner.state.get(fp, {})) == 0:
-                inner.state[fp] = {"step": torch.tensor(step), "exp_avg": torch.zeros_like(fp),
-                                   "exp_avg_sq": torch.zeros_like(fp)}
+                inner.state[fp] = {
+                    "step": torch.tensor(step),
+                    "exp_avg": torch.zeros_like(fp),
+                    "exp_avg_sq": torch.zeros_like(fp),
+                }
     _link_fragments(trainer)
     for p in trainer.module.parameters():
         name = trainer.name_of.get(id(p))

@@ -11,6 +11,7 @@ lists) to metrics.jsonl only. This is how a study runs eval's probes during trai
 pretrain/ stays below eval/ (the study passes eval's functions in; pretrain never imports them).
 Pipeline parallelism splits the model across ranks, so hooks are refused there.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -21,8 +22,9 @@ from .errors import RecipeError
 
 TrainHook = Callable[[torch.nn.Module, int], dict]
 # Keys the loop writes itself; a hook may not overwrite them.
-RESERVED = frozenset({"step", "loss", "lr", "tokens_seen", "val_loss", "grad_norm", "tokens_per_s", "step_time_s",
-                      "tflops", "mfu"})
+RESERVED = frozenset(
+    {"step", "loss", "lr", "tokens_seen", "val_loss", "grad_norm", "tokens_per_s", "step_time_s", "tflops", "mfu"}
+)
 
 
 def check_hooks(hooks: Sequence[TrainHook] | None, eval_every_steps: int, pipeline_stages: int) -> list[TrainHook]:
@@ -33,12 +35,16 @@ def check_hooks(hooks: Sequence[TrainHook] | None, eval_every_steps: int, pipeli
     if not all(callable(h) for h in hooks):
         raise RecipeError("train(hooks=...): every hook must be a callable (model, step) -> dict")
     if not eval_every_steps:
-        raise RecipeError("training hooks run at the validation cadence, but train.eval_every_steps is 0. "
-                          "Fix: set train.eval_every_steps to how often the hooks should run")
+        raise RecipeError(
+            "training hooks run at the validation cadence, but train.eval_every_steps is 0. "
+            "Fix: set train.eval_every_steps to how often the hooks should run"
+        )
     if pipeline_stages > 1:
-        raise RecipeError(f"training hooks need the whole model on every rank, but parallel.pipeline_stages="
-                          f"{pipeline_stages} splits it. Fix: run the hooks' probes after training "
-                          "(python -m eval.run --run-dir RUN), or train without pipeline parallelism")
+        raise RecipeError(
+            f"training hooks need the whole model on every rank, but parallel.pipeline_stages="
+            f"{pipeline_stages} splits it. Fix: run the hooks' probes after training "
+            "(python -m eval.run --run-dir RUN), or train without pipeline parallelism"
+        )
     return hooks
 
 
@@ -57,8 +63,10 @@ def run_hooks(hooks: Sequence[TrainHook], model: torch.nn.Module, step: int, gat
                     raise TypeError(f"training hook {hook!r} returned {type(got).__name__}, not a dict of metrics")
                 clash = (set(got) & RESERVED) | (set(got) & set(out))
                 if clash:
-                    raise ValueError(f"training hook {hook!r} returned metric names {sorted(clash)} that another "
-                                     "hook or the loop already logs; give them their own names (e.g. 'probe/...')")
+                    raise ValueError(
+                        f"training hook {hook!r} returned metric names {sorted(clash)} that another "
+                        "hook or the loop already logs; give them their own names (e.g. 'probe/...')"
+                    )
                 out.update(got)
     finally:
         model.train(was_training)

@@ -5,6 +5,7 @@ The JSON in ds_configs/ only says *how* to parallelise (ZeRO stage, offload, buc
 Everything the recipe states (batch sizes, precision, optimizer, clipping) is filled in
 here, and a template that sets one of those keys is refused, so the two never disagree.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,17 @@ from typing import Any
 from .config import RecipeError, RunConfig, resolve_ds_config_path
 
 # Keys the trainer owns; a ds_configs/ template must not set them.
-RECIPE_OWNED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                "bf16", "fp16", "optimizer", "scheduler", "gradient_clipping", "data_types")
+RECIPE_OWNED = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "bf16",
+    "fp16",
+    "optimizer",
+    "scheduler",
+    "gradient_clipping",
+    "data_types",
+)
 
 # zero_optimization sizes a template may leave "auto": filled from the model's hidden size h the way
 # HF Transformers resolves them (buckets of one h x h matrix; tensors up to 10 h, the norm gains and
@@ -32,19 +42,21 @@ class Layout:
     world_size: int
     pipeline_stages: int
     data_parallel: int
-    micro_batch: int          # sequences per rank per forward pass
-    grad_accum: int           # micro-batches per optimizer step (per pipeline: micro-batches in flight)
-    global_batch: int         # sequences per optimizer step
+    micro_batch: int  # sequences per rank per forward pass
+    grad_accum: int  # micro-batches per optimizer step (per pipeline: micro-batches in flight)
+    global_batch: int  # sequences per optimizer step
     zero_stage: int
     offload_optimizer: bool
     offload_param: bool
 
     def describe(self) -> str:
         off = [n for n, on in (("optimizer", self.offload_optimizer), ("params", self.offload_param)) if on]
-        return (f"world={self.world_size} = pipeline {self.pipeline_stages} x data {self.data_parallel}; "
-                f"ZeRO-{self.zero_stage}{' (CPU offload: ' + ', '.join(off) + ')' if off else ''}; "
-                f"global batch {self.global_batch} seq = micro {self.micro_batch} x grad-accum {self.grad_accum} "
-                f"x data {self.data_parallel}")
+        return (
+            f"world={self.world_size} = pipeline {self.pipeline_stages} x data {self.data_parallel}; "
+            f"ZeRO-{self.zero_stage}{' (CPU offload: ' + ', '.join(off) + ')' if off else ''}; "
+            f"global batch {self.global_batch} seq = micro {self.micro_batch} x grad-accum {self.grad_accum} "
+            f"x data {self.data_parallel}"
+        )
 
 
 def load_template(cfg: RunConfig) -> dict[str, Any]:
@@ -55,13 +67,17 @@ def load_template(cfg: RunConfig) -> dict[str, Any]:
         raise RecipeError(f"{path}: not valid JSON ({e})") from None
     owned = [k for k in RECIPE_OWNED if k in tmpl]
     if owned:
-        raise RecipeError(f"{path} sets {owned}, which the recipe owns (train.*, optim.*). "
-                          "Fix: remove them from the JSON and set them in the recipe.")
+        raise RecipeError(
+            f"{path} sets {owned}, which the recipe owns (train.*, optim.*). "
+            "Fix: remove them from the JSON and set them in the recipe."
+        )
     zero = tmpl.get("zero_optimization", {})
     bad_auto = [k for k, v in zero.items() if v == "auto" and k not in AUTO_SIZES]
     if bad_auto:
-        raise RecipeError(f"{path}: zero_optimization {bad_auto} cannot be \"auto\" (only {sorted(AUTO_SIZES)} can). "
-                          "Fix: give a number.")
+        raise RecipeError(
+            f'{path}: zero_optimization {bad_auto} cannot be "auto" (only {sorted(AUTO_SIZES)} can). '
+            "Fix: give a number."
+        )
     return tmpl
 
 
@@ -72,37 +88,57 @@ def plan_layout(cfg: RunConfig, world_size: int, num_layers: int | None = None) 
     stage = int(zero.get("stage", 0))
     pp = cfg.parallel.pipeline_stages
     if world_size % pp:
-        raise RecipeError(f"world size {world_size} is not divisible by parallel.pipeline_stages={pp}. "
-                          f"Fix: use a world size that is a multiple of {pp}, or change pipeline_stages.")
+        raise RecipeError(
+            f"world size {world_size} is not divisible by parallel.pipeline_stages={pp}. "
+            f"Fix: use a world size that is a multiple of {pp}, or change pipeline_stages."
+        )
     if pp > 1 and stage >= 2:
-        raise RecipeError(f"pipeline parallelism (parallel.pipeline_stages={pp}) cannot be combined with ZeRO-{stage}: "
-                          "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only. "
-                          "Fix: parallel.ds_config=pipeline (ZeRO-1) or zero1.")
+        raise RecipeError(
+            f"pipeline parallelism (parallel.pipeline_stages={pp}) cannot be combined with ZeRO-{stage}: "
+            "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only. "
+            "Fix: parallel.ds_config=pipeline (ZeRO-1) or zero1."
+        )
     if pp > 1 and stage == 0 and cfg.train.precision == "bf16":
-        raise RecipeError("bf16 pipeline parallelism needs ZeRO-1: DeepSpeed's pipeline engine accumulates bf16 "
-                          "gradients in fp32 only with its ZeRO-1 optimizer. Fix: parallel.ds_config=pipeline "
-                          "(ZeRO-1) or zero1.")
+        raise RecipeError(
+            "bf16 pipeline parallelism needs ZeRO-1: DeepSpeed's pipeline engine accumulates bf16 "
+            "gradients in fp32 only with its ZeRO-1 optimizer. Fix: parallel.ds_config=pipeline "
+            "(ZeRO-1) or zero1."
+        )
     if pp > 1 and stage == 0 and cfg.train.grad_clip > 0:
-        raise RecipeError(f"train.grad_clip={cfg.train.grad_clip} with pipeline parallelism and ZeRO-0: DeepSpeed's "
-                          "clipping there measures the norm of the first stage's gradients only, so every stage "
-                          "would be scaled by the wrong factor. Fix: parallel.ds_config=pipeline (ZeRO-1), "
-                          "or train.grad_clip=0.")
+        raise RecipeError(
+            f"train.grad_clip={cfg.train.grad_clip} with pipeline parallelism and ZeRO-0: DeepSpeed's "
+            "clipping there measures the norm of the first stage's gradients only, so every stage "
+            "would be scaled by the wrong factor. Fix: parallel.ds_config=pipeline (ZeRO-1), "
+            "or train.grad_clip=0."
+        )
     if pp > 1 and ("offload_optimizer" in zero or "offload_param" in zero):
         raise RecipeError("CPU offload is not supported with pipeline parallelism. Fix: parallel.ds_config=pipeline.")
     if num_layers is not None and pp > num_layers:
-        raise RecipeError(f"parallel.pipeline_stages={pp} exceeds the model's {num_layers} layers. "
-                          "Fix: use at most num_layers stages.")
+        raise RecipeError(
+            f"parallel.pipeline_stages={pp} exceeds the model's {num_layers} layers. "
+            "Fix: use at most num_layers stages."
+        )
     dp = world_size // pp
     mb = cfg.train.micro_batch_sequences
     gbs = cfg.global_batch_size
     if gbs % (mb * dp):
         ok = [m for m in range(1, gbs + 1) if gbs % (m * dp) == 0]
-        raise RecipeError(f"global batch {gbs} sequences is not divisible by micro_batch_sequences={mb} x "
-                          f"data-parallel {dp}. Fix: choose train.micro_batch_sequences from {ok[:8]} "
-                          f"or a global batch that is a multiple of {mb * dp}.")
-    return Layout(world_size=world_size, pipeline_stages=pp, data_parallel=dp, micro_batch=mb,
-                  grad_accum=gbs // (mb * dp), global_batch=gbs, zero_stage=stage,
-                  offload_optimizer="offload_optimizer" in zero, offload_param="offload_param" in zero)
+        raise RecipeError(
+            f"global batch {gbs} sequences is not divisible by micro_batch_sequences={mb} x "
+            f"data-parallel {dp}. Fix: choose train.micro_batch_sequences from {ok[:8]} "
+            f"or a global batch that is a multiple of {mb * dp}."
+        )
+    return Layout(
+        world_size=world_size,
+        pipeline_stages=pp,
+        data_parallel=dp,
+        micro_batch=mb,
+        grad_accum=gbs // (mb * dp),
+        global_batch=gbs,
+        zero_stage=stage,
+        offload_optimizer="offload_optimizer" in zero,
+        offload_param="offload_param" in zero,
+    )
 
 
 def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool, hidden_size: int | None = None) -> dict[str, Any]:
@@ -113,7 +149,7 @@ def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool, hidden_size: i
     for key, size in AUTO_SIZES.items():
         if zero.get(key) == "auto":
             if hidden_size is None:
-                raise ValueError(f"zero_optimization.{key} is \"auto\": pass the model's hidden_size")
+                raise ValueError(f'zero_optimization.{key} is "auto": pass the model\'s hidden_size')
             zero[key] = size(hidden_size)
     o, t = cfg.optim, cfg.train
     ds["train_batch_size"] = layout.global_batch
@@ -126,18 +162,36 @@ def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool, hidden_size: i
         # Accumulate micro-batch gradients in fp32 under pipeline parallelism.
         ds["data_types"] = {"grad_accum_dtype": "fp32"}
     torch_adam = bool(o.torch_adam or on_cpu)
-    ds["optimizer"] = {"type": "AdamW", "params": {
-        "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-        "torch_adam": torch_adam, "adam_w_mode": True}}
-    if torch_adam and o.fused:           # passed through to torch.optim.AdamW
+    ds["optimizer"] = {
+        "type": "AdamW",
+        "params": {
+            "lr": o.lr,
+            "betas": list(o.betas),
+            "eps": o.eps,
+            "weight_decay": o.weight_decay,
+            "torch_adam": torch_adam,
+            "adam_w_mode": True,
+        },
+    }
+    if torch_adam and o.fused:  # passed through to torch.optim.AdamW
         ds["optimizer"]["params"]["fused"] = True
     return ds
 
 
 # ---- memory estimate --------------------------------------------------------------------
 
-def memory_estimate(cfg: RunConfig, layout: Layout, n_trainable: int, n_frozen: int,
-                    hidden: int, layers: int, heads: int, vocab: int, loss_chunk_tokens: int = 0) -> dict[str, float]:
+
+def memory_estimate(
+    cfg: RunConfig,
+    layout: Layout,
+    n_trainable: int,
+    n_frozen: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    vocab: int,
+    loss_chunk_tokens: int = 0,
+) -> dict[str, float]:
     """Rough bytes per rank: weights, gradients, optimizer state (ZeRO-sharded), activations.
 
     fp32 training: 4 B weights + 4 B grads + 8 B Adam moments per trainable parameter.
@@ -163,12 +217,20 @@ def memory_estimate(cfg: RunConfig, layout: Layout, n_trainable: int, n_frozen: 
     if layout.offload_param:
         weights = 0.0
     s, b = cfg.train.seq_len, layout.micro_batch
-    per_layer = s * b * hidden * 2 * wb if cfg.train.activation_checkpointing else \
-        s * b * hidden * (34 + 5 * heads * s / hidden) * (wb / 2)
+    per_layer = (
+        s * b * hidden * 2 * wb
+        if cfg.train.activation_checkpointing
+        else s * b * hidden * (34 + 5 * heads * s / hidden) * (wb / 2)
+    )
     in_flight = min(pp, layout.grad_accum) if pp > 1 else 1
     logits = min(s * b, loss_chunk_tokens) * vocab * 4 if loss_chunk_tokens else s * b * vocab * 4 * 2
     acts = per_layer * layers / pp * in_flight + logits
     total = weights + grads + optim + acts
-    gib = 1024 ** 3
-    return {"weights_gib": weights / gib, "grads_gib": grads / gib, "optimizer_gib": optim / gib,
-            "activations_gib": acts / gib, "total_gib": total / gib}
+    gib = 1024**3
+    return {
+        "weights_gib": weights / gib,
+        "grads_gib": grads / gib,
+        "optimizer_gib": optim / gib,
+        "activations_gib": acts / gib,
+        "total_gib": total / gib,
+    }

@@ -5,6 +5,7 @@ logging, checkpoints (every N steps and every M minutes), preemption, and the no
 Whether to save is decided collectively after every step: one all-reduce carries the stop
 request (a signal on any rank) and whether `checkpoint.every_minutes` have passed since the
 last save by rank 0's clock, so every rank enters the (collective) save at the same step."""
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ def describe_nonfinite(loss: float, grad_norm: float | None) -> str:
 @dataclass
 class RunResult:
     run_dir: Path
-    losses: dict[int, float] = field(default_factory=dict)       # step (1-based, after the update) -> loss
+    losses: dict[int, float] = field(default_factory=dict)  # step (1-based, after the update) -> loss
     val_losses: dict[int, float] = field(default_factory=dict)
     final_step: int = 0
     tokens_seen: int = 0
@@ -55,9 +56,21 @@ class RunResult:
 class TrainingLoop:
     """One run's loop over optimizer steps from `start_step` to `cfg.max_steps`."""
 
-    def __init__(self, cfg: RunConfig, mcfg, layout: Layout, trainer: Trainer, loader, logger: Logger,
-                 run_dir: Path, state: dict[str, Any], resumed_from: Path | None, tokenizer_id: str | None,
-                 peak_tflops: float | None, hooks: list[TrainHook] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        mcfg,
+        layout: Layout,
+        trainer: Trainer,
+        loader,
+        logger: Logger,
+        run_dir: Path,
+        state: dict[str, Any],
+        resumed_from: Path | None,
+        tokenizer_id: str | None,
+        peak_tflops: float | None,
+        hooks: list[TrainHook] | None = None,
+    ):
         self.cfg, self.mcfg, self.layout, self.trainer = cfg, mcfg, layout, trainer
         self.loader, self.logger, self.run_dir = loader, logger, run_dir
         self.device = trainer.device
@@ -67,25 +80,38 @@ class TrainingLoop:
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
         self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
-        self.last_save = time.monotonic()       # for checkpoint.every_minutes (rank 0's clock decides)
+        self.last_save = time.monotonic()  # for checkpoint.every_minutes (rank 0's clock decides)
         self.result = RunResult(run_dir=run_dir, resumed_from=resumed_from, final_step=self.start_step)
         self.resolved = resolved_config(cfg, mcfg)
 
     # -- what a checkpoint records besides the engine -----------------------------------------
     def trainer_state(self) -> dict[str, Any]:
         layout = self.layout
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "trainable_step": self.trainer.trainable_step,
-                "loader": self.loader.state_dict(), "tokenizer_id": self.tokenizer_id, "variant": self.mcfg.variant,
-                "world_size": self.world, "layout": layout.describe(), "pipeline_stages": layout.pipeline_stages,
-                "data_parallel": layout.data_parallel, "zero_stage": layout.zero_stage,
-                "model_config": self.mcfg.to_dict(), "recipe": self.resolved, "universal": False,
-                "time": time.time(), "nan_skipped": sorted(self.guard.skip_positions)}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "trainable_step": self.trainer.trainable_step,
+            "loader": self.loader.state_dict(),
+            "tokenizer_id": self.tokenizer_id,
+            "variant": self.mcfg.variant,
+            "world_size": self.world,
+            "layout": layout.describe(),
+            "pipeline_stages": layout.pipeline_stages,
+            "data_parallel": layout.data_parallel,
+            "zero_stage": layout.zero_stage,
+            "model_config": self.mcfg.to_dict(),
+            "recipe": self.resolved,
+            "universal": False,
+            "time": time.time(),
+            "nan_skipped": sorted(self.guard.skip_positions),
+        }
 
     def save(self) -> Path:
         """Collective. A failed write (e.g. no space left) raises CheckpointWriteFailed on every
         rank after the partial checkpoint is removed; the last complete one stays."""
-        path = engine_checkpoint.save(self.trainer, self.run_dir, self.step, self.trainer_state(),
-                                      self.cfg.checkpoint.keep_last)
+        path = engine_checkpoint.save(
+            self.trainer, self.run_dir, self.step, self.trainer_state(), self.cfg.checkpoint.keep_last
+        )
         self.last_save = time.monotonic()
         return path
 
@@ -95,11 +121,15 @@ class TrainingLoop:
         for note in notes:
             self.logger.message(note)
         if tag_dir is None:
-            raise NonFiniteLoss(f"non-finite loss at step {self.step + 1} and train.nan_policy=rollback, but "
-                                f"{self.run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
-                                "or train.nan_policy=skip")
+            raise NonFiniteLoss(
+                f"non-finite loss at step {self.step + 1} and train.nan_policy=rollback, but "
+                f"{self.run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
+                "or train.nan_policy=skip"
+            )
         st = tags.read_state(tag_dir)
-        if self.mcfg.frozen_groups_at(int(st["trainable_step"])) != self.mcfg.frozen_groups_at(self.trainer.trainable_step):
+        if self.mcfg.frozen_groups_at(int(st["trainable_step"])) != self.mcfg.frozen_groups_at(
+            self.trainer.trainable_step
+        ):
             self.trainer.rebuild(int(st["trainable_step"]))
         engine_checkpoint.load(self.trainer, tag_dir, False, self.cfg.seed)
         self.loader.load_state_dict(st["loader"])
@@ -109,8 +139,16 @@ class TrainingLoop:
 
     def evaluate(self) -> float:
         cfg = self.cfg
-        val = make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, self.trainer.dp_rank,
-                          self.layout.data_parallel, cfg.seed, verify_record=self.run_dir)
+        val = make_loader(
+            cfg.data,
+            "val",
+            cfg.train.seq_len,
+            cfg.global_batch_size,
+            self.trainer.dp_rank,
+            self.layout.data_parallel,
+            cfg.seed,
+            verify_record=self.run_dir,
+        )
         return self.trainer.eval_loss(iter(val), cfg.train.eval_batches)
 
     # -- one step -----------------------------------------------------------------------------
@@ -120,12 +158,24 @@ class TrainingLoop:
         what = describe_nonfinite(loss, grad_norm)
         action = self.guard.on_nonfinite(self.step, position, cfg.global_batch_size, what)
         end = position + cfg.global_batch_size if position is not None else "?"
-        self.logger.message(f"{what} at step {self.step + 1}, global samples [{position}, {end}): "
-                            f"update skipped ({action}; {self.guard.events}/{cfg.train.max_nan_skips} allowed)")
+        self.logger.message(
+            f"{what} at step {self.step + 1}, global samples [{position}, {end}): "
+            f"update skipped ({action}; {self.guard.events}/{cfg.train.max_nan_skips} allowed)"
+        )
         if self.rank == 0:
             with open(self.run_dir / "nonfinite.jsonl", "a") as f:
-                f.write(json.dumps({"step": self.step + 1, "samples": position, "loss": str(loss),
-                                    "grad_norm": str(grad_norm), "action": action}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": self.step + 1,
+                            "samples": position,
+                            "loss": str(loss),
+                            "grad_norm": str(grad_norm),
+                            "action": action,
+                        }
+                    )
+                    + "\n"
+                )
         if action == "rollback":
             self.rollback()
 
@@ -135,8 +185,9 @@ class TrainingLoop:
         do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == cfg.max_steps)
         if do_eval:
             rec["val_loss"] = self.result.val_losses[step] = self.evaluate()
-            rec.update(run_hooks(self.hooks, self.trainer.model, step,
-                                 self.trainer.gathered(self.trainer.model.parameters())))
+            rec.update(
+                run_hooks(self.hooks, self.trainer.model, step, self.trainer.gathered(self.trainer.model.parameters()))
+            )
         if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
             fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
             tps = cfg.tokens_per_step / dt
@@ -157,11 +208,13 @@ class TrainingLoop:
     def run(self, stop: StopRequest, stop_after_steps: int | None = None) -> RunResult:
         cfg, trainer, result = self.cfg, self.trainer, self.result
         flags = torch.zeros(2, device=self.device)
-        self.last_save = time.monotonic()        # the start (or the checkpoint resumed from) counts as a save
+        self.last_save = time.monotonic()  # the start (or the checkpoint resumed from) counts as a save
         while self.step < cfg.max_steps:
             if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(trainer.trainable_step):
-                self.logger.message(f"after step {self.step}: the freeze schedule changes the trainable set to "
-                                    f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine")
+                self.logger.message(
+                    f"after step {self.step}: the freeze schedule changes the trainable set to "
+                    f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine"
+                )
                 trainer.rebuild(self.step)
             t0 = time.perf_counter()
             skip_marked_batches(self.loader, self.guard)

@@ -5,6 +5,7 @@ excluded, the freeze schedule applied). MFU = achieved FLOP/s / (peak per device
 `logging.peak_tflops`, else a table by GPU name, else a measured matmul peak when
 `logging.measure_peak` is true, else MFU is not reported.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,16 @@ from data_pipeline.progress import is_terminal
 from model.flops import flops_per_token
 
 # Dense bf16 peak TFLOP/s per device (vendor datasheets, no sparsity).
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
-               "V100": 125.0, "MI300X": 1307.0}
+PEAK_TFLOPS = {
+    "H100": 989.0,
+    "H200": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10G": 125.0,
+    "L4": 121.0,
+    "V100": 125.0,
+    "MI300X": 1307.0,
+}
 
 
 def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
@@ -57,22 +66,25 @@ def measure_matmul_tflops(device: torch.device, n: int = 1024, reps: int = 5) ->
         a @ b
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
 
 
 def memory_gib(device: torch.device) -> dict[str, float]:
     if device.type == "cuda":
-        return {"mem_alloc_gib": torch.cuda.memory_allocated(device) / 2 ** 30,
-                "mem_peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30}
-    return {"mem_rss_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+        return {
+            "mem_alloc_gib": torch.cuda.memory_allocated(device) / 2**30,
+            "mem_peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        }
+    return {"mem_rss_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 class Logger:
     """Rank-0 sinks. `log(record)` appends one JSON line, writes scalars to TensorBoard and
     prints a console line (or, on a terminal with logging.progress_bar auto/on, updates a bar)."""
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: str, total_steps: int,
-                 start_step: int):
+    def __init__(
+        self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: str, total_steps: int, start_step: int
+    ):
         self.enabled = enabled
         self.tb = None
         self.bar = None
@@ -82,6 +94,7 @@ class Logger:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # deferred: heavy (tensorboard)
+
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 self.tb = None
@@ -133,7 +146,7 @@ class Logger:
 
 
 def _tb_name(k: str) -> str:
-    if "/" in k:                  # already grouped (e.g. a training hook's "probe/induction_score")
+    if "/" in k:  # already grouped (e.g. a training hook's "probe/induction_score")
         return k
     if k.startswith("val"):
         return f"val/{k}"
@@ -146,8 +159,16 @@ def _tb_name(k: str) -> str:
 
 def format_line(rec: dict[str, Any]) -> str:
     parts = [f"step {rec['step']}"]
-    for k, fmt in (("loss", "{:.4f}"), ("val_loss", "{:.4f}"), ("lr", "{:.2e}"), ("grad_norm", "{:.3f}"),
-                   ("tokens_seen", "{:,}"), ("tokens_per_s", "{:,.0f}"), ("tflops", "{:.3f}"), ("mfu", "{:.1%}")):
+    for k, fmt in (
+        ("loss", "{:.4f}"),
+        ("val_loss", "{:.4f}"),
+        ("lr", "{:.2e}"),
+        ("grad_norm", "{:.3f}"),
+        ("tokens_seen", "{:,}"),
+        ("tokens_per_s", "{:,.0f}"),
+        ("tflops", "{:.3f}"),
+        ("mfu", "{:.1%}"),
+    ):
         v = rec.get(k)
         if v is not None:
             parts.append(f"{k} " + fmt.format(v))

@@ -13,6 +13,7 @@ treats the same way. So a NaN never reaches the weights or the Adam moments.
 complete checkpoint and step over the offending batch). More than `train.max_nan_skips`
 events stop the run.
 """
+
 from __future__ import annotations
 
 import math
@@ -107,18 +108,24 @@ class NanGuard:
         """`what` says what was not finite (e.g. 'non-finite loss (nan)'). Returns 'skip' or
         'rollback'; raises NonFiniteLoss for 'stop' or too many events."""
         self.events += 1
-        where = (f"optimizer step {step + 1} (batch of global samples [{position}, {position + batch_size}) "
-                 f"of the data order)" if position is not None else f"optimizer step {step + 1}")
+        where = (
+            f"optimizer step {step + 1} (batch of global samples [{position}, {position + batch_size}) "
+            f"of the data order)"
+            if position is not None
+            else f"optimizer step {step + 1}"
+        )
         if self.policy == "stop":
             raise NonFiniteLoss(
                 f"{what} at {where}; the update was not applied and nothing was saved after it. "
                 "Fix: lower optim.lr or raise optim.warmup_steps, check the data at that position, or set "
-                "train.nan_policy=skip|rollback to step over such batches; then --resume auto")
+                "train.nan_policy=skip|rollback to step over such batches; then --resume auto"
+            )
         if self.events > self.max_events:
             raise NonFiniteLoss(
                 f"{what} at {where}: {self.events} non-finite steps in this process, more than "
                 f"train.max_nan_skips={self.max_events}; stopping (the model diverges or the data is broken). "
-                "Fix: lower optim.lr, check the data, or resume from an earlier checkpoint with --resume PATH")
+                "Fix: lower optim.lr, check the data, or resume from an earlier checkpoint with --resume PATH"
+            )
         if position is not None:
             self.skip_positions.add(int(position))
         return self.policy

@@ -13,6 +13,7 @@ the per-step all-reduce of the stop flag, so one rank noticing is enough.
 * The launch.sh that started the job dies: it exports LAUNCHER_ENV="HOST PID"; a daemon thread polls
   that PID (on that host only: srun carries the variable to other nodes, where the PID means nothing).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -71,9 +72,12 @@ def _launcher_pid() -> int | None:
 
 def _stop(reason: str) -> None:
     try:
-        print(f"[rank {os.environ.get('RANK', '?')}] {reason}: stopping (SIGTERM: checkpoint, then exit)",
-              file=sys.stderr, flush=True)
-    except OSError:            # the terminal went with the launcher
+        print(
+            f"[rank {os.environ.get('RANK', '?')}] {reason}: stopping (SIGTERM: checkpoint, then exit)",
+            file=sys.stderr,
+            flush=True,
+        )
+    except OSError:  # the terminal went with the launcher
         pass
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -99,7 +103,8 @@ def stop_when_launcher_dies(poll_s: float = POLL_S) -> threading.Thread | None:
     if launcher is not None and start is None:
         _stop(f"launcher (launch.sh, pid {launcher}) is gone")
         return None
-    thread = threading.Thread(target=_watch, args=(launcher, start, parent, poll_s), name="orphan-watchdog",
-                              daemon=True)
+    thread = threading.Thread(
+        target=_watch, args=(launcher, start, parent, poll_s), name="orphan-watchdog", daemon=True
+    )
     thread.start()
     return thread

@@ -10,6 +10,7 @@ whole model on the host: a ZeRO-3 rank holds its partitions (and the small tenso
 persists), a pipeline rank its stage's layers (the others stay on the meta device), and the
 weights are a single process's whatever the layout.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,9 +32,16 @@ from .task_model import task_model_builder
 Values = Callable[[str, torch.Size], torch.Tensor]
 
 
-def build_local(cfg: RunConfig, mcfg: ModelConfig, layout: Layout, device: torch.device, ds_config: dict[str, Any],
-                seed: int | None, step: int, state: dict[str, torch.Tensor] | None = None
-                ) -> tuple[nn.Module, nn.Module]:
+def build_local(
+    cfg: RunConfig,
+    mcfg: ModelConfig,
+    layout: Layout,
+    device: torch.device,
+    ds_config: dict[str, Any],
+    seed: int | None,
+    step: int,
+    state: dict[str, torch.Tensor] | None = None,
+) -> tuple[nn.Module, nn.Module]:
     """(model, module) with the trainable set of `step`: the plain model, and what the engine wraps
     (the model itself, or this rank's PipelineModule stage). `state` replaces the initial values
     and must hold every tensor this rank owns."""
@@ -41,6 +49,7 @@ def build_local(cfg: RunConfig, mcfg: ModelConfig, layout: Layout, device: torch
     zero3 = layout.zero_stage >= 3
     if zero3:
         import deepspeed  # deferred: heavy (several seconds to import)
+
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = construct()
     else:
@@ -63,8 +72,9 @@ def build_local(cfg: RunConfig, mcfg: ModelConfig, layout: Layout, device: torch
     return model, module
 
 
-def _values(model: nn.Module, state: dict[str, torch.Tensor] | None,
-            start_state: dict[str, torch.Tensor] | None) -> Values:
+def _values(
+    model: nn.Module, state: dict[str, torch.Tensor] | None, start_state: dict[str, torch.Tensor] | None
+) -> Values:
     def value(name: str, shape: torch.Size) -> torch.Tensor:
         if state is not None:
             if name not in state:
@@ -73,6 +83,7 @@ def _values(model: nn.Module, state: dict[str, torch.Tensor] | None,
         if start_state is not None and name in start_state:
             return start_state[name]
         return model.initial_value(name, shape)
+
     return value
 
 
@@ -98,6 +109,7 @@ def materialise(module: nn.Module, names: dict[int, str], values: Values, device
 def _fill_partitions(model: nn.Module, values: Values) -> None:
     """ZeRO-3: rank 0 writes each full tensor while it is gathered, and every rank keeps its partition."""
     import deepspeed  # deferred: heavy
+
     for name, p in model.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
             if dist.get_rank() == 0:
@@ -121,6 +133,7 @@ def _recomputed(forward: Callable) -> Callable:
         if cache is not None or not torch.is_grad_enabled():
             return forward(h, cos, sin, cache, attn_mask)
         return checkpoint(forward, h, cos, sin, None, attn_mask, use_reentrant=False)
+
     return run
 
 
@@ -151,6 +164,7 @@ def residency(model: nn.Module, device: torch.device) -> str:
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     per_rank = [int(t) for t in every]
-    shown = ", ".join(f"{b:,}" for b in per_rank) if len(per_rank) <= 8 else \
-        f"min {min(per_rank):,}, max {max(per_rank):,}"
+    shown = (
+        ", ".join(f"{b:,}" for b in per_rank) if len(per_rank) <= 8 else f"min {min(per_rank):,}, max {max(per_rank):,}"
+    )
     return f"parameter bytes resident per rank: {shown} (the whole model: {model_parameter_bytes(model):,})"

@@ -15,6 +15,7 @@ Transformer names (keep the two in the same order).
 The last layer hands the loss the final hidden states and the head matrix, never logits: DeepSpeed
 gives the labels to `loss_fn` only, so the chunked loss (model/kernels/loss.py) runs there.
 """
+
 from __future__ import annotations
 
 import functools
@@ -92,15 +93,16 @@ def pipe_loss(outputs: tuple[torch.Tensor, torch.Tensor], labels, chunk: int) ->
     return ce * scale.to(ce.dtype).reshape(())
 
 
-def build_pipeline(model: Transformer, num_stages: int, partition_method: str, seed: int,
-                   materialise: Callable[[nn.Module], None]):
+def build_pipeline(
+    model: Transformer, num_stages: int, partition_method: str, seed: int, materialise: Callable[[nn.Module], None]
+):
     """This rank's stage of `model` as a PipelineModule; `materialise(stage)` allocates the tensors
     of the layers DeepSpeed built for it (before it moves them to the device)."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # deferred: heavy (deepspeed)
 
     class StagePipeline(PipelineModule):
         def _build(self):
-            super()._build()            # this stage's layers only (DeepSpeed may build others to count them)
+            super()._build()  # this stage's layers only (DeepSpeed may build others to count them)
             materialise(self)
 
     specs = []
@@ -113,10 +115,15 @@ def build_pipeline(model: Transformer, num_stages: int, partition_method: str, s
     specs += [LayerSpec(BlockPipe, model, i) for i in range(len(model.layers))]
     specs.append(LayerSpec(NormPipe, model))
     if model.cfg.tie_embeddings:
-        specs.append(TiedLayerSpec("embed", TokenEmbed, model, forward_fn=tied_head,
-                                   tied_weight_attr="embed_tokens.weight"))
+        specs.append(
+            TiedLayerSpec("embed", TokenEmbed, model, forward_fn=tied_head, tied_weight_attr="embed_tokens.weight")
+        )
     else:
         specs.append(LayerSpec(HeadPipe, model))
-    return StagePipeline(layers=specs, num_stages=num_stages,
-                         loss_fn=functools.partial(pipe_loss, chunk=model.cfg.loss_chunk_tokens),
-                         partition_method=partition_method, base_seed=seed)
+    return StagePipeline(
+        layers=specs,
+        num_stages=num_stages,
+        loss_fn=functools.partial(pipe_loss, chunk=model.cfg.loss_chunk_tokens),
+        partition_method=partition_method,
+        base_seed=seed,
+    )

@@ -3,6 +3,7 @@
 The handler only records the request; the loop all-reduces it so every rank agrees before
 anyone saves (a checkpoint is a collective).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +30,7 @@ def stop_on_signals(enabled: bool) -> Iterator[StopRequest]:
         for s in (signal.SIGTERM, signal.SIGINT):
             try:
                 old[s] = signal.signal(s, stop)
-            except ValueError:       # not the main thread
+            except ValueError:  # not the main thread
                 pass
     try:
         yield stop

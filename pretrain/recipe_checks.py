@@ -4,6 +4,7 @@ and the task schema (`task: lm | classification` and its `classification:` secti
 The classification schema lives here, not with the classification trainer, so loading a
 recipe never imports the trainer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,11 @@ def _type_ok(value: Any, tp: Any) -> bool:
         return value is None
     if origin in (list, tuple):
         args = typing.get_args(tp)
-        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value) if args else \
-            isinstance(value, (list, tuple))
+        return (
+            isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value)
+            if args
+            else isinstance(value, (list, tuple))
+        )
     if origin is dict:
         return isinstance(value, dict)
     if tp is bool:
@@ -54,17 +58,29 @@ def check_types(section: str, obj: Any) -> None:
         tp = hints.get(f.name, Any)
         if not _type_ok(v, tp):
             want = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-            raise RecipeError(f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}. "
-                              f"Fix: e.g. {section}.{f.name}={f.default!r}" if f.default is not dataclasses.MISSING
-                              else f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}")
+            raise RecipeError(
+                f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}. "
+                f"Fix: e.g. {section}.{f.name}={f.default!r}"
+                if f.default is not dataclasses.MISSING
+                else f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}"
+            )
 
 
 def check_name(name: Any) -> None:
     """`name` picks runs/<name>: one plain path component, so nothing is written outside runs/."""
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
-            or "\0" in name or os.path.isabs(name):
-        raise RecipeError(f"name={name!r} must be a single directory name (no '/', '..' or absolute path): it "
-                          "becomes runs/<name>. Fix: name: my_run, or give --run-dir DIR")
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or os.path.isabs(name)
+    ):
+        raise RecipeError(
+            f"name={name!r} must be a single directory name (no '/', '..' or absolute path): it "
+            "becomes runs/<name>. Fix: name: my_run, or give --run-dir DIR"
+        )
 
 
 def classification_settings(cfg) -> dict[str, Any]:
@@ -79,9 +95,13 @@ def check_task(cfg) -> None:
     source = str((cfg.data or {}).get("source", ""))
     if cfg.task == "lm":
         if cfg.classification:
-            raise RecipeError("classification: given but task is 'lm'. Fix: set task: classification, or drop the section")
+            raise RecipeError(
+                "classification: given but task is 'lm'. Fix: set task: classification, or drop the section"
+            )
         if source.startswith("classify:"):
-            raise RecipeError(f"data.source={source!r} is classification data but task is 'lm'. Fix: task: classification")
+            raise RecipeError(
+                f"data.source={source!r} is classification data but task is 'lm'. Fix: task: classification"
+            )
         return
     unknown = set(cfg.classification or {}) - set(CLASSIFICATION_DEFAULTS)
     if unknown:
@@ -93,8 +113,11 @@ def check_task(cfg) -> None:
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
         raise RecipeError(f"classification.num_labels must be an integer >= 2 (or null: from the data), got {n!r}")
     if not source.startswith("classify:"):
-        raise RecipeError(f"task: classification needs data.source='classify:<file.jsonl|file.csv|hf:NAME>', got "
-                          f"{source!r}")
+        raise RecipeError(
+            f"task: classification needs data.source='classify:<file.jsonl|file.csv|hf:NAME>', got {source!r}"
+        )
     if cfg.parallel.pipeline_stages > 1:
-        raise RecipeError("task: classification does not support pipeline parallelism (parallel.pipeline_stages="
-                          f"{cfg.parallel.pipeline_stages}). Fix: parallel.pipeline_stages=1 with ZeRO (zero1..zero3)")
+        raise RecipeError(
+            "task: classification does not support pipeline parallelism (parallel.pipeline_stages="
+            f"{cfg.parallel.pipeline_stages}). Fix: parallel.pipeline_stages=1 with ZeRO (zero1..zero3)"
+        )

@@ -5,6 +5,7 @@ tokenizer as the data, and was written under the same parallel layout (DeepSpeed
 partitioned files only load under the layout that wrote them; a universal checkpoint loads
 under any).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,10 +23,10 @@ from .layout import Layout
 
 @dataclass
 class ResumePoint:
-    tag_dir: Path | None              # None: a fresh run
-    state: dict[str, Any]             # the checkpoint's trainer_state.json ({} for a fresh run)
-    universal: bool                   # DeepSpeed must load it as a universal checkpoint
-    notes: list[str] = field(default_factory=list)    # newer checkpoints passed over, and why
+    tag_dir: Path | None  # None: a fresh run
+    state: dict[str, Any]  # the checkpoint's trainer_state.json ({} for a fresh run)
+    universal: bool  # DeepSpeed must load it as a universal checkpoint
+    notes: list[str] = field(default_factory=list)  # newer checkpoints passed over, and why
 
     @property
     def step(self) -> int:
@@ -57,9 +58,11 @@ def check_fits(point: ResumePoint, cfg: RunConfig, mcfg: ModelConfig, data_token
         raise RecipeError(str(e)) from None
     ckpt_tok = point.state.get("tokenizer_id")
     if data_tokenizer_id is not None and ckpt_tok is not None and data_tokenizer_id != ckpt_tok:
-        raise RecipeError(f"checkpoint {point.tag_dir} was trained on tokenizer {ckpt_tok} but data.source "
-                          f"{cfg.data.get('source')} uses {data_tokenizer_id}; token ids would mean other things. Fix: "
-                          "the data the checkpoint was trained on, or another --run-dir / --resume never")
+        raise RecipeError(
+            f"checkpoint {point.tag_dir} was trained on tokenizer {ckpt_tok} but data.source "
+            f"{cfg.data.get('source')} uses {data_tokenizer_id}; token ids would mean other things. Fix: "
+            "the data the checkpoint was trained on, or another --run-dir / --resume never"
+        )
 
 
 def check_layout(point: ResumePoint, layout: Layout, run_dir: Path) -> None:
@@ -67,12 +70,16 @@ def check_layout(point: ResumePoint, layout: Layout, run_dir: Path) -> None:
     if point.tag_dir is None or point.universal:
         return
     st = point.state
-    saved = (st.get("pipeline_stages", 1), st.get("data_parallel", st.get("world_size", 1)),
-             st.get("zero_stage", layout.zero_stage))
+    saved = (
+        st.get("pipeline_stages", 1),
+        st.get("data_parallel", st.get("world_size", 1)),
+        st.get("zero_stage", layout.zero_stage),
+    )
     now = (layout.pipeline_stages, layout.data_parallel, layout.zero_stage)
     if saved != now and (max(saved[2], now[2]) >= 1 or saved[0] != now[0]):
         raise RecipeError(
             f"checkpoint {point.tag_dir} was written with pipeline {saved[0]} x data {saved[1]}, ZeRO-{saved[2]}; "
             f"this run is pipeline {now[0]} x data {now[1]}, ZeRO-{now[2]}. DeepSpeed's partitioned files only "
             f"load under the same layout. Fix: python -m pretrain.universal --checkpoint {point.tag_dir} --out "
-            f"{run_dir / 'universal'} and resume from the converted checkpoint (docs/TRAINING.md)")
+            f"{run_dir / 'universal'} and resume from the converted checkpoint (docs/TRAINING.md)"
+        )

@@ -4,6 +4,7 @@ into a directory that holds another run.
 An output directory that already holds a run is refused unless the run is resumed (with the
 same identity: model, data, batch, seed ...) or `--overwrite` is given.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -16,13 +17,35 @@ from .config import REPO_ROOT, RunConfig
 from .errors import RecipeError
 
 # Settings that may change when a run continues (more steps, other logging or layout).
-MUTABLE = {"train": ("max_steps", "max_tokens", "eval_every_steps", "eval_batches", "device", "nan_policy",
-                     "max_nan_skips", "micro_batch_sequences", "activation_checkpointing"),
-           "checkpoint": None, "logging": None, "parallel": None, "optim": ("decay_steps",),
-           # where the shards live and how they are fetched: a run may move between local and remote
-           # storage (the loader's own fingerprint refuses a different token stream)
-           "data": ("source", "storage_options", "cache_dir", "cache_max_gb", "cache_block_kb", "retries",
-                    "retry_backoff_s", "prefetch")}
+MUTABLE = {
+    "train": (
+        "max_steps",
+        "max_tokens",
+        "eval_every_steps",
+        "eval_batches",
+        "device",
+        "nan_policy",
+        "max_nan_skips",
+        "micro_batch_sequences",
+        "activation_checkpointing",
+    ),
+    "checkpoint": None,
+    "logging": None,
+    "parallel": None,
+    "optim": ("decay_steps",),
+    # where the shards live and how they are fetched: a run may move between local and remote
+    # storage (the loader's own fingerprint refuses a different token stream)
+    "data": (
+        "source",
+        "storage_options",
+        "cache_dir",
+        "cache_max_gb",
+        "cache_block_kb",
+        "retries",
+        "retry_backoff_s",
+        "prefetch",
+    ),
+}
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -80,9 +103,11 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: str | None, o
             (run_dir / f).unlink(missing_ok=True)
         return
     if resume in (None, "", "never"):
-        raise RecipeError(f"{run_dir} already holds a run (config.yaml, checkpoints or metrics) and --resume never "
-                          "was given. Fix: --resume auto to continue it, --overwrite to replace it, or another "
-                          "--run-dir")
+        raise RecipeError(
+            f"{run_dir} already holds a run (config.yaml, checkpoints or metrics) and --resume never "
+            "was given. Fix: --resume auto to continue it, --overwrite to replace it, or another "
+            "--run-dir"
+        )
     if resume != "auto" or not cfg_file.is_file():
         return
     try:
@@ -91,8 +116,10 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: str | None, o
         return
     diffs = _diff(run_identity(old), run_identity(resolved))
     if diffs:
-        raise RecipeError(f"{run_dir} holds a different run ({'; '.join(diffs[:6])}). Fix: another --run-dir, "
-                          "--overwrite to replace it, or the recipe that run was started with")
+        raise RecipeError(
+            f"{run_dir} holds a different run ({'; '.join(diffs[:6])}). Fix: another --run-dir, "
+            "--overwrite to replace it, or the recipe that run was started with"
+        )
 
 
 def write_config(run_dir: Path, resolved: dict[str, Any]) -> None:

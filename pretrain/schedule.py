@@ -1,4 +1,5 @@
 """The learning-rate schedule: linear warmup, then cosine, linear or constant decay to min_lr."""
+
 from __future__ import annotations
 
 import math

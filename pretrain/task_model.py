@@ -1,5 +1,6 @@
 """The network a recipe trains: its ModelConfig (a preset plus the recipe's `model` keys, the
 vocabulary from the data) and the module itself (the LM, or a classifier for `task: classification`)."""
+
 from __future__ import annotations
 
 import functools
@@ -34,8 +35,9 @@ def model_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig:
     return preset(name, **m)
 
 
-def task_model_builder(cfg: RunConfig, mcfg: ModelConfig, seed: int | None
-                       ) -> tuple[Callable[[], torch.nn.Module], dict[str, torch.Tensor] | None]:
+def task_model_builder(
+    cfg: RunConfig, mcfg: ModelConfig, seed: int | None
+) -> tuple[Callable[[], torch.nn.Module], dict[str, torch.Tensor] | None]:
     """What the trainer trains, the LM (task lm) or a SequenceClassifier (task classification), as
     (construct, start_state). `construct()` reads nothing (call it on the meta device or under
     ZeRO-3's zero.Init); `start_state` holds weights that replace initial values (a classifier's

@@ -14,6 +14,7 @@ A run, in order (each step in its own module):
   checkpoints through engine_checkpoint.py, preemption.py, nonfinite.py, freeze_transitions.py;
   a caller's probes through hooks.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,9 +60,15 @@ ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"
 RUN_ERRORS = (NonFiniteLoss, CheckpointWriteFailed, RankFailure, DataError)
 
 
-def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str | Path | None = None,
-          resume: str | None = "auto", stop_after_steps: int | None = None, overwrite: bool = False,
-          hooks: list[TrainHook] | None = None) -> RunResult:
+def train(
+    recipe: str | Path | dict | None = None,
+    overrides=None,
+    run_dir: str | Path | None = None,
+    resume: str | None = "auto",
+    stop_after_steps: int | None = None,
+    overwrite: bool = False,
+    hooks: list[TrainHook] | None = None,
+) -> RunResult:
     """Train (or continue) a run; returns the per-step losses. `stop_after_steps` ends the
     process's loop early at that step without a final checkpoint (for tests). A run dir that
     holds another run is refused unless resumed or `overwrite` (pretrain/run_dir.py). `hooks`:
@@ -71,9 +78,16 @@ def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str 
     device = pick_device(cfg.train.device)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     plain = "RANK" not in os.environ
-    if plain:     # a plain process: world size 1 (the environment is restored on return)
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", LOCAL_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if plain:  # a plain process: world size 1 (the environment is restored on return)
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            LOCAL_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+        )
     if init_distributed(device, cfg.parallel.timeout_s):
         # ZeRO-3 processes abort at exit unless the process group is destroyed. It is kept
         # until then (DeepSpeed caches its groups), so train() can be called again in-process.
@@ -94,8 +108,9 @@ def train(recipe: str | Path | dict | None = None, overrides=None, run_dir: str 
                     os.environ[k] = v
 
 
-def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_after_steps, overwrite,
-           hooks: list[TrainHook]) -> RunResult:
+def _train(
+    cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_after_steps, overwrite, hooks: list[TrainHook]
+) -> RunResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
     point = resume_point(cfg, run_dir, resume, overwrite)
@@ -106,26 +121,50 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
     try:
         # Shards are sha256-checked once per run (the record in the run dir); other ranks and later
         # starts check sizes only.
-        probe = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel,
-                            cfg.seed, verify_record=run_dir)
-        if cfg.train.eval_every_steps:     # fail now, not at the first evaluation, if there is no val split
-            make_loader(cfg.data, "val", cfg.train.seq_len, cfg.global_batch_size, 0, layout.data_parallel, cfg.seed,
-                        verify_record=run_dir)
-    except ValueError as e:      # DataError and the built-in reader's errors name the file and the fix
+        probe = make_loader(
+            cfg.data,
+            "train",
+            cfg.train.seq_len,
+            cfg.global_batch_size,
+            0,
+            layout.data_parallel,
+            cfg.seed,
+            verify_record=run_dir,
+        )
+        if cfg.train.eval_every_steps:  # fail now, not at the first evaluation, if there is no val split
+            make_loader(
+                cfg.data,
+                "val",
+                cfg.train.seq_len,
+                cfg.global_batch_size,
+                0,
+                layout.data_parallel,
+                cfg.seed,
+                verify_record=run_dir,
+            )
+    except ValueError as e:  # DataError and the built-in reader's errors name the file and the fix
         raise RecipeError(f"data: {e}") from None
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
     layout = plan_layout(cfg, world, mcfg.num_layers)
     check_fits(point, cfg, mcfg, getattr(probe, "tokenizer_id", None))
     del probe
-    if rank == 0 or not overwrite:       # same answer on every rank; only rank 0 clears for --overwrite
+    if rank == 0 or not overwrite:  # same answer on every rank; only rank 0 clears for --overwrite
         check_run_dir(run_dir, resolved_config(cfg, mcfg), resume, overwrite and rank == 0)
     dist.barrier()
     check_layout(point, layout, run_dir)
 
     trainer = Trainer(cfg, mcfg, layout, device)
     trainer.build(point.trainable_step, load_universal=point.universal)
-    loader = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, trainer.dp_rank,
-                         layout.data_parallel, cfg.seed, verify_record=run_dir)
+    loader = make_loader(
+        cfg.data,
+        "train",
+        cfg.train.seq_len,
+        cfg.global_batch_size,
+        trainer.dp_rank,
+        layout.data_parallel,
+        cfg.seed,
+        verify_record=run_dir,
+    )
     if point.tag_dir is not None:
         load_checkpoint(trainer, point.tag_dir, point.universal, cfg.seed)
         loader.load_state_dict(point.state["loader"])
@@ -141,8 +180,20 @@ def _train(cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_aft
     logger.message(f"layout: {layout.describe()}")
     logger.message(residency(trainer.model, device))
     peak, _ = device_peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
-    loop = TrainingLoop(cfg, mcfg, layout, trainer, loader, logger, run_dir, point.state, point.tag_dir,
-                        getattr(loader, "tokenizer_id", None), peak, hooks)
+    loop = TrainingLoop(
+        cfg,
+        mcfg,
+        layout,
+        trainer,
+        loader,
+        logger,
+        run_dir,
+        point.state,
+        point.tag_dir,
+        getattr(loader, "tokenizer_id", None),
+        peak,
+        hooks,
+    )
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:
             result = loop.run(stop, stop_after_steps)
@@ -163,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     args = ap.parse_intermixed_args(argv)
-    orphan.stop_when_launcher_dies()     # a rank whose launcher died saves a checkpoint and stops
+    orphan.stop_when_launcher_dies()  # a rank whose launcher died saves a checkpoint and stops
     try:
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)
@@ -174,15 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     except (*RUN_ERRORS, UnsafeCheckpoint) as e:
         print_error(e)
         if isinstance(e, RankFailure):
-            os._exit(3)                  # a dead peer can make process-group teardown hang
+            os._exit(3)  # a dead peer can make process-group teardown hang
         return 3
     except INPUT_ERRORS as e:
         print_error(e)
         return 2
     if int(os.environ.get("RANK", 0)) == 0:
         last = res.losses[max(res.losses)] if res.losses else float("nan")
-        print(f"done: step {res.final_step}, tokens {res.tokens_seen:,}, last loss {last:.4f}, "
-              f"checkpoint {res.last_checkpoint}", flush=True)
+        print(
+            f"done: step {res.final_step}, tokens {res.tokens_seen:,}, last loss {last:.4f}, "
+            f"checkpoint {res.last_checkpoint}",
+            flush=True,
+        )
     return 0
 
 

@@ -13,6 +13,7 @@ in the DeepSpeed config automatically. The loader position is global, so the dat
 continues unchanged under the new data-parallel size. Per-rank RNG files are not copied
 (ranks change meaning across layouts); they are re-seeded.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,14 +37,27 @@ def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) ->
         raise FileNotFoundError(f"{tag_dir} is not a complete checkpoint")
     problems = ckpt.verify(tag_dir)
     if problems:
-        raise FileNotFoundError(f"{tag_dir} fails verification ({'; '.join(problems[:3])}); convert an earlier checkpoint")
-    verify_checkpoint_dir(tag_dir)         # a crafted pickle is refused here, with its name
+        raise FileNotFoundError(
+            f"{tag_dir} fails verification ({'; '.join(problems[:3])}); convert an earlier checkpoint"
+        )
+    verify_checkpoint_dir(tag_dir)  # a crafted pickle is refused here, with its name
     out = Path(out_root) / tag_dir.name
     if out.exists():
         shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "checkpoint.guarded_run", "deepspeed.checkpoint.ds_to_universal",
-           "--input_folder", str(tag_dir), "--output_folder", str(out), "--num_extract_workers", str(workers),
-           "--num_merge_workers", str(workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "checkpoint.guarded_run",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(tag_dir),
+        "--output_folder",
+        str(out),
+        "--num_extract_workers",
+        str(workers),
+        "--num_merge_workers",
+        str(workers),
+    ]
     print("+ " + " ".join(cmd), flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
     subprocess.run(cmd, check=True, env=env)
@@ -69,10 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         if not ckpt.is_complete(src):
             latest = ckpt.latest_checkpoint(src) if src.is_dir() else None
             if latest is None:
-                raise FileNotFoundError(f"no complete checkpoint at {src}. Fix: pass a tag dir "
-                                        "(RUN/checkpoints/step_N with a COMPLETE marker) or a run dir")
+                raise FileNotFoundError(
+                    f"no complete checkpoint at {src}. Fix: pass a tag dir "
+                    "(RUN/checkpoints/step_N with a COMPLETE marker) or a run dir"
+                )
             src = latest
-        verify_checkpoint_dir(src)          # refuse a crafted pickle before DeepSpeed unpickles anything
+        verify_checkpoint_dir(src)  # refuse a crafted pickle before DeepSpeed unpickles anything
         out = to_universal(src, args.out, args.workers)
         print(f"universal checkpoint: {out}\nresume with: python -m pretrain.train --recipe R.yaml --resume {out}")
 

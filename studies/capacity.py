@@ -21,6 +21,7 @@ rows show mean ± std over the seeds. A finished cell (its study_result.json) is
 
 Writes OUT/capacity.json and OUT/capacity.md (the table with the paper's numbers beside ours).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,14 +45,25 @@ from .spread import Spread
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
 PAPER_BITS_PER_PARAM = {"standard": 2.98, "frozen_qk": 2.25, "mixit": 2.18, "frozen_mlp": 1.13}
 DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit", "frozen_mlp")
-SMOKE = {"widths": (8,), "overrides": ["data.task_args={n1: 8, n2: 8, n_labels: 4}", "train.max_steps=20",
-                                       "train.global_batch_sequences=64", "train.micro_batch_sequences=64"]}
+SMOKE = {
+    "widths": (8,),
+    "overrides": [
+        "data.task_args={n1: 8, n2: 8, n_labels: 4}",
+        "train.max_steps=20",
+        "train.global_batch_sequences=64",
+        "train.micro_batch_sequences=64",
+    ],
+}
 
 
 def size_overrides(width: int, mlp_ratio: int = 3) -> list[str]:
     heads = 2 if width % 4 == 0 else 1
-    return [f"model.hidden_size={width}", f"model.intermediate_size={mlp_ratio * width}", f"model.num_heads={heads}",
-            "model.num_kv_heads=null"]
+    return [
+        f"model.hidden_size={width}",
+        f"model.intermediate_size={mlp_ratio * width}",
+        f"model.num_heads={heads}",
+        "model.num_kv_heads=null",
+    ]
 
 
 def seed_overrides(recipe_seed: int, seed_index: int) -> list[str]:
@@ -66,15 +78,16 @@ def loss_drop(losses: dict[int, float], fraction: float = 0.2) -> float:
     """How much the training loss fell over the last `fraction` of the steps (mean of the first and last
     5% of that stretch, so one noisy step does not decide it)."""
     steps = sorted(losses)
-    tail = steps[int(len(steps) * (1 - fraction)):]
+    tail = steps[int(len(steps) * (1 - fraction)) :]
     k = max(1, len(steps) // 20)
     head_mean = sum(losses[s] for s in tail[:k]) / len(tail[:k])
     end_mean = sum(losses[s] for s in tail[-k:]) / len(tail[-k:])
     return head_mean - end_mean
 
 
-def run_cell(recipe: str, variant: str, width: int, overrides: list[str], run_dir: Path,
-             mlp_ratio: int = 3, seed_index: int = 0) -> dict[str, Any]:
+def run_cell(
+    recipe: str, variant: str, width: int, overrides: list[str], run_dir: Path, mlp_ratio: int = 3, seed_index: int = 0
+) -> dict[str, Any]:
 
     over = list(overrides) + size_overrides(width, mlp_ratio) + [f"model.variant={variant}"]
     over += seed_overrides(load_recipe(recipe, over).seed, seed_index)
@@ -90,12 +103,25 @@ def run_cell(recipe: str, variant: str, width: int, overrides: list[str], run_di
     total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     trainable = sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
     bits = task.capacity_bits(ev["acc"])
-    return {"variant": variant, "width": width, "layers": model.cfg.num_layers, "params_total": total,
-            "params_trainable": trainable, "n_pairs": task.n_pairs, "n_labels": task.n_labels,
-            "data_bits": task.n_pairs * math.log2(task.n_labels), "acc": ev["acc"], "bits": bits,
-            "bits_per_trainable_param": bits / max(1, trainable), "bits_per_param": bits / max(1, total),
-            "final_loss": res.losses[max(res.losses)], "loss_drop_last_20pct": loss_drop(res.losses),
-            "steps": res.final_step, "seed_index": seed_index, "seconds": round(time.time() - t0, 1)}
+    return {
+        "variant": variant,
+        "width": width,
+        "layers": model.cfg.num_layers,
+        "params_total": total,
+        "params_trainable": trainable,
+        "n_pairs": task.n_pairs,
+        "n_labels": task.n_labels,
+        "data_bits": task.n_pairs * math.log2(task.n_labels),
+        "acc": ev["acc"],
+        "bits": bits,
+        "bits_per_trainable_param": bits / max(1, trainable),
+        "bits_per_param": bits / max(1, total),
+        "final_loss": res.losses[max(res.losses)],
+        "loss_drop_last_20pct": loss_drop(res.losses),
+        "steps": res.final_step,
+        "seed_index": seed_index,
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -104,10 +130,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         cells.setdefault((r["variant"], r["width"]), []).append(r)
     seeds = max(len(rs) for rs in cells.values())
-    out = ["| variant | width | params (trainable / total) | data bits | " + ("seeds | " if seeds > 1 else "") +
-           "acc | bits | bits / trainable param | bits / param | loss drop, last 20% of steps | "
-           "max bits/trainable (over widths) | paper bits/param |",
-           "|---|---|---|---|" + ("---|" if seeds > 1 else "") + "---|---|---|---|---|---|---|"]
+    out = [
+        "| variant | width | params (trainable / total) | data bits | "
+        + ("seeds | " if seeds > 1 else "")
+        + "acc | bits | bits / trainable param | bits / param | loss drop, last 20% of steps | "
+        "max bits/trainable (over widths) | paper bits/param |",
+        "|---|---|---|---|" + ("---|" if seeds > 1 else "") + "---|---|---|---|---|---|---|",
+    ]
     best: dict[str, float] = {}
     for (v, _), rs in cells.items():
         best[v] = max(best.get(v, 0.0), Spread.of([r["bits_per_trainable_param"] for r in rs]).mean)
@@ -117,17 +146,21 @@ def table(rows: list[dict[str, Any]]) -> str:
 
         def col(key: str, fmt: str, rs=rs) -> str:
             return Spread.of([r[key] for r in rs]).format(fmt)
+
         drop = col("loss_drop_last_20pct", "{:.3f}") if all("loss_drop_last_20pct" in r for r in rs) else "-"
-        out.append(f"| {v} | {w} | {r0['params_trainable']:,} / {r0['params_total']:,} | {r0['data_bits']:,.0f} | " +
-                   (f"{len(rs)} | " if seeds > 1 else "") +
-                   f"{col('acc', '{:.3f}')} | {col('bits', '{:,.0f}')} | {col('bits_per_trainable_param', '{:.3f}')} | "
-                   f"{col('bits_per_param', '{:.3f}')} | {drop} | {best[v]:.3f} | "
-                   f"{paper if paper is not None else '-'} |")
+        out.append(
+            f"| {v} | {w} | {r0['params_trainable']:,} / {r0['params_total']:,} | {r0['data_bits']:,.0f} | "
+            + (f"{len(rs)} | " if seeds > 1 else "")
+            + f"{col('acc', '{:.3f}')} | {col('bits', '{:,.0f}')} | {col('bits_per_trainable_param', '{:.3f}')} | "
+            f"{col('bits_per_param', '{:.3f}')} | {drop} | {best[v]:.3f} | "
+            f"{paper if paper is not None else '-'} |"
+        )
     return "\n".join(out)
 
 
-def run_sweep(recipe: str, variants, widths, overrides: list[str], out_dir: Path, mlp_ratio: int = 3,
-              log=print, seeds: int = 1) -> list[dict[str, Any]]:
+def run_sweep(
+    recipe: str, variants, widths, overrides: list[str], out_dir: Path, mlp_ratio: int = 3, log=print, seeds: int = 1
+) -> list[dict[str, Any]]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -142,11 +175,14 @@ def run_sweep(recipe: str, variants, widths, overrides: list[str], out_dir: Path
                     r = run_cell(recipe, v, int(w), overrides, run_dir, mlp_ratio, i)
                     done.write_text(json.dumps(r) + "\n")
                 rows.append(r)
-                log(f"{v:>18} width {w:>4} seed {i}: acc {r['acc']:.3f}  bits {r['bits']:,.0f}  "
-                    f"bits/trainable {r['bits_per_trainable_param']:.3f}  ({r['seconds']}s)")
+                log(
+                    f"{v:>18} width {w:>4} seed {i}: acc {r['acc']:.3f}  bits {r['bits']:,.0f}  "
+                    f"bits/trainable {r['bits_per_trainable_param']:.3f}  ({r['seconds']}s)"
+                )
                 (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
-    rows.sort(key=lambda r: (list(widths).index(r["width"]), list(variants).index(r["variant"]),
-                             r.get("seed_index", 0)))
+    rows.sort(
+        key=lambda r: (list(widths).index(r["width"]), list(variants).index(r["variant"]), r.get("seed_index", 0))
+    )
     (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out_dir / "capacity.md").write_text(table(rows) + "\n")
     return rows
@@ -163,14 +199,26 @@ def _widths(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m studies.capacity", description=__doc__.split("\n\n")[0],
-                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = CliParser(
+        prog="python -m studies.capacity",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--recipe", default="recipes/capacity_memorization.yaml")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
-    ap.add_argument("--widths", type=_widths, default=[16, 32, 64], help="hidden sizes (intermediate = mlp-ratio x width)")
+    ap.add_argument(
+        "--widths", type=_widths, default=[16, 32, 64], help="hidden sizes (intermediate = mlp-ratio x width)"
+    )
     ap.add_argument("--mlp-ratio", type=int, default=3)
-    ap.add_argument("--seeds", type=int, choices=range(1, 101), metavar="N", default=1,
-                    help="train every cell with this many seeds; rows show mean ± std")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        choices=range(1, 101),
+        metavar="N",
+        default=1,
+        help="train every cell with this many seeds; rows show mean ± std",
+    )
     ap.add_argument("--smoke", action="store_true", help="the smallest configuration: width 8, 64 pairs, 20 steps")
     ap.add_argument("--out-dir", default="runs/capacity")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every cell")
@@ -181,12 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in a.variants.split(",") if v]
 
     def body() -> None:
-        for w in widths:            # every cell's recipe is checked before the first one trains
+        for w in widths:  # every cell's recipe is checked before the first one trains
             for v in variants:
                 cfg = load_recipe(a.recipe, list(overrides) + size_overrides(w, a.mlp_ratio) + [f"model.variant={v}"])
                 for i in range(a.seeds):
-                    load_recipe(a.recipe, list(overrides) + size_overrides(w, a.mlp_ratio) + [f"model.variant={v}"] +
-                                seed_overrides(cfg.seed, i))
+                    load_recipe(
+                        a.recipe,
+                        list(overrides)
+                        + size_overrides(w, a.mlp_ratio)
+                        + [f"model.variant={v}"]
+                        + seed_overrides(cfg.seed, i),
+                    )
         t0 = time.time()
         rows = run_sweep(a.recipe, variants, widths, overrides, Path(a.out_dir), a.mlp_ratio, seeds=a.seeds)
         print(f"({time.time() - t0:.0f} s)")

@@ -12,6 +12,7 @@ COMPLETE marker (the save is slowed by `PRETRAIN_FAULTS` save_pause_s so the win
 and kill there. Every rank gets SIGKILL at once, as a node failure or an OOM kill of the job
 would. Prints a table and writes OUT/<layout>/chaos.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ from checkpoint import tags
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = "recipes/tiny_cpu.yaml"
-LAYOUTS = {"zero3": ["parallel.ds_config=zero3"],
-           "pipeline": ["parallel.ds_config=pipeline", "parallel.pipeline_stages=2"]}
+LAYOUTS = {
+    "zero3": ["parallel.ds_config=zero3"],
+    "pipeline": ["parallel.ds_config=pipeline", "parallel.pipeline_stages=2"],
+}
 SAVE_PAUSE_S = 1.0
 
 
@@ -41,7 +44,7 @@ class ChaosResult:
     layout: str
     seed: int
     steps: int
-    kills: list[dict] = field(default_factory=list)       # {"at_step", "during_save", "tag"}
+    kills: list[dict] = field(default_factory=list)  # {"at_step", "during_save", "tag"}
     restarts: int = 0
     max_abs_loss_diff: float = float("nan")
     equal_steps: int = 0
@@ -60,23 +63,59 @@ def _free_port() -> int:
 
 
 def _overrides(layout: str, steps: int, every: int) -> list[str]:
-    return [*LAYOUTS[layout], f"train.max_steps={steps}", f"checkpoint.every_steps={every}", "checkpoint.keep_last=2",
-            "train.eval_every_steps=0", "logging.tensorboard=false", "logging.progress_bar='off'",
-            "model.variant=standard", "train.grad_clip=1.0"]
+    return [
+        *LAYOUTS[layout],
+        f"train.max_steps={steps}",
+        f"checkpoint.every_steps={every}",
+        "checkpoint.keep_last=2",
+        "train.eval_every_steps=0",
+        "logging.tensorboard=false",
+        "logging.progress_bar='off'",
+        "model.variant=standard",
+        "train.grad_clip=1.0",
+    ]
 
 
 def _start(run_dir: Path, over: list[str], log, pause: bool) -> list[subprocess.Popen]:
     port = _free_port()
     procs = []
     for r in range(2):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", LOCAL_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-                   PYTHONPATH=str(REPO))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            LOCAL_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            DS_ACCELERATOR="cpu",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPO),
+        )
         if pause:
             env["PRETRAIN_FAULTS"] = json.dumps({"save_pause_s": SAVE_PAUSE_S})
-        procs.append(subprocess.Popen([sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir",
-                                       str(run_dir), "--resume", "auto", *over], cwd=REPO, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pretrain.train",
+                    "--recipe",
+                    RECIPE,
+                    "--run-dir",
+                    str(run_dir),
+                    "--resume",
+                    "auto",
+                    *over,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -134,8 +173,9 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
         raise RuntimeError(f"a rank exited with {bad}; see the log")
 
 
-def chaos_run(layout: str, steps: int, kills: int, seed: int, out: Path, every: int = 5,
-              timeout: float = 900, say=print) -> ChaosResult:
+def chaos_run(
+    layout: str, steps: int, kills: int, seed: int, out: Path, every: int = 5, timeout: float = 900, say=print
+) -> ChaosResult:
     """Reference run, then the killed-and-resumed run; compare their loss sequences."""
     t0 = time.time()
     rng = random.Random(seed)
@@ -149,8 +189,8 @@ def chaos_run(layout: str, steps: int, kills: int, seed: int, out: Path, every: 
     with open(out / "reference.log", "w") as log:
         _wait_all(_start(out / "reference", over, log, pause=False), timeout)
     ref = _losses(out / "reference")
-    plan = sorted(rng.sample(range(2, steps - 1), kills))            # steps after which to strike
-    mid_save = set(rng.sample(range(kills), kills // 2))              # these wait for a save in flight
+    plan = sorted(rng.sample(range(2, steps - 1), kills))  # steps after which to strike
+    mid_save = set(rng.sample(range(kills), kills // 2))  # these wait for a save in flight
     run = out / "chaos"
     with open(out / "chaos.log", "w") as log:
         for i, at in enumerate(plan):
@@ -169,8 +209,10 @@ def chaos_run(layout: str, steps: int, kills: int, seed: int, out: Path, every: 
             step = _last_step(run, since)
             _kill(procs)
             res.kills.append({"at_step": step, "during_save": hit is not None, "tag": hit.name if hit else None})
-            say(f"[chaos] kill {i + 1}/{kills}: SIGKILL to both ranks after step {step}"
-                + (f", while {hit.name} was being written" if hit else ""))
+            say(
+                f"[chaos] kill {i + 1}/{kills}: SIGKILL to both ranks after step {step}"
+                + (f", while {hit.name} was being written" if hit else "")
+            )
         _wait_all(_start(run, over, log, pause=False), timeout)
         res.restarts += 1
     got = _losses(run)
@@ -187,18 +229,27 @@ def chaos_run(layout: str, steps: int, kills: int, seed: int, out: Path, every: 
 
 
 def table(results: list[ChaosResult]) -> str:
-    lines = ["| layout | steps | kills (mid-save) | restarts | losses equal to the uninterrupted run | max abs diff | "
-             "incomplete checkpoint dirs | seed | wall |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| layout | steps | kills (mid-save) | restarts | losses equal to the uninterrupted run | max abs diff | "
+        "incomplete checkpoint dirs | seed | wall |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         mid = sum(k["during_save"] for k in r.kills)
-        lines.append(f"| {r.layout} | {r.steps} | {len(r.kills)} ({mid}) | {r.restarts} | {r.equal_steps}/{r.steps} | "
-                     f"{r.max_abs_loss_diff:.2e} | {len(r.incomplete_dirs)} | {r.seed} | {r.seconds:.0f} s |")
+        lines.append(
+            f"| {r.layout} | {r.steps} | {len(r.kills)} ({mid}) | {r.restarts} | {r.equal_steps}/{r.steps} | "
+            f"{r.max_abs_loss_diff:.2e} | {len(r.incomplete_dirs)} | {r.seed} | {r.seconds:.0f} s |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m studies.chaos", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m studies.chaos",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--layout", choices=[*LAYOUTS, "all"], default="all")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--kills", type=int, default=6)
@@ -207,16 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/chaos")
     a = ap.parse_args(argv)
     if a.kills < 1 or a.steps < a.kills + 3:
-        print(f"error: --steps {a.steps} leaves no room for {a.kills} kills. Fix: --steps >= --kills + 3",
-              file=sys.stderr)
+        print(
+            f"error: --steps {a.steps} leaves no room for {a.kills} kills. Fix: --steps >= --kills + 3", file=sys.stderr
+        )
         return 2
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
     layouts = list(LAYOUTS) if a.layout == "all" else [a.layout]
     try:
         results = [chaos_run(lay, a.steps, a.kills, seed, Path(a.out), a.every) for lay in layouts]
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"error: {e} (seed {seed}). Fix: read the run's log under {a.out}; replay with --seed {seed}",
-              file=sys.stderr)
+        print(
+            f"error: {e} (seed {seed}). Fix: read the run's log under {a.out}; replay with --seed {seed}",
+            file=sys.stderr,
+        )
         return 1
     print(table(results))
     return 0 if all(r.ok for r in results) else 1

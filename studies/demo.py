@@ -17,6 +17,7 @@ i = 0 (the single-seed run dir, so earlier outputs are reused) and `<task>-<vari
 it is evaluated with the same task seed. Cells show mean ± std (sample std) over the seeds;
 results.json keeps every seed's numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,33 +45,47 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class DemoTask:
-    name: str            # data_pipeline synthetic task, or "text" (held-out LM loss from the run)
+    name: str  # data_pipeline synthetic task, or "text" (held-out LM loss from the run)
     recipe: str
     label: str
     task_args: dict
-    chance: float        # accuracy of a model that ignores the context (synthetic tasks)
+    chance: float  # accuracy of a model that ignores the context (synthetic tasks)
 
     @property
     def is_text(self) -> bool:
         return self.name == "text"
 
 
-MODADD = DemoTask("modular_addition", "recipes/demo_modadd.yaml", "modular addition (held-out pairs)", {"p": 31},
-                  1 / 31)
-KV = DemoTask("kv_retrieval", "recipes/demo_kv.yaml", "kv retrieval (value)",
-              {"n_pairs": 4, "n_keys": 8, "n_values": 8}, 1 / 8)
+MODADD = DemoTask(
+    "modular_addition", "recipes/demo_modadd.yaml", "modular addition (held-out pairs)", {"p": 31}, 1 / 31
+)
+KV = DemoTask(
+    "kv_retrieval", "recipes/demo_kv.yaml", "kv retrieval (value)", {"n_pairs": 4, "n_keys": 8, "n_values": 8}, 1 / 8
+)
 SUITES = {
     "demo": {"tasks": (MODADD, KV), "variants": "standard,frozen_qk,mixit"},
-    "paper": {"tasks": (
-        DemoTask("addition", "recipes/paper_addition.yaml", "2-digit addition (answer digits)", {"n_digits": 2}, 0.1),
-        MODADD,
-        DemoTask("dyck", "recipes/paper_dyck.yaml", "Dyck-1 (balanced?)", {}, 0.5),
-        DemoTask("memorization", "recipes/paper_memorization.yaml", "memorization (random labels)",
-                 {"n1": 32, "n2": 32, "n_labels": 16}, 1 / 16),
-        KV,
-        DemoTask("khop", "recipes/paper_khop.yaml", "2-hop induction", {"k": 2, "length": 24, "n_symbols": 8}, 1 / 8),
-        DemoTask("text", "recipes/paper_wikitext2.yaml", "WikiText-2 bytes (val loss, nats/byte)", {}, 0.0),
-    ), "variants": "standard,frozen_qk,frozen_mlp,mixit"},
+    "paper": {
+        "tasks": (
+            DemoTask(
+                "addition", "recipes/paper_addition.yaml", "2-digit addition (answer digits)", {"n_digits": 2}, 0.1
+            ),
+            MODADD,
+            DemoTask("dyck", "recipes/paper_dyck.yaml", "Dyck-1 (balanced?)", {}, 0.5),
+            DemoTask(
+                "memorization",
+                "recipes/paper_memorization.yaml",
+                "memorization (random labels)",
+                {"n1": 32, "n2": 32, "n_labels": 16},
+                1 / 16,
+            ),
+            KV,
+            DemoTask(
+                "khop", "recipes/paper_khop.yaml", "2-hop induction", {"k": 2, "length": 24, "n_symbols": 8}, 1 / 8
+            ),
+            DemoTask("text", "recipes/paper_wikitext2.yaml", "WikiText-2 bytes (val loss, nats/byte)", {}, 0.0),
+        ),
+        "variants": "standard,frozen_qk,frozen_mlp,mixit",
+    },
 }
 ARITHMETIC, RETRIEVAL = "modular_addition", "kv_retrieval"
 # Guessing one of the values present in the context (1 to 4 pairs, uniformly): what a model
@@ -81,8 +96,12 @@ PAPER = {
     "modular_addition": {"standard": "solved", "frozen_qk": "solved", "mixit": "matches standard"},
     "addition": {"standard": "solved", "mixit": "matches standard"},
     "dyck": {"standard": "solved", "mixit": "matches standard"},
-    "memorization": {"standard": "2.98 bit/param", "frozen_qk": "2.25 bit/param", "mixit": "2.18 bit/param",
-                     "frozen_mlp": "1.13 bit/param"},
+    "memorization": {
+        "standard": "2.98 bit/param",
+        "frozen_qk": "2.25 bit/param",
+        "mixit": "2.18 bit/param",
+        "frozen_mlp": "1.13 bit/param",
+    },
     "kv_retrieval": {"standard": "100%", "frozen_qk": "97.0%", "mixit": "11.2%"},
     "khop": {"standard": "99.99% (16-hop)", "frozen_qk": "96.7%", "mixit": "48.6%"},
     "text": {"standard": "2.78 (WT-103, nats/token)", "frozen_qk": "3.07", "mixit": "3.73"},
@@ -115,23 +134,31 @@ def _max_steps(task: DemoTask, scale: float) -> int:
     return max(1, int(recipe["train"]["max_steps"] * scale))
 
 
-def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int,
-              seeds: int = 1) -> dict[tuple[str, str, int], Path]:
+def train_all(
+    out: Path, tasks, variants: list[str], scale: float, parallel: int, seeds: int = 1
+) -> dict[tuple[str, str, int], Path]:
     """Train every (task, variant, seed index) as its own process, `parallel` at a time, with one progress bar."""
 
     jobs = [(t, v, i) for i in range(seeds) for t in tasks for v in variants]
     total = {(t.name, v): _max_steps(t, scale) for t in tasks for v in variants}
     pending = [(t, v, i) for t, v, i in jobs if not (_run_dir(out, t, v, i) / "demo_done").is_file()]
     running: list[tuple[DemoTask, str, int, subprocess.Popen, object]] = []
-    env = {**os.environ, "OMP_NUM_THREADS": "1" if parallel > 1 else os.environ.get("OMP_NUM_THREADS", "2"),
-           "PYTHONUNBUFFERED": "1"}
-    bar = progress_bar(total=sum(total[(t.name, v)] for t, v, _ in jobs), desc="training", unit="step",
-                       dynamic_ncols=True, mininterval=2.0)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1" if parallel > 1 else os.environ.get("OMP_NUM_THREADS", "2"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    bar = progress_bar(
+        total=sum(total[(t.name, v)] for t, v, _ in jobs),
+        desc="training",
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=2.0,
+    )
 
     def refresh() -> None:
         bar.n = sum(min(_steps_done(_run_dir(out, t, v, i)), total[(t.name, v)]) for t, v, i in jobs)
-        bar.set_postfix_str(", ".join(f"{t.name}/{v}" + (f"/s{i}" if i else "") for t, v, i, _, _ in running)
-                            or "done")
+        bar.set_postfix_str(", ".join(f"{t.name}/{v}" + (f"/s{i}" if i else "") for t, v, i, _, _ in running) or "done")
 
     failed = []
     while pending or running:
@@ -140,13 +167,30 @@ def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int
             run_dir = _run_dir(out, task, variant, i)
             run_dir.mkdir(parents=True, exist_ok=True)
             log = open(run_dir / "train.log", "a")
-            cmd = [sys.executable, "-m", "pretrain.train", "--recipe", task.recipe, "--run-dir", str(run_dir),
-                   "--resume", "auto", f"model.variant={variant}",
-                   f"train.max_steps={total[(task.name, variant)]}"]
-            if i:       # a new draw of everything random: init, data order, the task, MixiT's fixed matrices
+            cmd = [
+                sys.executable,
+                "-m",
+                "pretrain.train",
+                "--recipe",
+                task.recipe,
+                "--run-dir",
+                str(run_dir),
+                "--resume",
+                "auto",
+                f"model.variant={variant}",
+                f"train.max_steps={total[(task.name, variant)]}",
+            ]
+            if i:  # a new draw of everything random: init, data order, the task, MixiT's fixed matrices
                 cmd += [f"seed={_recipe_seed(task) + i}", f"model.mixit_seed={i}"]
-            running.append((task, variant, i, subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log,
-                                                               stderr=subprocess.STDOUT), log))
+            running.append(
+                (
+                    task,
+                    variant,
+                    i,
+                    subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+                    log,
+                )
+            )
         time.sleep(1.0)
         for item in list(running):
             task, variant, i, proc, log = item
@@ -162,8 +206,10 @@ def train_all(out: Path, tasks, variants: list[str], scale: float, parallel: int
         refresh()
     bar.close()
     if failed:
-        raise StudyError("training failed for " + "; ".join(failed) + ". Fix: read the log named, correct the "
-                         "cause and run the same command again (finished runs are kept)")
+        raise StudyError(
+            "training failed for " + "; ".join(failed) + ". Fix: read the log named, correct the "
+            "cause and run the same command again (finished runs are kept)"
+        )
     return {(t.name, v, i): _run_dir(out, t, v, i) for t, v, i in jobs}
 
 
@@ -171,26 +217,37 @@ def _final_val_loss(run_dir: Path) -> float:
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
     if not vals:
-        raise StudyError(f"{run_dir}: no validation loss in metrics.jsonl. Fix: set train.eval_every_steps in its "
-                         "recipe")
+        raise StudyError(
+            f"{run_dir}: no validation loss in metrics.jsonl. Fix: set train.eval_every_steps in its recipe"
+        )
     return float(vals[-1])
 
 
 def evaluate_all(runs: dict[tuple[str, str, int], Path], tasks, n: int) -> dict[tuple[str, str, int], dict]:
     """Each run's final checkpoint on its task (drawn with the seed the run trained with)."""
     results = {}
-    for (task_name, variant, i), run_dir in progress_bar(runs.items(), total=len(runs), desc="evaluating",
-                                                         unit="model", dynamic_ncols=True):
+    for (task_name, variant, i), run_dir in progress_bar(
+        runs.items(), total=len(runs), desc="evaluating", unit="model", dynamic_ncols=True
+    ):
         task = next(t for t in tasks if t.name == task_name)
         if task.is_text:
             results[(task_name, variant, i)] = {"val_loss": _final_val_loss(run_dir)}
             continue
-        opts = EvalOptions(task_args=task.task_args, synthetic_n=n, progress=False, task_seed=_recipe_seed(task) + i,
-                           device="cuda" if torch.cuda.is_available() else "cpu")
+        opts = EvalOptions(
+            task_args=task.task_args,
+            synthetic_n=n,
+            progress=False,
+            task_seed=_recipe_seed(task) + i,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+        )
         res = evaluate_checkpoint(run_dir, [f"synthetic:{task_name}"], opts)
         scores = res["tasks"][f"synthetic:{task_name}"]
-        results[(task_name, variant, i)] = {"acc": scores["acc"], "samples": scores["samples"],
-                                            "loss": scores["loss"], "step": res["checkpoint"].get("step")}
+        results[(task_name, variant, i)] = {
+            "acc": scores["acc"],
+            "samples": scores["samples"],
+            "loss": scores["loss"],
+            "step": res["checkpoint"].get("step"),
+        }
     return results
 
 
@@ -204,16 +261,22 @@ def aggregate(per_seed: dict[tuple[str, str, int], float]) -> dict[tuple[str, st
 
 def verdict(acc: dict[tuple[str, str], float | Spread], variants: list[str]) -> str:
     """One line: does MixiT match standard on arithmetic and fail retrieval? (On the means over seeds.)"""
-    if not {"standard", "mixit"} <= set(variants) or (ARITHMETIC, "mixit") not in acc or (RETRIEVAL, "mixit") not in acc:
+    if (
+        not {"standard", "mixit"} <= set(variants)
+        or (ARITHMETIC, "mixit") not in acc
+        or (RETRIEVAL, "mixit") not in acc
+    ):
         return "(the verdict needs standard and mixit on modular addition and kv retrieval)"
     add_std, add_mix = float(acc[(ARITHMETIC, "standard")]), float(acc[(ARITHMETIC, "mixit")])
     kv_std, kv_mix = float(acc[(RETRIEVAL, "standard")]), float(acc[(RETRIEVAL, "mixit")])
     matches = add_mix >= add_std - 0.10
     fails = kv_mix <= kv_std - 0.30 and kv_mix <= CONTEXT_GUESS + 0.10
     holds = "HOLDS" if matches and fails else "does NOT hold at this scale"
-    return (f"Paper's qualitative result {holds}: MixiT {'matches' if matches else 'trails'} standard on arithmetic "
-            f"({add_mix:.0%} vs {add_std:.0%}) and {'fails' if fails else 'does not fail'} retrieval "
-            f"({kv_mix:.0%} vs {kv_std:.0%}; guessing a value from the context gets {CONTEXT_GUESS:.0%}).")
+    return (
+        f"Paper's qualitative result {holds}: MixiT {'matches' if matches else 'trails'} standard on arithmetic "
+        f"({add_mix:.0%} vs {add_std:.0%}) and {'fails' if fails else 'does not fail'} retrieval "
+        f"({kv_mix:.0%} vs {kv_std:.0%}; guessing a value from the context gets {CONTEXT_GUESS:.0%})."
+    )
 
 
 def _cell(task: DemoTask, value: float | Spread) -> str:
@@ -228,8 +291,10 @@ def _cell(task: DemoTask, value: float | Spread) -> str:
 
 def table(acc: dict[tuple[str, str], float | Spread], tasks, variants: list[str]) -> str:
     """Tasks as rows (ours | paper per variant): reads well for 2 tasks and for 7."""
-    lines = ["| task | " + " | ".join(f"{v} | paper" for v in variants) + " | chance |",
-             "|---|" + "---:|---:|" * len(variants) + "---:|"]
+    lines = [
+        "| task | " + " | ".join(f"{v} | paper" for v in variants) + " | chance |",
+        "|---|" + "---:|---:|" * len(variants) + "---:|",
+    ]
     for t in tasks:
         cells = [f"{_cell(t, acc[(t.name, v)])} | {PAPER.get(t.name, {}).get(v, '—')}" for v in variants]
         chance = "—" if t.is_text else f"{t.chance:.1%}"
@@ -239,11 +304,13 @@ def table(acc: dict[tuple[str, str], float | Spread], tasks, variants: list[str]
     return "\n".join(lines)
 
 
-def plot(out: Path, runs: dict[tuple[str, str, int], Path], acc: dict[tuple[str, str], Spread], tasks,
-         variants: list[str]) -> Path:
+def plot(
+    out: Path, runs: dict[tuple[str, str, int], Path], acc: dict[tuple[str, str], Spread], tasks, variants: list[str]
+) -> Path:
     """Accuracy bars (mean over seeds, std as the error bar, each seed a dot) and training-loss curves
     (one line per seed)."""
     import matplotlib  # deferred: heavy
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: heavy
 
@@ -253,15 +320,15 @@ def plot(out: Path, runs: dict[tuple[str, str, int], Path], acc: dict[tuple[str,
     for i, v in enumerate(variants):
         xs = [j + i * width for j in range(len(bars))]
         cells = [acc[(t.name, v)] for t in bars]
-        axes[0].bar(xs, [c.mean for c in cells], width, yerr=[c.std for c in cells], label=v, color=f"C{i}",
-                    capsize=2)
+        axes[0].bar(xs, [c.mean for c in cells], width, yerr=[c.std for c in cells], label=v, color=f"C{i}", capsize=2)
         for x, c in zip(xs, cells):
             if len(c.values) > 1:
                 axes[0].plot([x] * len(c.values), c.values, "k.", markersize=3)
     for j, t in enumerate(bars):
         axes[0].hlines(t.chance, j - width / 2, j + width * (len(variants) - 0.5), colors="gray", linestyles=":")
-    axes[0].set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(bars))], [t.name for t in bars],
-                       rotation=20)
+    axes[0].set_xticks(
+        [j + width * (len(variants) - 1) / 2 for j in range(len(bars))], [t.name for t in bars], rotation=20
+    )
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("test accuracy (scored positions)")
     axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(variants), fontsize=8)
@@ -294,6 +361,7 @@ def _positive(kind):
         if not v > 0:
             raise argparse.ArgumentTypeError(f"{text} is not a positive number")
         return v
+
     parse.__name__ = kind.__name__
     return parse
 
@@ -309,8 +377,10 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     parallel = args.parallel or (1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1)))
     device = "GPU" if torch.cuda.is_available() else "CPU"
-    print(f"[{args.suite}] training {len(tasks) * len(variants) * args.seeds} tiny models on {device} "
-          f"({parallel} at a time) into {out}")
+    print(
+        f"[{args.suite}] training {len(tasks) * len(variants) * args.seeds} tiny models on {device} "
+        f"({parallel} at a time) into {out}"
+    )
     start = time.time()
     runs = train_all(out, tasks, variants, args.steps_scale, parallel, args.seeds)
     results = evaluate_all(runs, tasks, args.eval_samples)
@@ -319,11 +389,21 @@ def run(args: argparse.Namespace) -> int:
     line = verdict(acc, variants)
     png = plot(out, runs, acc, tasks, variants)
     seconds = time.time() - start
-    summary = {f"{t}/{v}": {"mean": c.mean, "std": c.std, "min": c.lo, "max": c.hi, "values": list(c.values)}
-               for (t, v), c in acc.items()}
-    (out / "results.json").write_text(json.dumps({
-        "seeds": args.seeds, "seconds": round(seconds), "cells": summary,
-        "runs": {f"{t}/{v}" + (f"/s{i}" if i else ""): r for (t, v, i), r in results.items()}}, indent=2))
+    summary = {
+        f"{t}/{v}": {"mean": c.mean, "std": c.std, "min": c.lo, "max": c.hi, "values": list(c.values)}
+        for (t, v), c in acc.items()
+    }
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "seeds": args.seeds,
+                "seconds": round(seconds),
+                "cells": summary,
+                "runs": {f"{t}/{v}" + (f"/s{i}" if i else ""): r for (t, v, i), r in results.items()},
+            },
+            indent=2,
+        )
+    )
     seeds_note = f"{args.seeds} seeds per cell, mean ± std. " if args.seeds > 1 else ""
     (out / "results.md").write_text(text + "\n\n" + line + "\n\n" + seeds_note + f"{seconds:.0f} s wall.\n")
     print()
@@ -335,16 +415,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m studies.demo", description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CliParser(
+        prog="python -m studies.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
     ap.add_argument("--out", default=None, help="default: outputs/<suite>")
     ap.add_argument("--variants", default=None, help="default: the suite's")
     ap.add_argument("--steps-scale", type=_positive(float), default=1.0, help="multiply every recipe's max_steps")
     ap.add_argument("--parallel", type=_positive(int), default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--eval-samples", type=_positive(int), default=512)
-    ap.add_argument("--seeds", type=_positive(int), default=1,
-                    help="train every cell with this many seeds (recipe seed + 0..N-1); cells show mean ± std")
+    ap.add_argument(
+        "--seeds",
+        type=_positive(int),
+        default=1,
+        help="train every cell with this many seeds (recipe seed + 0..N-1); cells show mean ± std",
+    )
     args = ap.parse_args(argv)
     return run_cli(lambda: run(args), STUDY_ERRORS)
 

@@ -24,6 +24,7 @@ phase change, where there is one). Seed i trains with the recipe's seed + i and 
 seed i; run dirs are OUT/runs/<variant>-L<layers>-s<i>. Re-running resumes and skips finished runs;
 the report covers every finished run under OUT/runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,13 +55,28 @@ from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
 DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit")
-PRINTABLE = (32, 127)           # byte models' probe tokens: bytes a WikiText model has seen
-FIRST_PIECE = 4                 # BPE models' probe tokens: every piece but unk, bos, eos, pad
-SMOKE = ["train.max_steps=4", "train.eval_every_steps=2", "train.seq_len=32", "model.max_seq_len=32",
-         "model.hidden_size=32", "model.intermediate_size=64", "train.global_batch_sequences=4",
-         "train.micro_batch_sequences=4", "train.eval_batches=1", "checkpoint.every_steps=0"]
-METRICS = ("probe/induction_score_text", "probe/induction_score", "probe/prev_token_score_text",
-           "probe/icl_score", "probe/repeat_text_loss", "val_loss")
+PRINTABLE = (32, 127)  # byte models' probe tokens: bytes a WikiText model has seen
+FIRST_PIECE = 4  # BPE models' probe tokens: every piece but unk, bos, eos, pad
+SMOKE = [
+    "train.max_steps=4",
+    "train.eval_every_steps=2",
+    "train.seq_len=32",
+    "model.max_seq_len=32",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "train.global_batch_sequences=4",
+    "train.micro_batch_sequences=4",
+    "train.eval_batches=1",
+    "checkpoint.every_steps=0",
+]
+METRICS = (
+    "probe/induction_score_text",
+    "probe/induction_score",
+    "probe/prev_token_score_text",
+    "probe/icl_score",
+    "probe/repeat_text_loss",
+    "val_loss",
+)
 
 
 def text_halves(tokens, n: int, L: int) -> list[list[int]]:
@@ -68,14 +84,15 @@ def text_halves(tokens, n: int, L: int) -> list[list[int]]:
     step = (len(tokens) - L) // n
     if step < 1:
         raise StudyError(f"the held-out text ({len(tokens)} tokens) is too short for {n} chunks of {L}")
-    return [[int(t) for t in tokens[i * step:i * step + L]] for i in range(n)]
+    return [[int(t) for t in tokens[i * step : i * step + L]] for i in range(n)]
 
 
 class InductionProbe:
     """The training hook: induction scores per head, the repeat probes and the ICL score at this step."""
 
-    def __init__(self, val_tokens, token_range: tuple[int, int], repeat_len: int = 64, icl_windows: int = 160,
-                 samples: int = 16):
+    def __init__(
+        self, val_tokens, token_range: tuple[int, int], repeat_len: int = 64, icl_windows: int = 160, samples: int = 16
+    ):
         self.val_tokens, self.token_range = val_tokens, token_range
         self.repeat_len, self.icl_windows, self.samples = repeat_len, icl_windows, samples
 
@@ -88,19 +105,24 @@ class InductionProbe:
         rnd = induction(model, (L,), n=self.samples, token_low=lo, token_high=hi, progress=False)
         rep = repeated(model, halves)
         icl = icl_score(model, self.val_tokens, n_windows=self.icl_windows)
-        return {"probe/induction_score": mech["max_induction_score"],
-                "probe/prev_token_score": mech["max_previous_token_score"],
-                "probe/induction_score_heads": mech["induction_score"],
-                "probe/induction_score_text": mech_text["max_induction_score"],
-                "probe/prev_token_score_text": mech_text["max_previous_token_score"],
-                "probe/induction_score_text_heads": mech_text["induction_score"],
-                "probe/prev_token_score_text_heads": mech_text["previous_token_score"],
-                "probe/source": mech["source"],
-                "probe/repeat_random_acc": rnd["acc"], "probe/repeat_random_loss": rnd["loss"],
-                "probe/repeat_text_acc": rep["acc"], "probe/repeat_text_loss": rep["loss"],
-                "probe/repeat_text_first_loss": rep["first_half_loss"],
-                "probe/icl_score": icl["icl_score"], "probe/icl_early_loss": icl["early_loss"],
-                "probe/icl_late_loss": icl["late_loss"]}
+        return {
+            "probe/induction_score": mech["max_induction_score"],
+            "probe/prev_token_score": mech["max_previous_token_score"],
+            "probe/induction_score_heads": mech["induction_score"],
+            "probe/induction_score_text": mech_text["max_induction_score"],
+            "probe/prev_token_score_text": mech_text["max_previous_token_score"],
+            "probe/induction_score_text_heads": mech_text["induction_score"],
+            "probe/prev_token_score_text_heads": mech_text["previous_token_score"],
+            "probe/source": mech["source"],
+            "probe/repeat_random_acc": rnd["acc"],
+            "probe/repeat_random_loss": rnd["loss"],
+            "probe/repeat_text_acc": rep["acc"],
+            "probe/repeat_text_loss": rep["loss"],
+            "probe/repeat_text_first_loss": rep["first_half_loss"],
+            "probe/icl_score": icl["icl_score"],
+            "probe/icl_early_loss": icl["early_loss"],
+            "probe/icl_late_loss": icl["late_loss"],
+        }
 
 
 def run_name(variant: str, layers: int, seed_index: int) -> str:
@@ -108,12 +130,23 @@ def run_name(variant: str, layers: int, seed_index: int) -> str:
 
 
 def cell_overrides(recipe_seed: int, variant: str, layers: int, seed_index: int) -> list[str]:
-    return [f"model.variant={variant}", f"model.num_layers={layers}", f"seed={recipe_seed + seed_index}",
-            f"model.mixit_seed={seed_index}"]
+    return [
+        f"model.variant={variant}",
+        f"model.num_layers={layers}",
+        f"seed={recipe_seed + seed_index}",
+        f"model.mixit_seed={seed_index}",
+    ]
 
 
-def prepare_bpe(recipe: str, overrides: list[str], out: Path, vocab_size: int, repeat_fraction: float = 0.0,
-                repeat_chars: int = 400, hold_fraction: float = 0.05) -> list[str]:
+def prepare_bpe(
+    recipe: str,
+    overrides: list[str],
+    out: Path,
+    vocab_size: int,
+    repeat_fraction: float = 0.0,
+    repeat_chars: int = 400,
+    hold_fraction: float = 0.05,
+) -> list[str]:
     """The recipe's text as BPE shards under OUT/data (once), and the overrides that point the recipe at them.
 
     Every non-blank line is a document; the last `hold_fraction` of them are held out (the trainer's
@@ -124,8 +157,10 @@ def prepare_bpe(recipe: str, overrides: list[str], out: Path, vocab_size: int, r
     cfg = load_recipe(recipe, overrides)
     source = str(cfg.data.get("source", ""))
     if not source.startswith(TEXT_PREFIX):
-        raise StudyError(f"{recipe}: data.source={source!r} is not a text: source. Fix: point it at the raw text "
-                         "(the study tokenizes it), or pass --bytes")
+        raise StudyError(
+            f"{recipe}: data.source={source!r} is not a text: source. Fix: point it at the raw text "
+            "(the study tokenizes it), or pass --bytes"
+        )
     files = [str(f) for f in text_files(source)]
     data = out / "data"
     tok = data / f"bpe{vocab_size}"
@@ -164,7 +199,7 @@ def held_out(cfg) -> tuple[Any, tuple[int, int]]:
         return TextLoader(dict(cfg.data, seed=cfg.seed), "val", cfg.train.seq_len, 1).tokens, PRINTABLE
     shards = open_shards(source)
     total = shards.num_tokens
-    n_val = int(total * float(cfg.data.get("val_fraction", 0.01)))        # as data_pipeline.loader holds it out
+    n_val = int(total * float(cfg.data.get("val_fraction", 0.01)))  # as data_pipeline.loader holds it out
     return shards.read(total - n_val, total), (FIRST_PIECE, int(shards.manifest["vocab_size"]))
 
 
@@ -175,8 +210,10 @@ def train_cell(recipe: str, overrides: list[str], run_dir: Path, log=print) -> N
     t0 = time.time()
     res = train(recipe, overrides, run_dir=run_dir, resume="auto", hooks=[InductionProbe(tokens, token_range)])
     if res.interrupted:
-        raise StudyError(f"{run_dir.name} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run "
-                         "the same command again to resume it")
+        raise StudyError(
+            f"{run_dir.name} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run "
+            "the same command again to resume it"
+        )
     (run_dir / "study_done").write_text("ok\n")
     log(f"{run_dir.name}: step {res.final_step}, {time.time() - t0:.0f} s")
 
@@ -185,8 +222,13 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     """{"variant", "layers", "seed", "rows": [metrics records that carry probe results]}."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"name": run_dir.name, "variant": cfg["model"]["variant"], "layers": int(cfg["model"]["num_layers"]),
-            "seed": int(cfg["seed"]), "rows": [r for r in rows if "probe/icl_score" in r]}
+    return {
+        "name": run_dir.name,
+        "variant": cfg["model"]["variant"],
+        "layers": int(cfg["model"]["num_layers"]),
+        "seed": int(cfg["seed"]),
+        "rows": [r for r in rows if "probe/icl_score" in r],
+    }
 
 
 def largest_drop(rows: list[dict[str, Any]], key: str = "probe/icl_score") -> tuple[float, int]:
@@ -209,49 +251,65 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (variant, layers), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], order.get(kv[0][0], 99))):
         finals = [r["rows"][-1] for r in rs]
         drops = [largest_drop(r["rows"]) for r in rs]
-        out.append({"variant": variant, "layers": layers, "seeds": len(rs), "step": finals[0]["step"],
-                    "val_loss": Spread.of([f["val_loss"] for f in finals]),
-                    "icl_first": Spread.of([r["rows"][0]["probe/icl_score"] for r in rs]),
-                    "icl": Spread.of([f["probe/icl_score"] for f in finals]),
-                    "induction_score": Spread.of([f["probe/induction_score"] for f in finals]),
-                    "induction_score_text": Spread.of([f["probe/induction_score_text"] for f in finals]),
-                    "prev_token_score_text": Spread.of([f["probe/prev_token_score_text"] for f in finals]),
-                    "repeat_text_acc": Spread.of([f["probe/repeat_text_acc"] for f in finals]),
-                    "repeat_text_gain": Spread.of([f["probe/repeat_text_first_loss"] - f["probe/repeat_text_loss"]
-                                                   for f in finals]),
-                    "icl_drop": Spread.of([d for d, _ in drops]), "icl_drop_steps": [s for _, s in drops],
-                    "source": finals[0].get("probe/source", "")})
+        out.append(
+            {
+                "variant": variant,
+                "layers": layers,
+                "seeds": len(rs),
+                "step": finals[0]["step"],
+                "val_loss": Spread.of([f["val_loss"] for f in finals]),
+                "icl_first": Spread.of([r["rows"][0]["probe/icl_score"] for r in rs]),
+                "icl": Spread.of([f["probe/icl_score"] for f in finals]),
+                "induction_score": Spread.of([f["probe/induction_score"] for f in finals]),
+                "induction_score_text": Spread.of([f["probe/induction_score_text"] for f in finals]),
+                "prev_token_score_text": Spread.of([f["probe/prev_token_score_text"] for f in finals]),
+                "repeat_text_acc": Spread.of([f["probe/repeat_text_acc"] for f in finals]),
+                "repeat_text_gain": Spread.of(
+                    [f["probe/repeat_text_first_loss"] - f["probe/repeat_text_loss"] for f in finals]
+                ),
+                "icl_drop": Spread.of([d for d, _ in drops]),
+                "icl_drop_steps": [s for _, s in drops],
+                "source": finals[0].get("probe/source", ""),
+            }
+        )
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| variant | layers | seeds | step | held-out loss (nats/token) | ICL score, first eval | ICL score, final | "
-             "largest ICL drop between evals (at step, per seed) | induction score, repeated text (max head) | "
-             "induction score, repeated random bytes | previous-token score, text | repeated text: acc on the repeat "
-             "| repeated text: loss gain of the repeat (nats) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | layers | seeds | step | held-out loss (nats/token) | ICL score, first eval | ICL score, final | "
+        "largest ICL drop between evals (at step, per seed) | induction score, repeated text (max head) | "
+        "induction score, repeated random bytes | previous-token score, text | repeated text: acc on the repeat "
+        "| repeated text: loss gain of the repeat (nats) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         fixed = " (fixed map)" if r["source"] == "mixing_matrix" else ""
-        lines.append(f"| {r['variant']} | {r['layers']} | {r['seeds']} | {r['step']} | {r['val_loss'].format()} | "
-                     f"{r['icl_first'].format()} | {r['icl'].format()} | {r['icl_drop'].format()} "
-                     f"({', '.join(str(s) for s in r['icl_drop_steps'])}) | {r['induction_score_text'].format()}{fixed} | "
-                     f"{r['induction_score'].format()}{fixed} | {r['prev_token_score_text'].format()}{fixed} | "
-                     f"{r['repeat_text_acc'].format('{:.1%}')} | {r['repeat_text_gain'].format()} |")
+        lines.append(
+            f"| {r['variant']} | {r['layers']} | {r['seeds']} | {r['step']} | {r['val_loss'].format()} | "
+            f"{r['icl_first'].format()} | {r['icl'].format()} | {r['icl_drop'].format()} "
+            f"({', '.join(str(s) for s in r['icl_drop_steps'])}) | {r['induction_score_text'].format()}{fixed} | "
+            f"{r['induction_score'].format()}{fixed} | {r['prev_token_score_text'].format()}{fixed} | "
+            f"{r['repeat_text_acc'].format('{:.1%}')} | {r['repeat_text_gain'].format()} |"
+        )
     return "\n".join(lines)
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> Path:
     """Four panels against step, one color per variant, solid 2 layers / dashed 3: thin lines are seeds."""
     import matplotlib  # deferred: heavy
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: heavy
 
-    titles = {"probe/induction_score_text": "induction score, repeated held-out text (max head)",
-              "probe/induction_score": "induction score, repeated random bytes (max head)",
-              "probe/prev_token_score_text": "previous-token score, text (max head)",
-              "probe/icl_score": "in-context learning score (loss@~250 - loss@~25)",
-              "probe/repeat_text_loss": "repeated text: loss on the repeat (nats/token)",
-              "val_loss": "held-out loss (nats/token)"}
+    titles = {
+        "probe/induction_score_text": "induction score, repeated held-out text (max head)",
+        "probe/induction_score": "induction score, repeated random bytes (max head)",
+        "probe/prev_token_score_text": "previous-token score, text (max head)",
+        "probe/icl_score": "in-context learning score (loss@~250 - loss@~25)",
+        "probe/repeat_text_loss": "repeated text: loss on the repeat (nats/token)",
+        "val_loss": "held-out loss (nats/token)",
+    }
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     color = {v: f"C{i}" for i, v in enumerate(DEFAULT_VARIANTS)}
     styles = {2: "-", 3: "--"}
@@ -262,8 +320,14 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         key = (r["variant"], r["layers"])
         for ax, m in zip(axes.flat, METRICS):
             pts = [(x["step"], x[m]) for x in r["rows"] if x.get(m) is not None]
-            ax.plot(*zip(*pts), styles.get(r["layers"], ":"), color=color.get(r["variant"], "k"), alpha=0.7,
-                    lw=1.2, label=f"{r['variant']} ({r['layers']} layers)" if key not in labelled else None)
+            ax.plot(
+                *zip(*pts),
+                styles.get(r["layers"], ":"),
+                color=color.get(r["variant"], "k"),
+                alpha=0.7,
+                lw=1.2,
+                label=f"{r['variant']} ({r['layers']} layers)" if key not in labelled else None,
+            )
         labelled.add(key)
     for ax, m in zip(axes.flat, METRICS):
         ax.set_title(titles[m], fontsize=10)
@@ -271,10 +335,15 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     axes[0][0].text(0.02, 0.02, "MixiT: its fixed map (no attention)", transform=axes[0][0].transAxes, fontsize=7)
-    seeds = max((sum(1 for r in runs if (r["variant"], r["layers"]) == k) for k in
-                 {(r["variant"], r["layers"]) for r in runs}), default=0)
-    fig.suptitle(f"2-3 layer models on WikiText-2, 256-token context, probes at every evaluation (one line per run; "
-                 f"up to {seeds} seeds)", fontsize=11)
+    seeds = max(
+        (sum(1 for r in runs if (r["variant"], r["layers"]) == k) for k in {(r["variant"], r["layers"]) for r in runs}),
+        default=0,
+    )
+    fig.suptitle(
+        f"2-3 layer models on WikiText-2, 256-token context, probes at every evaluation (one line per run; "
+        f"up to {seeds} seeds)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -288,8 +357,12 @@ def report(out: Path) -> tuple[str, Path]:
     rows = summarize(runs)
     text = table(rows)
     (out / "induction.md").write_text(text + "\n")
-    (out / "induction.json").write_text(json.dumps(
-        [{k: (list(v.values) if isinstance(v, Spread) else v) for k, v in r.items()} for r in rows], indent=1) + "\n")
+    (out / "induction.json").write_text(
+        json.dumps(
+            [{k: (list(v.values) if isinstance(v, Spread) else v) for k, v in r.items()} for r in rows], indent=1
+        )
+        + "\n"
+    )
     return text, plot(runs, out / "induction.png")
 
 
@@ -304,19 +377,28 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m studies.induction", description=__doc__.split("\n\n")[0],
-                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = CliParser(
+        prog="python -m studies.induction",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--out", default="outputs/induction")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--layers", type=_ints, default=[2], help="comma-separated layer counts (e.g. 2,3)")
-    ap.add_argument("--seeds", type=int, choices=range(1, 101), metavar="N", default=3,
-                    help="seeds per (variant, layers)")
+    ap.add_argument(
+        "--seeds", type=int, choices=range(1, 101), metavar="N", default=3, help="seeds per (variant, layers)"
+    )
     ap.add_argument("--vocab-size", type=int, default=2048, help="BPE pieces (the tokenizer the study trains)")
     ap.add_argument("--bytes", action="store_true", help="train on the raw bytes instead of BPE tokens")
-    ap.add_argument("--repeat-fraction", type=float, default=0.0,
-                    help="BPE data: after this fraction of training paragraphs, add one that repeats its first "
-                         "--repeat-chars characters (bursty text; 0: WikiText as it is)")
+    ap.add_argument(
+        "--repeat-fraction",
+        type=float,
+        default=0.0,
+        help="BPE data: after this fraction of training paragraphs, add one that repeats its first "
+        "--repeat-chars characters (bursty text; 0: WikiText as it is)",
+    )
     ap.add_argument("--repeat-chars", type=int, default=400, help="length of the repeated chunk (characters)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: the pipeline only")
     ap.add_argument("--report-only", action="store_true", help="train nothing; redraw the figure and table")
@@ -332,11 +414,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
         nonlocal overrides
         if not a.bytes:
-            overrides = prepare_bpe(a.recipe, overrides, out, a.vocab_size, a.repeat_fraction,
-                                    a.repeat_chars) + overrides
+            overrides = (
+                prepare_bpe(a.recipe, overrides, out, a.vocab_size, a.repeat_fraction, a.repeat_chars) + overrides
+            )
         base_seed = load_recipe(a.recipe, overrides).seed
         cells = [(v, L, i) for L in a.layers for i in range(a.seeds) for v in variants]
-        for v, L, i in cells:              # every run's recipe is checked before the first one trains
+        for v, L, i in cells:  # every run's recipe is checked before the first one trains
             load_recipe(a.recipe, overrides + cell_overrides(base_seed, v, L, i))
         t0 = time.time()
         if not a.report_only:

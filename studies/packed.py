@@ -26,6 +26,7 @@ accuracy of c, predicted at b's position. Reported per (layout, variant): accura
 over offsets 4k (examples at document slots); OUT/packed.png plots accuracy against offset.
 Seed i trains with the recipe's seed + i and MixiT matrices of seed i; re-running skips finished runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,16 +52,21 @@ from .spread import Spread
 
 RECIPE = "recipes/packed_modadd.yaml"
 DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit")
-P = 31                  # the demo's modulus
-BASE = 65               # number n is the byte chr(65 + n): 'A' .. '_' for p = 31
+P = 31  # the demo's modulus
+BASE = 65  # number n is the byte chr(65 + n): 'A' .. '_' for p = 31
 # layout -> recipe overrides (the data file and val_fraction are added per run)
 LAYOUTS = {
     "aligned": {"seq_len": 4, "data": {"documents": "lines", "windows": "documents"}, "batch": 64},
     "packed": {"seq_len": 63, "data": {}, "batch": 4},
     "docpack": {"seq_len": 64, "data": {"documents": "lines", "windows": "documents"}, "batch": 4},
 }
-SMOKE = ["train.max_steps=4", "train.eval_every_steps=0", "checkpoint.every_steps=0", "model.hidden_size=32",
-         "model.intermediate_size=64"]
+SMOKE = [
+    "train.max_steps=4",
+    "train.eval_every_steps=0",
+    "checkpoint.every_steps=0",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+]
 
 
 def encode(a: int, b: int, c: int) -> bytes:
@@ -83,16 +89,26 @@ def write_data(path: Path, p: int, seed: int, repeats: int, val_repeats: int) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     n_val = len(test_pairs) * val_repeats
-    return {"train_pairs": train_pairs, "test_pairs": test_pairs, "lines": len(lines), "val_lines": n_val,
-            # the tail held out exactly (bytes and lines alike: every line is 4 bytes), whatever the rounding
-            "val_fraction": (n_val + 0.5) / len(lines)}
+    return {
+        "train_pairs": train_pairs,
+        "test_pairs": test_pairs,
+        "lines": len(lines),
+        "val_lines": n_val,
+        # the tail held out exactly (bytes and lines alike: every line is 4 bytes), whatever the rounding
+        "val_fraction": (n_val + 0.5) / len(lines),
+    }
 
 
 def layout_overrides(layout: str, data_file: Path, val_fraction: float) -> list[str]:
     spec = LAYOUTS[layout]
     data = {"source": f"text:{data_file}", "val_fraction": val_fraction, **spec["data"]}
-    return [f"data={json.dumps(data)}", f"train.seq_len={spec['seq_len']}", f"model.max_seq_len={spec['seq_len']}",
-            f"train.global_batch_sequences={spec['batch']}", f"train.micro_batch_sequences={spec['batch']}"]
+    return [
+        f"data={json.dumps(data)}",
+        f"train.seq_len={spec['seq_len']}",
+        f"model.max_seq_len={spec['seq_len']}",
+        f"train.global_batch_sequences={spec['batch']}",
+        f"train.micro_batch_sequences={spec['batch']}",
+    ]
 
 
 def context_stream(layout: str, train_pairs, p: int, seed: int, n: int = 4096) -> list[int]:
@@ -115,12 +131,12 @@ def accuracy_by_offset(model, layout: str, test_pairs, train_pairs, p: int, seed
     stream = context_stream(layout, train_pairs, p, seed)
     rng = random.Random(f"offsets-{seed}")
     out = {}
-    offsets = [0] if layout == "aligned" else range(0, T - 1)     # a and b must fit: o + 2 <= T
+    offsets = [0] if layout == "aligned" else range(0, T - 1)  # a and b must fit: o + 2 <= T
     for o in offsets:
         xs, ys = [], []
         for a, b in test_pairs:
             start = 4 * rng.randrange((len(stream) - o) // 4) if o % 4 == 0 else rng.randrange(len(stream) - o)
-            ctx = stream[start:start + o]
+            ctx = stream[start : start + o]
             xs.append(ctx + [BASE + a, BASE + b])
             ys.append(BASE + (a + b) % p)
         logits = model(torch.tensor(xs))[:, -1]
@@ -132,41 +148,58 @@ def summarize_offsets(acc: dict[int, float]) -> dict[str, float | None]:
     """Accuracy at offset 0, over every offset and over offsets 0, 4, 8, ... (None: only offset 0 was scored)."""
     if len(acc) == 1:
         return {"offset0": acc[0], "all_offsets": None, "slots_4k": None}
-    return {"offset0": acc[0], "all_offsets": sum(acc.values()) / len(acc),
-            "slots_4k": sum(v for o, v in acc.items() if o % 4 == 0) / len([o for o in acc if o % 4 == 0])}
+    return {
+        "offset0": acc[0],
+        "all_offsets": sum(acc.values()) / len(acc),
+        "slots_4k": sum(v for o, v in acc.items() if o % 4 == 0) / len([o for o in acc if o % 4 == 0]),
+    }
 
 
-def run_cell(recipe: str, overrides: list[str], run_dir: Path, layout: str, data: dict[str, Any], p: int,
-             seed: int) -> dict[str, Any]:
+def run_cell(
+    recipe: str, overrides: list[str], run_dir: Path, layout: str, data: dict[str, Any], p: int, seed: int
+) -> dict[str, Any]:
     t0 = time.time()
     res = train(recipe, overrides, run_dir=run_dir, resume="auto")
     if res.interrupted:
-        raise StudyError(f"{run_dir.name} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run "
-                         "the same command again to resume it")
+        raise StudyError(
+            f"{run_dir.name} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run "
+            "the same command again to resume it"
+        )
     model, _ = load_for_eval(res.last_checkpoint)
     model.eval()
     acc = accuracy_by_offset(model, layout, data["test_pairs"], data["train_pairs"], p, seed)
-    return {"layout": layout, "by_offset": {str(k): v for k, v in acc.items()}, **summarize_offsets(acc),
-            "final_loss": res.losses[max(res.losses)] if res.losses else None, "steps": res.final_step,
-            "seconds": round(time.time() - t0, 1)}
+    return {
+        "layout": layout,
+        "by_offset": {str(k): v for k, v in acc.items()},
+        **summarize_offsets(acc),
+        "final_loss": res.losses[max(res.losses)] if res.losses else None,
+        "steps": res.final_step,
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def table(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts) -> str:
-    lines = ["| layout | variant | seeds | acc, example alone at position 0 | acc, mean over every offset | "
-             "acc, mean over offsets 0, 4, 8, ... |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| layout | variant | seeds | acc, example alone at position 0 | acc, mean over every offset | "
+        "acc, mean over offsets 0, 4, 8, ... |",
+        "|---|---|---|---|---|---|",
+    ]
     for layout in layouts:
         for v in variants:
             rs = results.get((layout, v), [])
             if not rs:
                 continue
-            cells = [Spread.of([r[k] for r in rs]).format("{:.1%}") if rs[0][k] is not None else "— (4-token context)"
-                     for k in ("offset0", "all_offsets", "slots_4k")]
+            cells = [
+                Spread.of([r[k] for r in rs]).format("{:.1%}") if rs[0][k] is not None else "— (4-token context)"
+                for k in ("offset0", "all_offsets", "slots_4k")
+            ]
             lines.append(f"| {layout} | {v} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts, path: Path) -> Path:
     import matplotlib  # deferred: heavy
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: heavy
 
@@ -176,16 +209,18 @@ def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts
             for j, r in enumerate(results.get((layout, v), [])):
                 pts = sorted((int(o), a) for o, a in r["by_offset"].items())
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, "o-" if len(xs) == 1 else "-", color=f"C{i}", alpha=0.7, ms=5,
-                        label=v if j == 0 else None)
+                ax.plot(
+                    xs, ys, "o-" if len(xs) == 1 else "-", color=f"C{i}", alpha=0.7, ms=5, label=v if j == 0 else None
+                )
         ax.axhline(1 / 31, color="gray", ls=":", lw=1)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("offset of the held-out example in its window (bytes)")
         ax.set_ylabel("accuracy of c")
         ax.set_title(f"trained: {layout}", fontsize=10)
         ax.legend(fontsize=8)
-    fig.suptitle("modular addition (p = 31) as bytes: held-out accuracy vs where the example sits (dotted: chance)",
-                 fontsize=10)
+    fig.suptitle(
+        "modular addition (p = 31) as bytes: held-out accuracy vs where the example sits (dotted: chance)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -193,8 +228,12 @@ def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m studies.packed", description=__doc__.split("\n\n")[0],
-                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = CliParser(
+        prog="python -m studies.packed",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--out", default="outputs/packed")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
@@ -222,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         cells = [(x, v, i) for i in range(a.seeds) for x in layouts for v in variants]
         datas = {}
         for i in range(a.seeds):
-            datas[i] = write_data(out / "data" / f"modadd_p{p}_seed{base.seed + i}.txt", p, base.seed + i,
-                                  repeats=200 if not a.smoke else 2, val_repeats=200 if not a.smoke else 2)
-        for x, v, i in cells:              # every run's recipe is checked before the first one trains
+            datas[i] = write_data(
+                out / "data" / f"modadd_p{p}_seed{base.seed + i}.txt",
+                p,
+                base.seed + i,
+                repeats=200 if not a.smoke else 2,
+                val_repeats=200 if not a.smoke else 2,
+            )
+        for x, v, i in cells:  # every run's recipe is checked before the first one trains
             load_recipe(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i]))
         for x, v, i in cells:
             run_dir = out / "runs" / f"{x}-{v}-s{i}"
@@ -232,8 +276,15 @@ def main(argv: list[str] | None = None) -> int:
             if done.is_file():
                 r = json.loads(done.read_text())
             else:
-                r = run_cell(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i]), run_dir, x,
-                             datas[i], p, base.seed + i)
+                r = run_cell(
+                    a.recipe,
+                    overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i]),
+                    run_dir,
+                    x,
+                    datas[i],
+                    p,
+                    base.seed + i,
+                )
                 done.write_text(json.dumps(r) + "\n")
                 every = "" if r["all_offsets"] is None else f", every offset {r['all_offsets']:.1%}"
                 print(f"{x}/{v}/seed {i}: offset 0 {r['offset0']:.1%}{every} ({r['seconds']} s)", flush=True)
@@ -248,11 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(body, STUDY_ERRORS)
 
 
-def _cell_overrides(layout: str, variant: str, i: int, base_seed: int, out: Path, p: int,
-                    data: dict[str, Any]) -> list[str]:
+def _cell_overrides(
+    layout: str, variant: str, i: int, base_seed: int, out: Path, p: int, data: dict[str, Any]
+) -> list[str]:
     data_file = (out / "data" / f"modadd_p{p}_seed{base_seed + i}.txt").resolve()
     return layout_overrides(layout, data_file, data["val_fraction"]) + [
-        f"model.variant={variant}", f"seed={base_seed + i}", f"model.mixit_seed={i}"]
+        f"model.variant={variant}",
+        f"seed={base_seed + i}",
+        f"model.mixit_seed={i}",
+    ]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ skipped, an interrupted one resumes from its last checkpoint (`--resume auto`).
 `--slurm` writes DIR/sweep.sbatch, an array job running each point through
 `launch.sh --slurm`, instead of running anything.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,7 @@ class Point:
         return f"{self.variant}-{self.size}-s{self.seed}"
 
     def overrides(self, tokens: int | None) -> list[str]:
-        out = [f"model.preset={self.size}", f"model.variant={self.variant}", f"seed={self.seed}",
-               f"name={self.name}"]
+        out = [f"model.preset={self.size}", f"model.variant={self.variant}", f"seed={self.seed}", f"name={self.name}"]
         if tokens is not None:
             out += ["train.max_tokens=%d" % tokens, "train.max_steps=null"]
         return out
@@ -78,16 +78,27 @@ def train_args(recipe: str, point: Point, run_dir: Path, tokens: int | None, ext
 
 def sweep(args: argparse.Namespace) -> int:
     points = plan(args.variants.split(","), args.sizes.split(","), args.seeds)
-    for p in points:          # a bad recipe or override fails here, before any point trains
+    for p in points:  # a bad recipe or override fails here, before any point trains
         load_recipe(args.recipe, [*p.overrides(args.tokens), *args.overrides])
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps({"recipe": args.recipe, "variants": args.variants, "sizes": args.sizes,
-                                                "seeds": args.seeds, "tokens": args.tokens,
-                                                "overrides": args.overrides}, indent=2))
+    (out / "sweep.json").write_text(
+        json.dumps(
+            {
+                "recipe": args.recipe,
+                "variants": args.variants,
+                "sizes": args.sizes,
+                "seeds": args.seeds,
+                "tokens": args.tokens,
+                "overrides": args.overrides,
+            },
+            indent=2,
+        )
+    )
     if args.slurm:
-        lines = [shlex.join(train_args(args.recipe, p, out / "runs" / p.name, args.tokens, args.overrides))
-                 for p in points]
+        lines = [
+            shlex.join(train_args(args.recipe, p, out / "runs" / p.name, args.tokens, args.overrides)) for p in points
+        ]
         (out / "points.txt").write_text("\n".join(lines) + "\n")
         script = out / "sweep.sbatch"
         script.write_text(f"""#!/bin/bash
@@ -97,7 +108,7 @@ def sweep(args: argparse.Namespace) -> int:
 # Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one point.
 set -euo pipefail
 cd {REPO_ROOT}
-ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {(out / 'points.txt').resolve()})
+ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {(out / "points.txt").resolve()})
 eval "set -- $ARGS"
 ./launch.sh --slurm -- "$@"
 """)
@@ -110,7 +121,12 @@ eval "set -- $ARGS"
         bar.set_postfix_str(p.name)
         if (run_dir / DONE).is_file():
             continue
-        cmd = [sys.executable, "-m", "pretrain.train", *train_args(args.recipe, p, run_dir, args.tokens, args.overrides)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pretrain.train",
+            *train_args(args.recipe, p, run_dir, args.tokens, args.overrides),
+        ]
         start = time.time()
         proc = subprocess.run(cmd, cwd=REPO_ROOT)
         if proc.returncode != 0:
@@ -156,23 +172,33 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
     tokens_per_step = tokens / steps if steps else 0.0
     # FLOPs with the freeze schedule: each step costs the rate of the groups frozen at that step.
     bounds = [0] + [b for b in mcfg.schedule_boundaries() if b < steps] + [steps]
-    flops = sum((b1 - b0) * tokens_per_step * flops_per_token(mcfg, seq_len, step=b0)["train"]
-                for b0, b1 in zip(bounds[:-1], bounds[1:]))
+    flops = sum(
+        (b1 - b0) * tokens_per_step * flops_per_token(mcfg, seq_len, step=b0)["train"]
+        for b0, b1 in zip(bounds[:-1], bounds[1:])
+    )
     counts = param_count(mcfg)
     with torch.device("meta"):
         trainable = sum(p.numel() for p in build_model(mcfg).parameters() if p.requires_grad)
     done = run_dir / DONE
     wall = json.loads(done.read_text())["seconds"] if done.is_file() else None
-    parts = run_dir.name.rsplit("-", 2)                 # <variant>-<size>-s<seed>
+    parts = run_dir.name.rsplit("-", 2)  # <variant>-<size>-s<seed>
     size = parts[1] if len(parts) == 3 else "custom"
     return {
-        "run": run_dir.name, "variant": mcfg.variant, "size": size,
-        "seed": run.get("seed"), "params": counts["total"], "non_embedding_params": counts["non_embedding"],
-        "trainable_params": trainable, "steps": steps, "tokens": tokens, "flops": flops,
+        "run": run_dir.name,
+        "variant": mcfg.variant,
+        "size": size,
+        "seed": run.get("seed"),
+        "params": counts["total"],
+        "non_embedding_params": counts["non_embedding"],
+        "trainable_params": trainable,
+        "steps": steps,
+        "tokens": tokens,
+        "flops": flops,
         "final_train_loss": last.get("loss"),
         "final_val_loss": val[-1][1] if val else None,
         "best_val_loss": min(v for _, v in val) if val else None,
-        "wall_seconds": wall, "finished": done.is_file(),
+        "wall_seconds": wall,
+        "finished": done.is_file(),
     }
 
 
@@ -181,8 +207,9 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = sorted(p for p in (out / "runs").glob("*") if p.is_dir())
     rows = [r for r in (collect_run(p) for p in runs) if r is not None]
     if not rows:
-        raise StudyError(f"no runs with metrics under {out / 'runs'}. Fix: run `python -m studies.scaling sweep "
-                         f"--out {out}` first")
+        raise StudyError(
+            f"no runs with metrics under {out / 'runs'}. Fix: run `python -m studies.scaling sweep --out {out}` first"
+        )
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -202,15 +229,19 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["variant"], r["size"]), []).append(r)
-    lines = ["| variant | size | params | trainable | tokens | PFLOP | seeds | final val loss (mean ± std) | best val loss |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| variant | size | params | trainable | tokens | PFLOP | seeds | final val loss (mean ± std) | best val loss |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for (variant, size), rs in sorted(groups.items(), key=lambda kv: (kv[1][0]["params"], kv[0][0])):
         vals = [r["final_val_loss"] for r in rs if r["final_val_loss"] is not None]
         best = [r["best_val_loss"] for r in rs if r["best_val_loss"] is not None]
         spread = f"{np.mean(vals):.3f} ± {np.std(vals, ddof=1) if len(vals) > 1 else 0.0:.3f}" if vals else "—"
-        lines.append(f"| {variant} | {size} | {rs[0]['params']:,} | {rs[0]['trainable_params']:,} | "
-                     f"{int(np.mean([r['tokens'] for r in rs])):,} | {np.mean([r['flops'] for r in rs]) / 1e15:.4f} | "
-                     f"{len(rs)} | {spread} | {_fmt(float(np.mean(best)) if best else None)} |")
+        lines.append(
+            f"| {variant} | {size} | {rs[0]['params']:,} | {rs[0]['trainable_params']:,} | "
+            f"{int(np.mean([r['tokens'] for r in rs])):,} | {np.mean([r['flops'] for r in rs]) / 1e15:.4f} | "
+            f"{len(rs)} | {spread} | {_fmt(float(np.mean(best)) if best else None)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -222,23 +253,48 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     if not csv_path.is_file():
         raise StudyError(f"{csv_path} not found. Fix: run `python -m studies.scaling collect --out {out}` first")
     with open(csv_path) as f:
-        rows = [{k: (float(v) if k in ("params", "non_embedding_params", "trainable_params", "flops",
-                                       "final_val_loss", "best_val_loss") and v not in ("", "None") else v)
-                 for k, v in r.items()} for r in csv.DictReader(f)]
+        rows = [
+            {
+                k: (
+                    float(v)
+                    if k
+                    in (
+                        "params",
+                        "non_embedding_params",
+                        "trainable_params",
+                        "flops",
+                        "final_val_loss",
+                        "best_val_loss",
+                    )
+                    and v not in ("", "None")
+                    else v
+                )
+                for k, v in r.items()
+            }
+            for r in csv.DictReader(f)
+        ]
     y = args.metric
     report: dict[str, Any] = {}
     md = []
-    for x_key, label, png in ((args.param_kind, f"parameters ({args.param_kind})", "loss_vs_params.png"),
-                              ("flops", "training FLOPs", "loss_vs_flops.png")):
+    for x_key, label, png in (
+        (args.param_kind, f"parameters ({args.param_kind})", "loss_vs_params.png"),
+        ("flops", "training FLOPs", "loss_vs_flops.png"),
+    ):
         fits = fit_variants(rows, x_key, y)
         plot_fits(rows, fits, x_key, y, out / png, label)
         report[x_key] = {v: (f.to_dict() if isinstance(f, PowerLawFit) else {"error": f}) for v, f in fits.items()}
-        md += [f"### {y} vs {label}: L = E + A x^-alpha", "",
-               "| variant | E | A | alpha | R² | RMSE | points |", "|---|---|---|---|---:|---:|---:|"]
+        md += [
+            f"### {y} vs {label}: L = E + A x^-alpha",
+            "",
+            "| variant | E | A | alpha | R² | RMSE | points |",
+            "|---|---|---|---|---:|---:|---:|",
+        ]
         for v, f in fits.items():
             if isinstance(f, PowerLawFit):
-                md.append(f"| {v} | {f.E:.3f} ± {f.E_err:.3f} | {f.A:.3g} ± {f.A_err:.2g} | "
-                          f"{f.alpha:.3f} ± {f.alpha_err:.3f} | {f.r2:.4f} | {f.rmse:.4f} | {f.n_points} |")
+                md.append(
+                    f"| {v} | {f.E:.3f} ± {f.E_err:.3f} | {f.A:.3g} ± {f.A_err:.2g} | "
+                    f"{f.alpha:.3f} ± {f.alpha_err:.3f} | {f.r2:.4f} | {f.rmse:.4f} | {f.n_points} |"
+                )
             else:
                 md.append(f"| {v} | — | — | — | — | — | {f} |")
         md.append("")
@@ -250,8 +306,9 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m studies.scaling", description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CliParser(
+        prog="python -m studies.scaling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sw = sub.add_parser("sweep", help="train every (variant, size, seed) point")
     sw.add_argument("--recipe", required=True)
@@ -267,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     fi = sub.add_parser("fit", help="fit L(N) and L(C) per variant and plot")
     fi.add_argument("--out", required=True)
     fi.add_argument("--metric", default="final_val_loss", choices=["final_val_loss", "best_val_loss"])
-    fi.add_argument("--param-kind", default="non_embedding_params",
-                    choices=["params", "non_embedding_params", "trainable_params"])
+    fi.add_argument(
+        "--param-kind", default="non_embedding_params", choices=["params", "non_embedding_params", "trainable_params"]
+    )
     args = ap.parse_args(argv)
 
     def body() -> int:

@@ -6,6 +6,7 @@ square root of the covariance diagonal (one standard error per parameter). With 
 seeds per point the fit weights each point by its standard error (sigma), so noisy
 points count less; with one seed all points weigh the same.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def fit_power_law(x, loss, sigma=None) -> PowerLawFit:
 
     x, loss = np.asarray(x, dtype=float), np.asarray(loss, dtype=float)
     if len(np.unique(x)) < 3:
-        raise ValueError(f"a power-law fit needs at least 3 distinct sizes, got {len(np.unique(x))}; "
-                         "add sizes to the sweep (e.g. --sizes tiny,xs,s,m)")
+        raise ValueError(
+            f"a power-law fit needs at least 3 distinct sizes, got {len(np.unique(x))}; "
+            "add sizes to the sweep (e.g. --sizes tiny,xs,s,m)"
+        )
     if np.any(x <= 0) or not np.all(np.isfinite(loss)):
         raise ValueError("sizes must be positive and losses finite")
     logx = np.log(x)
@@ -60,12 +63,20 @@ def fit_power_law(x, loss, sigma=None) -> PowerLawFit:
         slope = np.polyfit(logx, np.log(np.maximum(loss - E0, 1e-9)), 1)
         p0 = (E0, slope[1], max(-slope[0], 1e-3))
         try:
-            popt, pcov = curve_fit(_model, logx, loss, p0=p0, sigma=sigma, absolute_sigma=sigma is not None,
-                                   bounds=([0.0, -50.0, 0.0], [loss.min(), 50.0, 5.0]), maxfev=20000)
+            popt, pcov = curve_fit(
+                _model,
+                logx,
+                loss,
+                p0=p0,
+                sigma=sigma,
+                absolute_sigma=sigma is not None,
+                bounds=([0.0, -50.0, 0.0], [loss.min(), 50.0, 5.0]),
+                maxfev=20000,
+            )
         except (RuntimeError, ValueError):
             continue
         resid = loss - _model(logx, *popt)
-        sse = float(np.sum(resid ** 2))
+        sse = float(np.sum(resid**2))
         if best is None or sse < best[2]:
             best = (popt, pcov, sse)
     if best is None:
@@ -75,9 +86,17 @@ def fit_power_law(x, loss, sigma=None) -> PowerLawFit:
     E, logA, alpha = (float(v) for v in popt)
     A = math.exp(logA)
     ss_tot = float(np.sum((loss - loss.mean()) ** 2))
-    return PowerLawFit(E=E, A=A, alpha=alpha, E_err=float(err[0]), A_err=float(A * err[1]),
-                       alpha_err=float(err[2]), r2=1.0 - sse / ss_tot if ss_tot > 0 else float("nan"),
-                       rmse=math.sqrt(sse / len(loss)), n_points=len(loss))
+    return PowerLawFit(
+        E=E,
+        A=A,
+        alpha=alpha,
+        E_err=float(err[0]),
+        A_err=float(A * err[1]),
+        alpha_err=float(err[2]),
+        r2=1.0 - sse / ss_tot if ss_tot > 0 else float("nan"),
+        rmse=math.sqrt(sse / len(loss)),
+        n_points=len(loss),
+    )
 
 
 def aggregate_seeds(rows: list[dict], x_key: str, y_key: str) -> dict[str, dict[str, np.ndarray]]:
@@ -110,10 +129,12 @@ def fit_variants(rows: list[dict], x_key: str, y_key: str) -> dict[str, PowerLaw
     return fits
 
 
-def plot_fits(rows: list[dict], fits: dict[str, PowerLawFit | str], x_key: str, y_key: str,
-              out_png: str | Path, xlabel: str) -> Path:
+def plot_fits(
+    rows: list[dict], fits: dict[str, PowerLawFit | str], x_key: str, y_key: str, out_png: str | Path, xlabel: str
+) -> Path:
     """Points (mean +- std over seeds) and fitted curves, one colour per variant, log x axis."""
     import matplotlib  # deferred: heavy
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: heavy
 
@@ -124,8 +145,14 @@ def plot_fits(rows: list[dict], fits: dict[str, PowerLawFit | str], x_key: str, 
         fit = fits.get(variant)
         if isinstance(fit, PowerLawFit) and len(agg["x"]):
             grid = np.geomspace(agg["x"].min() / 1.5, agg["x"].max() * 1.5, 100)
-            ax.plot(grid, fit.predict(grid), "-", color=color, alpha=0.8,
-                    label=f"{variant}: {fit.E:.2f} + {fit.A:.3g}·x^-{fit.alpha:.2f}")
+            ax.plot(
+                grid,
+                fit.predict(grid),
+                "-",
+                color=color,
+                alpha=0.8,
+                label=f"{variant}: {fit.E:.2f} + {fit.A:.3g}·x^-{fit.alpha:.2f}",
+            )
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(y_key.replace("_", " "))

@@ -1,4 +1,5 @@
 """A number measured over several seeds: mean, sample std, min, max and every value."""
+
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Spread:
     """A cell over seeds: the mean, the sample std (0 for one seed), min, max, and every value."""
+
     mean: float
     std: float
     lo: float

@@ -1,5 +1,6 @@
 """Shared fixtures: spawn real training ranks (gloo on CPU), read their metrics, and mount a
 small real filesystem that fills up (tmpfs)."""
+
 from __future__ import annotations
 
 import json
@@ -23,17 +24,36 @@ def free_port() -> int:
 
 
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-               LOCAL_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
-               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        LOCAL_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO),
+    )
     return env
 
 
 def start_ranks(args: list[str], world: int = 2) -> list[subprocess.Popen]:
     """Start `python -m pretrain.train ARGS` as `world` real processes (gloo)."""
     port = free_port()
-    return [subprocess.Popen([sys.executable, "-m", "pretrain.train", *args], cwd=REPO, env=rank_env(r, world, port),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "pretrain.train", *args],
+            cwd=REPO,
+            env=rank_env(r, world, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
 
 
 def wait_for_steps(run_dir: Path, steps: int, procs, timeout: float = 300) -> None:
@@ -92,8 +112,9 @@ class Tmpfs:
         return (st.f_blocks - st.f_bfree) * st.f_frsize
 
     def resize(self, size_bytes: int) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={int(size_bytes)}", str(self.path)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["mount", "-o", f"remount,size={int(size_bytes)}", str(self.path)], check=True, capture_output=True
+        )
 
 
 @pytest.fixture
@@ -105,12 +126,17 @@ def small_tmpfs(tmp_path):
 
     def mount(where: Path, size_bytes: int) -> Tmpfs:
         where.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size_bytes)}", "tmpfs", str(where)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={int(size_bytes)}", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
-            pytest.fail(f"this test needs a real filesystem that fills up: mounting a tmpfs at {where} failed "
-                        f"({(r.stderr or r.stdout).strip()}). Run the tests as root (or with CAP_SYS_ADMIN), as CI does",
-                        pytrace=False)
+            pytest.fail(
+                f"this test needs a real filesystem that fills up: mounting a tmpfs at {where} failed "
+                f"({(r.stderr or r.stdout).strip()}). Run the tests as root (or with CAP_SYS_ADMIN), as CI does",
+                pytrace=False,
+            )
         mounted.append(where)
         return Tmpfs(where)
 

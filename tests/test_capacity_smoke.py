@@ -1,4 +1,5 @@
 """The memorization-capacity sweep runs at its smallest size (all four of the paper's variants)."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ def test_capacity_smoke_sweep_writes_the_table(tmp_path):
         assert math.isclose(r["bits_per_trainable_param"], r["bits"] / r["params_trainable"])
         assert r["params_trainable"] <= r["params_total"]
     by = {r["variant"]: r for r in rows}
-    assert by["frozen_mlp"]["params_trainable"] < by["frozen_qk"]["params_trainable"] < by["standard"]["params_trainable"]
+    assert (
+        by["frozen_mlp"]["params_trainable"] < by["frozen_qk"]["params_trainable"] < by["standard"]["params_trainable"]
+    )
     md = (tmp_path / "capacity.md").read_text()
     for v, bits in PAPER_BITS_PER_PARAM.items():
         assert f"| {v} |" in md and str(bits) in md
@@ -36,9 +39,20 @@ def test_capacity_smoke_sweep_writes_the_table(tmp_path):
 
 
 def test_table_shows_the_best_width_per_variant():
-    rows = [{"variant": "standard", "width": w, "params_trainable": 10, "params_total": 10, "data_bits": 100.0,
-             "acc": 0.5, "bits": b, "bits_per_trainable_param": b / 10, "bits_per_param": b / 10}
-            for w, b in ((8, 10.0), (16, 25.0))]
+    rows = [
+        {
+            "variant": "standard",
+            "width": w,
+            "params_trainable": 10,
+            "params_total": 10,
+            "data_bits": 100.0,
+            "acc": 0.5,
+            "bits": b,
+            "bits_per_trainable_param": b / 10,
+            "bits_per_param": b / 10,
+        }
+        for w, b in ((8, 10.0), (16, 25.0))
+    ]
     assert "| 2.500 | 2.98 |" in table(rows)
 
 

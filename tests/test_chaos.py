@@ -1,6 +1,7 @@
 """The chaos run at a small size: SIGKILL every rank at 5 moments (some mid-save) under 2-rank ZeRO-3
 and under 2 pipeline stages; the resumed run's losses equal the uninterrupted run's and no checkpoint
 directory is left half-written (studies/chaos.py; the full-size run is in docs/RELIABILITY.md)."""
+
 from __future__ import annotations
 
 import random

@@ -1,4 +1,5 @@
 """SequenceClassifier: pooling, padding, bidirectionality, freezing groups and the data loader's order."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,9 +22,9 @@ def clf(variant="standard", causal=False, pooling="last", **kw):
 def test_bidirectional_head_sees_later_tokens_causal_last_does_not_need_them(variant):
     x = torch.randint(1, 32, (2, 10))
     y = x.clone()
-    y[:, 3] = (y[:, 3] % 31) + 1                       # change an early token
+    y[:, 3] = (y[:, 3] % 31) + 1  # change an early token
     z = x.clone()
-    z[:, 9] = (z[:, 9] % 31) + 1                       # change the last token
+    z[:, 9] = (z[:, 9] % 31) + 1  # change the last token
     bi = clf(variant, causal=False, pooling="mean")
     with torch.no_grad():
         assert bi(x).shape == (2, 3)
@@ -35,7 +36,7 @@ def test_bidirectional_head_sees_later_tokens_causal_last_does_not_need_them(var
     with torch.no_grad():
         h0 = ca.model(x, return_hidden=True)
         h1 = ca.model(z, return_hidden=True)
-    torch.testing.assert_close(h0[:, :9], h1[:, :9])     # causal: earlier positions never see later ones
+    torch.testing.assert_close(h0[:, :9], h1[:, :9])  # causal: earlier positions never see later ones
 
 
 @pytest.mark.parametrize("variant", ["standard", "frozen_qk", "random_transformer"])
@@ -78,8 +79,8 @@ def test_loss_is_mean_cross_entropy_and_ignores_minus_100():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_freezing_groups_cover_the_head_and_lm_head_stays_frozen(variant):
     m = clf(variant)
-    assert m.score.weight.requires_grad                      # "head" group, trainable in every preset
-    assert not m.model.lm_head.weight.requires_grad          # unused by classification
+    assert m.score.weight.requires_grad  # "head" group, trainable in every preset
+    assert not m.model.lm_head.weight.requires_grad  # unused by classification
     names = {n for n, p in m.named_parameters() if not p.requires_grad}
     if variant == "frozen_qk":
         assert "model.layers.0.self_attn.q_proj.weight" in names
@@ -102,7 +103,7 @@ def test_loader_order_is_deterministic_resumable_and_world_size_independent(tmp_
     f = make_toy_dataset(tmp_path / "d.jsonl", 120, seed=1)
     data = {"source": f"classify:{f}", "seed": 3}
     one = ClassificationLoader(data, "train", 24, 8)
-    seq = [next(one) for _ in range(20)]                      # > one epoch (108 train examples)
+    seq = [next(one) for _ in range(20)]  # > one epoch (108 train examples)
     a, b = ClassificationLoader(data, "train", 24, 8, 0, 2), ClassificationLoader(data, "train", 24, 8, 1, 2)
     for k in range(5):
         ba, bb = next(a), next(b)
@@ -118,7 +119,8 @@ def test_loader_order_is_deterministic_resumable_and_world_size_independent(tmp_
 
 def test_csv_with_string_labels(tmp_path):
     p = tmp_path / "d.csv"
-    p.write_text("review,stars\n" + "".join(f"\"good {i}\",pos\n\"bad {i}\",neg\n" for i in range(10)))
-    ld = ClassificationLoader({"source": f"classify:{p}", "text_field": "review", "label_field": "stars",
-                               "val_fraction": 0.2}, "train", 16, 4)
+    p.write_text("review,stars\n" + "".join(f'"good {i}",pos\n"bad {i}",neg\n' for i in range(10)))
+    ld = ClassificationLoader(
+        {"source": f"classify:{p}", "text_field": "review", "label_field": "stars", "val_fraction": 0.2}, "train", 16, 4
+    )
     assert ld.mapping == {"neg": 0, "pos": 1} and ld.num_labels == 2 and ld.n == 16

@@ -54,7 +54,7 @@ def ck(tmp_path_factory):
     shutil.copytree(d / "run", d / "crafted")
     crafted = ckpt.latest_checkpoint(d / "crafted")
     torch.save({"state": Payload(d / "marker")}, crafted / "mp_rank_00_model_states.pt")
-    ckpt.mark_complete(crafted)      # whoever can plant a file can rewrite the file list too: the scan is the guard
+    ckpt.mark_complete(crafted)  # whoever can plant a file can rewrite the file list too: the scan is the guard
     model = build_model(preset("tiny", vocab_size=300, max_seq_len=32), seed=0)
     save_native(model, d / "sp_model", {"step": 1, "tokenizer_id": "sp:0123456789abcdef"})
     shutil.copytree(d / "sp_model", d / "corrupt")

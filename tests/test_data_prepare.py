@@ -1,4 +1,5 @@
 """Tokenizer training/loading and shard preparation: determinism, crash safety, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def corpus(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("corpus")
     lines = corpus_lines(2000)
     write_text(d / "a.txt", lines[:1200])
-    write_text(d / "b.txt", ["", "   "] + lines[1200:])   # whitespace-only docs are skipped
+    write_text(d / "b.txt", ["", "   "] + lines[1200:])  # whitespace-only docs are skipped
     return d
 
 
@@ -50,14 +51,30 @@ def _shard_bytes(d: Path) -> dict:
 def test_tokenizer_cli_trains_and_reports_identity(tmp_path):
     src = write_text(tmp_path / "t.txt", corpus_lines(600))
     out = tmp_path / "tok"
-    r = subprocess.run([sys.executable, "-m", "data_pipeline.tokenizer", "train", "--input", str(src),
-                        "--vocab-size", "400", "--out", str(out)], capture_output=True, text=True, env=_env(), cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_pipeline.tokenizer",
+            "train",
+            "--input",
+            str(src),
+            "--vocab-size",
+            "400",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert "[tokenizer] training BPE" in r.stderr and "done" in r.stderr
     t = load_tokenizer(out)
     assert t.vocab_size == 400 and t.identity.startswith("sp:") and t.eos_id == 2
     text = "Lobsters 1234 éŝ 漢字"
-    assert t.decode(t.encode(text)) == text          # byte fallback round-trips anything
+    assert t.decode(t.encode(text)) == text  # byte fallback round-trips anything
     meta = json.loads((out / "tokenizer_meta.json").read_text())
     assert meta["identity"] == t.identity
 
@@ -117,10 +134,23 @@ def test_sigkill_mid_prepare_resumes_byte_identical(tmp_path, tok, corpus):
     ref = tmp_path / "ref"
     prepare([str(corpus)], tok, ref, shard_tokens=8_000, progress=False)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "data_pipeline.prepare", "--source", str(corpus), "--tokenizer", str(tok),
-           "--out", str(out), "--shard-tokens", "8000", "--quiet"]
-    proc = subprocess.Popen(cmd, env={**_env(), DELAY_ENV: "0.4"}, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_pipeline.prepare",
+        "--source",
+        str(corpus),
+        "--tokenizer",
+        str(tok),
+        "--out",
+        str(out),
+        "--shard-tokens",
+        "8000",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        cmd, env={**_env(), DELAY_ENV: "0.4"}, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -129,7 +159,7 @@ def test_sigkill_mid_prepare_resumes_byte_identical(tmp_path, tok, corpus):
                 break
             assert proc.poll() is None, "prepare finished before it could be interrupted"
             time.sleep(0.05)
-        time.sleep(0.2)          # land inside the next shard's write
+        time.sleep(0.2)  # land inside the next shard's write
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -144,12 +174,13 @@ def test_sigkill_mid_prepare_resumes_byte_identical(tmp_path, tok, corpus):
     prepare([str(corpus)], tok, out, shard_tokens=8_000, progress=False)
     assert _shard_bytes(out) == _shard_bytes(ref)
     assert not list(out.glob("*.tmp"))
-    assert {n: (out / f"{n}.bin").stat().st_mtime_ns for n in finished} == finished   # not redone
+    assert {n: (out / f"{n}.bin").stat().st_mtime_ns for n in finished} == finished  # not redone
     m_ref, m_out = (json.loads((d / "manifest.json").read_text()) for d in (ref, out))
     assert m_ref["shards"] == m_out["shards"] and m_ref["num_tokens"] == m_out["num_tokens"]
 
 
 # ---- bad input: clear errors naming the file and the fix, before expensive work -------------
+
 
 def test_missing_input_file(tmp_path, tok):
     with pytest.raises(DataError, match=r"nope\.txt does not exist"):
@@ -194,9 +225,24 @@ def _small_alphabet_text(path: Path) -> Path:
 
 
 def _train_cli(src: Path, vocab: int, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "data_pipeline.tokenizer", "train", "--input", str(src),
-                           "--vocab-size", str(vocab), "--out", str(out)], capture_output=True, text=True,
-                          env=_env(), cwd=REPO)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_pipeline.tokenizer",
+            "train",
+            "--input",
+            str(src),
+            "--vocab-size",
+            str(vocab),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
 
 
 def test_tokenizer_vocab_range_from_data(tmp_path):
@@ -225,9 +271,24 @@ def test_tokenizer_vocab_range_from_data(tmp_path):
 
 
 def test_hf_dataset_offline_names_local_alternative(tmp_path, tok):
-    r = subprocess.run([sys.executable, "-m", "data_pipeline.prepare", "--source", "hf:someone/not-a-real-dataset",
-                        "--tokenizer", str(tok), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_pipeline.prepare",
+            "--source",
+            "hf:someone/not-a-real-dataset",
+            "--tokenizer",
+            str(tok),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "someone/not-a-real-dataset" in r.stderr and "pass local files" in r.stderr and "--source" in r.stderr
     assert not (tmp_path / "o").exists()
@@ -262,12 +323,13 @@ def test_hf_streaming_from_a_local_dataset_directory(tmp_path, tok):
     lines = corpus_lines(900)
     ds_dir = tmp_path / "my_dataset"
     (ds_dir / "data").mkdir(parents=True)
-    for i, part in enumerate((lines[:500], ["  "] + lines[500:])):     # two files; a whitespace doc
-        pq.write_table(pa.table({"text": part, "n": list(range(len(part)))}),
-                       ds_dir / "data" / f"train-0000{i}-of-00002.parquet")
+    for i, part in enumerate((lines[:500], ["  "] + lines[500:])):  # two files; a whitespace doc
+        pq.write_table(
+            pa.table({"text": part, "n": list(range(len(part)))}), ds_dir / "data" / f"train-0000{i}-of-00002.parquet"
+        )
     streamed = prepare([f"hf:{ds_dir}"], tok, tmp_path / "streamed", shard_tokens=9_000, progress=False)
     assert streamed["config"]["source"] == {"hf": [str(ds_dir), None, "train"]}
-    records = datasets.load_dataset(str(ds_dir), split="train")         # not streamed: Arrow in memory
+    records = datasets.load_dataset(str(ds_dir), split="train")  # not streamed: Arrow in memory
     assert not isinstance(records, datasets.IterableDataset) and records.num_rows == 901
     (tmp_path / "same.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in records["text"]))
     plain = prepare([str(tmp_path / "same.jsonl")], tok, tmp_path / "plain", shard_tokens=9_000, progress=False)

@@ -1,4 +1,5 @@
 """Synthetic tasks: deterministic, correct answers, correct loss masks, disjoint splits, loader interface."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,17 @@ ALL = list_tasks()
 
 
 def test_all_tasks_present():
-    assert set(ALL) == {"addition", "dyck", "kv_retrieval", "modular_addition", "memorization", "mqar", "khop",
-                        "khop_dense", "passkey"}
+    assert set(ALL) == {
+        "addition",
+        "dyck",
+        "kv_retrieval",
+        "modular_addition",
+        "memorization",
+        "mqar",
+        "khop",
+        "khop_dense",
+        "passkey",
+    }
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -25,7 +35,7 @@ def test_task_contract(name):
     for split in ("train", "test"):
         for i in range(50):
             toks, mask = t.sample(i, split)
-            assert (toks, mask) == get_task(name).sample(i, split)      # pure function of (seed, split, index)
+            assert (toks, mask) == get_task(name).sample(i, split)  # pure function of (seed, split, index)
             assert len(toks) == len(mask) <= t.max_len and toks[-1] == t.eos_id
             assert all(0 <= x < t.vocab_size for x in toks) and t.pad_id not in toks
             assert sum(mask) >= 1 and mask[0] == 0
@@ -47,7 +57,7 @@ def test_addition_answers():
         a, rest = s.split("+")
         b, c = rest.split("=")
         assert int(a[::-1]) + int(b[::-1]) == int(c.replace("<eos>", "")[::-1])
-        assert "".join(_scored(t, toks, mask)) == c               # sum digits + stop token are scored
+        assert "".join(_scored(t, toks, mask)) == c  # sum digits + stop token are scored
         assert len(toks) == 3 * 3 + 4
 
 
@@ -103,11 +113,11 @@ def test_khop_labels(k):
     for i in range(100):
         toks, mask = t.sample(i)
         w = [t.symbols[x] for x in toks]
-        seq = w[:t.length]
+        seq = w[: t.length]
         assert all(a != b for a, b in zip(seq, seq[1:]))
         assert w[t.length] == "=" and _scored(t, toks, mask) == [_khop_bruteforce(seq, k)] == [khop_target(seq, k)]
     assert khop_target([1, 2, 3, 1], 1) == 2 and khop_target([1, 2, 3, 1], 2) is None
-    assert khop_target([5, 1, 2, 5, 2], 2) == 1   # 2 -> token after previous 2 (5) -> token after previous 5 (1)
+    assert khop_target([5, 1, 2, 5, 2], 2) == 1  # 2 -> token after previous 2 (5) -> token after previous 5 (1)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -119,10 +129,10 @@ def test_khop_dense_scores_every_defined_position(k):
         seq = w[0::2]
         assert len(seq) == t.length and all(a != b for a, b in zip(seq, seq[1:]))
         for pos, (ans, m) in enumerate(zip(w[1::2], mask[1:-1:2])):
-            want = _khop_bruteforce(seq[:pos + 1], k)
+            want = _khop_bruteforce(seq[: pos + 1], k)
             assert (ans, m) == (("a_", 0) if want is None else ("a" + want[1:], 1))
         assert mask[0::2] == [0] * (len(toks) + 1 >> 1) and sum(mask) >= 1 and mask[-2] == 1
-    assert t.vocab_size == single.vocab_size + t.n_symbols      # answers a0.. and a_ replace "="
+    assert t.vocab_size == single.vocab_size + t.n_symbols  # answers a0.. and a_ replace "="
 
 
 def test_modular_addition_split():
@@ -179,6 +189,7 @@ def test_bad_task_args():
 
 # ---- through the loader interface ------------------------------------------------------
 
+
 def _ld(task, split="train", W=1, r=0, gbs=8, seq_len=64, **task_args):
     cfg = DataConfig(source=f"synthetic:{task}", task_args=task_args, return_doc_ids=True)
     return build_loader(cfg, split=split, seq_len=seq_len, global_batch_size=gbs, dp_rank=r, dp_world_size=W)
@@ -191,7 +202,7 @@ def test_synthetic_batches_labels_and_padding():
     assert b["input_ids"].shape == b["labels"].shape == b["doc_ids"].shape == (8, 64)
     assert ld.vocab_size == t.vocab_size and ld.tokenizer_id == "synthetic:kv_retrieval:v1" and ld.pad_id == 0
     for row in range(8):
-        toks, mask = t.sample(row, "train")                  # unbounded stream: sample k is example k
+        toks, mask = t.sample(row, "train")  # unbounded stream: sample k is example k
         n = len(toks) - 1
         assert b["input_ids"][row, :n].tolist() == toks[:-1]
         assert (b["input_ids"][row, n:] == 0).all() and (b["labels"][row, n:] == -100).all()
@@ -220,7 +231,7 @@ def test_finite_task_epochs_and_val():
     n = ld.num_sequences
     assert n == t.train_size
     seen = [tuple(x) for _ in range(-(-n // 16)) for x in next(ld)["input_ids"][:, :3].tolist()][:n]
-    assert len(set(seen)) == n                              # one epoch = every train pair once
+    assert len(set(seen)) == n  # one epoch = every train pair once
     va = _ld("modular_addition", split="val", gbs=16, seq_len=8, p=11)
     rows = torch.cat([b["input_ids"] for b in va.iter_epoch()])
     labels = torch.cat([b["labels"] for b in va.iter_epoch()])

@@ -1,4 +1,5 @@
 """Data-parallel eval on CPU: 2 real processes (gloo) give the same numbers as 1 process."""
+
 import socket
 
 import pytest
@@ -41,9 +42,9 @@ def test_two_processes_equal_one(tmp_path):
     q = ctx.Queue()
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path / "ck"), ids, q), nprocs=2, join=True)
     multi = q.get(timeout=30)
-    assert multi == single           # bit-identical: same batches, reduced in window order
+    assert multi == single  # bit-identical: same batches, reduced in window order
 
 
 def test_my_batches_partition():
-    assert D.my_batches(list("abc")) == [(0, "a"), (1, "b"), (2, "c")]      # single process: all
+    assert D.my_batches(list("abc")) == [(0, "a"), (1, "b"), (2, "c")]  # single process: all
     assert D.gather_ordered([(2, "c"), (0, "a")]) == ["a", "c"]

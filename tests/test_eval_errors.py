@@ -1,4 +1,5 @@
 """Bad input gives a clear error: no checkpoint at the path, a tokenizer that does not match, an unknown task."""
+
 import pytest
 import torch
 
@@ -25,8 +26,9 @@ def test_tokenizer_mismatch(tmp_path, capsys):
     save_native(model, tmp_path / "ck", {"step": 1, "tokenizer_id": "sp:0123456789abcdef"})
     (tmp_path / "t.txt").write_text("hello world " * 20)
     with pytest.raises(EvalError, match="tokenizer mismatch"):
-        evaluate_checkpoint(tmp_path / "ck", ["perplexity"], tokenizer="bytes", text=str(tmp_path / "t.txt"),
-                            progress=False)
+        evaluate_checkpoint(
+            tmp_path / "ck", ["perplexity"], tokenizer="bytes", text=str(tmp_path / "t.txt"), progress=False
+        )
     rc = main(["--checkpoint", str(tmp_path / "ck"), "--tasks", "passkey", "--tokenizer", "bytes", "--no-progress"])
     assert rc == 2 and "tokenizer mismatch" in capsys.readouterr().err
     # a vocabulary that cannot fit the checkpoint is refused even without a recorded identity
@@ -61,13 +63,19 @@ def test_the_runs_tokenizer_is_used_when_none_is_given(tmp_path):
     from eval.loading import run_tokenizer
 
     tok = load_dir(make_tokenizer(tmp_path / "tok"))
-    prepare([str(write_text(tmp_path / "c.txt", corpus_lines(50)))], str(tmp_path / "tok"), tmp_path / "shards",
-            progress=False)
+    prepare(
+        [str(write_text(tmp_path / "c.txt", corpus_lines(50)))],
+        str(tmp_path / "tok"),
+        tmp_path / "shards",
+        progress=False,
+    )
     text = tmp_path / "t.txt"
     text.write_text("the river and the ocean " * 10)
     model = build_model(preset("tiny", vocab_size=tok.vocab_size, max_seq_len=64), seed=0)
-    for name, data in [("shards", {"source": str(tmp_path / "shards")}),           # the shards' manifest names it
-                       ("named", {"source": "elsewhere", "tokenizer": str(tmp_path / "tok")})]:   # data.tokenizer
+    for name, data in [
+        ("shards", {"source": str(tmp_path / "shards")}),  # the shards' manifest names it
+        ("named", {"source": "elsewhere", "tokenizer": str(tmp_path / "tok")}),
+    ]:  # data.tokenizer
         save_native(model, tmp_path / name, {"step": 1, "tokenizer_id": tok.identity, "data": data})
         res = evaluate_checkpoint(tmp_path / name, ["perplexity"], text=str(text), progress=False)
         assert res["checkpoint"]["tokenizer_used"] == tok.identity

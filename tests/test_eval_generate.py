@@ -1,4 +1,5 @@
 """Cached generation (K+V for softmax variants, V only for MixiT) equals full recomputation."""
+
 import pytest
 import torch
 
@@ -24,7 +25,7 @@ def test_cached_equals_uncached(variant):
     if variant == "mixit":
         cache = model.new_cache()
         model(prompt, cache=cache)
-        assert all(k is None for k in cache.k) and cache.length == 7     # values only
+        assert all(k is None for k in cache.k) and cache.length == 7  # values only
 
 
 def test_generation_stops_at_max_seq_len():
@@ -46,8 +47,14 @@ def test_top_k_top_p_filtering():
 def test_generate_cli(tmp_path, capsys):
     model = build_model(preset("tiny", variant="mixit", vocab_size=257, max_seq_len=32), seed=0)
     save_native(model, tmp_path / "ck", {"step": 1, "tokenizer_id": "bytes"})
-    assert main(["--checkpoint", str(tmp_path / "ck"), "--tokenizer", "bytes", "--prompt", "Hello",
-                 "--max-new-tokens", "5"]) == 0
+    assert (
+        main(
+            ["--checkpoint", str(tmp_path / "ck"), "--tokenizer", "bytes", "--prompt", "Hello", "--max-new-tokens", "5"]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.startswith("Hello")
-    assert main(["--checkpoint", str(tmp_path / "ck"), "--prompt-ids", "1,2,3", "--max-new-tokens", "4",
-                 "--top-k", "5"]) == 0
+    assert (
+        main(["--checkpoint", str(tmp_path / "ck"), "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--top-k", "5"])
+        == 0
+    )

@@ -1,6 +1,7 @@
 """The in-context learning score (eval/in_context.py): the per-position loss equals a plain
 per-window reference, the bands sit where Olsson et al. put them, a model that reads its
 context scores negative, and `eval.run --tasks icl` reports it on a text file."""
+
 import math
 
 import pytest
@@ -24,15 +25,15 @@ def test_loss_by_position_matches_a_per_window_reference():
     got = loss_by_position(model, tokens, window=17, n_windows=5, batch_size=2)
     ref = torch.zeros(16, dtype=torch.float64)
     with torch.no_grad():
-        for w in range(5):                     # windows are consecutive slices from the first token
-            x = tokens[w * 17:(w + 1) * 17]
+        for w in range(5):  # windows are consecutive slices from the first token
+            x = tokens[w * 17 : (w + 1) * 17]
             logits = model(x[None, :-1])[0].double()
             ref += F.cross_entropy(logits, x[1:], reduction="none")
     torch.testing.assert_close(got, ref / 5, rtol=1e-5, atol=1e-6)
 
 
 def test_bands_follow_olsson_positions():
-    assert bands(513) == ((34, 66), (485, 512))          # tokens 50 and 500 of a 512-token context, +-16
+    assert bands(513) == ((34, 66), (485, 512))  # tokens 50 and 500 of a 512-token context, +-16
     assert bands(257) == ((17, 33), (243, 256))
     with pytest.raises(EvalError, match="too short"):
         bands(4)
@@ -70,8 +71,9 @@ def test_eval_run_reports_icl_on_a_text_file(tmp_path):
     text = tmp_path / "val.txt"
     text.write_text("The river runs past the old mill and under the stone bridge before it reaches the sea. " * 20)
     model = build_model(preset("tiny", vocab_size=256, max_seq_len=64), seed=0).eval()
-    res = evaluate_model(model, {"tokenizer_id": ByteTokenizer().identity}, ["icl"],
-                         EvalOptions(tokenizer="bytes", text=str(text), n=4))
+    res = evaluate_model(
+        model, {"tokenizer_id": ByteTokenizer().identity}, ["icl"], EvalOptions(tokenizer="bytes", text=str(text), n=4)
+    )
     icl = res["tasks"]["icl"]
     assert icl["windows"] == 4 and icl["window"] == 65 and len(icl["loss_by_position"]) == 64
     assert math.isclose(icl["icl_score"], icl["late_loss"] - icl["early_loss"])

@@ -1,4 +1,5 @@
 """lm-eval adapter: loglikelihood vs a hand computation, rolling vs perplexity, an offline task end to end."""
+
 import math
 
 import pytest
@@ -25,13 +26,18 @@ def req(kind, args, i=0):
 
 
 def test_loglikelihood_matches_hand_computation(lm):
-    pairs = [("The sky is", " blue"), ("a=1, b=2. b=", "2"), ("xy", "z and more"), ("", "hello"),
-             ("Q" * 80, " tail")]          # the last one is truncated on the left to fit max_seq_len
+    pairs = [
+        ("The sky is", " blue"),
+        ("a=1, b=2. b=", "2"),
+        ("xy", "z and more"),
+        ("", "hello"),
+        ("Q" * 80, " tail"),
+    ]  # the last one is truncated on the left to fit max_seq_len
     got = lm.loglikelihood([req("loglikelihood", p, i) for i, p in enumerate(pairs)], disable_tqdm=True)
     for (ctx, cont), (ll, greedy) in zip(pairs, got):
         c = [lm.tokenizer.eos_id] if ctx == "" else list(ctx.encode())
         y = list(cont.encode())
-        full = (c + y)[-65:]                       # at most max_seq_len inputs + 1
+        full = (c + y)[-65:]  # at most max_seq_len inputs + 1
         x = torch.tensor(full[:-1])[None]
         with torch.no_grad():
             logp = F.log_softmax(lm.model(x)[0].float(), -1)
@@ -52,8 +58,9 @@ def test_rolling_equals_perplexity_sum(lm):
 
 
 def test_generate_until_stops(lm):
-    (out,) = lm.generate_until([req("generate_until", ("hello", {"until": ["\n"], "max_gen_toks": 5}))],
-                               disable_tqdm=True)
+    (out,) = lm.generate_until(
+        [req("generate_until", ("hello", {"until": ["\n"], "max_gen_toks": 5}))], disable_tqdm=True
+    )
     assert isinstance(out, str) and "\n" not in out
 
 

@@ -1,4 +1,5 @@
 """Perplexity: window coverage, and eval.run on a native checkpoint == LlamaForCausalLM on its HF export."""
+
 import json
 import math
 
@@ -14,8 +15,10 @@ from model.io import save_native
 
 torch.set_num_threads(1)
 
-TEXT = ("The river runs past the old mill and under the stone bridge before it reaches the sea. "
-        "In the morning the market fills with people buying bread, fruit and fresh fish. ") * 3
+TEXT = (
+    "The river runs past the old mill and under the stone bridge before it reaches the sea. "
+    "In the morning the market fills with people buying bread, fruit and fresh fish. "
+) * 3
 
 
 @pytest.mark.parametrize("n,w,s", [(10, 4, 2), (100, 16, 15), (100, 16, 5), (7, 32, 8), (33, 8, 1)])
@@ -25,12 +28,13 @@ def test_windows_score_every_token_once(n, w, s):
         assert e - b == min(w, n) and b < first <= e
         scored += list(range(first, e))
         if first > b + 1:
-            assert first - b >= min(w - s, first)     # each scored token keeps >= w - s context
+            assert first - b >= min(w - s, first)  # each scored token keeps >= w - s context
     assert scored == list(range(1, n))
 
 
 def test_bad_stride_is_an_error():
     from eval.loading import EvalError
+
     with pytest.raises(EvalError, match="stride"):
         window_spans(100, 16, 16)
 
@@ -41,7 +45,7 @@ def hf_sliding_window_nll(hf, ids, window, stride):
     n = ids.shape[1]
     nll, count, prev_end, begin = 0.0, 0, 0, 0
     while True:
-        begin = min(begin, max(0, n - window))    # last window ends at the stream's end, full length
+        begin = min(begin, max(0, n - window))  # last window ends at the stream's end, full length
         end = min(begin + window, n)
         trg = end - max(prev_end, 1) if begin == 0 else end - prev_end
         x = ids[:, begin:end]
@@ -60,14 +64,32 @@ def test_run_perplexity_matches_hf_llama(tmp_path):
     from transformers import LlamaForCausalLM
 
     from eval.run import main
+
     tok = ByteTokenizer()
     model = build_model(preset("tiny", variant="standard", vocab_size=tok.vocab_size, max_seq_len=64), seed=3)
     save_native(model, tmp_path / "native", {"step": 7, "tokens_seen": 700, "tokenizer_id": tok.identity})
     export_hf(model, tmp_path / "hf")
     (tmp_path / "val.txt").write_text(TEXT)
     out = tmp_path / "res.json"
-    rc = main(["--checkpoint", str(tmp_path / "native"), "--tasks", "perplexity", "--text", str(tmp_path / "val.txt"),
-               "--tokenizer", "bytes", "--window", "48", "--stride", "20", "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "--checkpoint",
+            str(tmp_path / "native"),
+            "--tasks",
+            "perplexity",
+            "--text",
+            str(tmp_path / "val.txt"),
+            "--tokenizer",
+            "bytes",
+            "--window",
+            "48",
+            "--stride",
+            "20",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     ck = res["checkpoint"]
@@ -84,8 +106,16 @@ def test_run_perplexity_matches_hf_llama(tmp_path):
 
     # the HF export is itself an accepted checkpoint and gives the same number
     from eval.run import evaluate_checkpoint
-    r = evaluate_checkpoint(tmp_path / "hf", ["perplexity"], tokenizer="bytes", text=str(tmp_path / "val.txt"),
-                            window=48, stride=20, progress=False)
+
+    r = evaluate_checkpoint(
+        tmp_path / "hf",
+        ["perplexity"],
+        tokenizer="bytes",
+        text=str(tmp_path / "val.txt"),
+        window=48,
+        stride=20,
+        progress=False,
+    )
     assert r["tasks"]["perplexity"]["loss"] == pytest.approx(p["loss"], rel=1e-6)
 
 

@@ -1,4 +1,5 @@
 """--run-dir: every checkpoint evaluated once (incremental), table + CSV + TensorBoard + PNG per metric."""
+
 import csv
 import json
 
@@ -18,8 +19,7 @@ def make_run(root, variant, steps):
     (run / "config.yaml").write_text(f"model:\n  variant: {variant}\n")
     for s in steps:
         m = build_model(preset("tiny", variant=variant, vocab_size=64, max_seq_len=32), seed=s)
-        save_native(m, run / "checkpoints" / f"step_{s:08d}", {"step": s, "tokens_seen": 1000 * s,
-                                                               "variant": variant})
+        save_native(m, run / "checkpoints" / f"step_{s:08d}", {"step": s, "tokens_seen": 1000 * s, "variant": variant})
     return run
 
 
@@ -27,13 +27,28 @@ def test_run_dirs_incremental_reports(tmp_path, capsys):
     a = make_run(tmp_path, "standard", [10, 20])
     b = make_run(tmp_path, "mixit", [10, 20])
     out = tmp_path / "report"
-    args = ["--run-dir", str(a), "--run-dir", str(b), "--tasks", "induction,kv_recall,mechanisms",
-            "--lengths", "4,8", "--num-pairs", "2,4", "--n", "4", "--out-dir", str(out), "--no-progress"]
+    args = [
+        "--run-dir",
+        str(a),
+        "--run-dir",
+        str(b),
+        "--tasks",
+        "induction,kv_recall,mechanisms",
+        "--lengths",
+        "4,8",
+        "--num-pairs",
+        "2,4",
+        "--n",
+        "4",
+        "--out-dir",
+        str(out),
+        "--no-progress",
+    ]
     assert main(args) == 0
     rows = read_jsonl(a / "eval" / "results.jsonl")
     assert [r["checkpoint"]["step"] for r in rows] == [10, 20]
     assert rows[1]["checkpoint"]["tokens_seen"] == 20000 and rows[1]["checkpoint"]["variant"] == "standard"
-    assert set(rows[0]["tasks"]["induction"]["by_length"]) == {"4", "8"}       # per-length scores kept
+    assert set(rows[0]["tasks"]["induction"]["by_length"]) == {"4", "8"}  # per-length scores kept
     assert set(rows[0]["tasks"]["kv_recall"]["by_num_pairs"]) == {"2", "4"}
     md = (out / "results.md").read_text()
     assert "induction/acc" in md and "mixit" in md and "standard" in md
@@ -55,6 +70,7 @@ def test_run_dirs_incremental_reports(tmp_path, capsys):
 
 def test_tensorboard_scalars_against_step(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     a = make_run(tmp_path, "frozen_qk", [5, 15])
     assert main(["--run-dir", str(a), "--tasks", "induction", "--lengths", "4", "--n", "2", "--no-progress"]) == 0
     ea = EventAccumulator(str(a / "eval" / "tb" / "run_frozen_qk"))

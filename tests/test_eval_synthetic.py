@@ -1,4 +1,5 @@
 """Trained-task accuracy (scored only at marked positions), retrieval probes per length, mechanism heatmaps."""
+
 import pytest
 import torch
 
@@ -19,8 +20,17 @@ def train_kv(steps=400, seed=0):
     """A plain AdamW loop on the kv_retrieval answer positions (the loss the task marks).
     Width 128 and lr 1e-3 reach the retrieval phase change within a few hundred steps."""
     task = get_task("kv_retrieval", TASK_ARGS)
-    model = build_model(preset("tiny", variant="standard", vocab_size=task.vocab_size, max_seq_len=32,
-                               hidden_size=128, intermediate_size=384), seed=seed)
+    model = build_model(
+        preset(
+            "tiny",
+            variant="standard",
+            vocab_size=task.vocab_size,
+            max_seq_len=32,
+            hidden_size=128,
+            intermediate_size=384,
+        ),
+        seed=seed,
+    )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.0)
     idx = 0
     for _ in range(steps):
@@ -52,9 +62,9 @@ def test_kv_retrieval_trained_vs_untrained(tmp_path):
     assert good["checkpoint"]["step"] == 400 and good["checkpoint"]["tokenizer_id"] == "synthetic:kv_retrieval:v1"
     # 1..3 pairs, sample lengths 6/8/10: one score per haystack size
     assert set(g["by_length"]) == {"6", "8", "10"}
-    assert g["acc"] > 0.95 and g["by_length"]["10"]["acc"] > 0.9     # near 100%, also with the most pairs
-    assert b["acc"] < 0.35                                              # chance: 1/6 values (argmax over all ids)
-    assert g["exact_match"] == g["acc"]                                 # one scored token per sample
+    assert g["acc"] > 0.95 and g["by_length"]["10"]["acc"] > 0.9  # near 100%, also with the most pairs
+    assert b["acc"] < 0.35  # chance: 1/6 values (argmax over all ids)
+    assert g["exact_match"] == g["acc"]  # one scored token per sample
     # the harness scores only the marked position: recompute directly
     correct = 0
     for i in range(256):
@@ -75,7 +85,7 @@ def test_synthetic_task_vocab_mismatch():
 
 def test_probes_report_each_length_and_depth():
     model = build_model(preset("tiny", variant="frozen_qk", vocab_size=257, max_seq_len=256), seed=0).eval()
-    ind = induction(model, (4, 8, 200), n=4, progress=False)        # 200 does not fit and is skipped
+    ind = induction(model, (4, 8, 200), n=4, progress=False)  # 200 does not fit and is skipped
     assert set(ind["by_length"]) == {"4", "8"} and 0 <= ind["acc"] <= 1
     kv = kv_recall(model, (2, 3), n=8, progress=False)
     assert set(kv["by_num_pairs"]) == {"2", "3"}
@@ -89,7 +99,7 @@ def test_probes_report_each_length_and_depth():
 def test_mechanism_scores_and_heatmap(tmp_path, variant):
     model = build_model(preset("tiny", variant=variant, vocab_size=64, max_seq_len=32), seed=0).eval()
     res = mechanism_scores(model, L=8, n=2, heatmap=tmp_path / "h.png")
-    assert len(res["induction_score"]) == 2 and len(res["induction_score"][0]) == 4      # [layer][head]
+    assert len(res["induction_score"]) == 2 and len(res["induction_score"][0]) == 4  # [layer][head]
     assert (tmp_path / "h.png").stat().st_size > 1000
     if variant == "mixit":
         assert res["source"] == "mixing_matrix"
@@ -125,11 +135,11 @@ def test_probes_on_the_callers_own_sequences():
     assert len(res["induction_score"]) == 2
     rep = repeated(model, halves)
     L = len(halves[0])
-    with torch.no_grad():                     # the reference: loss on tokens L+1..2L-1 of each doubled sequence
+    with torch.no_grad():  # the reference: loss on tokens L+1..2L-1 of each doubled sequence
         x = torch.tensor([h + h for h in halves])
         logp = torch.log_softmax(model(x[:, :-1]).float(), -1)
         nll = -logp.gather(-1, x[:, 1:, None])[..., 0]
     assert rep["loss"] == pytest.approx(float(nll[:, L:].mean()), rel=1e-5)
-    assert rep["first_half_loss"] == pytest.approx(float(nll[:, :L - 1].mean()), rel=1e-5)
+    assert rep["first_half_loss"] == pytest.approx(float(nll[:, : L - 1].mean()), rel=1e-5)
     with pytest.raises(ValueError, match="halves"):
         mechanism_scores(model, halves=[[1, 2, 3], [1, 2]])

@@ -1,4 +1,5 @@
 """FLOP accounting: the textbook formula for `standard`, the derived savings, and a FLOP counter."""
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode

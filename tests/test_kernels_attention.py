@@ -1,4 +1,5 @@
 """Softmax-attention backend selection (CPU: the rule and the SDPA fallback; GPU: flash parity)."""
+
 import logging
 
 import pytest
@@ -29,15 +30,17 @@ def test_selection_rule_on_cpu():
 
 def test_selection_rule_on_cuda_without_running_it(monkeypatch):
     """The CUDA branches, with a stand-in tensor whose is_cuda is True (nothing is executed)."""
+
     class FakeQ:
         is_cuda = True
         dtype = torch.bfloat16
+
     monkeypatch.setattr(select, "flash_available", lambda: True)
     assert select.attention_backend("auto", FakeQ(), None, 0)[0] == "flash"
     assert select.attention_backend("auto", FakeQ(), torch.ones(1, 4, 4, dtype=torch.bool), 0)[0] == "flash_varlen"
-    assert select.attention_backend("auto", FakeQ(), None, 5)[0] == "sdpa"                  # KV cache
+    assert select.attention_backend("auto", FakeQ(), None, 5)[0] == "sdpa"  # KV cache
     FakeQ.dtype = torch.float32
-    assert select.attention_backend("auto", FakeQ(), None, 0)[0] == "sdpa"                  # fp32
+    assert select.attention_backend("auto", FakeQ(), None, 0)[0] == "sdpa"  # fp32
     FakeQ.dtype = torch.bfloat16
     monkeypatch.setattr(select, "flash_available", lambda: False)
     assert select.attention_backend("auto", FakeQ(), None, 0) == ("sdpa", "flash-attn not installed")
@@ -70,7 +73,7 @@ def test_segments_from_document_mask():
     docs = torch.tensor([[0, 0, 0, 1, 1, 2], [5, 5, 5, 5, 5, 5]])
     _, mask = doc_positions_and_mask(docs)
     assert segments_from_mask(mask).tolist() == [0, 3, 5, 6, 12]
-    _, mask = doc_positions_and_mask(torch.tensor([[0, 1, 0, 1]]))      # ids reused: not contiguous
+    _, mask = doc_positions_and_mask(torch.tensor([[0, 1, 0, 1]]))  # ids reused: not contiguous
     assert segments_from_mask(mask) is None
 
 

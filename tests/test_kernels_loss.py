@@ -1,4 +1,5 @@
 """The chunked linear cross-entropy and compiled blocks give what the plain path gives."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ def test_chunked_fp32_loss_stays_exact_where_the_target_probability_underflows()
     torch.manual_seed(2)
     h = torch.randn(30, 8)
     w = torch.randn(V, 8)
-    h[::3] *= 40.0                                      # logit gaps of hundreds: p_y == 0 in fp32
+    h[::3] *= 40.0  # logit gaps of hundreds: p_y == 0 in fp32
     y = torch.randint(0, V, (30,))
     per_row = F.cross_entropy(h.double() @ w.double().t(), y, reduction="none")
     assert (per_row[::3] > 150).sum() >= 5 and (per_row[1::3] < 20).all()
@@ -93,8 +94,9 @@ def test_model_loss_chunked_equals_full_logits(variant):
     labels[0, :5] = -100
     res = []
     for chunk in (0, 10):
-        model = build_model(preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, loss_chunk_tokens=chunk),
-                            seed=0)
+        model = build_model(
+            preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, loss_chunk_tokens=chunk), seed=0
+        )
         loss = model(x[:, :-1], labels=labels)
         loss.backward()
         res.append((loss.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None}))
@@ -108,8 +110,9 @@ def test_tied_embeddings_gradient_is_summed():
     x = torch.randint(0, V, (2, T + 1))
     grads = []
     for chunk in (0, 16):
-        model = build_model(preset("tiny", vocab_size=V, max_seq_len=T, tie_embeddings=True, loss_chunk_tokens=chunk),
-                            seed=0)
+        model = build_model(
+            preset("tiny", vocab_size=V, max_seq_len=T, tie_embeddings=True, loss_chunk_tokens=chunk), seed=0
+        )
         model(x[:, :-1], labels=x[:, 1:]).backward()
         grads.append(model.embed_tokens.weight.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
@@ -117,6 +120,7 @@ def test_tied_embeddings_gradient_is_summed():
 
 def test_no_grad_loss_does_no_backward_work():
     from torch.utils.flop_counter import FlopCounterMode
+
     h, w, y = torch.randn(8, 16), torch.randn(V, 16), torch.randint(0, V, (8,))
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
@@ -128,13 +132,15 @@ def _compiled_vs_eager(variant):
     x = torch.randint(0, V, (2, T + 1))
     res = []
     for compile_blocks in (False, True):
-        model = build_model(preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, num_layers=1,
-                                   compile_blocks=compile_blocks), seed=0)
+        model = build_model(
+            preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, num_layers=1, compile_blocks=compile_blocks),
+            seed=0,
+        )
         loss = model(x[:, :-1], labels=x[:, 1:])
         loss.backward()
         res.append((loss.detach(), {k: p.grad for k, p in model.named_parameters()}, list(model.state_dict())))
     torch.testing.assert_close(res[0][0], res[1][0], rtol=1e-5, atol=1e-5)
-    assert res[0][2] == res[1][2]                       # in-place compile: no _orig_mod in the names
+    assert res[0][2] == res[1][2]  # in-place compile: no _orig_mod in the names
     for k, g in res[0][1].items():
         if g is not None:
             torch.testing.assert_close(g, res[1][1][k], rtol=1e-4, atol=1e-5)
@@ -178,14 +184,17 @@ def test_chunked_loss_never_waits_for_the_device():
 
     class HostReads(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
-                        torch.ops.aten.item.default):
+            if func in (
+                torch.ops.aten._local_scalar_dense.default,
+                torch.ops.aten.is_nonzero.default,
+                torch.ops.aten.item.default,
+            ):
                 reads.append(func)
             return func(*args, **(kwargs or {}))
 
     torch.manual_seed(3)
     h, w = torch.randn(30, 8), torch.randn(V, 8)
-    h[::3] *= 40.0                                      # rows whose p_y underflows take the same path
+    h[::3] *= 40.0  # rows whose p_y underflows take the same path
     y = torch.randint(0, V, (30,))
     y[1] = -100
     hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
@@ -193,8 +202,9 @@ def test_chunked_loss_never_waits_for_the_device():
         loss = chunked_linear_cross_entropy(hh, ww, y, 4)
         loss.backward()
     assert reads == []
-    torch.testing.assert_close(loss.double(), F.cross_entropy(h.double() @ w.double().t(), y, ignore_index=-100),
-                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        loss.double(), F.cross_entropy(h.double() @ w.double().t(), y, ignore_index=-100), rtol=1e-5, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("chunk", [0, 7])
@@ -210,4 +220,4 @@ def test_sum_reduction_equals_the_summed_full_loss(chunk):
     for a, b in zip(torch.autograd.grad(got, (h, w)), torch.autograd.grad(want, (h, w))):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     none = torch.full((20,), -100)
-    assert linear_cross_entropy(h, w, none, chunk, reduction="sum").item() == 0.0      # no token: 0, not nan
+    assert linear_cross_entropy(h, w, none, chunk, reduction="sum").item() == 0.0  # no token: 0, not nan

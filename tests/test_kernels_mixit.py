@@ -1,5 +1,6 @@
 """MixiT mixing: the dense reference, the blocked PyTorch path and the Triton kernel agree
 (forward and A^T backward), and `mixit_impl` dispatch follows the documented rule."""
+
 import os
 import subprocess
 import sys
@@ -13,8 +14,7 @@ from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend
 from model.mixit import mixing_matrix, raw_block
 
 T = 40
-CASES = [{}, {"mixit_beta": 0.7, "mixit_seed": 9}, {"mixit_depth_alpha": 1.0}, {"causal": False},
-         {"num_kv_heads": 2}]
+CASES = [{}, {"mixit_beta": 0.7, "mixit_seed": 9}, {"mixit_depth_alpha": 1.0}, {"causal": False}, {"num_kv_heads": 2}]
 CASE_IDS = ["default", "beta_seed", "depth_alpha", "bidirectional", "gqa"]
 
 
@@ -49,8 +49,8 @@ def test_blocked_equals_dense_forward_and_backward(kw, n, row_start):
     out, ref = mixit_blocked(v, p, drift, row_start, 16), a @ v
     torch.testing.assert_close(out, ref, rtol=0, atol=2e-6)
     g = torch.randn_like(ref)
-    got, = torch.autograd.grad(out, v, g)
-    want, = torch.autograd.grad(ref, v, g)
+    (got,) = torch.autograd.grad(out, v, g)
+    (want,) = torch.autograd.grad(ref, v, g)
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
 
 
@@ -73,8 +73,9 @@ def test_blocked_gradcheck():
         drift = compute_drift(p, 12 if cfg.causal else 9, "cpu", 5).double()
         v = torch.randn(1, cfg.num_heads, 9, cfg.head_dim, dtype=torch.float64, requires_grad=True)
         for row_start in (0, 4):
-            assert torch.autograd.gradcheck(lambda x: mixit_blocked(x, p, drift, row_start, 5), (v,),
-                                            eps=1e-6, atol=1e-6, fast_mode=True)
+            assert torch.autograd.gradcheck(
+                lambda x: mixit_blocked(x, p, drift, row_start, 5), (v,), eps=1e-6, atol=1e-6, fast_mode=True
+            )
 
 
 @pytest.mark.parametrize("kw", [{}, {"causal": False}], ids=["causal", "bidirectional"])
@@ -100,7 +101,7 @@ def test_blocked_cached_decoding_equals_full_forward():
     with torch.no_grad():
         full = model(x)
         cache = model.new_cache()
-        parts = [model(x[:, :13], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(13, 20)]
+        parts = [model(x[:, :13], cache=cache)] + [model(x[:, i : i + 1], cache=cache) for i in range(13, 20)]
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -110,11 +111,12 @@ def test_auto_dispatch_rule():
     assert mixit_backend("auto", MIXIT_DENSE_MAX_T + 1, cpu)[0] == "blocked"
     assert mixit_backend("blocked", 16, cpu)[0] == "blocked"
     assert mixit_backend("dense", 10**4, cpu)[0] == "dense"
-    assert mixit_backend("triton", 16, cpu)[0] == "triton"          # explicit choice is honoured
+    assert mixit_backend("triton", 16, cpu)[0] == "triton"  # explicit choice is honoured
 
 
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):
     import model.mixit as mixit_mod
+
     monkeypatch.setattr(mixit_mod, "mixing_matrix", lambda *a, **k: pytest.fail("dense A was built"))
     model = build_model(cfg_(mixit_impl="blocked"), seed=0)
     x = torch.randint(0, 50, (1, 16))
@@ -170,6 +172,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 def test_triton_equals_dense_on_gpu(kw):
     pytest.importorskip("triton")
     from model.kernels.mixit_triton import mixit_triton
+
     cfg = cfg_(max_seq_len=512, hidden_size=256, num_heads=4, **kw)
     p = MixitParams(cfg, 1)
     n = 500
@@ -179,10 +182,10 @@ def test_triton_equals_dense_on_gpu(kw):
     v = torch.randn(2, cfg.num_heads, n, cfg.head_dim, device="cuda", requires_grad=True)
     out = mixit_triton(v, p, drift, 0, 64)
     ref = a @ v.double()
-    torch.testing.assert_close(out.double(), ref, rtol=0, atol=5e-3)        # tf32 dots
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=5e-3)  # tf32 dots
     g = torch.randn_like(ref)
-    got, = torch.autograd.grad(out, v, g.float())
-    want, = torch.autograd.grad(ref, v, g)
+    (got,) = torch.autograd.grad(out, v, g.float())
+    (want,) = torch.autograd.grad(ref, v, g)
     torch.testing.assert_close(got.double(), want, rtol=0, atol=5e-3)
 
 

@@ -1,6 +1,7 @@
 """The repository's shape, checked: imports point down the layers (import-linter), the code
 passes ruff (lint and format), and no module hides an import inside a function except to
 defer a heavy optional dependency, said on that line."""
+
 from __future__ import annotations
 
 import ast
@@ -12,9 +13,25 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline")
 # What a function may import lazily: slow to import, or absent on some machines.
-HEAVY = ("deepspeed", "flash_attn", "triton", "lm_eval", "liger_kernel", "matplotlib", "scipy", "datasets", "fsspec",
-         "transformers", "model.hf", "torch.utils.tensorboard", "sentencepiece", "s3fs", "gcsfs", "aiohttp",
-         "eval.lm_eval_adapter")      # imports lm_eval at its top
+HEAVY = (
+    "deepspeed",
+    "flash_attn",
+    "triton",
+    "lm_eval",
+    "liger_kernel",
+    "matplotlib",
+    "scipy",
+    "datasets",
+    "fsspec",
+    "transformers",
+    "model.hf",
+    "torch.utils.tensorboard",
+    "sentencepiece",
+    "s3fs",
+    "gcsfs",
+    "aiohttp",
+    "eval.lm_eval_adapter",
+)  # imports lm_eval at its top
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess:
@@ -50,9 +67,9 @@ def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
             if isinstance(node, ast.Import):
                 name = node.names[0].name
             else:
-                base = package[:len(package) - node.level + 1] if node.level else ()
+                base = package[: len(package) - node.level + 1] if node.level else ()
                 name = ".".join([*base, *([node.module] if node.module else [])])
-            out.append((node.lineno, name, "\n".join(lines[node.lineno - 1:node.end_lineno])))
+            out.append((node.lineno, name, "\n".join(lines[node.lineno - 1 : node.end_lineno])))
     return out
 
 
@@ -64,5 +81,6 @@ def test_no_function_level_imports_except_deferred_heavy_ones():
                 heavy = any(name == h or name.startswith(h + ".") for h in HEAVY)
                 if not (heavy and "# deferred:" in text):
                     bad.append(f"{f.relative_to(REPO)}:{line}: {text.strip()}")
-    assert not bad, "imports inside functions (move them to the top, or mark a heavy one `# deferred: ...`):\n" + \
-        "\n".join(bad)
+    assert not bad, (
+        "imports inside functions (move them to the top, or mark a heavy one `# deferred: ...`):\n" + "\n".join(bad)
+    )

@@ -1,4 +1,5 @@
 """MixiT's mixing matrix against VARIANTS.md, and the RNG that defines it."""
+
 import math
 import os
 import subprocess
@@ -47,8 +48,9 @@ def reference_matrix(cfg, layer, t):
     return out
 
 
-@pytest.mark.parametrize("kw", [{}, {"mixit_beta": 0.7, "mixit_seed": 9}, {"mixit_depth_alpha": 1.0},
-                                {"causal": False}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"mixit_beta": 0.7, "mixit_seed": 9}, {"mixit_depth_alpha": 1.0}, {"causal": False}]
+)
 def test_matrix_equals_reference_from_formulas(kw):
     cfg = cfg_(**kw)
     t = T if not cfg.causal else 20
@@ -61,19 +63,20 @@ def test_rows_sum_to_one_and_sink_head():
     cfg = cfg_()
     a = mixing_matrix(cfg, 1).double()
     torch.testing.assert_close(a[1:].sum(-1), torch.ones(cfg.num_heads - 1, T, dtype=torch.float64), rtol=0, atol=1e-5)
-    assert torch.equal(a[1:], a[1:].tril())                          # causal
+    assert torch.equal(a[1:], a[1:].tril())  # causal
     sink = torch.zeros(T, T, dtype=torch.float64)
     sink[range(T), range(T)] = 0.5
     sink[:, 0] = 0.5
-    assert torch.equal(a[0], sink)                                   # row 0 is A[0,0] = 1/2
+    assert torch.equal(a[0], sink)  # row 0 is A[0,0] = 1/2
 
 
 def test_bidirectional_rows_sum_to_one_at_any_length():
     cfg = cfg_(causal=False)
     for t in (T, 11):
         a = mixing_matrix(cfg, 0, t).double()
-        torch.testing.assert_close(a[1:].sum(-1), torch.ones(cfg.num_heads - 1, t, dtype=torch.float64),
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            a[1:].sum(-1), torch.ones(cfg.num_heads - 1, t, dtype=torch.float64), rtol=0, atol=1e-5
+        )
 
 
 def test_sigma_interpolates_per_head():
@@ -94,8 +97,8 @@ def test_prefix_consistency():
 def test_same_seed_same_matrix_different_elsewhere():
     a = mixing_matrix(cfg_(), 0)
     assert torch.equal(a, mixing_matrix(cfg_(), 0))
-    assert not torch.allclose(a[1:], mixing_matrix(cfg_(), 1)[1:])           # layers differ
-    assert not torch.allclose(a[1], a[2])                                     # heads differ
+    assert not torch.allclose(a[1:], mixing_matrix(cfg_(), 1)[1:])  # layers differ
+    assert not torch.allclose(a[1], a[2])  # heads differ
     assert not torch.allclose(a[1:], mixing_matrix(cfg_(mixit_seed=1), 0)[1:])  # seeds differ
 
 

@@ -1,33 +1,57 @@
 """ModelConfig validation (one test per rule) and the size ladder's parameter counts."""
+
 import pytest
 import torch
 
 from model import PRESETS, ConfigError, ModelConfig, build_model, param_count, preset
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(hidden_size=100, num_heads=8), "hidden_size"),
-    (dict(hidden_size=96, num_heads=32), "num_heads"),                 # head dim 3 is odd
-    (dict(num_heads=4, num_kv_heads=3), "num_kv_heads"),
-    (dict(variant="mixt"), "variant"),
-    (dict(vocab_size=0), "vocab_size"),
-    (dict(max_seq_len=-1), "max_seq_len"),
-    (dict(num_layers=2.5), "num_layers"),
-    (dict(variant="mixit", max_seq_len=50000), "max_seq_len"),
-    (dict(variant="mixit", mixit_residual_scale=1.5), "mixit_residual_scale"),
-    (dict(mixit_seed=-3), "mixit_seed"),
-    (dict(attn_impl="cuda"), "attn_impl"),
-    (dict(mixit_impl="fast"), "mixit_impl"),
-    (dict(frozen_groups=["qkv"]), "frozen_groups"),
-    (dict(freeze_schedule=[[10, ["qk"]], [5, []]]), "freeze_schedule"),
-    (dict(rope_theta=0.0), "rope_theta"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling"),
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling"),           # keys missing
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-                        "original_max_position_embeddings": 8192}), "rope_scaling"),      # bands inverted
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": 81.92}), "rope_scaling"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(hidden_size=100, num_heads=8), "hidden_size"),
+        (dict(hidden_size=96, num_heads=32), "num_heads"),  # head dim 3 is odd
+        (dict(num_heads=4, num_kv_heads=3), "num_kv_heads"),
+        (dict(variant="mixt"), "variant"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(max_seq_len=-1), "max_seq_len"),
+        (dict(num_layers=2.5), "num_layers"),
+        (dict(variant="mixit", max_seq_len=50000), "max_seq_len"),
+        (dict(variant="mixit", mixit_residual_scale=1.5), "mixit_residual_scale"),
+        (dict(mixit_seed=-3), "mixit_seed"),
+        (dict(attn_impl="cuda"), "attn_impl"),
+        (dict(mixit_impl="fast"), "mixit_impl"),
+        (dict(frozen_groups=["qkv"]), "frozen_groups"),
+        (dict(freeze_schedule=[[10, ["qk"]], [5, []]]), "freeze_schedule"),
+        (dict(rope_theta=0.0), "rope_theta"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling"),
+        (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling"),  # keys missing
+        (
+            dict(
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 4.0,
+                    "high_freq_factor": 1.0,
+                    "original_max_position_embeddings": 8192,
+                }
+            ),
+            "rope_scaling",
+        ),  # bands inverted
+        (
+            dict(
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 81.92,
+                }
+            ),
+            "rope_scaling",
+        ),
+    ],
+)
 def test_bad_config_names_field_and_fix(kwargs, field):
     with pytest.raises(ConfigError) as err:
         ModelConfig(**kwargs)

@@ -1,4 +1,5 @@
 """Every variant: causality, freezing semantics, the freeze schedule, masking, caching."""
+
 import pytest
 import torch
 
@@ -18,11 +19,11 @@ def test_causality(variant):
     x = torch.randint(0, V, (2, T))
     for i in (0, 7, T - 2):
         y = x.clone()
-        y[:, i + 1:] = torch.randint(0, V, (2, T - i - 1))
+        y[:, i + 1 :] = torch.randint(0, V, (2, T - i - 1))
         with torch.no_grad():
             a, b = model(x), model(y)
         assert torch.equal(a[:, : i + 1], b[:, : i + 1])
-        assert not torch.allclose(a[:, i + 1:], b[:, i + 1:])
+        assert not torch.allclose(a[:, i + 1 :], b[:, i + 1 :])
 
 
 EXPECTED_FROZEN = {
@@ -31,8 +32,18 @@ EXPECTED_FROZEN = {
     "frozen_mlp": {"gate_proj", "up_proj", "down_proj"},
     "mixit": set(),
     "shaped": set(),
-    "random_transformer": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                           "input_layernorm", "post_attention_layernorm", "norm"},
+    "random_transformer": {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+        "norm",
+    },
 }
 
 
@@ -71,8 +82,8 @@ def test_frozen_qk_init_std_is_configurable():
     cfg = preset("s", variant="frozen_qk", vocab_size=V, max_seq_len=T)
     model = build_model(cfg, seed=0)
     q = model.layers[0].self_attn.q_proj.weight
-    assert abs(q.std().item() - d ** -0.5) < 0.05 * d ** -0.5            # paper: N(0, 1/d)
-    model = build_model(cfg.replace(qk_init_std=0.02), seed=0)          # reference code: 0.02
+    assert abs(q.std().item() - d**-0.5) < 0.05 * d**-0.5  # paper: N(0, 1/d)
+    model = build_model(cfg.replace(qk_init_std=0.02), seed=0)  # reference code: 0.02
     assert abs(model.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002
     std = build_model(preset("s", vocab_size=V, max_seq_len=T), seed=0)  # standard: 0.02 for Q/K too
     assert abs(std.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002
@@ -124,7 +135,7 @@ def test_cached_decoding_equals_full_forward(variant):
     with torch.no_grad():
         full = model(x)
         cache = model.new_cache()
-        parts = [model(x[:, :9], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(9, T)]
+        parts = [model(x[:, :9], cache=cache)] + [model(x[:, i : i + 1], cache=cache) for i in range(9, T)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
 
 

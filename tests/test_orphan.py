@@ -1,5 +1,6 @@
 """pretrain/orphan.py on real processes: SIGTERM when the launcher PID dies (on its own host only),
 and a parent-death signal for launched ranks but never for a plain (e.g. nohup) process."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,14 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pr
 def start_rank(env_extra: dict[str, str], wait_s: float) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "PRETRAIN_LAUNCHER")}
     env.update(env_extra, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", RANK, str(wait_s)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RANK, str(wait_s)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc
 
 
@@ -43,17 +50,17 @@ def test_launcher_death_sends_sigterm_on_its_host_only(host_matches):
     rank = start_rank({"PRETRAIN_LAUNCHER": f"{host} {launcher.pid}"}, wait_s=3 if not host_matches else 30)
     try:
         assert rank.stdout.readline().split() == ["ready", str(host_matches), "0"]
-        launcher.kill()          # not reaped yet: a zombie counts as gone
+        launcher.kill()  # not reaped yet: a zombie counts as gone
         t0 = time.time()
         out, err = rank.communicate(timeout=40)
     finally:
         launcher.kill()
         launcher.wait()
         rank.kill()
-    if host_matches:     # noticed within a few polls, through the SIGTERM handler
+    if host_matches:  # noticed within a few polls, through the SIGTERM handler
         assert out.split() == ["SIGTERM"] and time.time() - t0 < 5, err
         assert f"launcher (launch.sh, pid {launcher.pid}) is gone" in err
-    else:                # another host's PID means nothing here: no watchdog, no signal
+    else:  # another host's PID means nothing here: no watchdog, no signal
         assert out.split() == ["timeout"], err
 
 

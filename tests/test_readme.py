@@ -9,6 +9,7 @@ several nodes or a Slurm allocation print their plan (`launch.sh --dry-print`, p
 rule below, so a command added to the docs without a rule fails here, and so does a flag the code
 no longer accepts. `../shared/data/wikitext-2` is the real one where it exists, else generated text.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.slow
 
 # ---- reading the docs ---------------------------------------------------------------------
 
+
 def doc_commands(text: str) -> list[str]:
     """The commands of every ```bash block: continuation lines joined, comments dropped, `a && b` split."""
     out = []
@@ -61,13 +63,14 @@ def _join(tokens: list[str]) -> str:
 
 # ---- how each command runs in the test, and what it must produce ----------------------------
 
+
 @dataclass
 class Rule:
-    pattern: str                                          # regex on the command line
-    what: str                                             # what the docs say it produces
+    pattern: str  # regex on the command line
+    what: str  # what the docs say it produces
     budget: Callable[[list[str]], list[str]] = lambda t: t
     check: Callable[[Path, str, list[str]], None] = lambda root, out, t: None
-    also: Callable[[list[str]], list[str] | None] = lambda t: None    # a second command that must pass too
+    also: Callable[[list[str]], list[str] | None] = lambda t: None  # a second command that must pass too
     run: bool = True
 
 
@@ -93,7 +96,7 @@ def _trained(root: Path, out: str, tokens: list[str]) -> None:
 
 
 def _train_args(tokens: list[str]) -> list[str]:
-    return tokens[tokens.index("--") + 1:]
+    return tokens[tokens.index("--") + 1 :]
 
 
 def _launch_dry(tokens: list[str]) -> list[str]:
@@ -109,7 +112,7 @@ def _plan_of_launch(tokens: list[str]) -> list[str]:
 
 
 def _printed_launch(root: Path, out: str, tokens: list[str]) -> None:
-    target = "--_slurm-task" if "--slurm" in tokens else "pretrain.train"      # srun re-enters launch.sh per task
+    target = "--_slurm-task" if "--slurm" in tokens else "pretrain.train"  # srun re-enters launch.sh per task
     assert out.startswith("+ ") and target in out and _arg(tokens, "--recipe") in out, out[-2000:]
 
 
@@ -117,6 +120,7 @@ def _file(path: str, *more: str) -> Callable[[Path, str, list[str]], None]:
     def check(root: Path, out: str, tokens: list[str]) -> None:
         for p in (path, *more):
             assert (root / p).exists(), f"{p} was not produced"
+
     return check
 
 
@@ -160,29 +164,64 @@ def _scaling_budget(tokens: list[str]) -> list[str]:
 RULES = [
     Rule(r"^tests/run$", "the test suite (this test is part of it)", run=False),
     Rule(r"^source \.venv/bin/activate$", "the environment on PATH (every command here runs with it)", run=False),
-    Rule(r"^\./demo\.sh$", "a table beside the paper's numbers, a verdict line and outputs/demo/demo.png",
-         budget=lambda t: t + ["--steps-scale", "0.004", "--eval-samples", "16"], check=_demo),
-    Rule(r"^python -m pretrain\.train .*--dry-run", "the plan",
-         check=lambda root, out, t: (assert_in("# summary", out), assert_in("layout:", out))),
-    Rule(r"^python -m pretrain\.train ", "a run dir with checkpoints", budget=lambda t: t + TRAIN_BUDGET,
-         check=_trained),
-    Rule(r"^\./launch\.sh --cpu \d+ -- ", "a run trained by N CPU ranks", budget=lambda t: t + TRAIN_BUDGET,
-         check=_trained),
-    Rule(r"^\./launch\.sh ", "the launch command (GPU, multi-node or Slurm: printed, the plan checked)",
-         budget=_launch_dry, check=_printed_launch, also=_plan_of_launch),
-    Rule(r"^python -m pretrain\.export ", "an exported model dir",
-         check=lambda root, out, t: _file(_arg(t, "--out") + "/config.json")(root, out, t)),
-    Rule(r"^python -m pretrain\.universal ", "a universal checkpoint",
-         check=lambda root, out, t: assert_in("universal checkpoint:", out)),
-    Rule(r"^python -m data_pipeline\.tokenizer train ", "a tokenizer dir",
-         budget=lambda t: t + ["--vocab-size", "1000"], check=lambda root, out, t: _file(_arg(t, "--out"))(root, out, t)),
-    Rule(r"^python -m data_pipeline\.prepare ", "a shard dir with a manifest",
-         check=lambda root, out, t: _file(_arg(t, "--out") + "/manifest.json")(root, out, t)),
+    Rule(
+        r"^\./demo\.sh$",
+        "a table beside the paper's numbers, a verdict line and outputs/demo/demo.png",
+        budget=lambda t: t + ["--steps-scale", "0.004", "--eval-samples", "16"],
+        check=_demo,
+    ),
+    Rule(
+        r"^python -m pretrain\.train .*--dry-run",
+        "the plan",
+        check=lambda root, out, t: (assert_in("# summary", out), assert_in("layout:", out)),
+    ),
+    Rule(
+        r"^python -m pretrain\.train ", "a run dir with checkpoints", budget=lambda t: t + TRAIN_BUDGET, check=_trained
+    ),
+    Rule(
+        r"^\./launch\.sh --cpu \d+ -- ",
+        "a run trained by N CPU ranks",
+        budget=lambda t: t + TRAIN_BUDGET,
+        check=_trained,
+    ),
+    Rule(
+        r"^\./launch\.sh ",
+        "the launch command (GPU, multi-node or Slurm: printed, the plan checked)",
+        budget=_launch_dry,
+        check=_printed_launch,
+        also=_plan_of_launch,
+    ),
+    Rule(
+        r"^python -m pretrain\.export ",
+        "an exported model dir",
+        check=lambda root, out, t: _file(_arg(t, "--out") + "/config.json")(root, out, t),
+    ),
+    Rule(
+        r"^python -m pretrain\.universal ",
+        "a universal checkpoint",
+        check=lambda root, out, t: assert_in("universal checkpoint:", out),
+    ),
+    Rule(
+        r"^python -m data_pipeline\.tokenizer train ",
+        "a tokenizer dir",
+        budget=lambda t: t + ["--vocab-size", "1000"],
+        check=lambda root, out, t: _file(_arg(t, "--out"))(root, out, t),
+    ),
+    Rule(
+        r"^python -m data_pipeline\.prepare ",
+        "a shard dir with a manifest",
+        check=lambda root, out, t: _file(_arg(t, "--out") + "/manifest.json")(root, out, t),
+    ),
     Rule(r"^python -m eval\.run ", "results (JSON, or a table and plots for --run-dir)", check=_eval_out),
-    Rule(r"^python -m eval\.generate ", "generated text",
-         check=lambda root, out, t: assert_in(_arg(t, "--prompt"), out)),
-    Rule(r"^python -m studies\.scaling (sweep|collect|fit) ", "sweep runs, a table, fits and plots",
-         budget=_scaling_budget, check=_scaling),
+    Rule(
+        r"^python -m eval\.generate ", "generated text", check=lambda root, out, t: assert_in(_arg(t, "--prompt"), out)
+    ),
+    Rule(
+        r"^python -m studies\.scaling (sweep|collect|fit) ",
+        "sweep runs, a table, fits and plots",
+        budget=_scaling_budget,
+        check=_scaling,
+    ),
 ]
 
 
@@ -198,6 +237,7 @@ def rule_for(cmd: str) -> Rule:
 
 # ---- the scratch checkout -----------------------------------------------------------------
 
+
 def _generated_text(path: Path, seed: int, n_lines: int = 6000) -> None:
     """English-shaped text with a few thousand distinct words (enough merges for a 1000-piece BPE)."""
     rng = random.Random(seed)
@@ -212,8 +252,9 @@ def scratch(tmp_path_factory) -> Path:
     """tmp/repo (the tracked files, the environment linked) beside tmp/shared/data/wikitext-2."""
     top = tmp_path_factory.mktemp("readme")
     root = top / "repo"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     for f in files:
         if (REPO / f).is_file():
             (root / f).parent.mkdir(parents=True, exist_ok=True)
@@ -226,8 +267,8 @@ def scratch(tmp_path_factory) -> Path:
             (wt / f"{split}.txt").symlink_to(WIKITEXT / f"{split}.txt")
         else:
             _generated_text(wt / f"{split}.txt", seed=i)
-    (root / "hostfile").write_text("node0 slots=8\nnode1 slots=8\n")      # the format the docs describe
-    fake = top / "fake-bin"                # scontrol, for the Slurm line's plan outside an allocation
+    (root / "hostfile").write_text("node0 slots=8\nnode1 slots=8\n")  # the format the docs describe
+    fake = top / "fake-bin"  # scontrol, for the Slurm line's plan outside an allocation
     fake.mkdir()
     (fake / "scontrol").write_text("#!/bin/sh\necho node0\n")
     (fake / "scontrol").chmod(0o755)
@@ -235,20 +276,36 @@ def scratch(tmp_path_factory) -> Path:
 
 
 def _env(root: Path) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                      "MASTER_", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"))}
-    return dict(keep, PATH=f"{root / '.venv' / 'bin'}:{os.environ['PATH']}:{root.parent / 'fake-bin'}",
-                VIRTUAL_ENV=str(root / ".venv"), DS_ACCELERATOR="cpu", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1",
-                HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[0-1]", SLURM_NTASKS="16", SLURM_NNODES="2")
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"))
+    }
+    return dict(
+        keep,
+        PATH=f"{root / '.venv' / 'bin'}:{os.environ['PATH']}:{root.parent / 'fake-bin'}",
+        VIRTUAL_ENV=str(root / ".venv"),
+        DS_ACCELERATOR="cpu",
+        PYTHONHASHSEED="0",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="node[0-1]",
+        SLURM_NTASKS="16",
+        SLURM_NNODES="2",
+    )
 
 
 def _bash(root: Path, tokens: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", _join(tokens)], cwd=root, env=_env(root), capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    return subprocess.run(
+        ["bash", "-c", _join(tokens)], cwd=root, env=_env(root), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
 
 
 # ---- the tests ----------------------------------------------------------------------------
+
 
 def _all_commands() -> list[tuple[str, str]]:
     return [(doc, c) for doc in DOCS for c in doc_commands((REPO / doc).read_text())]
@@ -275,7 +332,9 @@ def test_the_documented_journey_runs(scratch):
             continue
         tokens = rule.budget(shlex.split(cmd))
         out = _bash(scratch, tokens)
-        assert out.returncode == 0, f"{doc}: `{cmd}` (run as `{_join(tokens)}`) failed:\n{(out.stdout + out.stderr)[-4000:]}"
+        assert out.returncode == 0, (
+            f"{doc}: `{cmd}` (run as `{_join(tokens)}`) failed:\n{(out.stdout + out.stderr)[-4000:]}"
+        )
         rule.check(scratch, out.stdout, tokens)
         extra = rule.also(tokens)
         if extra is not None:

@@ -2,6 +2,7 @@
 lists every file with its size (and a checksum for the small ones), and a checkpoint damaged after
 the marker (a power loss that truncated a file, a flipped byte, a lost file) is passed over by
 `--resume auto`, which falls back to the previous intact checkpoint and says so."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ from pretrain.config import RecipeError
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"
-OVER = ["train.eval_every_steps=0", "logging.tensorboard=false", "train.max_steps=8", "checkpoint.every_steps=3",
-        "checkpoint.keep_last=0"]
+OVER = [
+    "train.eval_every_steps=0",
+    "logging.tensorboard=false",
+    "train.max_steps=8",
+    "checkpoint.every_steps=3",
+    "checkpoint.keep_last=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +53,17 @@ def test_files_are_fsynced_before_the_marker_and_the_marker_lists_them(tmp_path,
     res = train(RECIPE, OVER + ["train.max_steps=3"], run_dir=tmp_path, resume="never")
     tag = os.path.realpath(res.last_checkpoint)
     listed = json.loads((res.last_checkpoint / ckpt.COMPLETE).read_text())["files"]
-    on_disk = {p.relative_to(res.last_checkpoint).as_posix(): p.stat().st_size
-               for p in res.last_checkpoint.rglob("*") if p.is_file() and p.name != ckpt.COMPLETE}
-    assert {k: v["bytes"] for k, v in listed.items()} == on_disk          # every file, its size
+    on_disk = {
+        p.relative_to(res.last_checkpoint).as_posix(): p.stat().st_size
+        for p in res.last_checkpoint.rglob("*")
+        if p.is_file() and p.name != ckpt.COMPLETE
+    }
+    assert {k: v["bytes"] for k, v in listed.items()} == on_disk  # every file, its size
     assert all("sha256" in v for k, v in listed.items() if v["bytes"] <= ckpt.CHECKSUM_MAX_BYTES)
     marker = events.index(("rename", os.path.join(tag, ckpt.COMPLETE)))
     synced = {p for kind, p in events[:marker] if kind == "fsync"}
-    assert {os.path.join(tag, k) for k in listed} <= synced                # each file before the marker
-    assert {tag, os.path.join(tag, "rng")} <= synced                       # and the directories holding them
+    assert {os.path.join(tag, k) for k in listed} <= synced  # each file before the marker
+    assert {tag, os.path.join(tag, "rng")} <= synced  # and the directories holding them
     assert ("fsync", os.path.join(tag, f"{ckpt.COMPLETE}.tmp{os.getpid()}")) in events[:marker]
     latest = events.index(("rename", os.path.realpath(tmp_path / "checkpoints" / "latest")))
     assert marker < latest and ("fsync", os.path.realpath(tmp_path / "checkpoints")) in events[latest:]
@@ -74,7 +83,11 @@ def flip_a_byte(tag, rel):
 
 
 DAMAGE = {
-    "optimizer states truncated": (truncate, "zero_pp_rank_0_mp_rank_00_optim_states.pt", "has \\d+ bytes, the marker lists"),
+    "optimizer states truncated": (
+        truncate,
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "has \\d+ bytes, the marker lists",
+    ),
     "a flipped byte in the RNG state": (flip_a_byte, "rng/rank0.pt", "rng/rank0.pt fails its sha256 check"),
     "model states lost": (lambda tag, rel: (tag / rel).unlink(), "mp_rank_00_model_states.pt", "is missing"),
     "the marker truncated": (truncate, ckpt.COMPLETE, "not a valid file list"),
@@ -94,8 +107,8 @@ def test_resume_auto_falls_back_past_a_damaged_checkpoint_and_says_so(run, tmp_p
     assert res.resumed_from.name == ckpt.tag_for(6)
     assert f"checkpoint {d / 'checkpoints' / ckpt.tag_for(8)} fails verification" in out and re.search(why, out)
     assert f"resumed from {d / 'checkpoints' / ckpt.tag_for(6)}" in out
-    assert read_losses(d) == losses                       # steps 7 and 8 again, bitwise
-    assert ckpt.verify(d / "checkpoints" / ckpt.tag_for(8)) == []     # rewritten whole
+    assert read_losses(d) == losses  # steps 7 and 8 again, bitwise
+    assert ckpt.verify(d / "checkpoints" / ckpt.tag_for(8)) == []  # rewritten whole
 
 
 def test_a_damaged_checkpoint_named_explicitly_is_refused(run, tmp_path):
@@ -108,11 +121,11 @@ def test_a_damaged_checkpoint_named_explicitly_is_refused(run, tmp_path):
         train(RECIPE, OVER, run_dir=tmp_path / "other", resume=str(tag))
     with pytest.raises(FileNotFoundError, match="fails verification"):
         load_for_eval(tag)
-    assert load_for_eval(d)[1]["step"] == 6               # a run dir: its newest intact checkpoint
+    assert load_for_eval(d)[1]["step"] == 6  # a run dir: its newest intact checkpoint
     for step in (3, 6):
         truncate(d / "checkpoints" / ckpt.tag_for(step), "rng/rank0.pt")
     with pytest.raises(RecipeError, match="none is intact.*--resume never --overwrite"):
-        train(RECIPE, OVER, run_dir=d, resume="auto")     # never silently starts over
+        train(RECIPE, OVER, run_dir=d, resume="auto")  # never silently starts over
 
 
 def test_a_checkpoint_marked_before_file_lists_existed_still_loads(run, tmp_path):
@@ -120,7 +133,7 @@ def test_a_checkpoint_marked_before_file_lists_existed_still_loads(run, tmp_path
     d = tmp_path / "run"
     shutil.copytree(src, d)
     for step in (3, 6, 8):
-        (d / "checkpoints" / ckpt.tag_for(step) / ckpt.COMPLETE).write_text("ok\n")      # the old marker
+        (d / "checkpoints" / ckpt.tag_for(step) / ckpt.COMPLETE).write_text("ok\n")  # the old marker
     (d / "checkpoints" / "latest").write_text(ckpt.tag_for(6) + "\n")
     res = train(RECIPE, OVER, run_dir=d, resume="auto")
     assert res.resumed_from.name == ckpt.tag_for(6) and read_losses(d) == losses

@@ -2,6 +2,7 @@
 checkpoint write, no space left while writing a checkpoint (1 and 2 ranks) or a shard, one rank of
 two dying or hanging. Each fault is real (a NaN in the loss or only in the gradients, a real signal,
 a real filesystem that fills up); the code under test is the production trainer."""
+
 from __future__ import annotations
 
 import json
@@ -33,12 +34,16 @@ OVER = FAST + ["train.max_steps=8", "checkpoint.every_steps=3", "checkpoint.keep
 def inject(monkeypatch):
     def set_faults(**spec):
         monkeypatch.setenv(faults.ENV, json.dumps(spec))
+
     return set_faults
 
 
 def plain_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT")
+    }
     return dict(env, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
 
 
@@ -49,24 +54,28 @@ def weights_finite(tag_dir) -> bool:
 
 # ---- non-finite losses ------------------------------------------------------------------
 
+
 def test_nan_skip_and_rollback_drop_the_bad_batches_and_never_update_with_nan(tmp_path, inject):
-    inject(nan_batches=[4, 6])        # batches 4 and 6 of the data order give NaN loss and NaN gradients
+    inject(nan_batches=[4, 6])  # batches 4 and 6 of the data order give NaN loss and NaN gradients
     skip = train(RECIPE, OVER + ["train.nan_policy=skip"], run_dir=tmp_path / "skip", resume="never")
     back = train(RECIPE, OVER + ["train.nan_policy=rollback"], run_dir=tmp_path / "back", resume="never")
     # skip: steps 5 and 6 train on batches 5 and 7; rollback reloads step 3 and replays without them
     assert sorted(read_losses(tmp_path / "skip")) == list(range(1, 9))
-    assert read_losses(tmp_path / "skip") == read_losses(tmp_path / "back")       # bitwise, step for step
+    assert read_losses(tmp_path / "skip") == read_losses(tmp_path / "back")  # bitwise, step for step
     assert all(math.isfinite(v) for v in read_losses(tmp_path / "skip").values())
     for run, res in (("skip", skip), ("back", back)):
         assert weights_finite(res.last_checkpoint)
-        assert ckpt.read_state(res.last_checkpoint)["nan_skipped"] == [32, 48]       # global sample positions
+        assert ckpt.read_state(res.last_checkpoint)["nan_skipped"] == [32, 48]  # global sample positions
         events = [json.loads(x) for x in (tmp_path / run / "nonfinite.jsonl").read_text().splitlines()]
-        assert {(e["samples"], e["action"]) for e in events} == {(32, run if run == "skip" else "rollback"),
-                                                                  (48, run if run == "skip" else "rollback")}
+        assert {(e["samples"], e["action"]) for e in events} == {
+            (32, run if run == "skip" else "rollback"),
+            (48, run if run == "skip" else "rollback"),
+        }
     # the skip really is a skip: without the fault, steps 1-4 are the same and step 5 differs
     inject()
-    clean = train(RECIPE, FAST + ["train.max_steps=5", "checkpoint.save_final=false"], run_dir=tmp_path / "clean",
-                  resume="never")
+    clean = train(
+        RECIPE, FAST + ["train.max_steps=5", "checkpoint.save_final=false"], run_dir=tmp_path / "clean", resume="never"
+    )
     assert [clean.losses[s] for s in range(1, 5)] == [skip.losses[s] for s in range(1, 5)]
     assert clean.losses[5] != skip.losses[5]
 
@@ -79,12 +88,12 @@ def test_nan_under_two_pipeline_stages_skips_the_update_on_both(tmp_path, inject
     inject(nan_batches=[4])
     skip = OVER + ["train.nan_policy=skip", f"parallel.ds_config={ds_config}"]
     if ds_config == "zero0":
-        skip.append("train.grad_clip=0")      # pipeline + ZeRO-0 refuses clipping (pretrain/layout.py)
+        skip.append("train.grad_clip=0")  # pipeline + ZeRO-0 refuses clipping (pretrain/layout.py)
     run_ranks(["--recipe", RECIPE, "--run-dir", str(tmp_path / "pipe"), "parallel.pipeline_stages=2", *skip])
     one = train(RECIPE, skip, run_dir=tmp_path / "one", resume="never")
     got = read_losses(tmp_path / "pipe")
     assert sorted(got) == list(range(1, 9))
-    for s in range(1, 9):                              # the same batches skipped, the same updates made
+    for s in range(1, 9):  # the same batches skipped, the same updates made
         assert got[s] == pytest.approx(one.losses[s], rel=1e-5, abs=1e-5), s
     last = tmp_path / "pipe" / "checkpoints" / ckpt.tag_for(8)
     assert weights_finite(last)
@@ -113,12 +122,12 @@ def test_nan_in_the_gradients_only_skips_the_update_on_every_layout(tmp_path, in
     gradient-norm check must. Without ZeRO, clipping by a NaN norm would make every gradient NaN
     and the update would be applied; under ZeRO, DeepSpeed skips the step but the run must know."""
     over = OVER + ["train.nan_policy=skip", f"parallel.ds_config={ds_config}"]
-    inject(nan_grad_batches=[4])                   # batch 4: finite loss, NaN gradients
+    inject(nan_grad_batches=[4])  # batch 4: finite loss, NaN gradients
     grads = train(RECIPE, over, run_dir=tmp_path / "grads", resume="never")
-    inject(nan_batches=[4])                        # the same batch with a NaN loss, which the loss check skips
+    inject(nan_batches=[4])  # the same batch with a NaN loss, which the loss check skips
     loss = train(RECIPE, over, run_dir=tmp_path / "loss", resume="never")
     assert sorted(grads.losses) == list(range(1, 9))
-    assert grads.losses == loss.losses             # bitwise: the same batch skipped, the same updates made
+    assert grads.losses == loss.losses  # bitwise: the same batch skipped, the same updates made
     assert weights_finite(grads.last_checkpoint)
     assert ckpt.read_state(grads.last_checkpoint)["nan_skipped"] == [32]
     [event] = [json.loads(x) for x in (tmp_path / "grads" / "nonfinite.jsonl").read_text().splitlines()]
@@ -128,16 +137,24 @@ def test_nan_in_the_gradients_only_skips_the_update_on_every_layout(tmp_path, in
 
 def test_nan_in_the_gradients_only_stops_the_run_naming_it(tmp_path, inject):
     inject(nan_grad_batches=[4])
-    with pytest.raises(NonFiniteLoss, match=r"non-finite gradient norm \(nan; loss [\d.]+ is finite\) at optimizer "
-                                            r"step 5 \(batch of global samples \[32, 40\)"):
+    with pytest.raises(
+        NonFiniteLoss,
+        match=r"non-finite gradient norm \(nan; loss [\d.]+ is finite\) at optimizer "
+        r"step 5 \(batch of global samples \[32, 40\)",
+    ):
         train(RECIPE, OVER + ["parallel.ds_config=zero0"], run_dir=tmp_path, resume="never")
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [3]
 
 
 # ---- checkpoints by the clock: a hard crash loses at most checkpoint.every_minutes ------------
 
-TIMED = FAST + ["checkpoint.every_steps=0", "checkpoint.every_minutes=0.0005", "checkpoint.keep_last=0",
-                "checkpoint.save_final=false", "train.max_steps=12"]
+TIMED = FAST + [
+    "checkpoint.every_steps=0",
+    "checkpoint.every_minutes=0.0005",
+    "checkpoint.keep_last=0",
+    "checkpoint.save_final=false",
+    "train.max_steps=12",
+]
 
 
 def assert_saved_by_the_clock(run, ranks: int):
@@ -145,13 +162,14 @@ def assert_saved_by_the_clock(run, ranks: int):
     assert len(saved) >= 2, saved
     times = [ckpt.read_state(p)["time"] for _, p in saved]
     assert all(b - a >= 0.0005 * 60 * 0.99 for a, b in zip(times, times[1:])), times
-    for _, p in saved:                         # every rank took part in every save
-        assert ckpt.verify(p) == [] and sorted(f.name for f in (p / "rng").iterdir()) == \
-            [f"rank{r}.pt" for r in range(ranks)]
+    for _, p in saved:  # every rank took part in every save
+        assert ckpt.verify(p) == [] and sorted(f.name for f in (p / "rng").iterdir()) == [
+            f"rank{r}.pt" for r in range(ranks)
+        ]
 
 
 def test_checkpoints_every_minutes_by_the_clock(tmp_path):
-    assert RunConfig().checkpoint.every_minutes > 0         # on by default: a hard crash never loses the whole run
+    assert RunConfig().checkpoint.every_minutes > 0  # on by default: a hard crash never loses the whole run
     train(RECIPE, TIMED, run_dir=tmp_path / "timed", resume="never")
     assert_saved_by_the_clock(tmp_path / "timed", 1)
     train(RECIPE, TIMED + ["checkpoint.every_minutes=0"], run_dir=tmp_path / "off", resume="never")
@@ -167,19 +185,25 @@ def test_checkpoints_every_minutes_on_two_ranks_agree(tmp_path):
 
 # ---- SIGKILL in the middle of a checkpoint write ----------------------------------------
 
+
 def test_sigkill_mid_checkpoint_write_keeps_previous_and_resume_ignores_partial(tmp_path):
     over = OVER + ["train.max_steps=9", "checkpoint.keep_last=1"]
     run = tmp_path / "run"
     env = plain_env(**{faults.ENV: json.dumps({"save_pause_s": 60, "save_pause_steps": [6]})})
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *over],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *over],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     partial = run / "checkpoints" / ckpt.tag_for(6)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (partial / "rng" / "rank0.pt").is_file():
             assert proc.poll() is None, "training ended before the checkpoint of step 6"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)        # DeepSpeed's files are written, COMPLETE is not
+        proc.send_signal(signal.SIGKILL)  # DeepSpeed's files are written, COMPLETE is not
         proc.wait(30)
     finally:
         if proc.poll() is None:
@@ -187,7 +211,7 @@ def test_sigkill_mid_checkpoint_write_keeps_previous_and_resume_ignores_partial(
     assert partial.is_dir() and not ckpt.is_complete(partial)
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [3]
     assert ckpt.latest_checkpoint(run).name == ckpt.tag_for(3)
-    assert weights_finite(ckpt.latest_checkpoint(run))               # the previous one still loads
+    assert weights_finite(ckpt.latest_checkpoint(run))  # the previous one still loads
     resumed = train(RECIPE, over, run_dir=run, resume="auto")
     assert resumed.resumed_from.name == ckpt.tag_for(3)
     ref = train(RECIPE, over, run_dir=tmp_path / "ref", resume="never")
@@ -209,31 +233,34 @@ def test_disk_full_during_checkpoint_stops_clearly_and_keeps_the_last_good(tmp_p
     # OSError), safetensors SafetensorError, Python writes OSError: what a real run meets.
     fs = small_tmpfs(tmp_path / "fs", 64 * MiB)
     run = fs.path / "run"
-    first = train(RECIPE, OVER, run_dir=run, resume="never", stop_after_steps=3)   # checkpoint of step 3
+    first = train(RECIPE, OVER, run_dir=run, resume="never", stop_after_steps=3)  # checkpoint of step 3
     assert first.last_checkpoint.name == ckpt.tag_for(3)
-    fs.resize(fs.used() + du(first.last_checkpoint) // 2)      # room for half a checkpoint more
-    with pytest.raises(CheckpointWriteFailed, match=r"could not write checkpoint step_00000006 \(rank 0: \w+Error.*"
-                                                    r"free on that filesystem\).*step_00000003 is untouched.*"
-                                                    r"Fix: free space.*--resume auto"):
+    fs.resize(fs.used() + du(first.last_checkpoint) // 2)  # room for half a checkpoint more
+    with pytest.raises(
+        CheckpointWriteFailed,
+        match=r"could not write checkpoint step_00000006 \(rank 0: \w+Error.*"
+        r"free on that filesystem\).*step_00000003 is untouched.*"
+        r"Fix: free space.*--resume auto",
+    ):
         train(RECIPE, OVER, run_dir=run, resume="auto")
-    assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()          # the partial files were removed
+    assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()  # the partial files were removed
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [3] and ckpt.verify(ckpt.latest_checkpoint(run)) == []
     assert weights_finite(ckpt.latest_checkpoint(run))
-    fs.resize(64 * MiB)                                        # space freed: the run continues from step 3
+    fs.resize(64 * MiB)  # space freed: the run continues from step 3
     resumed = train(RECIPE, OVER, run_dir=run, resume="auto")
     assert resumed.resumed_from.name == ckpt.tag_for(3) and resumed.final_step == 8
     ref = train(RECIPE, OVER, run_dir=tmp_path / "ref", resume="never")
-    assert read_losses(run) == ref.losses                      # bitwise, as if the disk had never filled
+    assert read_losses(run) == ref.losses  # bitwise, as if the disk had never filled
 
 
 def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_path, small_tmpfs):
     fs = small_tmpfs(tmp_path / "fs", 64 * MiB)
     run = fs.path / "run"
     args = ["--recipe", RECIPE, "--run-dir", str(run), *OVER, "parallel.ds_config=zero1", "parallel.timeout_s=900"]
-    run_ranks([*args, "train.max_steps=3"])                    # a complete checkpoint of step 3
+    run_ranks([*args, "train.max_steps=3"])  # a complete checkpoint of step 3
     fs.resize(fs.used() + du(run / "checkpoints" / ckpt.tag_for(3)) // 2)
     t0 = time.time()
-    procs = start_ranks(args)                                  # --resume auto: steps 4-6, the save of 6 fails
+    procs = start_ranks(args)  # --resume auto: steps 4-6, the save of 6 fails
     try:
         outs = [p.communicate(timeout=300)[0] for p in procs]
     finally:
@@ -243,10 +270,13 @@ def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_p
     waited = time.time() - t0
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 3, f"rank {r}:\n{out[-3000:]}"
-        assert re.search(r"error: could not write checkpoint step_00000006 \(rank \d: \w+Error.*every rank abandoned "
-                         r"it.*step_00000003 is untouched.*--resume auto", out), f"rank {r}:\n{out[-3000:]}"
+        assert re.search(
+            r"error: could not write checkpoint step_00000006 \(rank \d: \w+Error.*every rank abandoned "
+            r"it.*step_00000003 is untouched.*--resume auto",
+            out,
+        ), f"rank {r}:\n{out[-3000:]}"
         assert "another rank died or hangs" not in out
-    assert waited < 300 < 900                # both stopped at once, not after parallel.timeout_s
+    assert waited < 300 < 900  # both stopped at once, not after parallel.timeout_s
     assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [3]
     assert ckpt.newest_good_checkpoint(run) == (run / "checkpoints" / ckpt.tag_for(3), [])
@@ -257,6 +287,7 @@ def test_disk_full_during_shard_write_keeps_written_shards_and_rerun_is_identica
     from data_pipeline import prepare as prep
     from data_pipeline.errors import DataError
     from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
+
     tok = make_tokenizer(tmp_path / "tok")
     write_text(tmp_path / "corpus" / "a.txt", corpus_lines(2000))
     ref = tmp_path / "ref"
@@ -266,32 +297,47 @@ def test_disk_full_during_shard_write_keeps_written_shards_and_rerun_is_identica
 
     def pages(f):
         return -(-f.stat().st_size // 4096) * 4096
+
     # room for the first two shards, the progress file (twice, for its atomic rewrite), half the third shard
     room = sum(pages(ref / f"{s['name']}.{x}") for s in ref_shards[:2] for x in ("bin", "idx")) + 3 * 4096
     room += (ref / f"{ref_shards[2]['name']}.bin").stat().st_size // 2
     fs = small_tmpfs(tmp_path / "fs", room)
     out = fs.path / "out"
-    with pytest.raises(DataError, match=r"could not write shard_0000\d .*\(No space left on device; .* free there\).*"
-                                        r"Fix: free space.*re-run the same command"):
+    with pytest.raises(
+        DataError,
+        match=r"could not write shard_0000\d .*\(No space left on device; .* free there\).*"
+        r"Fix: free space.*re-run the same command",
+    ):
         prep.prepare([str(tmp_path / "corpus")], tok, out, workers=workers, shard_tokens=16_000, progress=False)
     done = json.loads((out / "progress.json").read_text())["shards"]
-    assert 1 <= len(done) < len(ref_shards) and done == ref_shards[:len(done)]
-    assert not list(out.glob("*.tmp"))                         # the partial shard's files were freed
+    assert 1 <= len(done) < len(ref_shards) and done == ref_shards[: len(done)]
+    assert not list(out.glob("*.tmp"))  # the partial shard's files were freed
     before = {p.name: p.read_bytes() for p in out.glob("shard_*")}
     fs.resize(64 * MiB)
     prep.prepare([str(tmp_path / "corpus")], tok, out, workers=workers, shard_tokens=16_000, progress=False)
     after = {p.name: p.read_bytes() for p in sorted(out.glob("shard_*"))}
     assert after == {p.name: p.read_bytes() for p in sorted(ref.glob("shard_*"))}
-    assert all(after[n] == b for n, b in before.items())           # nothing written before was damaged
+    assert all(after[n] == b for n, b in before.items())  # nothing written before was damaged
 
 
 # ---- one rank of two dies or hangs --------------------------------------------------------
 
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
 def test_other_rank_stops_with_a_clear_message_when_one_dies_or_hangs(tmp_path, sig):
     run = tmp_path / "run"
-    procs = start_ranks(["--recipe", RECIPE, "--run-dir", str(run), *FAST, "train.max_steps=400",
-                         "checkpoint.every_steps=2", "parallel.timeout_s=10"])
+    procs = start_ranks(
+        [
+            "--recipe",
+            RECIPE,
+            "--run-dir",
+            str(run),
+            *FAST,
+            "train.max_steps=400",
+            "checkpoint.every_steps=2",
+            "parallel.timeout_s=10",
+        ]
+    )
     try:
         wait_for_steps(run, 3, procs, timeout=120)
         t0 = time.time()
@@ -304,22 +350,24 @@ def test_other_rank_stops_with_a_clear_message_when_one_dies_or_hangs(tmp_path, 
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
     assert procs[0].returncode == 3, out[-3000:]
-    assert "another rank died or hangs" in out and "--resume auto" in out and "Last complete checkpoint" in out, \
-        out[-3000:]
-    assert waited < 120                      # bounded by timeout_s=10 per collective, in every group
+    assert "another rank died or hangs" in out and "--resume auto" in out and "Last complete checkpoint" in out, out[
+        -3000:
+    ]
+    assert waited < 120  # bounded by timeout_s=10 per collective, in every group
     assert ckpt.latest_checkpoint(run) is not None
 
 
 def test_every_process_group_gets_the_run_timeout_not_torchs_30_minute_default(tmp_path):
     # DeepSpeed's data/pipeline/ZeRO groups come from new_group(ranks); each must carry
     # parallel.timeout_s, or a peer hanging inside a sub-group collective holds this rank 30 min.
-    code = ("import torch, torch.distributed as dist\n"
-            "from pretrain.distributed import init_distributed\n"
-            "assert init_distributed(torch.device('cpu'), 7.0)\n"
-            "for g in (dist.group.WORLD, dist.new_group([0])):\n"
-            "    print(g._get_backend(torch.device('cpu')).options._timeout.total_seconds())\n")
-    env = plain_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(free_port()))
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from pretrain.distributed import init_distributed\n"
+        "assert init_distributed(torch.device('cpu'), 7.0)\n"
+        "for g in (dist.group.WORLD, dist.new_group([0])):\n"
+        "    print(g._get_backend(torch.device('cpu')).options._timeout.total_seconds())\n"
+    )
+    env = plain_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["7.0", "7.0"]

@@ -3,6 +3,7 @@ malformed recipe YAML (file and line), wrong types, a run name that leaves runs/
 variant or tokenizer, a sequence length beyond the model, an empty dataset. (Unknown keys,
 impossible layouts, corrupt shards and tokenizer/data mismatches are covered elsewhere; see
 docs/RELIABILITY.md.)"""
+
 from __future__ import annotations
 
 import os
@@ -33,42 +34,59 @@ def trained(tmp_path_factory):
 @pytest.fixture
 def no_engine(monkeypatch):
     """Fail the test if a refusal comes only after the engine was built (expensive work)."""
+
     def boom(*a, **k):
         raise AssertionError("the engine was built before the error")
+
     monkeypatch.setattr(Trainer, "build", boom)
 
 
-@pytest.mark.parametrize("override, msg", [
-    ("train.max_steps=ten", r"train.max_steps='ten' has type str; expected int"),
-    ("optim.lr=[0.1]", r"optim.lr=\[0.1\] has type list; expected float"),
-    ("checkpoint.save_final=1", r"checkpoint.save_final=1 has type int; expected bool"),
-    ("train.nan_policy=ignore", r"nan_policy must be one of \['skip', 'stop', 'rollback'\]"),
-    ("parallel.timeout_s=0", r"timeout_s > 0"),
-])
+@pytest.mark.parametrize(
+    "override, msg",
+    [
+        ("train.max_steps=ten", r"train.max_steps='ten' has type str; expected int"),
+        ("optim.lr=[0.1]", r"optim.lr=\[0.1\] has type list; expected float"),
+        ("checkpoint.save_final=1", r"checkpoint.save_final=1 has type int; expected bool"),
+        ("train.nan_policy=ignore", r"nan_policy must be one of \['skip', 'stop', 'rollback'\]"),
+        ("parallel.timeout_s=0", r"timeout_s > 0"),
+    ],
+)
 def test_wrong_types_and_values_name_the_key(override, msg):
     with pytest.raises(RecipeError, match=msg):
         load_recipe(RECIPE, [override])
 
 
-@pytest.mark.parametrize("text, line, problem", [
-    ("name: x\ntrain:\n  seq_len: 32\n   max_steps: 3\n", 4, "mapping values are not allowed here"),
-    ("name: x\noptim:\n  betas: [0.9, 0.95\n", 4, r"flow sequence from line 3; expected ',' or '\]'"),
-    ("name: 'x\nseed: 1\n", 3, "quoted scalar from line 1"),
-    ("name: x\n\tseed: 1\n", 2, r"found character '\\t' that cannot start any token"),
-])
+@pytest.mark.parametrize(
+    "text, line, problem",
+    [
+        ("name: x\ntrain:\n  seq_len: 32\n   max_steps: 3\n", 4, "mapping values are not allowed here"),
+        ("name: x\noptim:\n  betas: [0.9, 0.95\n", 4, r"flow sequence from line 3; expected ',' or '\]'"),
+        ("name: 'x\nseed: 1\n", 3, "quoted scalar from line 1"),
+        ("name: x\n\tseed: 1\n", 2, r"found character '\\t' that cannot start any token"),
+    ],
+)
 def test_malformed_recipe_yaml_names_the_file_and_line(tmp_path, text, line, problem):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(text)
-    with pytest.raises(RecipeError, match=rf"^{re.escape(str(recipe))}:{line}:\d+: not valid recipe YAML \(.*{problem}"
-                                          r".*\)\. Fix: "):
+    with pytest.raises(
+        RecipeError,
+        match=rf"^{re.escape(str(recipe))}:{line}:\d+: not valid recipe YAML \(.*{problem}"
+        r".*\)\. Fix: ",
+    ):
         load_recipe(recipe)
 
 
 def test_malformed_recipe_yaml_is_one_error_line_and_exit_2(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("name: x\ntrain:\n  seq_len: 32\n   max_steps: 3\n")
-    out = subprocess.run([sys.executable, "-m", "pretrain.train", "--recipe", str(recipe)], cwd=REPO,
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    out = subprocess.run(
+        [sys.executable, "-m", "pretrain.train", "--recipe", str(recipe)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [x for x in out.stderr.splitlines() if x.startswith("error:")]
     assert errors == [x for x in out.stderr.splitlines() if x.startswith(("error:", "Traceback"))]

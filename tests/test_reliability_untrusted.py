@@ -3,6 +3,7 @@
 included, weights-only), `latest` cannot lead out of the checkpoints directory, our own files
 load with weights_only=True, recipes are parsed and never executed, and no loader enables
 trust_remote_code."""
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ OVER = ["train.eval_every_steps=0", "logging.tensorboard=false", "train.max_step
 
 class Payload:
     """Unpickling this runs code: it creates the marker file."""
+
     def __init__(self, marker: Path):
         self.marker = str(marker)
 
@@ -43,15 +45,16 @@ def run(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("victim", ["rng/rank0.pt", "mp_rank_00_model_states.pt",
-                                    "zero_pp_rank_0_mp_rank_00_optim_states.pt"])
+@pytest.mark.parametrize(
+    "victim", ["rng/rank0.pt", "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+)
 def test_crafted_pickle_in_checkpoint_is_refused_and_never_runs(run, tmp_path, victim):
     bad = tmp_path / "bad"
     shutil.copytree(run, bad)
     tag = ckpt.latest_checkpoint(bad)
     marker = tmp_path / "marker"
     torch.save({"state": Payload(marker)}, tag / victim)
-    ckpt.mark_complete(tag)          # whoever can plant a file can rewrite the file list too: the scan is the guard
+    ckpt.mark_complete(tag)  # whoever can plant a file can rewrite the file list too: the scan is the guard
     assert "builtins.exec" in scan_pickle(tag / victim)
     with pytest.raises(UnsafeCheckpoint, match=re.escape(victim.split("/")[-1]) + r".*builtins.exec.*refused"):
         train(RECIPE, OVER + ["train.max_steps=3"], run_dir=bad, resume="auto")
@@ -63,7 +66,7 @@ def test_crafted_pickle_in_checkpoint_is_refused_and_never_runs(run, tmp_path, v
 def test_latest_naming_a_path_outside_the_checkpoints_dir_is_refused_not_followed(run, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(run, bad)
-    elsewhere = tmp_path / "elsewhere"           # a complete-looking checkpoint outside the run
+    elsewhere = tmp_path / "elsewhere"  # a complete-looking checkpoint outside the run
     shutil.copytree(ckpt.latest_checkpoint(bad), elsewhere)
     for name in ("../../elsewhere", "/etc", "step_00000002/../../../elsewhere"):
         (bad / "checkpoints" / "latest").write_text(name + "\n")
@@ -88,7 +91,7 @@ def test_universal_conversion_never_unpickles_a_crafted_file(run, tmp_path, monk
     torch.save({"state": Payload(marker)}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     ckpt.mark_complete(tag)
     with pytest.raises(UnsafeCheckpoint, match=r"optim_states.pt.*builtins.exec.*refused"):
-        universal.to_universal(tag, tmp_path / "uni")            # the scan refuses it before DeepSpeed starts
+        universal.to_universal(tag, tmp_path / "uni")  # the scan refuses it before DeepSpeed starts
     assert not (tmp_path / "uni").exists()
     # and were the scan skipped (or the file swapped after it), DeepSpeed's converter itself reads
     # every file weights-only: it fails, and the payload never runs
@@ -107,13 +110,14 @@ def test_the_file_loaded_is_the_file_scanned(run, tmp_path, monkeypatch):
     """A file swapped for a crafted one between the scan and the load is not what gets loaded:
     the scan and the load read one open file; DeepSpeed's loader is held to the same."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine  # deferred: heavy
+
     src = ckpt.latest_checkpoint(run) / "rng" / "rank0.pt"
     marker = tmp_path / "marker"
     crafted = tmp_path / "crafted.pt"
     torch.save({"state": Payload(marker)}, crafted)
     real_scan = pickle_scan.get_unsafe_globals_in_checkpoint
 
-    def scan_then_swap(f):              # the attacker replaces the file right after the scan
+    def scan_then_swap(f):  # the attacker replaces the file right after the scan
         found = real_scan(f)
         shutil.copy(crafted, victim.with_suffix(".swap"))
         os.replace(victim.with_suffix(".swap"), victim)
@@ -125,7 +129,7 @@ def test_the_file_loaded_is_the_file_scanned(run, tmp_path, monkeypatch):
         shutil.copy(src, victim)
         with pickle_scan.guarded_torch_load():
             state = load(victim)
-        assert set(state) >= {"torch", "numpy", "python"}          # the scanned (benign) bytes were loaded
+        assert set(state) >= {"torch", "numpy", "python"}  # the scanned (benign) bytes were loaded
         assert "builtins.exec" in real_scan(str(victim)) and not marker.exists()
     # even a file no scan looked at is unpickled weights-only inside DeepSpeed's loaders
     monkeypatch.setattr(pickle_scan, "get_unsafe_globals_in_checkpoint", lambda f: [])
@@ -138,7 +142,7 @@ def test_own_checkpoint_files_load_weights_only(run):
     tag = ckpt.latest_checkpoint(run)
     for f in sorted(tag.rglob("*.pt")):
         assert scan_pickle(f) == [], f
-        safe_torch_load(f)                              # torch.load(..., weights_only=True)
+        safe_torch_load(f)  # torch.load(..., weights_only=True)
     model, meta = load_for_eval(tag)
     assert meta["step"] == 2
 
@@ -157,7 +161,9 @@ def test_no_trust_remote_code_anywhere():
     for pkg in ("model", "pretrain", "data_pipeline", "eval"):
         for f in (REPO / pkg).rglob("*.py"):
             text = f.read_text()
-            if re.search(r"trust_remote_code\s*=\s*True", text) or re.search(r"\byaml\.load\(|\bpickle\.loads?\(", text):
+            if re.search(r"trust_remote_code\s*=\s*True", text) or re.search(
+                r"\byaml\.load\(|\bpickle\.loads?\(", text
+            ):
                 hits.append(str(f.relative_to(REPO)))
             if re.search(r"torch\.load\([^)]*weights_only\s*=\s*False", text):
                 hits.append(str(f.relative_to(REPO)))

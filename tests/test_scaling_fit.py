@@ -1,4 +1,5 @@
 """Scaling fits recover known exponents from synthetic data; plots are written."""
+
 import numpy as np
 import pytest
 
@@ -7,7 +8,7 @@ from studies.scaling_fit import fit_power_law, fit_variants, plot_fits
 
 def test_recovers_known_law_exactly():
     n = np.geomspace(1e5, 1e9, 8)
-    fit = fit_power_law(n, 1.7 + 400.0 * n ** -0.34)
+    fit = fit_power_law(n, 1.7 + 400.0 * n**-0.34)
     assert abs(fit.alpha - 0.34) < 1e-3 and abs(fit.E - 1.7) < 1e-3 and abs(fit.A / 400.0 - 1) < 1e-2
     assert fit.r2 > 0.9999
 
@@ -19,8 +20,14 @@ def test_recovers_exponents_with_noise_and_seeds(tmp_path):
     for variant, (E, A, alpha) in truth.items():
         for n in np.geomspace(1e4, 1e8, 7):
             for seed in range(3):
-                rows.append({"variant": variant, "params": n, "seed": seed,
-                             "val_loss": E + A * n ** -alpha + rng.normal(0, 0.005)})
+                rows.append(
+                    {
+                        "variant": variant,
+                        "params": n,
+                        "seed": seed,
+                        "val_loss": E + A * n**-alpha + rng.normal(0, 0.005),
+                    }
+                )
     fits = fit_variants(rows, "params", "val_loss")
     for variant, (E, A, alpha) in truth.items():
         fit = fits[variant]

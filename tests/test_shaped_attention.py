@@ -1,4 +1,5 @@
 """Shaped attention (Noci et al.): A = I + softmax(Q K^T / tau) - C, in every mode."""
+
 import math
 
 import pytest
@@ -41,8 +42,12 @@ def test_output_is_explicit_A_times_V(causal):
     with torch.no_grad():
         a, vis = explicit_matrix(attn, x, causal)
         # rows of A - I sum to zero over the visible part; nothing outside it
-        torch.testing.assert_close((a - torch.eye(T, dtype=torch.float64)).sum(-1),
-                                   torch.zeros(2, cfg.num_heads, T, dtype=torch.float64), rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            (a - torch.eye(T, dtype=torch.float64)).sum(-1),
+            torch.zeros(2, cfg.num_heads, T, dtype=torch.float64),
+            rtol=0,
+            atol=1e-12,
+        )
         assert torch.all(a[..., ~vis] == 0)
         v = attn.v_proj(x).view(2, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2).double()
         v = v.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, dim=1)

@@ -1,5 +1,6 @@
 """The mechanism studies at a tiny budget (the pipelines only; the measurements are docs/RESULTS.md's):
 induction probes logged during training and plotted, and the packed-arithmetic layouts."""
+
 from __future__ import annotations
 
 import json
@@ -9,12 +10,28 @@ from studies import induction, packed
 
 def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
     out = tmp_path / "ind"
-    assert induction.main(["--smoke", "--out", str(out), "--variants", "standard,mixit", "--seeds", "1",
-                           "--vocab-size", "400", "--repeat-fraction", "0.5"]) == 0
+    assert (
+        induction.main(
+            [
+                "--smoke",
+                "--out",
+                str(out),
+                "--variants",
+                "standard,mixit",
+                "--seeds",
+                "1",
+                "--vocab-size",
+                "400",
+                "--repeat-fraction",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(x) for x in (out / "runs" / "standard-L2-s0" / "metrics.jsonl").read_text().splitlines()]
     probed = [r for r in rows if "probe/icl_score" in r]
-    assert [r["step"] for r in probed] == [2, 4]                          # every eval_every_steps, in metrics.jsonl
-    assert len(probed[-1]["probe/induction_score_text_heads"]) == 2       # [layer][head]
+    assert [r["step"] for r in probed] == [2, 4]  # every eval_every_steps, in metrics.jsonl
+    assert len(probed[-1]["probe/induction_score_text_heads"]) == 2  # [layer][head]
     mix = [json.loads(x) for x in (out / "runs" / "mixit-L2-s0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["probe/source"] for r in mix if "probe/source" in r] == ["mixing_matrix"] * 2
     md = (out / "induction.md").read_text()
@@ -32,8 +49,8 @@ def test_packed_study_trains_every_layout_and_scores_offsets(tmp_path):
     assert packed.main(["--smoke", "--out", str(out), "--variants", "mixit", "--seeds", "1"]) == 0
     res = json.loads((out / "packed.json").read_text())
     assert set(res) == {"aligned/mixit", "packed/mixit", "docpack/mixit"}
-    assert list(res["aligned/mixit"][0]["by_offset"]) == ["0"]             # a 4-token context: offset 0 only
-    assert len(res["packed/mixit"][0]["by_offset"]) == 62                  # a and b fit: offsets 0..61 of 63
+    assert list(res["aligned/mixit"][0]["by_offset"]) == ["0"]  # a 4-token context: offset 0 only
+    assert len(res["packed/mixit"][0]["by_offset"]) == 62  # a and b fit: offsets 0..61 of 63
     cfg = (out / "runs" / "packed-mixit-s0" / "config.yaml").read_text()
     assert "seq_len: 63" in cfg
     assert (out / "packed.png").stat().st_size > 10_000
@@ -48,4 +65,4 @@ def test_packed_data_keeps_the_held_out_pairs_out_of_training(tmp_path):
     assert {packed.encode(a, b, (a + b) % 31) for a, b in info["test_pairs"]} == set(val)
     assert not set(train) & set(val) and len(train) == 2 * len(info["train_pairs"])
     assert all(len(x) == 3 for x in lines)
-    assert int(len(lines) * info["val_fraction"]) == n_val                  # the loader's tail is exactly them
+    assert int(len(lines) * info["val_fraction"]) == n_val  # the loader's tail is exactly them

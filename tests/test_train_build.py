@@ -1,6 +1,7 @@
 """Each rank builds only what it owns (pretrain/parallelize.py), with the weights of one process;
 activation checkpointing applied from outside recomputes every block, masks or not; the pipeline's
 last stage and ZeRO-3 take the chunked loss, equal to the full-logits one."""
+
 from __future__ import annotations
 
 import re
@@ -23,6 +24,7 @@ V, T = 97, 24
 
 # ---- initial values by name ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_meta_build_materialises_the_single_process_weights_tensor_by_tensor(variant):
     """Any subset of tensors, materialised from the meta device, equals the full build bit for bit
@@ -32,7 +34,7 @@ def test_meta_build_materialises_the_single_process_weights_tensor_by_tensor(var
     with torch.device("meta"):
         meta = Transformer(cfg, init_seed=7)
     names = {id(p): n for n, p in meta.named_parameters()}
-    owned = meta.layers[1]                                    # e.g. one pipeline stage's block
+    owned = meta.layers[1]  # e.g. one pipeline stage's block
     materialise(owned, names, meta.initial_value, torch.device("cpu"))
     for n, p in meta.named_parameters():
         if n.startswith("layers.1."):
@@ -41,11 +43,14 @@ def test_meta_build_materialises_the_single_process_weights_tensor_by_tensor(var
             assert p.is_meta, n
     assert resident_parameter_bytes(meta) == sum(p.numel() * 4 for p in owned.parameters())
     materialise(meta, names, meta.initial_value, torch.device("cpu"))
-    assert meta.lm_head.weight is meta.embed_tokens.weight    # ties survive materialisation
+    assert meta.lm_head.weight is meta.embed_tokens.weight  # ties survive materialisation
     for n, p in meta.named_parameters():
         assert torch.equal(p, full[n]), n
-    deeper = dict(build_model(preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, tie_embeddings=True,
-                                     num_layers=3), seed=7).named_parameters())
+    deeper = dict(
+        build_model(
+            preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, tie_embeddings=True, num_layers=3), seed=7
+        ).named_parameters()
+    )
     assert all(torch.equal(deeper[n], p) for n, p in full.items())
     other = dict(build_model(cfg, seed=8).named_parameters())
     assert not torch.equal(other["layers.0.mlp.up_proj.weight"], full["layers.0.mlp.up_proj.weight"])
@@ -61,6 +66,7 @@ def test_frozen_qk_keeps_its_own_init_scale():
 
 
 # ---- activation checkpointing from outside -----------------------------------------------------
+
 
 def _mlp_calls(model) -> list[int]:
     """A counter of MLP forwards begun (a recomputation may stop early, before one returns)."""
@@ -85,13 +91,13 @@ def test_activation_checkpointing_recomputes_every_block_with_and_without_masks(
         calls = _mlp_calls(model)
         loss = model(x[:, :-1], labels=x[:, 1:], doc_ids=doc_ids)
         loss.backward()
-        assert calls[0] == cfg.num_layers * (2 if ac else 1)          # recomputed in backward
-        assert list(model.state_dict()) == keys                        # names and state dict unchanged
+        assert calls[0] == cfg.num_layers * (2 if ac else 1)  # recomputed in backward
+        assert list(model.state_dict()) == keys  # names and state dict unchanged
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
         with torch.no_grad():
             calls[0] = 0
             model(x[:, :-1], doc_ids=doc_ids)
-            assert calls[0] == cfg.num_layers                          # no gradient: nothing to recompute
+            assert calls[0] == cfg.num_layers  # no gradient: nothing to recompute
     assert torch.equal(results[0][0], results[1][0])
     for n, g in results[0][1].items():
         torch.testing.assert_close(results[1][1][n], g, rtol=0, atol=0)
@@ -101,7 +107,7 @@ def test_activation_checkpointing_reaches_a_classifiers_masked_backbone():
     """A bidirectional classifier masks its pads: the blocks are still recomputed."""
     cfg = preset("tiny", vocab_size=32, max_seq_len=16, causal=False)
     x = torch.randint(1, 32, (3, 12))
-    x[0, 8:] = 0                                                          # padding: a document mask
+    x[0, 8:] = 0  # padding: a document mask
     labels = torch.tensor([0, 2, 1])
     grads = []
     for ac in (False, True):
@@ -117,6 +123,7 @@ def test_activation_checkpointing_reaches_a_classifiers_masked_backbone():
 
 
 # ---- no full logits ------------------------------------------------------------------------
+
 
 class LogitRows(TorchDispatchMode):
     """The most rows of vocab-wide logits any op wrote (views, e.g. of the head matrix, aside)."""
@@ -169,8 +176,15 @@ def test_pipeline_last_stage_loss_is_chunked_and_equals_the_full_logits_loss(tie
 # ---- two real ranks ------------------------------------------------------------------------
 
 RECIPE = "recipes/tiny_cpu.yaml"
-COMMON = ["model.variant=frozen_qk", "model.tie_embeddings=true", "train.max_steps=6", "train.eval_every_steps=0",
-          "logging.tensorboard=false", "checkpoint.every_steps=0", "checkpoint.keep_last=0"]
+COMMON = [
+    "model.variant=frozen_qk",
+    "model.tie_embeddings=true",
+    "train.max_steps=6",
+    "train.eval_every_steps=0",
+    "logging.tensorboard=false",
+    "checkpoint.every_steps=0",
+    "checkpoint.keep_last=0",
+]
 TOL = dict(rel=1e-5, abs=1e-5)
 
 
@@ -192,16 +206,19 @@ def _resident(out: str) -> tuple[list[int], int]:
 @pytest.mark.parametrize("layout", ["zero3", "pipeline"])
 def test_two_ranks_hold_only_their_share_and_train_like_one_process(layout, reference, tmp_path):
     ref_losses, ref_model = reference
-    ref_params = list(ref_model.parameters())                 # the tied matrix once
-    pick = ["parallel.ds_config=zero3"] if layout == "zero3" else \
-        ["parallel.ds_config=pipeline", "parallel.pipeline_stages=2"]
+    ref_params = list(ref_model.parameters())  # the tied matrix once
+    pick = (
+        ["parallel.ds_config=zero3"]
+        if layout == "zero3"
+        else ["parallel.ds_config=pipeline", "parallel.pipeline_stages=2"]
+    )
     base = ["--recipe", RECIPE, *pick, *COMMON]
     out = run_ranks([*base, "--run-dir", str(tmp_path / "ac"), "train.activation_checkpointing=true"])
     per_rank, whole = _resident(out)
     assert whole == sum(p.numel() * 4 for p in ref_params)
-    if layout == "zero3":         # each rank: its half of every tensor (padded to an even count)
+    if layout == "zero3":  # each rank: its half of every tensor (padded to an even count)
         assert per_rank == [sum((p.numel() + 1) // 2 * 4 for p in ref_params)] * 2
-    else:                         # each rank: its stage's layers; the tied embedding lives on both ends
+    else:  # each rank: its stage's layers; the tied embedding lives on both ends
         assert sum(per_rank) == whole + ref_model.embed_tokens.weight.numel() * 4 and max(per_rank) < whole
     got = read_losses(tmp_path / "ac")
     for s in range(1, 7):

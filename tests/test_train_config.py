@@ -1,4 +1,5 @@
 """Recipe loading, overrides, layout checks, DeepSpeed config filling and --dry-run (no processes)."""
+
 from __future__ import annotations
 
 import io
@@ -16,16 +17,25 @@ RECIPE = "recipes/tiny_cpu.yaml"
 
 
 def test_recipes_load_and_overrides_apply():
-    cfg = load_recipe(RECIPE, ["train.lr=1e-3", "model.variant=frozen_qk", "data.task_args.n_pairs=4",
-                               "train.global_batch_sequences=16"])
+    cfg = load_recipe(
+        RECIPE,
+        ["train.lr=1e-3", "model.variant=frozen_qk", "data.task_args.n_pairs=4", "train.global_batch_sequences=16"],
+    )
     assert cfg.optim.lr == 1e-3 and cfg.model["variant"] == "frozen_qk"
     assert cfg.data["task_args"] == {"n_pairs": 4} and cfg.global_batch_size == 16
     assert load_recipe("recipes/wikitext2_cpu.yaml").data["source"].startswith("text:")
 
 
-@pytest.mark.parametrize("override, hint", [
-    ("train.learning_rate=1", "lr"), ("optim.warmup=3", "warmup_steps"), ("model.varient=mixit", "variant"),
-    ("trian.seq_len=3", "train"), ("parallel.zero_stage=2", "ds_config")])
+@pytest.mark.parametrize(
+    "override, hint",
+    [
+        ("train.learning_rate=1", "lr"),
+        ("optim.warmup=3", "warmup_steps"),
+        ("model.varient=mixit", "variant"),
+        ("trian.seq_len=3", "train"),
+        ("parallel.zero_stage=2", "ds_config"),
+    ],
+)
 def test_unknown_keys_name_close_matches(override, hint):
     with pytest.raises(RecipeError, match=hint):
         load_recipe(RECIPE, [override])
@@ -63,7 +73,11 @@ def test_ds_config_is_filled_from_the_recipe(tmp_path):
     cfg = load_recipe(RECIPE, ["parallel.ds_config=pipeline", "parallel.pipeline_stages=2", "train.precision=bf16"])
     layout = plan_layout(cfg, 4)
     ds = build_ds_config(cfg, layout, on_cpu=True)
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
+        8,
+        4,
+        1,
+    )
     assert ds["bf16"]["enabled"] and ds["data_types"]["grad_accum_dtype"] == "fp32"
     assert ds["optimizer"]["params"]["lr"] == cfg.optim.lr and ds["optimizer"]["params"]["torch_adam"]
     bad = tmp_path / "bad.json"
@@ -90,12 +104,15 @@ def test_zero2_and_zero3_templates_carry_cluster_defaults_and_the_dry_run_shows_
         parsed = DeepSpeedZeroConfig(**zero)
         assert parsed.overlap_comm and parsed.reduce_bucket_size >= 256 * 256, name
         if zero["stage"] == 3:
-            assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"],
-                    zero["stage3_param_persistence_threshold"]) == (65536, 58982, 2560)
-            assert parsed.param_persistence_threshold == 2560 and parsed.max_live_parameters == 10 ** 9
+            assert (
+                zero["reduce_bucket_size"],
+                zero["stage3_prefetch_bucket_size"],
+                zero["stage3_param_persistence_threshold"],
+            ) == (65536, 58982, 2560)
+            assert parsed.param_persistence_threshold == 2560 and parsed.max_live_parameters == 10**9
     out = io.StringIO()
     info = dry_run(load_recipe(RECIPE, ["parallel.ds_config=zero3"]), 2, out=out)
-    assert info["zero_optimization"]["stage3_param_persistence_threshold"] == 640       # tiny: hidden 64
+    assert info["zero_optimization"]["stage3_param_persistence_threshold"] == 640  # tiny: hidden 64
     assert '"overlap_comm": true' in out.getvalue() and '"stage3_param_persistence_threshold": 640' in out.getvalue()
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}))
@@ -108,8 +125,10 @@ def test_lr_schedule_warmup_then_decay_to_min():
     lrs = [lr_at(cfg, s) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] == pytest.approx(0.1, abs=1e-3)
-    lin = load_recipe(RECIPE, ["train.max_steps=100", "optim.warmup_steps=0", "optim.decay=linear",
-                               "optim.lr=1.0", "optim.min_lr=0.0"])
+    lin = load_recipe(
+        RECIPE,
+        ["train.max_steps=100", "optim.warmup_steps=0", "optim.decay=linear", "optim.lr=1.0", "optim.min_lr=0.0"],
+    )
     assert lr_at(lin, 50) == pytest.approx(0.5)
 
 
@@ -120,8 +139,20 @@ def test_dry_run_prints_plan_and_refuses(capsys):
     for word in ("resolved config", "trainable", "frozen", "FLOPs per token", "memory per rank", "ZeRO-3"):
         assert word in text
     assert info["params_frozen"] > 0 and info["params_trainable"] > 0
-    assert main(["--recipe", RECIPE, "--dry-run", "--world-size", "2", "parallel.pipeline_stages=2",
-                 "parallel.ds_config=zero3"]) == 2
+    assert (
+        main(
+            [
+                "--recipe",
+                RECIPE,
+                "--dry-run",
+                "--world-size",
+                "2",
+                "parallel.pipeline_stages=2",
+                "parallel.ds_config=zero3",
+            ]
+        )
+        == 2
+    )
     assert "ZeRO stage 0 or 1 only" in capsys.readouterr().err
 
 
@@ -137,6 +168,7 @@ def test_every_recipe_dry_runs(recipe):
 def test_adamw_groups_hold_trainable_tensors_only():
     from model import build_model, preset
     from pretrain.engine import param_groups
+
     cfg = load_recipe(RECIPE, ["model.variant=frozen_qk", "model.tie_embeddings=true"])
     model = build_model(preset("tiny", variant="frozen_qk", vocab_size=50, max_seq_len=32, tie_embeddings=True), seed=0)
     decay, no_decay = param_groups(model, cfg)

@@ -1,6 +1,7 @@
 """Two real CPU processes (gloo): every layout gives the single-process losses; under ZeRO 1/2/3 a
 kill -9 + --resume auto continues the same losses and keeps frozen tensors bit-identical; a universal
 checkpoint resumes on a different world size."""
+
 from __future__ import annotations
 
 import random
@@ -16,8 +17,15 @@ from pretrain.universal import to_universal
 
 RECIPE = "recipes/tiny_cpu.yaml"
 # frozen_qk with tied embeddings: frozen tensors to preserve, and a tied pair across pipeline stages.
-COMMON = ["model.variant=frozen_qk", "model.tie_embeddings=true", "train.max_steps=10", "train.eval_every_steps=0",
-          "logging.tensorboard=false", "checkpoint.every_steps=5", "checkpoint.keep_last=0"]
+COMMON = [
+    "model.variant=frozen_qk",
+    "model.tie_embeddings=true",
+    "train.max_steps=10",
+    "train.eval_every_steps=0",
+    "logging.tensorboard=false",
+    "checkpoint.every_steps=5",
+    "checkpoint.keep_last=0",
+]
 TOL = dict(rel=1e-5, abs=1e-5)
 
 
@@ -60,7 +68,7 @@ def test_zero_two_ranks_match_one_across_kill9_resume_keep_frozen(zero, referenc
     out = run_ranks([*args, "--resume", "auto"])
     assert "resumed from" in out and ckpt.tag_for(5) in out
     assert sorted(read_losses(run)) == list(range(1, 11))
-    assert_losses_match(read_losses(run), ref.losses, range(1, 11))   # same as one process, across the kill
+    assert_losses_match(read_losses(run), ref.losses, range(1, 11))  # same as one process, across the kill
     assert_frozen_identical(run / "checkpoints" / ckpt.tag_for(5), frozen)
     assert_frozen_identical(run / "checkpoints" / ckpt.tag_for(10), frozen)
     if zero == "zero1":
@@ -75,11 +83,23 @@ def test_zero_two_ranks_match_one_across_kill9_resume_keep_frozen(zero, referenc
 def test_two_pipeline_stages_match_one_process(reference, tmp_path):
     ref, frozen = reference
     run = tmp_path / "pipe"
-    run_ranks(["--recipe", RECIPE, "--run-dir", str(run), "parallel.ds_config=pipeline",
-               "parallel.pipeline_stages=2", *COMMON])
+    run_ranks(
+        [
+            "--recipe",
+            RECIPE,
+            "--run-dir",
+            str(run),
+            "parallel.ds_config=pipeline",
+            "parallel.pipeline_stages=2",
+            *COMMON,
+        ]
+    )
     assert_losses_match(read_losses(run), ref.losses, range(1, 11))
     tag = run / "checkpoints" / ckpt.tag_for(10)
-    assert sorted(p.name for p in tag.glob("frozen-stage*")) == ["frozen-stage0.safetensors", "frozen-stage1.safetensors"]
+    assert sorted(p.name for p in tag.glob("frozen-stage*")) == [
+        "frozen-stage0.safetensors",
+        "frozen-stage1.safetensors",
+    ]
     assert_frozen_identical(tag, frozen)
     # the exported tied model equals the single-process one
     a, _ = load_for_eval(tag)

@@ -1,5 +1,6 @@
 """launch.sh end to end: a two-"node" run on loopback (two launcher invocations, --no-ssh) and a
 2-process CPU run that learns WikiText-2 text."""
+
 from __future__ import annotations
 
 import json
@@ -28,16 +29,43 @@ def test_two_nodes_on_loopback_train_and_checkpoint(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
     run, port = tmp_path / "run", free_port()
-    procs = [subprocess.Popen(["./launch.sh", "--cpu", "1", "--hostfile", str(hostfile), "--no-ssh", "--node-rank", str(r),
-                               "--master-addr", "127.0.0.1", "--master-port", str(port), "--",
-                               "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=4",
-                               "train.eval_every_steps=0", "checkpoint.every_steps=2", "logging.tensorboard=false"],
-                              cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                "./launch.sh",
+                "--cpu",
+                "1",
+                "--hostfile",
+                str(hostfile),
+                "--no-ssh",
+                "--node-rank",
+                str(r),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--",
+                "--recipe",
+                "recipes/tiny_cpu.yaml",
+                "--run-dir",
+                str(run),
+                "train.max_steps=4",
+                "train.eval_every_steps=0",
+                "checkpoint.every_steps=2",
+                "logging.tensorboard=false",
+            ],
+            cwd=REPO,
+            env=launch_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-3000:]
-    assert "--no_ssh --node_rank 0 --master_addr 127.0.0.1" in outs[0]      # the printed command
+    assert "--no_ssh --node_rank 0 --master_addr 127.0.0.1" in outs[0]  # the printed command
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [2, 4]
     state = ckpt.read_state(run / "checkpoints" / ckpt.tag_for(4))
     assert state["world_size"] == 2 and state["step"] == 4
@@ -47,10 +75,29 @@ def test_two_nodes_on_loopback_train_and_checkpoint(tmp_path):
 @pytest.mark.skipif(not WIKITEXT.is_dir(), reason="WikiText-2 copy not present next to the repository")
 def test_two_process_cpu_run_learns_wikitext2(tmp_path):
     run = tmp_path / "wt"
-    out = subprocess.run(["./launch.sh", "--cpu", "2", "--master-port", str(free_port()), "--",
-                          "--recipe", "recipes/wikitext2_cpu.yaml", "--run-dir", str(run), "train.max_steps=60",
-                          "train.eval_every_steps=60", "checkpoint.every_steps=0", "logging.every_steps=1"],
-                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=400)
+    out = subprocess.run(
+        [
+            "./launch.sh",
+            "--cpu",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "--",
+            "--recipe",
+            "recipes/wikitext2_cpu.yaml",
+            "--run-dir",
+            str(run),
+            "train.max_steps=60",
+            "train.eval_every_steps=60",
+            "checkpoint.every_steps=0",
+            "logging.every_steps=1",
+        ],
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     first, last = recs[0], recs[-1]
@@ -63,10 +110,29 @@ def test_two_process_cpu_run_learns_wikitext2(tmp_path):
 
 def test_sigterm_to_launch_sh_checkpoints_every_rank(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(["./launch.sh", "--cpu", "2", "--master-port", str(free_port()), "--",
-                             "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=1000",
-                             "train.eval_every_steps=0", "checkpoint.every_steps=0", "logging.tensorboard=false"],
-                            cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            "./launch.sh",
+            "--cpu",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "--",
+            "--recipe",
+            "recipes/tiny_cpu.yaml",
+            "--run-dir",
+            str(run),
+            "train.max_steps=1000",
+            "train.eval_every_steps=0",
+            "checkpoint.every_steps=0",
+            "logging.tensorboard=false",
+        ],
+        cwd=REPO,
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     m = run / "metrics.jsonl"
     deadline = time.time() + 200
     while time.time() < deadline and not (m.is_file() and len(m.read_text().splitlines()) >= 3):
@@ -81,16 +147,30 @@ def test_sigterm_to_launch_sh_checkpoints_every_rank(tmp_path):
     assert len(list(latest.glob("rng/rank*.pt"))) == 2
 
 
-@pytest.mark.parametrize("opts, expect", [
-    (["--cpu", "2"], "--num_gpus 2 --module pretrain.train"),
-    (["--gpus", "8", "--master-port", "29999"], "--master_port 29999 --num_gpus 8 --module pretrain.train"),
-    (["--hostfile", "hf", "--gpus", "8", "--master-addr", "node0"], "--hostfile hf --num_gpus 8 --master_addr node0"),
-    (["--no-ssh", "--hostfile", "hf", "--node-rank", "1", "--master-addr", "10.0.0.1", "--gpus", "4"],
-     "--hostfile hf --num_gpus 4 --no_ssh --node_rank 1 --master_addr 10.0.0.1"),
-])
+@pytest.mark.parametrize(
+    "opts, expect",
+    [
+        (["--cpu", "2"], "--num_gpus 2 --module pretrain.train"),
+        (["--gpus", "8", "--master-port", "29999"], "--master_port 29999 --num_gpus 8 --module pretrain.train"),
+        (
+            ["--hostfile", "hf", "--gpus", "8", "--master-addr", "node0"],
+            "--hostfile hf --num_gpus 8 --master_addr node0",
+        ),
+        (
+            ["--no-ssh", "--hostfile", "hf", "--node-rank", "1", "--master-addr", "10.0.0.1", "--gpus", "4"],
+            "--hostfile hf --num_gpus 4 --no_ssh --node_rank 1 --master_addr 10.0.0.1",
+        ),
+    ],
+)
 def test_launch_sh_prints_the_exact_command(opts, expect):
-    out = subprocess.run(["./launch.sh", *opts, "--dry-print", "--", "--recipe", "recipes/tiny_cpu.yaml", "train.lr=1e-3"],
-                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["./launch.sh", *opts, "--dry-print", "--", "--recipe", "recipes/tiny_cpu.yaml", "train.lr=1e-3"],
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("+ ") and expect in out.stdout
     assert out.stdout.rstrip().endswith("--recipe recipes/tiny_cpu.yaml train.lr=1e-3")
@@ -98,22 +178,30 @@ def test_launch_sh_prints_the_exact_command(opts, expect):
 
 def test_launch_sh_states_the_nccl_failure_settings_for_gpu_runs():
     def dry(opts, **env):
-        out = subprocess.run(["./launch.sh", *opts, "--dry-print", "--", "--recipe", "recipes/tiny_cpu.yaml"], cwd=REPO,
-                             env=dict(launch_env(), **env), capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["./launch.sh", *opts, "--dry-print", "--", "--recipe", "recipes/tiny_cpu.yaml"],
+            cwd=REPO,
+            env=dict(launch_env(), **env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
+
     nccl = "env TORCH_NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_BLOCKING_WAIT=0 "
     assert dry(["--gpus", "2"]).startswith("+ " + nccl)
     assert dry(["--hostfile", "hf", "--gpus", "8"]).startswith("+ " + nccl)
-    assert "TORCH_NCCL" not in dry(["--cpu", "2"])                            # gloo: nothing to set
+    assert "TORCH_NCCL" not in dry(["--cpu", "2"])  # gloo: nothing to set
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=3 " in dry(["--gpus", "2"], TORCH_NCCL_ASYNC_ERROR_HANDLING="3")
 
 
 def test_launch_sh_refuses_incomplete_forms():
     for opts in (["--slurm"], ["--no-ssh", "--hostfile", "hf"], []):
         env = {k: v for k, v in launch_env().items() if not k.startswith("SLURM_")}
-        out = subprocess.run(["./launch.sh", *opts, "--", "--recipe", "x"], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["./launch.sh", *opts, "--", "--recipe", "x"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 2 and out.stderr, opts
 
 
@@ -125,16 +213,40 @@ def test_slurm_form_rendezvous_from_slurm_variables(tmp_path):
     (bin_dir / "srun").write_text(
         "#!/bin/bash\n# stand-in: start 2 tasks locally with the variables srun sets\n"
         "shift  # --kill-on-bad-exit=1\n"
-        "for i in 0 1; do SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NTASKS=2 SLURM_NNODES=1 \"$@\" & done\n"
-        "rc=0; for j in $(jobs -p); do wait $j || rc=$?; done; exit $rc\n")
+        'for i in 0 1; do SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NTASKS=2 SLURM_NNODES=1 "$@" & done\n'
+        "rc=0; for j in $(jobs -p); do wait $j || rc=$?; done; exit $rc\n"
+    )
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     run = tmp_path / "run"
-    env = dict(launch_env(), PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="1", SLURM_JOB_NODELIST="localhost",
-               SLURM_NTASKS_PER_NODE="2")
-    out = subprocess.run(["./launch.sh", "--slurm", "--master-port", str(free_port()), "--", "--recipe",
-                          "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=2", "train.eval_every_steps=0",
-                          "logging.tensorboard=false"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        launch_env(),
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        SLURM_JOB_ID="1",
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_NTASKS_PER_NODE="2",
+    )
+    out = subprocess.run(
+        [
+            "./launch.sh",
+            "--slurm",
+            "--master-port",
+            str(free_port()),
+            "--",
+            "--recipe",
+            "recipes/tiny_cpu.yaml",
+            "--run-dir",
+            str(run),
+            "train.max_steps=2",
+            "train.eval_every_steps=0",
+            "logging.tensorboard=false",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert out.stdout.startswith("+ env MASTER_ADDR=127.0.0.1 MASTER_PORT=") and " srun " in out.stdout
     assert ckpt.read_state(ckpt.latest_checkpoint(run))["world_size"] == 2
@@ -148,11 +260,30 @@ def _printed_port(out: str) -> int:
 def test_concurrent_local_launches_get_their_own_ports(tmp_path):
     """Two single-node jobs started at once on one machine, no --master-port: each rendezvous on a free
     port of its own (a fixed 29500 made the second one fail to bind, or join the first)."""
-    procs = [subprocess.Popen(["./launch.sh", "--cpu", "1", "--", "--recipe", "recipes/tiny_cpu.yaml",
-                               "--run-dir", str(tmp_path / f"run{i}"), "train.max_steps=20", "train.eval_every_steps=0",
-                               "checkpoint.every_steps=0", "logging.tensorboard=false"],
-                              cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                "./launch.sh",
+                "--cpu",
+                "1",
+                "--",
+                "--recipe",
+                "recipes/tiny_cpu.yaml",
+                "--run-dir",
+                str(tmp_path / f"run{i}"),
+                "train.max_steps=20",
+                "train.eval_every_steps=0",
+                "checkpoint.every_steps=0",
+                "logging.tensorboard=false",
+            ],
+            cwd=REPO,
+            env=launch_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-3000:]
@@ -163,11 +294,32 @@ def test_concurrent_local_launches_get_their_own_ports(tmp_path):
 
 
 def _slurm_dry_print(job_id: str, *extra: str, **env_extra: str) -> str:
-    env = dict(launch_env(), SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="node[01-02]", SLURM_NTASKS="8",
-               SLURM_NNODES="2", **env_extra)
-    out = subprocess.run(["./launch.sh", "--slurm", "--master-addr", "node01", *extra, "--dry-print", "--",
-                          "--recipe", "recipes/tiny_cpu.yaml"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=60)
+    env = dict(
+        launch_env(),
+        SLURM_JOB_ID=job_id,
+        SLURM_JOB_NODELIST="node[01-02]",
+        SLURM_NTASKS="8",
+        SLURM_NNODES="2",
+        **env_extra,
+    )
+    out = subprocess.run(
+        [
+            "./launch.sh",
+            "--slurm",
+            "--master-addr",
+            "node01",
+            *extra,
+            "--dry-print",
+            "--",
+            "--recipe",
+            "recipes/tiny_cpu.yaml",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -179,13 +331,20 @@ def test_slurm_port_is_a_function_of_the_job():
     assert 1024 < port < 65536
     assert _printed_port(_slurm_dry_print("73105", SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID="5")) == port
     assert _printed_port(_slurm_dry_print("73105", SLURM_NODEID="1", SLURM_PROCID="4")) == port
-    others = {_printed_port(_slurm_dry_print(str(j), SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID=str(j - 73100)))
-              for j in range(73100, 73116)}
+    others = {
+        _printed_port(_slurm_dry_print(str(j), SLURM_ARRAY_JOB_ID="73100", SLURM_ARRAY_TASK_ID=str(j - 73100)))
+        for j in range(73100, 73116)
+    }
     assert len(others) == 16
     assert _printed_port(_slurm_dry_print("73105", "--master-port", "29999")) == 29999
     out = _slurm_dry_print("73105")
-    assert out.startswith(f"+ env MASTER_ADDR=node01 MASTER_PORT={port} TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "
-                          "TORCH_NCCL_BLOCKING_WAIT=0 srun ") and len(out.splitlines()) == 1
+    assert (
+        out.startswith(
+            f"+ env MASTER_ADDR=node01 MASTER_PORT={port} TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "
+            "TORCH_NCCL_BLOCKING_WAIT=0 srun "
+        )
+        and len(out.splitlines()) == 1
+    )
 
 
 def _processes_mentioning(text: str) -> dict[int, str]:
@@ -213,18 +372,38 @@ def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, vic
     exit, so no orphan keeps a device or writes into a run dir that a restarted job owns."""
     run = tmp_path / "orphan_run"
     log = open(tmp_path / "launch.log", "w")
-    proc = subprocess.Popen(["./launch.sh", "--cpu", "2", "--", "--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run),
-                             "train.max_steps=100000", "train.eval_every_steps=0", "checkpoint.every_steps=0",
-                             "logging.tensorboard=false"], cwd=REPO, env=launch_env(), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            "./launch.sh",
+            "--cpu",
+            "2",
+            "--",
+            "--recipe",
+            "recipes/tiny_cpu.yaml",
+            "--run-dir",
+            str(run),
+            "train.max_steps=100000",
+            "train.eval_every_steps=0",
+            "checkpoint.every_steps=0",
+            "logging.tensorboard=false",
+        ],
+        cwd=REPO,
+        env=launch_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         m = run / "metrics.jsonl"
         deadline = time.time() + 200
         while time.time() < deadline and not (m.is_file() and len(m.read_text().splitlines()) >= 3):
             assert proc.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
             time.sleep(0.1)
-        ranks = {p for p, cmd in _processes_mentioning(str(run)).items() if "-m pretrain.train" in cmd
-                 and "deepspeed.launcher" not in cmd}
+        ranks = {
+            p
+            for p, cmd in _processes_mentioning(str(run)).items()
+            if "-m pretrain.train" in cmd and "deepspeed.launcher" not in cmd
+        }
         assert len(ranks) == 2
         if victim == "launch.sh group":
             os.killpg(proc.pid, signal.SIGKILL)
@@ -238,7 +417,7 @@ def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, vic
         left = _processes_mentioning(str(run))
         assert not left, f"still running 60 s after the launcher died: {left}"
     finally:
-        for pid in _processes_mentioning(str(run)):       # only what this test started (its unique run dir)
+        for pid in _processes_mentioning(str(run)):  # only what this test started (its unique run dir)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -251,4 +430,4 @@ def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, vic
     assert latest is not None and ckpt.read_state(latest)["step"] == max(steps) < 100000
     assert len(list(latest.glob("rng/rank*.pt"))) == 2
     tags = [p for p in ckpt.ckpt_root(run).iterdir() if p.is_dir()]
-    assert all(ckpt.is_complete(p) for p in tags), tags           # no partial checkpoint left behind
+    assert all(ckpt.is_complete(p) for p in tags), tags  # no partial checkpoint left behind

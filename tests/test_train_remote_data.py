@@ -1,6 +1,7 @@
 """Two real training ranks (gloo) reading their shards from loopback HTTP and S3 servers give
 exactly the losses of the same run on local shards, also across a kill -9 and --resume auto;
 an HTTP server outage mid-run stops both ranks with an error naming the URL and loses nothing."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,16 @@ from pretrain.train import train
 pytestmark = pytest.mark.slow
 
 RECIPE = "recipes/tiny_cpu.yaml"
-COMMON = ["model.variant=standard", "train.max_steps=12", "train.eval_every_steps=0", "logging.tensorboard=false",
-          "checkpoint.every_steps=4", "checkpoint.keep_last=0", "data.val_fraction=0.05", "data.cache_block_kb=1"]
+COMMON = [
+    "model.variant=standard",
+    "train.max_steps=12",
+    "train.eval_every_steps=0",
+    "logging.tensorboard=false",
+    "checkpoint.every_steps=4",
+    "checkpoint.keep_last=0",
+    "data.val_fraction=0.05",
+    "data.cache_block_kb=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +59,12 @@ def data_args(shards, backend, cache) -> list[str]:
     if backend == "http":
         return args + [f"data.source={shards['http'].url}/corpus"]
     o = shards["s3_opts"]
-    return args + ["data.source=s3://train/corpus", f"data.storage_options.endpoint_url={o['endpoint_url']}",
-                   f"data.storage_options.key={o['key']}", f"data.storage_options.secret={o['secret']}"]
+    return args + [
+        "data.source=s3://train/corpus",
+        f"data.storage_options.endpoint_url={o['endpoint_url']}",
+        f"data.storage_options.key={o['key']}",
+        f"data.storage_options.secret={o['secret']}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +79,15 @@ def local_losses(shards, tmp_path_factory):
 @pytest.mark.parametrize("backend", ["http", "s3"])
 def test_two_ranks_on_remote_shards_match_local_across_kill9(shards, local_losses, backend, tmp_path):
     run = tmp_path / "run"
-    if backend == "http":          # a server of its own, to take away mid-run below
+    if backend == "http":  # a server of its own, to take away mid-run below
         srv = http_server(shards["root"] / "srv")
-        data = [f"data.source={srv.url}/corpus", f"data.cache_dir={tmp_path / 'cache'}", "data.retries=2",
-                "data.retry_backoff_s=0.2", "data.cache_max_gb=0.0"]     # no block stays on disk
+        data = [
+            f"data.source={srv.url}/corpus",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.retries=2",
+            "data.retry_backoff_s=0.2",
+            "data.cache_max_gb=0.0",
+        ]  # no block stays on disk
     else:
         srv, data = None, data_args(shards, backend, tmp_path / "cache")
     args = ["--recipe", RECIPE, "--run-dir", str(run), *COMMON, *data]
@@ -77,27 +95,28 @@ def test_two_ranks_on_remote_shards_match_local_across_kill9(shards, local_losse
     try:
         wait_for_steps(run, 6, procs)
         for p in procs:
-            p.kill()                                   # kill -9 both ranks after the step-4 checkpoint
+            p.kill()  # kill -9 both ranks after the step-4 checkpoint
             p.wait()
         assert ckpt.latest_checkpoint(run).name == ckpt.tag_for(4)
         if srv is not None:
             # resumed, and then the server goes away: retries, then one line naming the URL, and
             # the checkpoint stays the one to resume from
             metrics = run / "metrics.jsonl"
-            metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:4]))   # as resume does
+            metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:4]))  # as resume does
             procs = start_ranks([*args, "--resume", "auto"])
-            wait_for_steps(run, 5, procs)                # step 5 of the resumed run: steps 9-12 need the server
+            wait_for_steps(run, 5, procs)  # step 5 of the resumed run: steps 9-12 need the server
             srv.stop()
             outs = [p.communicate(timeout=120)[0] for p in procs]
             assert all(p.returncode != 0 for p in procs), outs
-            assert any(f"error: cannot read {srv.url}/corpus/shard_" in o and "after 3 attempts" in o
-                       for o in outs), outs
+            assert any(f"error: cannot read {srv.url}/corpus/shard_" in o and "after 3 attempts" in o for o in outs), (
+                outs
+            )
             assert not any("Traceback" in o for o in outs), outs
-            assert ckpt.latest_checkpoint(run) is not None      # complete checkpoints only; the last one resumes
+            assert ckpt.latest_checkpoint(run) is not None  # complete checkpoints only; the last one resumes
             srv.start()
         out = run_ranks([*args, "--resume", "auto"])
         assert "resumed from" in out
-        assert read_losses(run) == local_losses        # exactly, not approximately
+        assert read_losses(run) == local_losses  # exactly, not approximately
     finally:
         for p in procs:
             if p.poll() is None:
@@ -117,6 +136,6 @@ def test_the_trainer_hashes_shards_once_per_run(shards, tmp_path, monkeypatch):
     over = [*COMMON, *data_args(shards, "local", None), "data.verify=full", "train.max_steps=2"]
     train(RECIPE, over, run_dir=run, resume="never")
     assert len(hashed) == 1 and (run / shard_mod.VERIFY_RECORD).is_file()
-    loader_mod._VERIFIED.clear()                       # as a new process would start: only the record remains
+    loader_mod._VERIFIED.clear()  # as a new process would start: only the record remains
     train(RECIPE, [*over[:-1], "train.max_steps=4"], run_dir=run, resume="auto")
-    assert len(hashed) == 1                            # the resume found the record: nothing hashed again
+    assert len(hashed) == 1  # the resume found the record: nothing hashed again

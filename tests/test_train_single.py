@@ -1,5 +1,6 @@
 """Single-process training (world size 1, in-process and as a real process): exact resume after
 kill -9, the freeze schedule across a resume, export, and the MixiT matrix surviving checkpoints."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,11 @@ FAST = ["train.eval_every_steps=0", "logging.tensorboard=false"]
 
 
 def plain_env():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT")
+    }
     return dict(env, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
 
 
@@ -42,8 +46,13 @@ def ref12(tmp_path_factory):
 
 def start_and_signal(run, sig, at_step):
     """Start a real training process, send `sig` once `at_step` steps are logged; return its exit code."""
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *OVER12],
-                            cwd=REPO, env=plain_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run), *OVER12],
+        cwd=REPO,
+        env=plain_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         m = run / "metrics.jsonl"
@@ -65,7 +74,7 @@ def test_kill9_then_resume_auto_is_bitwise_identical(tmp_path, ref12):
     # that very step was being written, the complete one before it
     expected = {ckpt.tag_for(3 * (done // 3))} | ({ckpt.tag_for(done - 3)} if done % 3 == 0 else set())
     assert resumed.resumed_from is not None and resumed.resumed_from.name in expected
-    assert read_losses(run) == ref.losses          # bitwise, step for step
+    assert read_losses(run) == ref.losses  # bitwise, step for step
     # retention kept the newest complete checkpoints only, and latest points at the final one
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [9, 12]
     assert (run / "checkpoints" / "latest").read_text().strip() == ckpt.tag_for(12)
@@ -73,7 +82,7 @@ def test_kill9_then_resume_auto_is_bitwise_identical(tmp_path, ref12):
 
 def test_sigterm_saves_a_checkpoint_at_that_step_and_resume_continues(tmp_path, ref12):
     run = tmp_path / "preempted"
-    assert start_and_signal(run, signal.SIGTERM, 4) == 0          # clean exit after saving
+    assert start_and_signal(run, signal.SIGTERM, 4) == 0  # clean exit after saving
     latest = ckpt.latest_checkpoint(run)
     step = ckpt.read_state(latest)["step"]
     assert step == max(read_losses(run)) and 4 <= step < 12
@@ -83,8 +92,13 @@ def test_sigterm_saves_a_checkpoint_at_that_step_and_resume_continues(tmp_path, 
 
 
 def test_freeze_schedule_applies_at_its_step_and_across_resume(tmp_path):
-    over = FAST + ["model.variant=frozen_qk", "model.freeze_schedule=[[4, []]]", "train.max_steps=8",
-                   "checkpoint.every_steps=2", "checkpoint.keep_last=0"]
+    over = FAST + [
+        "model.variant=frozen_qk",
+        "model.freeze_schedule=[[4, []]]",
+        "train.max_steps=8",
+        "checkpoint.every_steps=2",
+        "checkpoint.keep_last=0",
+    ]
     ref = train(RECIPE, over, run_dir=tmp_path / "ref", resume="never")
     part = train(RECIPE, over, run_dir=tmp_path / "split", resume="never", stop_after_steps=4)
     assert part.final_step == 4
@@ -95,11 +109,20 @@ def test_freeze_schedule_applies_at_its_step_and_across_resume(tmp_path):
     at4 = load_for_eval(tmp_path / "ref" / "checkpoints" / ckpt.tag_for(4))[0].state_dict()
     at8 = load_for_eval(tmp_path / "ref")[0].state_dict()
     from model import build_model, preset
-    fresh = build_model(preset("tiny", variant="frozen_qk", vocab_size=at8["embed_tokens.weight"].shape[0],
-                               max_seq_len=32, freeze_schedule=[[4, []]]), seed=1234).state_dict()
+
+    fresh = build_model(
+        preset(
+            "tiny",
+            variant="frozen_qk",
+            vocab_size=at8["embed_tokens.weight"].shape[0],
+            max_seq_len=32,
+            freeze_schedule=[[4, []]],
+        ),
+        seed=1234,
+    ).state_dict()
     q = "layers.0.self_attn.q_proj.weight"
-    assert torch.equal(init[q], fresh[q]) and torch.equal(at4[q], fresh[q])   # frozen for steps 0..3
-    assert not torch.equal(at8[q], fresh[q])                                   # trained from step 4 on
+    assert torch.equal(init[q], fresh[q]) and torch.equal(at4[q], fresh[q])  # frozen for steps 0..3
+    assert not torch.equal(at8[q], fresh[q])  # trained from step 4 on
 
 
 def test_mixit_export_keeps_matrix_and_weights(tmp_path):
@@ -113,6 +136,7 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(v, native.state_dict()[k]) and v.dtype == native.state_dict()[k].dtype
     from model import build_model
+
     fresh = build_model(native.cfg, seed=0)
     a = native.layers[1].self_attn.matrix(32, torch.device("cpu"))
     assert torch.equal(a, fresh.layers[1].self_attn.matrix(32, torch.device("cpu")))
@@ -123,7 +147,7 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
     assert export_main(["--checkpoint", str(tag), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0
     hf, hmeta = load_for_eval(tmp_path / "hf")
     assert hmeta["step"] == 3 and hf.cfg.variant == "mixit"
-    assert torch.equal(hf.eval()(ids), model(ids))          # exact in fp32, as the README says
+    assert torch.equal(hf.eval()(ids), model(ids))  # exact in fp32, as the README says
     # resuming under another layout without a universal checkpoint is refused with the fix
     with pytest.raises(RecipeError, match="pretrain.universal"):
         train(RECIPE, FAST + ["train.max_steps=4", "parallel.ds_config=zero2"], run_dir=tmp_path / "run")
@@ -135,6 +159,7 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
 def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
     from pretrain.engine import Trainer
     from pretrain.freeze_transitions import optimizer_snapshot
+
     captured = {}
     orig = Trainer.rebuild
 
@@ -144,8 +169,19 @@ def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
         captured["after"] = optimizer_snapshot(self)
 
     monkeypatch.setattr(Trainer, "rebuild", spy)
-    train(RECIPE, FAST + ["model.variant=frozen_qk", "model.freeze_schedule=[[2, []]]", "train.max_steps=3",
-                          f"parallel.ds_config={zero}", "checkpoint.save_final=false"], run_dir=tmp_path, resume="never")
+    train(
+        RECIPE,
+        FAST
+        + [
+            "model.variant=frozen_qk",
+            "model.freeze_schedule=[[2, []]]",
+            "train.max_steps=3",
+            f"parallel.ds_config={zero}",
+            "checkpoint.save_final=false",
+        ],
+        run_dir=tmp_path,
+        resume="never",
+    )
     (before, step_before), (after, step_after) = captured["before"], captured["after"]
     assert step_before == step_after == 2
     newly = set(after) - set(before)
@@ -160,6 +196,7 @@ def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
 @pytest.mark.parametrize("zero, fused", [("zero0", True), ("zero2", True), ("zero1", False)])
 def test_engine_optimizer_is_torch_adamw_with_the_configured_kernel(zero, fused, tmp_path, monkeypatch):
     from pretrain.engine import Trainer
+
     seen = []
     orig = Trainer.build
 
@@ -168,8 +205,18 @@ def test_engine_optimizer_is_torch_adamw_with_the_configured_kernel(zero, fused,
         seen.append(self.inner_optimizer)
 
     monkeypatch.setattr(Trainer, "build", spy)
-    train(RECIPE, FAST + ["train.max_steps=1", f"parallel.ds_config={zero}", f"optim.fused={str(fused).lower()}",
-                          "checkpoint.save_final=false"], run_dir=tmp_path, resume="never")
+    train(
+        RECIPE,
+        FAST
+        + [
+            "train.max_steps=1",
+            f"parallel.ds_config={zero}",
+            f"optim.fused={str(fused).lower()}",
+            "checkpoint.save_final=false",
+        ],
+        run_dir=tmp_path,
+        resume="never",
+    )
     assert len(seen) == 1 and isinstance(seen[0], torch.optim.AdamW)
     assert bool(seen[0].defaults["fused"]) is fused
 

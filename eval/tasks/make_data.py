@@ -1,7 +1,8 @@
 """Regenerate the local JSONL data of the offline lm-eval tasks (deterministic).
 
-    python -m eval.tasks.make_data
+python -m eval.tasks.make_data
 """
+
 from __future__ import annotations
 
 import json

@@ -8,6 +8,7 @@ Weight gradients are computed only when W trains, input gradients only when h ne
 Nothing in the loop waits for the device (no data-dependent branch), so on a GPU the chunks
 queue back to back. On CUDA, Liger's fused linear cross-entropy is used instead when it is installed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,7 +53,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         valid = labels != ignore_index
         count = valid.sum()
-        acc = torch.promote_types(h.dtype, torch.float32)         # fp32 logits, or fp64 for fp64 inputs
+        acc = torch.promote_types(h.dtype, torch.float32)  # fp32 logits, or fp64 for fp64 inputs
         # Each token's gradient weight: 1/count (mean) or 1 (sum) when scored, 0 when ignored. It
         # scales the (chunk, d) side of each matmul, never the (chunk, vocab) logits.
         row_w = valid.to(acc) / count.clamp(min=1).to(acc) if reduction == "mean" else valid.to(acc)
@@ -64,9 +65,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
         # gradient, all in place.
         buf = _workspace(min(chunk, n), weight.shape[0], acc, h.device)
         for s in range(0, n, chunk):
-            hc, yc, vc = h[s:s + chunk], target[s:s + chunk], valid[s:s + chunk]
+            hc, yc, vc = h[s : s + chunk], target[s : s + chunk], valid[s : s + chunk]
             rows = torch.arange(hc.shape[0], device=h.device)
-            z = buf[:hc.shape[0]]
+            z = buf[: hc.shape[0]]
             if weight.dtype == acc:
                 torch.mm(hc, weight.t(), out=z)
             else:
@@ -81,14 +82,14 @@ class _ChunkedLinearCE(torch.autograd.Function):
             total = total + torch.where(vc, nll, 0).sum()
             if need_h or need_w:
                 grad = p
-                grad[rows, yc] -= 1.0                                      # d(-log p_y)/d logits
+                grad[rows, yc] -= 1.0  # d(-log p_y)/d logits
                 grad = grad.to(h.dtype)
-                wc = row_w[s:s + chunk, None]
+                wc = row_w[s : s + chunk, None]
                 if need_h:
-                    torch.mm(grad, weight, out=gh[s:s + chunk]).mul_(wc.to(h.dtype))
+                    torch.mm(grad, weight, out=gh[s : s + chunk]).mul_(wc.to(h.dtype))
                 if need_w:
                     hw = hc * wc.to(hc.dtype)
-                    if gw.dtype == grad.dtype:      # in place (and seen by FLOP counters); the first chunk overwrites
+                    if gw.dtype == grad.dtype:  # in place (and seen by FLOP counters); the first chunk overwrites
                         torch.addmm(gw, grad.t(), hw, beta=0 if s == 0 else 1, out=gw)
                     elif s == 0:
                         gw.copy_(grad.t() @ hw)
@@ -103,24 +104,41 @@ class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         gh, gw = ctx.saved_tensors
-        return (None if gh is None else gh * g.to(gh.dtype), None if gw is None else gw * g.to(gw.dtype),
-                None, None, None, None)
+        return (
+            None if gh is None else gh * g.to(gh.dtype),
+            None if gw is None else gw * g.to(gw.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 REDUCTIONS = ("mean", "sum")
 
 
-def chunked_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                                 chunk: int = 4096, ignore_index: int = IGNORE_INDEX,
-                                 reduction: str = "mean") -> torch.Tensor:
+def chunked_linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int = 4096,
+    ignore_index: int = IGNORE_INDEX,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """h: (n, d), weight: (vocab, d), labels: (n,) -> cross-entropy over scored tokens (mean or sum)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
     return _ChunkedLinearCE.apply(h, weight, labels, chunk, ignore_index, reduction)
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
-                         ignore_index: int = IGNORE_INDEX, reduction: str = "mean") -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int,
+    ignore_index: int = IGNORE_INDEX,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """The loss backend for the model: Liger on CUDA when installed, else the chunked path;
     `chunk` 0 asks for the full (n, vocab) logits (the plain reference)."""
     if not chunk:
@@ -131,6 +149,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
         from liger_kernel.transformers.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyLoss,  # deferred: heavy
         )
+
         log_choice("loss", "liger", "CUDA, liger-kernel installed")
         return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index, reduction=reduction)(weight, h, labels)
     log_choice("loss", "chunked", f"{chunk} tokens per chunk")

@@ -14,6 +14,7 @@ by the caller. Head 0 is the sink head (A_0[i, i] = A_0[i, 0] = 1/2), done eleme
 A is fixed, so the backward pass needs only dV = A^T dO: nothing is saved for it.
 Row offsets (`row_start`) serve incremental decoding: rows row_start..n-1 against keys 0..n-1.
 """
+
 from __future__ import annotations
 
 import torch
@@ -58,13 +59,13 @@ def _mask(rows: torch.Tensor, ncols: int, causal: bool) -> torch.Tensor | None:
     return cols[None, :] <= rows[:, None]
 
 
-
 def _masked_slab(p: MixitParams, rows: torch.Tensor, n: int, keys, sigmas, dtype) -> tuple[torch.Tensor, int]:
     """The rows' slab of M (the columns they see), causally masked, and its column count."""
     ncols = int(rows[-1]) + 1 if p.causal else n
     m = raw_slab(p, rows, ncols, keys, sigmas).to(dtype)
     mask = _mask(rows, ncols, p.causal)
     return (m if mask is None else m * mask), ncols
+
 
 def compute_drift(p: MixitParams, n: int, device, block: int) -> torch.Tensor:
     """drift_h[i] for heads 1..H-1 and i < n: (H-1, n) float32.
@@ -83,7 +84,7 @@ def compute_drift(p: MixitParams, n: int, device, block: int) -> torch.Tensor:
             count = (rows + 1).to(torch.float32)
         else:
             count = torch.full((len(rows),), float(n), device=device)
-        out[:, r0:r0 + len(rows)] = m.sum(-1) / count
+        out[:, r0 : r0 + len(rows)] = m.sum(-1) / count
     return out
 
 
@@ -103,7 +104,7 @@ def sink_backward(g0: torch.Tensor, row_start: int, n: int) -> torch.Tensor:
     """g0: (b, n - row_start, dh) output gradients of head 0 -> dV_0 (b, n, dh)."""
     dv = torch.zeros(g0.shape[0], n, g0.shape[2], dtype=g0.dtype, device=g0.device)
     dv[:, row_start:] = 0.5 * g0
-    first = max(row_start, 1) - row_start                 # rows i >= 1 also feed column 0
+    first = max(row_start, 1) - row_start  # rows i >= 1 also feed column 0
     dv[:, 0] += 0.5 * g0[:, first:].sum(1)
     return dv
 
@@ -119,25 +120,26 @@ def blocked_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_st
     for r0 in range(row_start, n, block):
         rows = torch.arange(r0, min(r0 + block, n), device=dev)
         m, ncols = _masked_slab(p, rows, n, keys, sigmas, v.dtype)
-        mv = torch.matmul(m, v[:, :, :ncols])                                # (b, H-1, rows, dh)
+        mv = torch.matmul(m, v[:, :, :ncols])  # (b, H-1, rows, dh)
         sl = slice(r0, r0 + len(rows))
         o = p.beta * (mv - drift[None, :, sl, None].to(v.dtype) * cs[:, :, sl])
         if p.identity:
             o = o + v[:, :, sl]
-        out[:, :, r0 - row_start:r0 - row_start + len(rows)] = o
+        out[:, :, r0 - row_start : r0 - row_start + len(rows)] = o
     return out
 
 
-def blocked_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_start: int, n: int,
-                     block: int) -> torch.Tensor:
+def blocked_backward(
+    p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_start: int, n: int, block: int
+) -> torch.Tensor:
     """g: (b, H-1, n - row_start, dh) float32 -> dV (b, H-1, n, dh) = A^T g."""
     dev = g.device
     keys, sigmas = p.key_tensor(dev), p.sigma_tensor(dev)
     b, Hr, _, dh = g.shape
     dv = torch.zeros(b, Hr, n, dh, dtype=g.dtype, device=dev)
-    dg = drift[None, :, row_start:n, None].to(g.dtype) * g                                # drift_i G_i
+    dg = drift[None, :, row_start:n, None].to(g.dtype) * g  # drift_i G_i
     if p.causal:
-        rc = dg.flip(2).cumsum(2).flip(2)                                     # sum_{i >= j, i in rows}
+        rc = dg.flip(2).cumsum(2).flip(2)  # sum_{i >= j, i in rows}
         dv[:, :, row_start:] -= p.beta * rc
         if row_start > 0:
             dv[:, :, :row_start] -= p.beta * rc[:, :, :1]
@@ -148,7 +150,7 @@ def blocked_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_s
     for r0 in range(row_start, n, block):
         rows = torch.arange(r0, min(r0 + block, n), device=dev)
         m, ncols = _masked_slab(p, rows, n, keys, sigmas, g.dtype)
-        gi = g[:, :, r0 - row_start:r0 - row_start + len(rows)]
+        gi = g[:, :, r0 - row_start : r0 - row_start + len(rows)]
         dv[:, :, :ncols] += p.beta * torch.matmul(m.transpose(-1, -2), gi)
     return dv
 
@@ -178,8 +180,9 @@ class _BlockedMix(torch.autograd.Function):
         return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None
 
 
-def mixit_blocked(v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0,
-                  block: int = 128) -> torch.Tensor:
+def mixit_blocked(
+    v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0, block: int = 128
+) -> torch.Tensor:
     """A V for rows row_start..n-1 (A the layer's mixing matrices), v: (b, H, n, dh).
 
     drift: (H-1, >= n) from compute_drift (causal: for any n' >= n; bidirectional: for n)."""

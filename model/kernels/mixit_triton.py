@@ -13,6 +13,7 @@ done in PyTorch (model/kernels/mixit_blocked.py) in both directions.
 
 Runs on CUDA, and on CPU tensors under TRITON_INTERPRET=1 (the tests do that at small sizes).
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,7 +28,7 @@ def triton_available() -> bool:
     try:
         import triton  # noqa: F401  # deferred: optional, probed
         import triton.language  # noqa: F401  # deferred: optional, probed
-    except Exception:                                   # ImportError, or a broken install
+    except Exception:  # ImportError, or a broken install
         return False
     return True
 
@@ -38,10 +39,32 @@ def _kernels():
     import triton.language as tl  # deferred: heavy
 
     @triton.jit
-    def fwd(V, CS, O, KEYS, SIG, DRIFT, n, row_start, T, beta,
-            svb, svh, svt, sob, soh, sot, sdh, Hr,
-            DH: tl.constexpr, IDENT: tl.constexpr, CAUSAL: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    def fwd(
+        V,
+        CS,
+        O,
+        KEYS,
+        SIG,
+        DRIFT,
+        n,
+        row_start,
+        T,
+        beta,
+        svb,
+        svh,
+        svt,
+        sob,
+        soh,
+        sot,
+        sdh,
+        Hr,
+        DH: tl.constexpr,
+        IDENT: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BD: tl.constexpr,
+    ):
         pid_bh = tl.program_id(0)
         pid_m = tl.program_id(1)
         b = pid_bh // Hr
@@ -78,10 +101,24 @@ def _kernels():
         tl.store(o_ptr, out, mask=tmask)
 
     @triton.jit
-    def bwd(G, DV, KEYS, SIG, n, T, beta,
-            sgb, sgh, sgt, Hr,
-            DH: tl.constexpr, CAUSAL: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    def bwd(
+        G,
+        DV,
+        KEYS,
+        SIG,
+        n,
+        T,
+        beta,
+        sgb,
+        sgh,
+        sgt,
+        Hr,
+        DH: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BD: tl.constexpr,
+    ):
         # dV_j (matrix part only) = beta * sum_{i >= j} M[i, j] G_i ; row_start == 0
         pid_bh = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -124,6 +161,7 @@ def _blocks(dh: int, block: int) -> tuple[int, int, int]:
 def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
     """Heads 1..H-1: v (b, H-1, n, dh) float32 contiguous -> (b, H-1, n - row_start, dh) float32."""
     import triton  # deferred: heavy
+
     fwd, _ = _kernels()
     b, Hr, n, dh = v.shape
     cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
@@ -133,15 +171,39 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
     drift = drift.contiguous()
     BM, BN, BD = _blocks(dh, block)
     grid = (b * Hr, triton.cdiv(n - row_start, BM))
-    fwd[grid](v, cs, out, keys, sig, drift, n, row_start, p.T, p.beta,
-              v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), drift.stride(0), Hr,
-              DH=dh, IDENT=p.identity, CAUSAL=p.causal, BM=BM, BN=BN, BD=BD)
+    fwd[grid](
+        v,
+        cs,
+        out,
+        keys,
+        sig,
+        drift,
+        n,
+        row_start,
+        p.T,
+        p.beta,
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        drift.stride(0),
+        Hr,
+        DH=dh,
+        IDENT=p.identity,
+        CAUSAL=p.causal,
+        BM=BM,
+        BN=BN,
+        BD=BD,
+    )
     return out
 
 
 def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block: int) -> torch.Tensor:
     """Heads 1..H-1, row_start == 0: g (b, H-1, n, dh) float32 contiguous -> dV = A^T g."""
     import triton  # deferred: heavy
+
     _, bwd = _kernels()
     b, Hr, n, dh = g.shape
     dv = torch.empty_like(g)
@@ -149,8 +211,24 @@ def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block:
     sig = torch.tensor(p.sigmas, dtype=torch.float32, device=g.device)
     BM, BN, BD = _blocks(dh, block)
     grid = (b * Hr, triton.cdiv(n, BN))
-    bwd[grid](g, dv, keys, sig, n, p.T, p.beta, g.stride(0), g.stride(1), g.stride(2), Hr,
-              DH=dh, CAUSAL=p.causal, BM=BM, BN=BN, BD=BD)
+    bwd[grid](
+        g,
+        dv,
+        keys,
+        sig,
+        n,
+        p.T,
+        p.beta,
+        g.stride(0),
+        g.stride(1),
+        g.stride(2),
+        Hr,
+        DH=dh,
+        CAUSAL=p.causal,
+        BM=BM,
+        BN=BN,
+        BD=BD,
+    )
     dg = drift[None, :, :n, None] * g
     if p.causal:
         dv -= p.beta * dg.flip(2).cumsum(2).flip(2)
@@ -186,7 +264,8 @@ class _TritonMix(torch.autograd.Function):
         return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None
 
 
-def mixit_triton(v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0,
-                 block: int = 64) -> torch.Tensor:
+def mixit_triton(
+    v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0, block: int = 64
+) -> torch.Tensor:
     """A V for rows row_start..n-1 via the fused kernel; same contract as mixit_blocked."""
     return _TritonMix.apply(v, p, drift, row_start, block)

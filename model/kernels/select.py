@@ -6,6 +6,7 @@ entry point for packed documents), otherwise PyTorch SDPA.
 MixiT mixing (cfg.mixit_impl="auto"): the Triton kernel on CUDA when Triton imports;
 otherwise the dense matrix while max_seq_len <= MIXIT_DENSE_MAX_T, else the blocked path.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,9 @@ def log_choice(kind: str, choice: str, reason: str) -> None:
         log.info("%s backend: %s (%s)", kind, choice, reason)
 
 
-def attention_backend(attn_impl: str, q: torch.Tensor, attn_mask: torch.Tensor | None, past: int,
-                      record_attn: bool = False) -> tuple[str, str]:
+def attention_backend(
+    attn_impl: str, q: torch.Tensor, attn_mask: torch.Tensor | None, past: int, record_attn: bool = False
+) -> tuple[str, str]:
     """(backend, reason) for one softmax-attention call: 'eager', 'flash', 'flash_varlen' or 'sdpa'."""
     if record_attn:
         return "eager", "attention maps are being recorded"
