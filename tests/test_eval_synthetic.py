@@ -16,9 +16,10 @@ torch.set_num_threads(1)
 TASK_ARGS = {"n_pairs": 3, "n_keys": 6, "n_values": 6}
 
 
-def train_kv(steps=400, seed=0):
+def train_kv(steps=600, seed=0):
     """A plain AdamW loop on the kv_retrieval answer positions (the loss the task marks).
-    Width 128 and lr 1e-3 reach the retrieval phase change within a few hundred steps."""
+    Width 128 and lr 1e-3 reach the retrieval phase change within a few hundred steps; when depends
+    on the initial weights (seed 0: 0.88 after 400 steps, 0.996 after 600; seed 1: 0.70 after 600)."""
     task = get_task("kv_retrieval", TASK_ARGS)
     model = build_model(
         preset(
@@ -53,13 +54,13 @@ def test_kv_retrieval_trained_vs_untrained(tmp_path):
     task, trained = train_kv()
     untrained = build_model(preset("tiny", vocab_size=task.vocab_size, max_seq_len=32), seed=0)
     meta = {"tokenizer_id": task.tokenizer_id}
-    save_native(trained, tmp_path / "trained", {"step": 400, **meta})
+    save_native(trained, tmp_path / "trained", {"step": 600, **meta})
     save_native(untrained, tmp_path / "untrained", {"step": 0, **meta})
     kw = dict(task_args=TASK_ARGS, synthetic_n=256, progress=False)
     good = evaluate_checkpoint(tmp_path / "trained", ["synthetic:kv_retrieval"], **kw)
     bad = evaluate_checkpoint(tmp_path / "untrained", ["synthetic:kv_retrieval"], **kw)
     g, b = good["tasks"]["synthetic:kv_retrieval"], bad["tasks"]["synthetic:kv_retrieval"]
-    assert good["checkpoint"]["step"] == 400 and good["checkpoint"]["tokenizer_id"] == "synthetic:kv_retrieval:v1"
+    assert good["checkpoint"]["step"] == 600 and good["checkpoint"]["tokenizer_id"] == "synthetic:kv_retrieval:v1"
     # 1..3 pairs, sample lengths 6/8/10: one score per haystack size
     assert set(g["by_length"]) == {"6", "8", "10"}
     assert g["acc"] > 0.95 and g["by_length"]["10"]["acc"] > 0.9  # near 100%, also with the most pairs
