@@ -10,6 +10,7 @@ downloads. Re-running resumes and skips finished runs.
     python -m studies.demo                                  # suite `demo`: 2 tasks x 3 variants, ~10 min on 2 cores
     python -m studies.demo --suite paper --out outputs/paper   # 7 tasks x 4 variants (docs/RESULTS.md)
     python -m studies.demo --suite paper --seeds 3          # every cell 3 times: mean ± std per cell
+    python -m studies.demo --suite paper --tasks khop_dense --variants standard,mixit   # one row, two variants
 
 With `--seeds N`, seed i (0-based) trains with the recipe's seed + i (model init, data order and
 the task's own draw: its held-out split, its random labels) and MixiT matrices of seed i, into RUN-DIR `<task>-<variant>` for
@@ -80,7 +81,11 @@ SUITES = {
             ),
             KV,
             DemoTask(
-                "khop", "recipes/paper_khop.yaml", "2-hop induction", {"k": 2, "length": 24, "n_symbols": 8}, 1 / 8
+                "khop_dense",
+                "recipes/paper_khop_dense.yaml",
+                "2-hop induction (answered at every position)",
+                {"k": 2, "length": 24, "n_symbols": 8},
+                1 / 8,
             ),
             DemoTask("text", "recipes/paper_wikitext2.yaml", "WikiText-2 bytes (val loss, nats/byte)", {}, 0.0),
         ),
@@ -103,7 +108,7 @@ PAPER = {
         "frozen_mlp": "1.13 bit/param",
     },
     "kv_retrieval": {"standard": "100%", "frozen_qk": "97.0%", "mixit": "11.2%"},
-    "khop": {"standard": "99.99% (16-hop)", "frozen_qk": "96.7%", "mixit": "48.6%"},
+    "khop_dense": {"standard": "99.99% (16-hop)", "frozen_qk": "96.7%", "mixit": "48.6%"},
     "text": {"standard": "2.78 (WT-103, nats/token)", "frozen_qk": "3.07", "mixit": "3.73"},
 }
 
@@ -369,6 +374,15 @@ def _positive(kind):
 def run(args: argparse.Namespace) -> int:
     suite = SUITES[args.suite]
     tasks = suite["tasks"]
+    if args.tasks:
+        names = [t for t in args.tasks.split(",") if t]
+        known = {t.name: t for t in tasks}
+        unknown = [t for t in names if t not in known]
+        if unknown:
+            raise StudyError(
+                f"--tasks {','.join(unknown)}: not in the {args.suite} suite. Fix: choose from {sorted(known)}"
+            )
+        tasks = tuple(known[t] for t in names)
     variants = [v for v in (args.variants or suite["variants"]).split(",") if v]
     for v in variants:
         if v not in VARIANTS:
@@ -421,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
     ap.add_argument("--out", default=None, help="default: outputs/<suite>")
     ap.add_argument("--variants", default=None, help="default: the suite's")
+    ap.add_argument("--tasks", default=None, help="comma-separated task names of the suite (default: all of them)")
     ap.add_argument("--steps-scale", type=_positive(float), default=1.0, help="multiply every recipe's max_steps")
     ap.add_argument("--parallel", type=_positive(int), default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--eval-samples", type=_positive(int), default=512)

@@ -131,3 +131,15 @@ def test_cells_over_seeds_are_mean_and_sample_std():
         cells | {("modular_addition", "standard"): Spread.of([1.0]), ("kv_retrieval", "standard"): Spread.of([1.0])},
         ["standard", "mixit"],
     )
+
+
+def test_tasks_picks_rows_of_the_suite(tmp_path, capsys):
+    out = tmp_path / "one"
+    args = ["--suite", "paper", "--out", str(out), "--variants", "standard", "--steps-scale", "0.002"]
+    assert main(args + ["--tasks", "khop_dense", "--eval-samples", "8"]) == 0
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["khop_dense-standard"]
+    assert "| 2-hop induction (answered at every position) |" in (out / "results.md").read_text()
+    capsys.readouterr()
+    assert main(args + ["--tasks", "khop_dense,bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --tasks bogus: not in the paper suite. Fix:"), err
