@@ -4,9 +4,12 @@ turning a failed collective (a peer died or hangs) into a message that says what
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -76,9 +79,32 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
     return True
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(finished: bool = False) -> None:
+    """Destroy the process group. `finished`: every rank got here the same way (a completed run),
+    so a barrier first makes sure no rank closes its connections while a peer is still in a
+    collective."""
     if dist.is_available() and dist.is_initialized():
+        if finished and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a launched process once its work is done and written, skipping interpreter teardown.
+
+    Why: at interpreter exit, torch, gloo and DeepSpeed objects are destroyed in no particular
+    order while their threads may still run, and on a loaded machine that occasionally aborts
+    (SIGABRT, "terminate called without an active exception") a rank whose run had completed,
+    so the launcher reports a failed job. Everything the run owns is closed before this point
+    (checkpoints, metrics, TensorBoard); only stdio and `logging` are flushed here.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or vanished terminal
+            pass
+    os._exit(code)
 
 
 def collective_failure(exc: BaseException) -> bool:

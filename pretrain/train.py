@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ from .config import RecipeError, RunConfig, load_recipe
 from .data import make_loader
 from .distributed import (
     collective_failure,
+    exit_process,
     free_port,
     init_distributed,
     pick_device,
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
             return 0
         res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
-        shutdown_distributed()
+        shutdown_distributed(finished=True)
     except (*RUN_ERRORS, UnsafeCheckpoint) as e:
         print_error(e)
         if isinstance(e, RankFailure):
@@ -241,4 +241,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

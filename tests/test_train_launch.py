@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -431,3 +432,17 @@ def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, vic
     assert len(list(latest.glob("rng/rank*.pt"))) == 2
     tags = [p for p in ckpt.ckpt_root(run).iterdir() if p.is_dir()]
     assert all(ckpt.is_complete(p) for p in tags), tags  # no partial checkpoint left behind
+
+
+def test_a_finished_rank_exits_with_its_code_and_its_output_flushed():
+    """pretrain.train leaves through exit_process (no interpreter teardown, which can abort a
+    finished rank); whatever it printed, to a pipe (block-buffered), must still arrive."""
+    code = (
+        "import sys; from pretrain.distributed import exit_process; "
+        "print('done: out', end=''); print('done: err', file=sys.stderr, end=''); exit_process(3)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as under a launcher
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3
+    assert out.stdout == "done: out"
+    assert out.stderr.endswith("done: err")
