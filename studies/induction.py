@@ -138,6 +138,22 @@ def cell_overrides(recipe_seed: int, variant: str, layers: int, seed_index: int)
     ]
 
 
+REPEAT_STYLES = ("prefix", "span")
+
+
+def insert_repeat(line: str, max_chars: int, rng: random.Random) -> str:
+    """`line` with a random run of its words (8 words up to ~`max_chars` characters) written again
+    at a random point after the run's end, at most ~`max_chars` characters later: both copies
+    usually share a 256-token window, and the distance between them varies from paragraph to
+    paragraph."""
+    words = line.split(" ")
+    max_words = max(8, max_chars // 6)  # WikiText averages ~6 characters per space-separated word
+    k = rng.randint(8, min(max_words, max(8, len(words) // 2)))
+    i = rng.randint(0, max(0, len(words) - k))
+    j = rng.randint(i + k, min(len(words), i + k + max_words))
+    return " ".join(words[:j] + words[i : i + k] + words[j:])
+
+
 def prepare_bpe(
     recipe: str,
     overrides: list[str],
@@ -146,6 +162,7 @@ def prepare_bpe(
     repeat_fraction: float = 0.0,
     repeat_chars: int = 400,
     hold_fraction: float = 0.05,
+    repeat_style: str = "prefix",
 ) -> list[str]:
     """The recipe's text as BPE shards under OUT/data (once), and the overrides that point the recipe at them.
 
@@ -153,7 +170,10 @@ def prepare_bpe(
     validation tail and the probes' text) and never trained on. With `repeat_fraction` q > 0, after a
     fraction q of the training paragraphs (those of >= 200 characters) comes one more document, the
     paragraph's first `repeat_chars` characters written twice: real text made "bursty" (Chan et al.
-    2022), so that copying from the context pays more often than in WikiText alone."""
+    2022), so that copying from the context pays more often than in WikiText alone. That repeat
+    sits at a near-fixed distance, which a positional head can exploit; `repeat_style="span"`
+    instead writes a random run of the paragraph's words (see `insert_repeat`) again at a random
+    later point of it, so only an induction head can predict the copy."""
     cfg = load_recipe(recipe, overrides)
     source = str(cfg.data.get("source", ""))
     if not source.startswith(TEXT_PREFIX):
@@ -166,7 +186,10 @@ def prepare_bpe(
     tok = data / f"bpe{vocab_size}"
     if not (tok / "tokenizer.model").is_file():
         train_sentencepiece(files, vocab_size, tok, quiet=True)
+    if repeat_style not in REPEAT_STYLES:
+        raise StudyError(f"unknown repeat style {repeat_style!r}. Fix: choose from {', '.join(REPEAT_STYLES)}")
     tag = f"bpe{vocab_size}_repeat{repeat_fraction:g}" + (f"x{repeat_chars}" if repeat_fraction > 0 else "")
+    tag += "" if repeat_style == "prefix" or repeat_fraction == 0 else f"_{repeat_style}"
     shards, held_shards = data / f"shards_{tag}", data / f"heldout_{tag}"
     if not (shards / "manifest.json").is_file() or not (held_shards / "manifest.json").is_file():
         lines = [d.decode("utf-8") for d in read_documents([Path(f) for f in files])]
@@ -176,8 +199,12 @@ def prepare_bpe(
         if repeat_fraction > 0:
             bursty = []
             for line in train_lines:
-                bursty.append(line)
-                if len(line) >= 200 and rng.random() < repeat_fraction:
+                if len(line) < 200 or rng.random() >= repeat_fraction:
+                    bursty.append(line)
+                elif repeat_style == "span":
+                    bursty.append(insert_repeat(line, repeat_chars, rng))
+                else:
+                    bursty.append(line)
                     chunk = line[:repeat_chars].strip()
                     bursty.append(f"{chunk} {chunk}")
             train_lines = bursty
@@ -400,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat-chars characters (bursty text; 0: WikiText as it is)",
     )
     ap.add_argument("--repeat-chars", type=int, default=400, help="length of the repeated chunk (characters)")
+    ap.add_argument(
+        "--repeat-style",
+        choices=REPEAT_STYLES,
+        default="prefix",
+        help="prefix: the paragraph's first --repeat-chars characters twice, as one more document; span: a "
+        "random run of its words written again at a random later point of the paragraph (varying distance)",
+    )
     ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: the pipeline only")
     ap.add_argument("--report-only", action="store_true", help="train nothing; redraw the figure and table")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every run")
@@ -415,7 +449,16 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal overrides
         if not a.bytes:
             overrides = (
-                prepare_bpe(a.recipe, overrides, out, a.vocab_size, a.repeat_fraction, a.repeat_chars) + overrides
+                prepare_bpe(
+                    a.recipe,
+                    overrides,
+                    out,
+                    a.vocab_size,
+                    a.repeat_fraction,
+                    a.repeat_chars,
+                    repeat_style=a.repeat_style,
+                )
+                + overrides
             )
         base_seed = load_recipe(a.recipe, overrides).seed
         cells = [(v, L, i) for L in a.layers for i in range(a.seeds) for v in variants]
