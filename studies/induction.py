@@ -28,10 +28,12 @@ the report covers every finished run under OUT/runs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +140,7 @@ def cell_overrides(recipe_seed: int, variant: str, layers: int, seed_index: int)
     ]
 
 
-REPEAT_STYLES = ("prefix", "span")
+REPEAT_STYLES = ("prefix", "span", "words")
 
 
 def insert_repeat(line: str, max_chars: int, rng: random.Random) -> str:
@@ -154,6 +156,14 @@ def insert_repeat(line: str, max_chars: int, rng: random.Random) -> str:
     return " ".join(words[:j] + words[i : i + k] + words[j:])
 
 
+def word_sampler(lines: list[str], rng: random.Random):
+    """n -> n words drawn independently by their frequency in `lines` (space-separated)."""
+    counts = Counter(w for line in lines for w in line.split(" ") if w)
+    words = list(counts)
+    cum = list(itertools.accumulate(counts[w] for w in words))
+    return lambda n: rng.choices(words, cum_weights=cum, k=n)
+
+
 def prepare_bpe(
     recipe: str,
     overrides: list[str],
@@ -163,6 +173,7 @@ def prepare_bpe(
     repeat_chars: int = 400,
     hold_fraction: float = 0.05,
     repeat_style: str = "prefix",
+    repeat_epochs: int = 1,
 ) -> list[str]:
     """The recipe's text as BPE shards under OUT/data (once), and the overrides that point the recipe at them.
 
@@ -173,7 +184,12 @@ def prepare_bpe(
     2022), so that copying from the context pays more often than in WikiText alone. That repeat
     sits at a near-fixed distance, which a positional head can exploit; `repeat_style="span"`
     instead writes a random run of the paragraph's words (see `insert_repeat`) again at a random
-    later point of it, so only an induction head can predict the copy."""
+    later point of it, so only an induction head can predict the copy. WikiText-2 is small enough
+    that a model trained for many epochs memorizes where each copy sits; `repeat_epochs` E writes
+    the training paragraphs E times, each time with fresh spans, so that memorizing does not pay.
+    It still memorizes the text itself (600k tokens); `repeat_style="words"` keeps every paragraph
+    as it is and adds after it one document of words drawn at random by their frequency in the
+    text, with a run of them written again (`insert_repeat`): no memorized text predicts the copy."""
     cfg = load_recipe(recipe, overrides)
     source = str(cfg.data.get("source", ""))
     if not source.startswith(TEXT_PREFIX):
@@ -189,7 +205,8 @@ def prepare_bpe(
     if repeat_style not in REPEAT_STYLES:
         raise StudyError(f"unknown repeat style {repeat_style!r}. Fix: choose from {', '.join(REPEAT_STYLES)}")
     tag = f"bpe{vocab_size}_repeat{repeat_fraction:g}" + (f"x{repeat_chars}" if repeat_fraction > 0 else "")
-    tag += "" if repeat_style == "prefix" or repeat_fraction == 0 else f"_{repeat_style}"
+    if repeat_style != "prefix" and repeat_fraction > 0:
+        tag += f"_{repeat_style}" + (f"e{repeat_epochs}" if repeat_epochs > 1 else "")
     shards, held_shards = data / f"shards_{tag}", data / f"heldout_{tag}"
     if not (shards / "manifest.json").is_file() or not (held_shards / "manifest.json").is_file():
         lines = [d.decode("utf-8") for d in read_documents([Path(f) for f in files])]
@@ -198,15 +215,20 @@ def prepare_bpe(
         rng = random.Random(0)
         if repeat_fraction > 0:
             bursty = []
-            for line in train_lines:
-                if len(line) < 200 or rng.random() >= repeat_fraction:
-                    bursty.append(line)
-                elif repeat_style == "span":
-                    bursty.append(insert_repeat(line, repeat_chars, rng))
-                else:
-                    bursty.append(line)
-                    chunk = line[:repeat_chars].strip()
-                    bursty.append(f"{chunk} {chunk}")
+            draw = word_sampler(train_lines, rng)
+            for _ in range(repeat_epochs if repeat_style != "prefix" else 1):
+                for line in train_lines:
+                    if len(line) < 200 or rng.random() >= repeat_fraction:
+                        bursty.append(line)
+                    elif repeat_style == "span":
+                        bursty.append(insert_repeat(line, repeat_chars, rng))
+                    elif repeat_style == "words":
+                        bursty.append(line)
+                        bursty.append(insert_repeat(" ".join(draw(line.count(" ") + 1)), repeat_chars, rng))
+                    else:
+                        bursty.append(line)
+                        chunk = line[:repeat_chars].strip()
+                        bursty.append(f"{chunk} {chunk}")
             train_lines = bursty
         (data / f"{tag}.txt").write_text("".join(x + "\n" for x in train_lines + held_lines), encoding="utf-8")
         (data / f"{tag}_heldout.txt").write_text("".join(x + "\n" for x in held_lines), encoding="utf-8")
@@ -432,7 +454,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=REPEAT_STYLES,
         default="prefix",
         help="prefix: the paragraph's first --repeat-chars characters twice, as one more document; span: a "
-        "random run of its words written again at a random later point of the paragraph (varying distance)",
+        "random run of its words written again at a random later point of the paragraph (varying distance); "
+        "words: after the paragraph, a document of random words (by frequency) with such a repeated run",
+    )
+    ap.add_argument(
+        "--repeat-epochs",
+        type=int,
+        default=1,
+        help="span and words styles: the training text written this many times, with fresh random "
+        "spans (and words) each time",
     )
     ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: the pipeline only")
     ap.add_argument("--report-only", action="store_true", help="train nothing; redraw the figure and table")
@@ -457,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
                     a.repeat_fraction,
                     a.repeat_chars,
                     repeat_style=a.repeat_style,
+                    repeat_epochs=a.repeat_epochs,
                 )
                 + overrides
             )
