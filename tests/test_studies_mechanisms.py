@@ -4,6 +4,7 @@ induction probes logged during training and plotted, and the packed-arithmetic l
 from __future__ import annotations
 
 import json
+import random
 
 from studies import induction, packed
 
@@ -66,3 +67,32 @@ def test_packed_data_keeps_the_held_out_pairs_out_of_training(tmp_path):
     assert not set(train) & set(val) and len(train) == 2 * len(info["train_pairs"])
     assert all(len(x) == 3 for x in lines)
     assert int(len(lines) * info["val_fraction"]) == n_val  # the loader's tail is exactly them
+
+
+def _copied_run(orig: list[str], out: list[str]) -> tuple[int, int, int]:
+    """(start of the run in `orig`, its length, where `out` inserted it): `out` is `orig` with
+    out[j:j+k] == orig[i:i+k] inserted at j."""
+    n = len(out) - len(orig)
+    for j in range(len(orig) + 1):
+        if out[:j] == orig[:j] and out[j + n :] == orig[j:]:
+            run = out[j : j + n]
+            for i in range(j - n + 1):
+                if orig[i : i + n] == run:
+                    return i, n, j
+    raise AssertionError("no inserted copy of an earlier run")
+
+
+def test_span_repeats_copy_an_earlier_run_at_distances_that_vary():
+    rng = random.Random(0)
+    line = " ".join(f"w{i}" for i in range(150))
+    found = [_copied_run(line.split(" "), induction.insert_repeat(line, 400, rng).split(" ")) for _ in range(30)]
+    assert all(8 <= k <= 400 // 6 and j >= i + k for i, k, j in found)  # a run of 8+ words, after its end
+    assert len({j - i for i, _, j in found}) > 10  # no fixed distance for a positional head to use
+
+
+def test_random_words_follow_the_texts_frequencies():
+    rng = random.Random(0)
+    draw = induction.word_sampler(["a a a a a a a a a b", "a a a a a a a a a c"], rng)
+    words = draw(5000)
+    assert set(words) == {"a", "b", "c"}
+    assert 0.87 < words.count("a") / len(words) < 0.93  # 18 of 20
