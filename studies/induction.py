@@ -190,6 +190,8 @@ def prepare_bpe(
     It still memorizes the text itself (600k tokens); `repeat_style="words"` keeps every paragraph
     as it is and adds after it one document of words drawn at random by their frequency in the
     text, with a run of them written again (`insert_repeat`): no memorized text predicts the copy."""
+    if repeat_style not in REPEAT_STYLES:
+        raise StudyError(f"unknown repeat style {repeat_style!r}. Fix: choose from {', '.join(REPEAT_STYLES)}")
     cfg = load_recipe(recipe, overrides)
     source = str(cfg.data.get("source", ""))
     if not source.startswith(TEXT_PREFIX):
@@ -202,8 +204,6 @@ def prepare_bpe(
     tok = data / f"bpe{vocab_size}"
     if not (tok / "tokenizer.model").is_file():
         train_sentencepiece(files, vocab_size, tok, quiet=True)
-    if repeat_style not in REPEAT_STYLES:
-        raise StudyError(f"unknown repeat style {repeat_style!r}. Fix: choose from {', '.join(REPEAT_STYLES)}")
     tag = f"bpe{vocab_size}_repeat{repeat_fraction:g}" + (f"x{repeat_chars}" if repeat_fraction > 0 else "")
     if repeat_style != "prefix" and repeat_fraction > 0:
         tag += f"_{repeat_style}" + (f"e{repeat_epochs}" if repeat_epochs > 1 else "")
@@ -215,7 +215,7 @@ def prepare_bpe(
         rng = random.Random(0)
         if repeat_fraction > 0:
             bursty = []
-            draw = word_sampler(train_lines, rng)
+            draw = word_sampler(train_lines, rng) if repeat_style == "words" else None
             for _ in range(repeat_epochs if repeat_style != "prefix" else 1):
                 for line in train_lines:
                     if len(line) < 200 or rng.random() >= repeat_fraction:
