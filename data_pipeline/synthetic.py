@@ -478,6 +478,39 @@ class KHopDense(KHopInduction):
         raise DataError(f"khop_dense: could not draw a sequence with a defined {self.k}-hop chain; raise length")
 
 
+class CopySpan(Task):
+    """Induction on random tokens: ``length`` symbols drawn uniformly, with a run of ``min_span`` to
+    ``max_span`` of them written again right after itself, at a random point; scored: the copy after
+    its first token. Only an induction head predicts it (find the earlier occurrence of the current
+    token, read the token after it): the span length, and with it the distance between the copies,
+    varies from example to example, so a head that reads a fixed offset back cannot. (With a fixed
+    distance, as in ``[x, x]`` with a constant length, a positional head copies instead.)
+    """
+
+    name = "copy_span"
+    DEFAULTS = {"n_symbols": 64, "length": 128, "min_span": 4, "max_span": 64}
+
+    def build_symbols(self):
+        return [f"t{i}" for i in range(self.n_symbols)]
+
+    def check(self):
+        if self.n_symbols < 2 or not 2 <= self.min_span <= self.max_span or 2 * self.max_span > self.length:
+            raise DataError(f"copy_span: need n_symbols >= 2, 2 <= min_span <= max_span <= length/2, got {self.args}")
+
+    @property
+    def max_len(self):
+        return self.length + 1
+
+    def generate(self, rng, index, split):
+        tokens = rng.integers(self.n_symbols, size=self.length)
+        span = int(rng.integers(self.min_span, self.max_span + 1))
+        at = int(rng.integers(0, self.length - 2 * span + 1))
+        tokens[at + span : at + 2 * span] = tokens[at : at + span]
+        mask = [0] * self.length
+        mask[at + span + 1 : at + 2 * span] = [1] * (span - 1)
+        return [f"t{t}" for t in tokens], mask
+
+
 FILLER = ["the grass is green .", "the sky is blue .", "the sun is yellow .", "here we go .", "there and back again ."]
 
 
@@ -522,7 +555,18 @@ class Passkey(Task):
 
 TASKS = {
     cls.name: cls
-    for cls in (Addition, Dyck1, KVRetrieval, ModularAddition, Memorization, MQAR, KHopInduction, KHopDense, Passkey)
+    for cls in (
+        Addition,
+        Dyck1,
+        KVRetrieval,
+        ModularAddition,
+        Memorization,
+        MQAR,
+        KHopInduction,
+        KHopDense,
+        CopySpan,
+        Passkey,
+    )
 }
 
 

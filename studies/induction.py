@@ -42,6 +42,7 @@ import yaml
 from data_pipeline.cli import CliParser, run_cli
 from data_pipeline.prepare import prepare
 from data_pipeline.storage import open_shards
+from data_pipeline.synthetic import get_task
 from data_pipeline.text import PREFIX as TEXT_PREFIX
 from data_pipeline.text import TextLoader, read_documents, text_files
 from data_pipeline.tokenizer import train_sentencepiece
@@ -56,6 +57,7 @@ from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
+SYNTHETIC_PREFIX = "synthetic:"
 DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit")
 PRINTABLE = (32, 127)  # byte models' probe tokens: bytes a WikiText model has seen
 FIRST_PIECE = 4  # BPE models' probe tokens: every piece but unk, bos, eos, pad
@@ -71,14 +73,25 @@ SMOKE = [
     "train.eval_batches=1",
     "checkpoint.every_steps=0",
 ]
-METRICS = (
-    "probe/induction_score_text",
-    "probe/induction_score",
-    "probe/prev_token_score_text",
-    "probe/icl_score",
-    "probe/repeat_text_loss",
-    "val_loss",
-)
+# what each kind of data is plotted by (one panel each) and where its phase change shows (a drop)
+METRICS = {
+    "text": (
+        "probe/induction_score_text",
+        "probe/induction_score",
+        "probe/prev_token_score_text",
+        "probe/icl_score",
+        "probe/repeat_text_loss",
+        "val_loss",
+    ),
+    "copy": (
+        "probe/induction_score",
+        "probe/prev_token_score",
+        "probe/repeat_random_loss",
+        "probe/repeat_random_acc",
+        "val_loss",
+    ),
+}
+DROP_KEY = {"text": "probe/icl_score", "copy": "probe/repeat_random_loss"}
 
 
 def text_halves(tokens, n: int, L: int) -> list[list[int]]:
@@ -90,7 +103,8 @@ def text_halves(tokens, n: int, L: int) -> list[list[int]]:
 
 
 class InductionProbe:
-    """The training hook: induction scores per head, the repeat probes and the ICL score at this step."""
+    """The training hook: induction scores per head, the repeat probes and the ICL score at this step;
+    with no held-out text (`val_tokens` None: synthetic data), the random-token probes only."""
 
     def __init__(
         self, val_tokens, token_range: tuple[int, int], repeat_len: int = 64, icl_windows: int = 160, samples: int = 16
@@ -100,24 +114,30 @@ class InductionProbe:
 
     def __call__(self, model, step: int) -> dict[str, Any]:
         L = min(self.repeat_len, model.cfg.max_seq_len // 2)
-        halves = text_halves(self.val_tokens, self.samples, L)
         lo, hi = self.token_range
         mech = mechanism_scores(model, L=L, n=self.samples // 2, token_range=(lo, hi))
-        mech_text = mechanism_scores(model, halves=halves)
         rnd = induction(model, (L,), n=self.samples, token_low=lo, token_high=hi, progress=False)
-        rep = repeated(model, halves)
-        icl = icl_score(model, self.val_tokens, n_windows=self.icl_windows)
-        return {
+        out = {
             "probe/induction_score": mech["max_induction_score"],
             "probe/prev_token_score": mech["max_previous_token_score"],
             "probe/induction_score_heads": mech["induction_score"],
+            "probe/prev_token_score_heads": mech["previous_token_score"],
+            "probe/source": mech["source"],
+            "probe/repeat_random_acc": rnd["acc"],
+            "probe/repeat_random_loss": rnd["loss"],
+        }
+        if self.val_tokens is None:  # synthetic data: random tokens are its own distribution
+            return out
+        halves = text_halves(self.val_tokens, self.samples, L)
+        mech_text = mechanism_scores(model, halves=halves)
+        rep = repeated(model, halves)
+        icl = icl_score(model, self.val_tokens, n_windows=self.icl_windows)
+        return {
+            **out,
             "probe/induction_score_text": mech_text["max_induction_score"],
             "probe/prev_token_score_text": mech_text["max_previous_token_score"],
             "probe/induction_score_text_heads": mech_text["induction_score"],
             "probe/prev_token_score_text_heads": mech_text["previous_token_score"],
-            "probe/source": mech["source"],
-            "probe/repeat_random_acc": rnd["acc"],
-            "probe/repeat_random_loss": rnd["loss"],
             "probe/repeat_text_acc": rep["acc"],
             "probe/repeat_text_loss": rep["loss"],
             "probe/repeat_text_first_loss": rep["first_half_loss"],
@@ -241,9 +261,18 @@ def prepare_bpe(
     return [f"data={json.dumps({'source': str(shards.resolve()), 'val_fraction': val_fraction})}"]
 
 
+def data_kind(source: str) -> str:
+    """ "copy" for a synthetic source (random tokens with copies, e.g. synthetic:copy_span), else "text"."""
+    return "copy" if str(source).startswith(SYNTHETIC_PREFIX) else "text"
+
+
 def held_out(cfg) -> tuple[Any, tuple[int, int]]:
-    """(the held-out token stream: the tail the trainer validates on, the probes' token range)."""
+    """(the held-out token stream: the tail the trainer validates on, the probes' token range).
+    Synthetic data has no held-out text: (None, the task's symbols)."""
     source = str(cfg.data["source"])
+    if data_kind(source) == "copy":
+        task = get_task(source, seed=cfg.seed, **dict(cfg.data.get("task_args") or {}))
+        return None, (2, task.vocab_size)  # every id but <pad> and <eos>
     if source.startswith(TEXT_PREFIX):
         return TextLoader(dict(cfg.data, seed=cfg.seed), "val", cfg.train.seq_len, 1).tokens, PRINTABLE
     shards = open_shards(source)
@@ -276,11 +305,12 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "variant": cfg["model"]["variant"],
         "layers": int(cfg["model"]["num_layers"]),
         "seed": int(cfg["seed"]),
-        "rows": [r for r in rows if "probe/icl_score" in r],
+        "kind": data_kind(cfg["data"]["source"]),
+        "rows": [r for r in rows if "probe/induction_score" in r],
     }
 
 
-def largest_drop(rows: list[dict[str, Any]], key: str = "probe/icl_score") -> tuple[float, int]:
+def largest_drop(rows: list[dict[str, Any]], key: str) -> tuple[float, int]:
     """(the largest decrease of `key` between consecutive evaluations, the step it ends at)."""
     best, at = 0.0, 0
     for a, b in zip(rows, rows[1:]):
@@ -290,7 +320,8 @@ def largest_drop(rows: list[dict[str, Any]], key: str = "probe/icl_score") -> tu
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (variant, layers): final values and the largest ICL drop, as Spreads over seeds."""
+    """One row per (variant, layers): final values and the largest drop of the data's phase-change
+    metric (the ICL score on text, the loss on repeated random tokens on copies), as Spreads over seeds."""
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in runs:
         if r["rows"]:
@@ -298,33 +329,64 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     order = {v: i for i, v in enumerate(VARIANTS)}
     out = []
     for (variant, layers), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], order.get(kv[0][0], 99))):
+        kind = rs[0]["kind"]
         finals = [r["rows"][-1] for r in rs]
-        drops = [largest_drop(r["rows"]) for r in rs]
-        out.append(
-            {
-                "variant": variant,
-                "layers": layers,
-                "seeds": len(rs),
-                "step": finals[0]["step"],
-                "val_loss": Spread.of([f["val_loss"] for f in finals]),
-                "icl_first": Spread.of([r["rows"][0]["probe/icl_score"] for r in rs]),
-                "icl": Spread.of([f["probe/icl_score"] for f in finals]),
-                "induction_score": Spread.of([f["probe/induction_score"] for f in finals]),
-                "induction_score_text": Spread.of([f["probe/induction_score_text"] for f in finals]),
-                "prev_token_score_text": Spread.of([f["probe/prev_token_score_text"] for f in finals]),
-                "repeat_text_acc": Spread.of([f["probe/repeat_text_acc"] for f in finals]),
-                "repeat_text_gain": Spread.of(
-                    [f["probe/repeat_text_first_loss"] - f["probe/repeat_text_loss"] for f in finals]
-                ),
-                "icl_drop": Spread.of([d for d, _ in drops]),
-                "icl_drop_steps": [s for _, s in drops],
-                "source": finals[0].get("probe/source", ""),
-            }
-        )
+        drops = [largest_drop(r["rows"], DROP_KEY[kind]) for r in rs]
+        row = {
+            "variant": variant,
+            "layers": layers,
+            "kind": kind,
+            "seeds": len(rs),
+            "step": finals[0]["step"],
+            "val_loss": Spread.of([f["val_loss"] for f in finals]),
+            "drop": Spread.of([d for d, _ in drops]),
+            "drop_steps": [s for _, s in drops],
+            "source": finals[0].get("probe/source", ""),
+        }
+        final_keys = {
+            "text": (
+                "probe/icl_score",
+                "probe/induction_score",
+                "probe/induction_score_text",
+                "probe/prev_token_score_text",
+                "probe/repeat_text_acc",
+            ),
+            "copy": (
+                "probe/induction_score",
+                "probe/prev_token_score",
+                "probe/repeat_random_acc",
+                "probe/repeat_random_loss",
+            ),
+        }[kind]
+        for key in final_keys:
+            row[key.removeprefix("probe/")] = Spread.of([f[key] for f in finals])
+        if kind == "text":
+            row["icl_first"] = Spread.of([r["rows"][0]["probe/icl_score"] for r in rs])
+            row["repeat_text_gain"] = Spread.of(
+                [f["probe/repeat_text_first_loss"] - f["probe/repeat_text_loss"] for f in finals]
+            )
+        out.append(row)
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of `summarize`'s rows (all of one kind of data)."""
+    if rows and rows[0]["kind"] == "copy":
+        lines = [
+            "| variant | layers | seeds | step | held-out loss on the copy (nats/token) | induction score, "
+            "repeated random tokens (max head) | previous-token score (max head) | repeated random tokens: "
+            "acc on the repeat | loss on the repeat | largest loss drop between evals (at step, per seed) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            fixed = " (fixed map)" if r["source"] == "mixing_matrix" else ""
+            lines.append(
+                f"| {r['variant']} | {r['layers']} | {r['seeds']} | {r['step']} | {r['val_loss'].format()} | "
+                f"{r['induction_score'].format()}{fixed} | {r['prev_token_score'].format()}{fixed} | "
+                f"{r['repeat_random_acc'].format('{:.1%}')} | {r['repeat_random_loss'].format()} | "
+                f"{r['drop'].format()} ({', '.join(str(s) for s in r['drop_steps'])}) |"
+            )
+        return "\n".join(lines)
     lines = [
         "| variant | layers | seeds | step | held-out loss (nats/token) | ICL score, first eval | ICL score, final | "
         "largest ICL drop between evals (at step, per seed) | induction score, repeated text (max head) | "
@@ -336,8 +398,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         fixed = " (fixed map)" if r["source"] == "mixing_matrix" else ""
         lines.append(
             f"| {r['variant']} | {r['layers']} | {r['seeds']} | {r['step']} | {r['val_loss'].format()} | "
-            f"{r['icl_first'].format()} | {r['icl'].format()} | {r['icl_drop'].format()} "
-            f"({', '.join(str(s) for s in r['icl_drop_steps'])}) | {r['induction_score_text'].format()}{fixed} | "
+            f"{r['icl_first'].format()} | {r['icl_score'].format()} | {r['drop'].format()} "
+            f"({', '.join(str(s) for s in r['drop_steps'])}) | {r['induction_score_text'].format()}{fixed} | "
             f"{r['induction_score'].format()}{fixed} | {r['prev_token_score_text'].format()}{fixed} | "
             f"{r['repeat_text_acc'].format('{:.1%}')} | {r['repeat_text_gain'].format()} |"
         )
@@ -345,7 +407,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> Path:
-    """Four panels against step, one color per variant, solid 2 layers / dashed 3: thin lines are seeds."""
+    """One panel per metric of the data's kind against step, one color per variant, solid 2 layers /
+    dashed 3: one line per run (seed)."""
     import matplotlib  # deferred: heavy
 
     matplotlib.use("Agg")
@@ -353,13 +416,22 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
 
     titles = {
         "probe/induction_score_text": "induction score, repeated held-out text (max head)",
-        "probe/induction_score": "induction score, repeated random bytes (max head)",
+        "probe/induction_score": "induction score, repeated random tokens (max head)",
+        "probe/prev_token_score": "previous-token score, random tokens (max head)",
+        "probe/repeat_random_loss": "repeated random tokens: loss on the repeat (nats/token)",
+        "probe/repeat_random_acc": "repeated random tokens: accuracy on the repeat",
         "probe/prev_token_score_text": "previous-token score, text (max head)",
         "probe/icl_score": "in-context learning score (loss@~250 - loss@~25)",
         "probe/repeat_text_loss": "repeated text: loss on the repeat (nats/token)",
         "val_loss": "held-out loss (nats/token)",
     }
+    kind = runs[0]["kind"]
+    if kind == "copy":
+        titles["val_loss"] = "held-out loss on the copies (nats/token)"
+    metrics = METRICS[kind]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax in axes.flat[len(metrics) :]:
+        ax.set_axis_off()
     color = {v: f"C{i}" for i, v in enumerate(DEFAULT_VARIANTS)}
     styles = {2: "-", 3: "--"}
     labelled = set()
@@ -367,7 +439,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         if not r["rows"]:
             continue
         key = (r["variant"], r["layers"])
-        for ax, m in zip(axes.flat, METRICS):
+        for ax, m in zip(axes.flat, metrics):
             pts = [(x["step"], x[m]) for x in r["rows"] if x.get(m) is not None]
             ax.plot(
                 *zip(*pts),
@@ -378,7 +450,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
                 label=f"{r['variant']} ({r['layers']} layers)" if key not in labelled else None,
             )
         labelled.add(key)
-    for ax, m in zip(axes.flat, METRICS):
+    for ax, m in zip(axes.flat, metrics):
         ax.set_title(titles[m], fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -388,10 +460,12 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         (sum(1 for r in runs if (r["variant"], r["layers"]) == k) for k in {(r["variant"], r["layers"]) for r in runs}),
         default=0,
     )
+    data = {
+        "text": "on WikiText-2, 256-token context",
+        "copy": "on random tokens with a span copied (synthetic:copy_span)",
+    }[kind]
     fig.suptitle(
-        f"2-3 layer models on WikiText-2, 256-token context, probes at every evaluation (one line per run; "
-        f"up to {seeds} seeds)",
-        fontsize=11,
+        f"2-3 layer models {data}, probes at every evaluation (one line per run; up to {seeds} seeds)", fontsize=11
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -403,6 +477,11 @@ def report(out: Path) -> tuple[str, Path]:
     runs = [read_run(d) for d in sorted((out / "runs").iterdir()) if (d / "study_done").is_file()]
     if not runs:
         raise StudyError(f"no finished runs under {out / 'runs'}. Fix: run the study without --report-only first")
+    kinds = {r["kind"] for r in runs}
+    if len(kinds) > 1:
+        raise StudyError(
+            f"{out / 'runs'} holds runs on text and on synthetic copies. Fix: give each kind of data its own --out"
+        )
     rows = summarize(runs)
     text = table(rows)
     (out / "induction.md").write_text(text + "\n")
@@ -477,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             if v not in VARIANTS:
                 raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
         nonlocal overrides
-        if not a.bytes:
+        if not a.bytes and data_kind(load_recipe(a.recipe, overrides).data.get("source", "")) == "text":
             overrides = (
                 prepare_bpe(
                     a.recipe,

@@ -24,6 +24,7 @@ def test_all_tasks_present():
         "mqar",
         "khop",
         "khop_dense",
+        "copy_span",
         "passkey",
     }
 
@@ -133,6 +134,24 @@ def test_khop_dense_scores_every_defined_position(k):
             assert (ans, m) == (("a_", 0) if want is None else ("a" + want[1:], 1))
         assert mask[0::2] == [0] * (len(toks) + 1 >> 1) and sum(mask) >= 1 and mask[-2] == 1
     assert t.vocab_size == single.vocab_size + t.n_symbols  # answers a0.. and a_ replace "="
+
+
+def test_copy_span_scores_exactly_the_predictable_copy():
+    t = get_task("copy_span", n_symbols=16, length=40, min_span=3, max_span=12)
+    spans = set()
+    for i in range(200):
+        toks, mask = t.sample(i)
+        seq, scored = toks[:-1], [p for p, m in enumerate(mask) if m]
+        assert len(seq) == 40 and mask[-1] == 0
+        # the scored run is contiguous; it copies the `span` tokens before the copy's start
+        start, end = scored[0] - 1, scored[-1] + 1
+        span = end - start
+        assert scored == list(range(start + 1, end)) and 3 <= span <= 12
+        assert seq[start:end] == seq[start - span : start]
+        spans.add(span)
+    assert len(spans) == 10  # every span length 3..12 occurs: the distance between the copies varies
+    with pytest.raises(DataError, match="copy_span"):
+        get_task("copy_span", length=20, max_span=11)
 
 
 def test_modular_addition_split():

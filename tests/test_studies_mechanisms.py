@@ -45,6 +45,20 @@ def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
     assert full.endswith(held) and full.count("\n") > held.count("\n")
 
 
+def test_induction_study_on_synthetic_copies_probes_random_tokens_only(tmp_path):
+    out = tmp_path / "copy"
+    args = ["--smoke", "--recipe", "recipes/induction_copy.yaml", "--out", str(out), "--variants", "standard,mixit"]
+    assert induction.main([*args, "--seeds", "1", "data.task_args={length: 32, max_span: 16}"]) == 0
+    assert not (out / "data").exists()  # no text, no tokenizer
+    rows = [json.loads(x) for x in (out / "runs" / "standard-L2-s0" / "metrics.jsonl").read_text().splitlines()]
+    probed = [r for r in rows if "probe/induction_score" in r]
+    assert [r["step"] for r in probed] == [2, 4] and not any("probe/icl_score" in r for r in probed)
+    assert len(probed[-1]["probe/prev_token_score_heads"]) == 2  # [layer][head]
+    md = (out / "induction.md").read_text()
+    assert "loss on the copy" in md and "| standard | 2 | 1 | 4 |" in md and "(fixed map)" in md
+    assert (out / "induction.png").stat().st_size > 10_000
+
+
 def test_packed_study_trains_every_layout_and_scores_offsets(tmp_path):
     out = tmp_path / "packed"
     assert packed.main(["--smoke", "--out", str(out), "--variants", "mixit", "--seeds", "1"]) == 0
