@@ -2,6 +2,7 @@
 
     python -m studies.induction --out outputs/induction --seeds 3                 # 2 layers x 3 variants x 3 seeds
     python -m studies.induction --out outputs/induction --layers 3 --seeds 1      # add 3-layer runs to the same figure
+    python -m studies.induction --recipe recipes/induction_copy.yaml --out outputs/induction_copy --seeds 3
     python -m studies.induction --smoke --out /tmp/induction                       # seconds: the pipeline only
 
 Trains `standard`, `frozen_qk` and `mixit` models on WikiText-2 (recipes/induction_wikitext2.yaml, a
@@ -17,6 +18,9 @@ instead), with the trainer's hooks (pretrain/hooks.py) running eval's probes eve
 - Olsson et al.'s in-context learning score on the held-out text (eval/in_context.py: loss of token
   ~250 minus loss of token ~25 of a 256-token context; more negative = more use of the context).
 The held-out text is the tail `data.val_fraction` of the stream, never trained on.
+A recipe with a synthetic source (recipes/induction_copy.yaml: random tokens with a span copied at a
+varying distance, where only an induction head predicts the copy) trains on that task instead, with
+the random-token probes only (its symbols are the probe's tokens; there is no text to probe).
 All of it lands in each run's metrics.jsonl (and TensorBoard). The study then plots every run against
 step on one figure (OUT/induction.png) and writes OUT/induction.md: per (variant, layers) the final
 values as mean ± std over seeds, and the largest drop of the ICL score between two evaluations (the
