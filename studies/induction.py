@@ -373,40 +373,48 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _fixed(r: dict[str, Any]) -> str:
+    return " (fixed map)" if r["source"] == "mixing_matrix" else ""
+
+
+def _drop(r: dict[str, Any]) -> str:
+    return f"{r['drop'].format()} ({', '.join(str(s) for s in r['drop_steps'])})"
+
+
+# the table's columns per kind of data: (header, cell of a `summarize` row)
+COLUMNS = {
+    "copy": (
+        ("held-out loss on the copy (nats/token)", lambda r: r["val_loss"].format()),
+        ("induction score, repeated random tokens (max head)", lambda r: r["induction_score"].format() + _fixed(r)),
+        ("previous-token score (max head)", lambda r: r["prev_token_score"].format() + _fixed(r)),
+        ("repeated random tokens: acc on the repeat", lambda r: r["repeat_random_acc"].format("{:.1%}")),
+        ("loss on the repeat", lambda r: r["repeat_random_loss"].format()),
+        ("largest loss drop between evals (at step, per seed)", _drop),
+    ),
+    "text": (
+        ("held-out loss (nats/token)", lambda r: r["val_loss"].format()),
+        ("ICL score, first eval", lambda r: r["icl_first"].format()),
+        ("ICL score, final", lambda r: r["icl_score"].format()),
+        ("largest ICL drop between evals (at step, per seed)", _drop),
+        ("induction score, repeated text (max head)", lambda r: r["induction_score_text"].format() + _fixed(r)),
+        ("induction score, repeated random bytes", lambda r: r["induction_score"].format() + _fixed(r)),
+        ("previous-token score, text", lambda r: r["prev_token_score_text"].format() + _fixed(r)),
+        ("repeated text: acc on the repeat", lambda r: r["repeat_text_acc"].format("{:.1%}")),
+        ("repeated text: loss gain of the repeat (nats)", lambda r: r["repeat_text_gain"].format()),
+    ),
+}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of `summarize`'s rows (all of one kind of data)."""
-    if rows and rows[0]["kind"] == "copy":
-        lines = [
-            "| variant | layers | seeds | step | held-out loss on the copy (nats/token) | induction score, "
-            "repeated random tokens (max head) | previous-token score (max head) | repeated random tokens: "
-            "acc on the repeat | loss on the repeat | largest loss drop between evals (at step, per seed) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rows:
-            fixed = " (fixed map)" if r["source"] == "mixing_matrix" else ""
-            lines.append(
-                f"| {r['variant']} | {r['layers']} | {r['seeds']} | {r['step']} | {r['val_loss'].format()} | "
-                f"{r['induction_score'].format()}{fixed} | {r['prev_token_score'].format()}{fixed} | "
-                f"{r['repeat_random_acc'].format('{:.1%}')} | {r['repeat_random_loss'].format()} | "
-                f"{r['drop'].format()} ({', '.join(str(s) for s in r['drop_steps'])}) |"
-            )
-        return "\n".join(lines)
+    columns = COLUMNS[rows[0]["kind"] if rows else "text"]
     lines = [
-        "| variant | layers | seeds | step | held-out loss (nats/token) | ICL score, first eval | ICL score, final | "
-        "largest ICL drop between evals (at step, per seed) | induction score, repeated text (max head) | "
-        "induction score, repeated random bytes | previous-token score, text | repeated text: acc on the repeat "
-        "| repeated text: loss gain of the repeat (nats) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | layers | seeds | step | " + " | ".join(h for h, _ in columns) + " |",
+        "|---" * (4 + len(columns)) + "|",
     ]
     for r in rows:
-        fixed = " (fixed map)" if r["source"] == "mixing_matrix" else ""
-        lines.append(
-            f"| {r['variant']} | {r['layers']} | {r['seeds']} | {r['step']} | {r['val_loss'].format()} | "
-            f"{r['icl_first'].format()} | {r['icl_score'].format()} | {r['drop'].format()} "
-            f"({', '.join(str(s) for s in r['drop_steps'])}) | {r['induction_score_text'].format()}{fixed} | "
-            f"{r['induction_score'].format()}{fixed} | {r['prev_token_score_text'].format()}{fixed} | "
-            f"{r['repeat_text_acc'].format('{:.1%}')} | {r['repeat_text_gain'].format()} |"
-        )
+        cells = [r["variant"], r["layers"], r["seeds"], r["step"]] + [cell(r) for _, cell in columns]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -468,8 +476,9 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         "text": "on WikiText-2, 256-token context",
         "copy": "on random tokens with a span copied (synthetic:copy_span)",
     }[kind]
+    layers = "-".join(str(n) for n in sorted({r["layers"] for r in runs}))
     fig.suptitle(
-        f"2-3 layer models {data}, probes at every evaluation (one line per run; up to {seeds} seeds)", fontsize=11
+        f"{layers} layer models {data}, probes at every evaluation (one line per run; up to {seeds} seeds)", fontsize=11
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -19,7 +19,7 @@ through the trainer's `text:` reader in three layouts:
 - `docpack`:  `documents: lines, windows: documents`, seq_len 64: windows start at an example and hold
               16 whole ones, so examples sit at positions 0, 4, 8, ... of every window.
 
-Every model is then scored on the 49 held-out pairs, each placed after `o` bytes of training text
+Every model is then scored on the 48 held-out pairs, each placed after `o` bytes of training text
 (its own layout's text, from a random point) for every offset o a model's context allows: the
 accuracy of c, predicted at b's position. Reported per (layout, variant): accuracy at offset 0
 (alone, as in the synthetic task), the mean over every offset (what packing asks for), and the mean
