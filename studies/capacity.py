@@ -2,6 +2,7 @@
 
     python -m studies.capacity --recipe recipes/capacity_memorization.yaml --widths 16,32,64 --out-dir runs/capacity
     python -m studies.capacity --widths 8,16 --seeds 2 --out-dir runs/capacity   # every cell twice: mean ± std
+    python -m studies.capacity --widths 8 --seeds 3 --parallel 2 --out-dir runs/capacity   # two cells at a time
     python -m studies.capacity --smoke --out-dir /tmp/capacity          # smallest configuration, seconds
 
 For every (variant, width) the recipe is trained with the DeepSpeed trainer (pretrain.train,
@@ -18,8 +19,13 @@ fell over the last fifth of its steps: ~0 when it has flattened).
 With `--seeds N`, seed i re-initialises the model (the recipe's seed + i; MixiT: matrices of seed i)
 on the same labels (the recipe's data.seed), in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>);
 rows show mean ± std over the seeds. A finished cell (its study_result.json) is not trained again.
+With `--parallel N`, N processes (one thread each) train the cells, each a share of the variants, and
+the table is written once all of them are done; a tiny model's step is mostly per-step overhead, so two
+processes on two cores train about twice as many cells per hour as one.
 
-Writes OUT/capacity.json and OUT/capacity.md (the table with the paper's numbers beside ours).
+Writes OUT/capacity.json, OUT/capacity.md (the table with the paper's numbers beside ours) and
+OUT/capacity.png (every cell's training loss against step, to see whether it has flattened, and the
+bits per trainable parameter per width beside the paper's).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +47,7 @@ from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
 from pretrain.train import train
 
-from .errors import STUDY_ERRORS
+from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
@@ -158,9 +166,73 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def training_losses(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, training loss) as the trainer logged it to the cell's metrics.jsonl."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return [(int(r["step"]), float(r["loss"])) for r in rows if r.get("loss") is not None]
+
+
+def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
+    """Left: every cell's training loss against step (one color per variant, one line style per width).
+    Right: bits per trainable parameter against width, mean and every seed, the paper's value dashed."""
+    import matplotlib  # deferred: heavy
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: heavy
+
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    widths = sorted({r["width"] for r in rows})
+    color = {v: f"C{i}" for i, v in enumerate(DEFAULT_VARIANTS)}
+    style = dict(zip(widths, ("-", "--", ":", "-.") * len(widths)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    labelled = set()
+    for r in rows:
+        pts = training_losses(cell_dir(out_dir, r["variant"], r["width"], r.get("seed_index", 0)))
+        if pts:
+            key = (r["variant"], r["width"])
+            label = f"{r['variant']}, width {r['width']}" if key not in labelled else None
+            left.plot(*zip(*pts), style[r["width"]], color=color.get(r["variant"], "k"), lw=1, alpha=0.7, label=label)
+            labelled.add(key)
+    left.set_xlabel("step")
+    left.set_ylabel("training loss (nats)")
+    left.set_title("training loss of every cell (one line per seed)", fontsize=10)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    for v in variants:
+        vs = [r for r in rows if r["variant"] == v]
+        ws = sorted({r["width"] for r in vs})
+        means = [Spread.of([r["bits_per_trainable_param"] for r in vs if r["width"] == w]).mean for w in ws]
+        right.plot(ws, means, "o-", color=color.get(v, "k"), label=v)
+        right.plot([r["width"] for r in vs], [r["bits_per_trainable_param"] for r in vs], ".", color=color.get(v, "k"))
+        if v in PAPER_BITS_PER_PARAM:
+            right.axhline(PAPER_BITS_PER_PARAM[v], color=color.get(v, "k"), ls="--", lw=0.8, alpha=0.7)
+    right.set_xlabel("width (hidden size)")
+    right.set_xticks(widths)
+    right.set_ylabel("bits / trainable parameter")
+    right.set_title("bits stored per trainable parameter (dashed: the paper's)", fontsize=10)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(out_dir) / "capacity.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def run_sweep(
-    recipe: str, variants, widths, overrides: list[str], out_dir: Path, mlp_ratio: int = 3, log=print, seeds: int = 1
+    recipe: str,
+    variants,
+    widths,
+    overrides: list[str],
+    out_dir: Path,
+    mlp_ratio: int = 3,
+    log=print,
+    seeds: int = 1,
+    report: bool = True,
 ) -> list[dict[str, Any]]:
+    """Train (or read back) every cell, seeds outermost so that every variant has seed 0 first; with
+    `report`, write capacity.json, capacity.md and capacity.png over all of them."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -179,13 +251,38 @@ def run_sweep(
                     f"{v:>18} width {w:>4} seed {i}: acc {r['acc']:.3f}  bits {r['bits']:,.0f}  "
                     f"bits/trainable {r['bits_per_trainable_param']:.3f}  ({r['seconds']}s)"
                 )
-                (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
+                if report:
+                    (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if not report:
+        return rows
     rows.sort(
         key=lambda r: (list(widths).index(r["width"]), list(variants).index(r["variant"]), r.get("seed_index", 0))
     )
     (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out_dir / "capacity.md").write_text(table(rows) + "\n")
+    plot(rows, out_dir)
     return rows
+
+
+def train_in_parallel(argv: list[str], variants: list[str], parallel: int, out_dir: Path) -> None:
+    """Train the sweep's cells in `parallel` processes of this CLI (one thread each), process k taking
+    variants k, k + parallel, ...; each writes its cells only (the caller writes the table)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs = []
+    for k in range(min(parallel, len(variants))):
+        share = ",".join(variants[k::parallel])
+        log_path = out_dir / f"train_{k}.log"
+        cmd = [sys.executable, "-m", "studies.capacity", *argv, "--variants", share, "--parallel", "1", "--cells-only"]
+        with open(log_path, "a") as log:
+            procs.append((share, log_path, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)))
+    print(f"training in {len(procs)} processes; progress in {out_dir}/train_*.log", flush=True)
+    failed = [f"{share} (exit {p.returncode}; see {log_path})" for share, log_path, p in procs if p.wait() != 0]
+    if failed:
+        raise StudyError(
+            "training failed for " + "; ".join(failed) + ". Fix: read the log named, correct the cause and "
+            "run the same command again (finished cells are kept)"
+        )
 
 
 def _widths(text: str) -> list[int]:
@@ -196,6 +293,19 @@ def _widths(text: str) -> list[int]:
     if not widths or min(widths) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: widths must be positive integers (e.g. 16,32,64)")
     return widths
+
+
+def _without(argv: list[str], *options: str) -> list[str]:
+    """`argv` less the given options and their values (`--opt V` or `--opt=V`)."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in options:
+            skip = True
+        elif not any(x.startswith(o + "=") for o in options):
+            out.append(x)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +329,15 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="train every cell with this many seeds; rows show mean ± std",
     )
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        choices=range(1, 17),
+        metavar="N",
+        default=1,
+        help="train the cells in N processes of one thread each (2 on two cores)",
+    )
+    ap.add_argument("--cells-only", action="store_true", help=argparse.SUPPRESS)  # a --parallel worker
     ap.add_argument("--smoke", action="store_true", help="the smallest configuration: width 8, 64 pairs, 20 steps")
     ap.add_argument("--out-dir", default="runs/capacity")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every cell")
@@ -241,7 +360,14 @@ def main(argv: list[str] | None = None) -> int:
                         + seed_overrides(cfg.seed, i),
                     )
         t0 = time.time()
-        rows = run_sweep(a.recipe, variants, widths, overrides, Path(a.out_dir), a.mlp_ratio, seeds=a.seeds)
+        if a.parallel > 1:
+            worker_argv = _without(list(argv if argv is not None else sys.argv[1:]), "--variants", "--parallel")
+            train_in_parallel(worker_argv, variants, a.parallel, Path(a.out_dir))
+        rows = run_sweep(
+            a.recipe, variants, widths, overrides, Path(a.out_dir), a.mlp_ratio, seeds=a.seeds, report=not a.cells_only
+        )
+        if a.cells_only:
+            return
         print(f"({time.time() - t0:.0f} s)")
         print(table(rows))
 

@@ -8,7 +8,7 @@ import math
 import yaml
 
 from data_pipeline.synthetic import memorization_capacity_bits
-from studies.capacity import PAPER_BITS_PER_PARAM, SMOKE, loss_drop, main, table
+from studies.capacity import PAPER_BITS_PER_PARAM, SMOKE, _without, loss_drop, main, table, training_losses
 
 
 def test_capacity_smoke_sweep_writes_the_table(tmp_path):
@@ -27,6 +27,8 @@ def test_capacity_smoke_sweep_writes_the_table(tmp_path):
     md = (tmp_path / "capacity.md").read_text()
     for v, bits in PAPER_BITS_PER_PARAM.items():
         assert f"| {v} |" in md and str(bits) in md
+    assert (tmp_path / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(training_losses(tmp_path / "standard_w8")) > 0
     # a second seed trains only the new cell (seed 0's result is kept), re-initialised with its own seed
     before = (tmp_path / "mixit_w8" / "study_result.json").read_text()
     assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit", "--seeds", "2"]) == 0
@@ -62,3 +64,24 @@ def test_loss_drop_reads_the_tail_of_the_curve():
     assert loss_drop(flat) == 0.0
     # the last 20 steps: mean of steps 81-85 (1.17) minus mean of steps 96-100 (1.02)
     assert abs(loss_drop(falling) - 0.15) < 1e-9
+
+
+def test_parallel_sweep_trains_every_cell_in_worker_processes(tmp_path):
+    assert (
+        main(["--smoke", "--out-dir", str(tmp_path), "--variants", "standard,mixit,frozen_mlp", "--parallel", "2"]) == 0
+    )
+    rows = json.loads((tmp_path / "capacity.json").read_text())
+    assert [r["variant"] for r in rows] == ["standard", "mixit", "frozen_mlp"]
+
+    # worker 0 trained standard and frozen_mlp, worker 1 mixit: each logged its own cells
+    def cells(log):
+        return [line.split()[0] for line in log.read_text().splitlines() if " width " in line and " seed " in line]
+
+    assert cells(tmp_path / "train_0.log") == ["standard", "frozen_mlp"]
+    assert cells(tmp_path / "train_1.log") == ["mixit"]
+    assert (tmp_path / "capacity.png").is_file() and "| mixit |" in (tmp_path / "capacity.md").read_text()
+
+
+def test_without_drops_an_option_and_its_value():
+    argv = ["--smoke", "--variants", "a,b", "--parallel=2", "--out-dir", "x", "train.max_steps=5"]
+    assert _without(argv, "--variants", "--parallel") == ["--smoke", "--out-dir", "x", "train.max_steps=5"]
