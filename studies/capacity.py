@@ -321,21 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         "--widths", type=_widths, default=[16, 32, 64], help="hidden sizes (intermediate = mlp-ratio x width)"
     )
     ap.add_argument("--mlp-ratio", type=int, default=3)
+    count = {"type": int, "metavar": "N", "default": 1}
     ap.add_argument(
-        "--seeds",
-        type=int,
-        choices=range(1, 101),
-        metavar="N",
-        default=1,
-        help="train every cell with this many seeds; rows show mean ± std",
+        "--seeds", choices=range(1, 101), help="train every cell with this many seeds; rows show mean ± std", **count
     )
     ap.add_argument(
-        "--parallel",
-        type=int,
-        choices=range(1, 17),
-        metavar="N",
-        default=1,
-        help="train the cells in N processes of one thread each (2 on two cores)",
+        "--parallel", choices=range(1, 17), help="train the cells in N one-thread processes (2 on two cores)", **count
     )
     ap.add_argument("--cells-only", action="store_true", help=argparse.SUPPRESS)  # a --parallel worker
     ap.add_argument("--smoke", action="store_true", help="the smallest configuration: width 8, 64 pairs, 20 steps")
