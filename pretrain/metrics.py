@@ -78,6 +78,12 @@ def memory_gib(device: torch.device) -> dict[str, float]:
     return {"mem_rss_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every record a run's Logger wrote to RUN_DIR/metrics.jsonl, in order (what studies and plots read)."""
+    text = (Path(run_dir) / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 class Logger:
     """Rank-0 sinks. `log(record)` appends one JSON line, writes scalars to TensorBoard and
     prints a console line (or, on a terminal with logging.progress_bar auto/on, updates a bar)."""

@@ -45,6 +45,7 @@ from data_pipeline.cli import CliParser, run_cli
 from data_pipeline.synthetic import get_task
 from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
+from pretrain.metrics import read_metrics
 from pretrain.train import train
 
 from .errors import STUDY_ERRORS, StudyError
@@ -168,8 +169,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def training_losses(run_dir: Path) -> list[tuple[int, float]]:
     """(step, training loss) as the trainer logged it to the cell's metrics.jsonl."""
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    rows = read_metrics(run_dir) if (Path(run_dir) / "metrics.jsonl").is_file() else []
     return [(int(r["step"]), float(r["loss"])) for r in rows if r.get("loss") is not None]
 
 

@@ -37,6 +37,7 @@ from data_pipeline.cli import CliParser, run_cli
 from data_pipeline.progress import progress_bar
 from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
+from pretrain.metrics import read_metrics
 
 from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
@@ -219,7 +220,7 @@ def train_all(
 
 
 def _final_val_loss(run_dir: Path) -> float:
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    rows = read_metrics(run_dir)
     vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
     if not vals:
         raise StudyError(
@@ -344,7 +345,7 @@ def plot(
             for (tn, vn, s), run_dir in runs.items():
                 if (tn, vn) != (t.name, v):
                     continue
-                rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+                rows = read_metrics(run_dir)
                 pts = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
                 if pts:
                     ax.plot(*zip(*pts), label=v if s == 0 else None, color=f"C{i}", alpha=0.8 if s == 0 else 0.4)

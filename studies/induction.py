@@ -55,6 +55,7 @@ from eval.mechanisms import mechanism_scores
 from eval.retrieval import induction, repeated
 from model import VARIANTS
 from pretrain.config import load_recipe
+from pretrain.metrics import read_metrics
 from pretrain.train import train
 
 from .errors import STUDY_ERRORS, StudyError
@@ -303,7 +304,7 @@ def train_cell(recipe: str, overrides: list[str], run_dir: Path, log=print) -> N
 def read_run(run_dir: Path) -> dict[str, Any]:
     """{"variant", "layers", "seed", "rows": [metrics records that carry probe results]}."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run_dir)
     return {
         "name": run_dir.name,
         "variant": cfg["model"]["variant"],
