@@ -11,6 +11,9 @@ the repository. The `data` keys besides `source` and `seed`:
                             documents: windows start at a document and hold whole documents (packed
                             greedily; a document longer than a window continues in the next one), the
                             rest of a window is padding (EOS inputs, labels -100: not scored)
+    return_doc_ids: false   true (documents: lines): batches carry `doc_ids`, each position's document
+                            in its window (an EOS belongs to the document it ends), so the model masks
+                            attention to each document and restarts its positions there
 
 A file with one example per line (`12+7=19`) trains as documents with
 `documents: lines` and `windows: documents`: no example is cut by a window, and each ends in EOS,
@@ -35,7 +38,7 @@ from .errors import DataError
 from .tokenizer import BYTE_TOKENIZER
 
 PREFIX = "text:"
-KNOWN_KEYS = {"source", "seed", "val_fraction", "documents", "windows"}
+KNOWN_KEYS = {"source", "seed", "val_fraction", "documents", "windows", "return_doc_ids"}
 DOCUMENTS = ("stream", "lines")
 WINDOWS = ("stream", "documents")
 IGNORE = -100
@@ -134,6 +137,13 @@ class TextLoader:
                 "data.windows=documents needs document boundaries. Fix: set data.documents=lines "
                 "(every line a document)"
             )
+        self.return_doc_ids = data.get("return_doc_ids", False)
+        if not isinstance(self.return_doc_ids, bool):
+            raise DataError(f"data.return_doc_ids must be true or false, got {self.return_doc_ids!r}")
+        if self.return_doc_ids and self.documents != "lines":
+            raise DataError(
+                "data.return_doc_ids needs document boundaries. Fix: set data.documents=lines (every line a document)"
+            )
         self.source = str(data["source"])
         self.seed = int(data.get("seed", 0))
         self.split = split
@@ -201,7 +211,12 @@ class TextLoader:
         start = self.samples_seen + self.rank * per
         xs, ys = zip(*(self._sample(j) for j in range(start, start + per)))
         self.samples_seen += self.B
-        return {"input_ids": torch.from_numpy(np.stack(xs)), "labels": torch.from_numpy(np.stack(ys))}
+        x = np.stack(xs)
+        batch = {"input_ids": torch.from_numpy(x), "labels": torch.from_numpy(np.stack(ys))}
+        if self.return_doc_ids:
+            ends = (x == BYTE_TOKENIZER.eos_id).astype(np.int64)
+            batch["doc_ids"] = torch.from_numpy(np.cumsum(ends, axis=1) - ends)
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         return {

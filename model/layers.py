@@ -300,16 +300,33 @@ class MixingAttention(nn.Module):
             self._cache[key] = mixit.mixing_matrix(self.cfg, self.layer, full_t, device).to(dtype)
         return self._cache[key][:, :t, :t]
 
+    def document_matrix(self, attn_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(b, H, t, t) mixing for packed documents: each document mixed as if it were its own
+        sequence starting at position 0. MixiT indexes A by absolute position, so this is the
+        position reset that masking alone would not give. attn_mask (b, t, t) is True within a
+        document; documents are contiguous, so a token's position in its document is the number
+        of earlier tokens it may see. Dense (a gather from the cached T x T matrix)."""
+        t = attn_mask.shape[1]
+        seen = attn_mask & torch.ones(t, t, dtype=torch.bool, device=attn_mask.device).tril()
+        pos = seen.sum(-1) - 1  # (b, t)
+        a = self.matrix(t, attn_mask.device, dtype)[:, pos[:, :, None], pos[:, None, :]]  # (H, b, t, t)
+        return a.transpose(0, 1) * seen[:, None]
+
     def forward(
         self, x: torch.Tensor, cos=None, sin=None, cache: KVCache | None = None, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
-        if attn_mask is not None:
+        if attn_mask is not None and (cache is not None or not cfg.causal):
             raise NotImplementedError(
-                "MixiT has no attention scores to mask; document masking is not supported for mixit"
+                "MixiT resets its mixing per document only in causal training forwards (no KV cache); "
+                "pack without doc_ids"
             )
         v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        if attn_mask is not None:
+            v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
+            out = torch.matmul(self.document_matrix(attn_mask, v.dtype), v)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
         past = 0
         if cache is not None:
             past = cache.past_length(self.layer)

@@ -170,6 +170,11 @@ class RunConfig:
             raise RecipeError("optim.warmup_steps must be >= 0")
         if p.pipeline_stages < 1:
             raise RecipeError("parallel.pipeline_stages must be >= 1")
+        if p.pipeline_stages > 1 and self.data.get("return_doc_ids"):
+            raise RecipeError(
+                "data.return_doc_ids: per-document masking does not reach pipeline stages. "
+                "Fix: set parallel.pipeline_stages=1, or drop data.return_doc_ids"
+            )
         if c.keep_last < 0 or c.every_steps < 0 or c.every_minutes < 0:
             raise RecipeError("checkpoint.keep_last, checkpoint.every_steps and checkpoint.every_minutes must be >= 0")
         if self.logging.progress_bar not in ("auto", "on", "off"):

@@ -161,7 +161,8 @@ class Trainer:
         return self.engine.grid.get_data_parallel_rank() if self.pipe else dist.get_rank()
 
     def _micro_batches(self, batch: dict[str, torch.Tensor]):
-        ids, labels = batch["input_ids"], batch["labels"]
+        """[(input_ids, labels, doc_ids or None)] per micro-batch, on the device."""
+        ids, labels, docs = batch["input_ids"], batch["labels"], batch.get("doc_ids")
         mb = self.layout.micro_batch
         if ids.shape[0] != mb * self.layout.grad_accum:
             raise RuntimeError(
@@ -169,20 +170,26 @@ class Trainer:
                 f"{mb * self.layout.grad_accum} (micro {mb} x grad-accum {self.layout.grad_accum})"
             )
         return [
-            (ids[i : i + mb].to(self.device), labels[i : i + mb].to(self.device)) for i in range(0, ids.shape[0], mb)
+            (
+                ids[i : i + mb].to(self.device),
+                labels[i : i + mb].to(self.device),
+                None if docs is None else docs[i : i + mb].to(self.device),
+            )
+            for i in range(0, ids.shape[0], mb)
         ]
 
     def _scale(self, mbs) -> tuple[torch.Tensor, torch.Tensor]:
-        n = torch.tensor(float(sum(int((y != IGNORE_INDEX).sum()) for _, y in mbs)), device=self.device)
+        n = torch.tensor(float(sum(int((y != IGNORE_INDEX).sum()) for _, y, _ in mbs)), device=self.device)
         dist.all_reduce(n, group=self.dp_group)
         n = n.clamp_min(1.0)
         return n, torch.tensor([self.layout.data_parallel * self.layout.grad_accum], device=self.device) / n
 
-    def _ce_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _ce_sum(self, x: torch.Tensor, y: torch.Tensor, docs: torch.Tensor | None) -> torch.Tensor:
         """Summed token cross-entropy of one micro-batch (0 when it scores no token), from the
         model's own loss: chunked, never the full [b, t, vocab] logits, unless model.loss_chunk_tokens=0.
-        Under ZeRO-3 too: the loss runs inside the head's forward, whose parameters ZeRO-3 gathers."""
-        return self.engine(x, labels=y, reduction="sum").float()
+        Under ZeRO-3 too: the loss runs inside the head's forward, whose parameters ZeRO-3 gathers.
+        `docs` (data.return_doc_ids) masks attention to each document and restarts its positions."""
+        return self.engine(x, labels=y, doc_ids=docs, reduction="sum").float()
 
     def set_lr(self, lr: float) -> None:
         for g in self.engine.optimizer.param_groups:
@@ -197,7 +204,7 @@ class Trainer:
         if self.pipe:
             # the scale rides with the labels to the last stage's loss (a fault poisons it there)
             scale = faults.poison_loss(scale, self.batch_index)
-            data = iter([(x, (y, scale)) for x, y in mbs])
+            data = iter([(x, (y, scale)) for x, y, _ in mbs])
             self.gate.begin()
             loss = float(self.engine.train_batch(data_iter=data))
             skipped = self.gate.end()
@@ -205,8 +212,8 @@ class Trainer:
             total = torch.zeros((), device=self.device, dtype=torch.float32)
             own_norm = None
             bad = loss_bad = False
-            for i, (x, y) in enumerate(mbs):
-                ce = faults.poison_loss(self._ce_sum(x, y), self.batch_index)
+            for i, (x, y, d) in enumerate(mbs):
+                ce = faults.poison_loss(self._ce_sum(x, y, d), self.batch_index)
                 bad = bad or not is_finite(ce)
                 if i == len(mbs) - 1:  # before the boundary step: every rank agrees to skip the update
                     loss_bad = any_rank(bad, self.device)
@@ -241,13 +248,13 @@ class Trainer:
                 mbs = self._micro_batches(batch)
                 n_tokens, scale = self._scale(mbs)
                 if self.pipe:
-                    data = iter([(x, (y, scale)) for x, y in mbs])
+                    data = iter([(x, (y, scale)) for x, y, _ in mbs])
                     out = self.engine.eval_batch(data_iter=data, num_micro_batches=len(mbs))
                     losses.append(float(out))
                 else:
                     total = torch.zeros((), device=self.device)
-                    for x, y in mbs:
-                        total += self._ce_sum(x, y)
+                    for x, y, d in mbs:
+                        total += self._ce_sum(x, y, d)
                     dist.all_reduce(total)
                     losses.append(float(total / n_tokens))
         finally:

@@ -80,6 +80,23 @@ def test_line_documents_end_in_eos_and_windows_hold_whole_documents(tmp_path):
     assert sorted(found) == sorted(short)  # every short document once, never cut
 
 
+def test_doc_ids_number_the_documents_of_each_window(tmp_path):
+    """Windows cut anywhere in the line stream: a position's document id counts the EOS tokens before
+    it in its window, so a document (its EOS included) is one run of one id, starting at 0."""
+    f = tmp_path / "t.txt"
+    f.write_text("".join(f"{i}+{i % 7}={i + i % 7}\n" for i in range(200)))
+    eos = BYTE_TOKENIZER.eos_id
+    ld = _loader(f, documents="lines", return_doc_ids=True, val_fraction=0.0)
+    plain = _loader(f, documents="lines", val_fraction=0.0)
+    for _ in range(3):
+        b, ref = next(ld), next(plain)
+        assert b["input_ids"].equal(ref["input_ids"]) and b["labels"].equal(ref["labels"])  # same windows
+        for x, d in zip(b["input_ids"].tolist(), b["doc_ids"].tolist()):
+            assert d[0] == 0 and all(0 <= d[i + 1] - d[i] <= 1 for i in range(len(d) - 1))
+            for i in range(1, len(x)):
+                assert d[i] == d[i - 1] + (x[i - 1] == eos)  # a new document begins right after an EOS
+
+
 def test_pack_windows_scores_every_target_once():
     lengths = np.array([5, 5, 30, 3, 17, 2, 40])  # a line and its EOS: at least 2 tokens
     span = 17
@@ -123,6 +140,8 @@ def test_resume_continues_the_order_and_refuses_other_settings(tmp_path):
         ({"windows": "documents"}, "needs document boundaries"),
         ({"documents": "paragraphs"}, "data.documents"),
         ({"shuffle": True}, "unknown keys"),
+        ({"return_doc_ids": True}, "return_doc_ids needs document boundaries"),
+        ({"documents": "lines", "return_doc_ids": "yes"}, "must be true or false"),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, data, msg):

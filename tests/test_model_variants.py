@@ -139,15 +139,28 @@ def test_cached_decoding_equals_full_forward(variant):
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_document_mask_isolates_documents():
-    model = build_model(tiny("standard"), seed=0).eval()
-    a, b = torch.randint(0, V, (1, 10)), torch.randint(0, V, (1, 14))
-    packed = torch.cat([a, b], dim=1)
-    doc_ids = torch.tensor([[0] * 10 + [1] * 14])
+@pytest.mark.parametrize("variant", ["standard", "frozen_qk", "mixit"])
+def test_document_mask_isolates_documents(variant):
+    """A packed row with doc_ids gives every document the logits it has alone: masking, and for
+    MixiT (mixing indexed by absolute position) the position reset too."""
+    model = build_model(tiny(variant), seed=0).eval()
+    docs = [torch.randint(0, V, (1, n)) for n in (10, 3, 11)]
+    other = [torch.randint(0, V, (1, n)) for n in (24,)]
+    packed = torch.cat([torch.cat(docs, dim=1), torch.cat(other, dim=1)])
+    doc_ids = torch.tensor([[0] * 10 + [1] * 3 + [2] * 11, [0] * 24])
     with torch.no_grad():
         out = model(packed, doc_ids=doc_ids)
-        torch.testing.assert_close(out[:, :10], model(a), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out[:, 10:], model(b), rtol=1e-5, atol=1e-5)
+        alone = torch.cat([model(d) for d in docs], dim=1)
+        torch.testing.assert_close(out[:1], alone, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[1:], model(other[0]), rtol=1e-5, atol=1e-5)
+        if variant == "mixit":  # without the reset the later documents would see other positions' weights
+            assert (out[:1, 10:] - model(packed[:1])[:, 10:]).abs().max() > 1e-3
+
+
+def test_mixit_document_reset_refuses_a_kv_cache():
+    model = build_model(tiny("mixit"), seed=0).eval()
+    with pytest.raises(NotImplementedError, match="doc_ids"):
+        model(torch.zeros(1, 4, dtype=torch.long), doc_ids=torch.tensor([[0, 0, 1, 1]]), cache=model.new_cache())
 
 
 @pytest.mark.parametrize("variant", ["standard", "mixit"])

@@ -49,11 +49,12 @@ def no_engine(monkeypatch):
         ("checkpoint.save_final=1", r"checkpoint.save_final=1 has type int; expected bool"),
         ("train.nan_policy=ignore", r"nan_policy must be one of \['skip', 'stop', 'rollback'\]"),
         ("parallel.timeout_s=0", r"timeout_s > 0"),
+        ("parallel.pipeline_stages=2 data.return_doc_ids=true", r"return_doc_ids.*Fix: set parallel.pipeline_stages=1"),
     ],
 )
 def test_wrong_types_and_values_name_the_key(override, msg):
     with pytest.raises(RecipeError, match=msg):
-        load_recipe(RECIPE, [override])
+        load_recipe(RECIPE, override.split())
 
 
 @pytest.mark.parametrize(

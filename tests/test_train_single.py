@@ -17,6 +17,7 @@ from conftest import REPO, fault_seed, read_losses
 
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
+from data_pipeline.text import TextLoader
 from pretrain.config import RecipeError
 from pretrain.export import main as export_main
 from pretrain.train import train
@@ -153,6 +154,27 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
         train(RECIPE, FAST + ["train.max_steps=4", "parallel.ds_config=zero2"], run_dir=tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_for_eval(tmp_path)
+
+
+def test_doc_ids_reach_the_model_in_training(tmp_path):
+    """With data.return_doc_ids the trainer's loss is the model's loss with per-document masking and
+    position resets (MixiT's too): a step at lr 0 logs exactly the loss of its batch computed by hand
+    with the batch's doc_ids, which differs from the loss without them."""
+    f = tmp_path / "lines.txt"
+    f.write_text("".join(f"{i}+{i % 7}={i + i % 7}\n" for i in range(300)))
+    data = {"source": f"text:{f}", "documents": "lines", "return_doc_ids": True, "val_fraction": 0.1}
+    over = FAST + [f"data={json.dumps(data)}", "train.max_steps=1", "optim.lr=0", "optim.min_lr=0"]
+    res = train(RECIPE, over, run_dir=tmp_path / "run", resume="never")
+    model, _ = load_for_eval(res.last_checkpoint)  # lr 0: the initial weights
+    batch = next(TextLoader(dict(data, seed=1234), "train", 32, 8))
+    x, y, d = batch["input_ids"], batch["labels"], batch["doc_ids"]
+    assert int(d.max()) >= 3  # several documents per window
+    with torch.no_grad():
+        n = float((y != -100).sum())
+        with_docs = float(model(x, labels=y, doc_ids=d, reduction="sum")) / n
+        without = float(model(x, labels=y, reduction="sum")) / n
+    assert read_losses(tmp_path / "run")[1] == pytest.approx(with_docs, rel=1e-5)
+    assert abs(with_docs - without) > 1e-3
 
 
 @pytest.mark.parametrize("zero", ["zero0", "zero1"])
