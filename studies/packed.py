@@ -17,7 +17,10 @@ through the trainer's `text:` reader in three layouts:
 - `packed`:   the byte stream cut into windows of 63 tokens: 15.75 examples per window, at every offset
               (63 is not a multiple of 4, so windows start inside examples);
 - `docpack`:  `documents: lines, windows: documents`, seq_len 64: windows start at an example and hold
-              16 whole ones, so examples sit at positions 0, 4, 8, ... of every window.
+              16 whole ones, so examples sit at positions 0, 4, 8, ... of every window;
+- `reset`:    `documents: lines, return_doc_ids: true`, seq_len 63: `packed`'s windows (examples at every
+              offset), with attention masked to each example and positions restarting at it (MixiT's
+              mixing too), so every example is trained as if it were alone at position 0.
 
 Every model is then scored on the 48 held-out pairs, each placed after `o` bytes of training text
 (its own layout's text, from a random point) for every offset o a model's context allows: the
@@ -59,6 +62,7 @@ LAYOUTS = {
     "aligned": {"seq_len": 4, "data": {"documents": "lines", "windows": "documents"}, "batch": 64},
     "packed": {"seq_len": 63, "data": {}, "batch": 4},
     "docpack": {"seq_len": 64, "data": {"documents": "lines", "windows": "documents"}, "batch": 4},
+    "reset": {"seq_len": 63, "data": {"documents": "lines", "return_doc_ids": True}, "batch": 4},
 }
 SMOKE = [
     "train.max_steps=4",
@@ -128,6 +132,7 @@ def accuracy_by_offset(model, layout: str, test_pairs, train_pairs, p: int, seed
     context starts at an example boundary when o is a multiple of 4 (whole examples before it, as in
     `docpack` windows), anywhere otherwise. `aligned` models (4-token context) are scored at o = 0."""
     T = model.cfg.max_seq_len
+    resets = bool(LAYOUTS[layout]["data"].get("return_doc_ids"))  # score as trained: one document per example
     stream = context_stream(layout, train_pairs, p, seed)
     rng = random.Random(f"offsets-{seed}")
     out = {}
@@ -139,9 +144,20 @@ def accuracy_by_offset(model, layout: str, test_pairs, train_pairs, p: int, seed
             ctx = stream[start : start + o]
             xs.append(ctx + [BASE + a, BASE + b])
             ys.append(BASE + (a + b) % p)
-        logits = model(torch.tensor(xs))[:, -1]
+        x = torch.tensor(xs)
+        logits = model(x, doc_ids=document_ids(x) if resets else None)[:, -1]
         out[o] = float((logits.argmax(-1) == torch.tensor(ys)).float().mean())
     return out
+
+
+def document_ids(x: torch.Tensor) -> torch.Tensor:
+    """Per-position document index of contexts built by `accuracy_by_offset` for a `reset` model: a
+    document ends with its EOS (as the text reader writes them) and the scored example, its last two
+    tokens, is a document of its own (the reader would have ended the one before it)."""
+    eos = (x == BYTE_TOKENIZER.eos_id).long()
+    ids = torch.cumsum(eos, dim=1) - eos  # an EOS belongs to the document it ends
+    ids[:, -2:] = ids[:, -3:-2] + 1 if x.shape[1] > 2 else 0
+    return ids
 
 
 def summarize_offsets(acc: dict[int, float]) -> dict[str, float | None]:

@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+import torch
+
+from model import build_model, preset
 from studies import induction, packed
 
 
@@ -63,13 +67,32 @@ def test_packed_study_trains_every_layout_and_scores_offsets(tmp_path):
     out = tmp_path / "packed"
     assert packed.main(["--smoke", "--out", str(out), "--variants", "mixit", "--seeds", "1"]) == 0
     res = json.loads((out / "packed.json").read_text())
-    assert set(res) == {"aligned/mixit", "packed/mixit", "docpack/mixit"}
+    assert set(res) == {"aligned/mixit", "packed/mixit", "docpack/mixit", "reset/mixit"}
+    assert len(res["reset/mixit"][0]["by_offset"]) == 62
     assert list(res["aligned/mixit"][0]["by_offset"]) == ["0"]  # a 4-token context: offset 0 only
     assert len(res["packed/mixit"][0]["by_offset"]) == 62  # a and b fit: offsets 0..61 of 63
     cfg = (out / "runs" / "packed-mixit-s0" / "config.yaml").read_text()
     assert "seq_len: 63" in cfg
     assert (out / "packed.png").stat().st_size > 10_000
     assert "| docpack | mixit | 1 |" in (out / "packed.md").read_text()
+
+
+@pytest.mark.parametrize("variant", ["standard", "mixit"])
+def test_reset_layout_scores_each_example_as_if_alone(variant):
+    """A `reset` model sees the scored example as its own document after any context, so its
+    logits there are those of the example alone at position 0."""
+    model = build_model(
+        preset("tiny", variant=variant, vocab_size=256, max_seq_len=63, mixit_residual_scale=None), seed=0
+    ).eval()
+    stream = packed.context_stream("reset", [(1, 2), (3, 4)], packed.P, seed=0)
+    pair = [packed.BASE + 5, packed.BASE + 6]
+    with torch.no_grad():
+        alone = model(torch.tensor([pair]))[:, -1]
+        for start, o in ((0, 40), (1, 37), (2, 0), (3, 60)):
+            x = torch.tensor([stream[start : start + o] + pair])
+            ids = packed.document_ids(x)
+            assert ids[0, -1] == ids[0, -2] != (ids[0, -3] if o else -1)
+            torch.testing.assert_close(model(x, doc_ids=ids)[:, -1], alone, rtol=1e-5, atol=1e-5)
 
 
 def test_packed_data_keeps_the_held_out_pairs_out_of_training(tmp_path):
