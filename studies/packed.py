@@ -1,6 +1,7 @@
 """MixiT on packed text: does its arithmetic survive windows that are not aligned to examples?
 
     python -m studies.packed --out outputs/packed --seeds 3
+    python -m studies.packed --out outputs/packed_T63 --layouts aligned --model-len 63   # aligned, 63-position model
     python -m studies.packed --smoke --out /tmp/packed                 # seconds: the pipeline only
 
 MixiT mixes tokens by a fixed matrix indexed by ABSOLUTE position, and the demo's arithmetic
@@ -10,7 +11,7 @@ windows at arbitrary offsets. This study writes the demo's modular-addition exam
 same 95/5 split of pairs as `synthetic:modular_addition`) as text, one example per line, each
 number one byte (chr(65 + n)): "a b c\\n" is 4 bytes. It trains `standard`, `frozen_qk` and `mixit`
 (recipes/packed_modadd.yaml: the demo's model and optimizer, same steps, same examples per step)
-through the trainer's `text:` reader in three layouts:
+through the trainer's `text:` reader in four layouts:
 
 - `aligned`:  `documents: lines, windows: documents`, seq_len 4: one example per window, at position 0
               (the synthetic task's layout, as bytes);
@@ -103,13 +104,14 @@ def write_data(path: Path, p: int, seed: int, repeats: int, val_repeats: int) ->
     }
 
 
-def layout_overrides(layout: str, data_file: Path, val_fraction: float) -> list[str]:
+def layout_overrides(layout: str, data_file: Path, val_fraction: float, model_len: int | None = None) -> list[str]:
+    """The layout's data and window; the model's context is the window unless `model_len` is given."""
     spec = LAYOUTS[layout]
     data = {"source": f"text:{data_file}", "val_fraction": val_fraction, **spec["data"]}
     return [
         f"data={json.dumps(data)}",
         f"train.seq_len={spec['seq_len']}",
-        f"model.max_seq_len={spec['seq_len']}",
+        f"model.max_seq_len={model_len or spec['seq_len']}",
         f"train.global_batch_sequences={spec['batch']}",
         f"train.micro_batch_sequences={spec['batch']}",
     ]
@@ -255,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--seeds", type=int, choices=range(1, 101), metavar="N", default=3)
+    ap.add_argument(
+        "--model-len",
+        type=int,
+        metavar="T",
+        help="the model's max_seq_len for every layout (default: the layout's window). MixiT's matrix "
+        "depends on it: its random part has std ~ 1/sqrt(T)",
+    )
     ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: the pipeline only")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every run")
     a = ap.parse_args(argv)
@@ -270,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         for x in layouts:
             if x not in LAYOUTS:
                 raise StudyError(f"unknown layout {x!r}. Fix: choose from {list(LAYOUTS)}")
+        window = max(LAYOUTS[x]["seq_len"] for x in layouts)
+        if a.model_len is not None and a.model_len < window:
+            raise StudyError(f"--model-len {a.model_len} is shorter than a window ({window}). Fix: use >= {window}")
         t0 = time.time()
         base = load_recipe(a.recipe, overrides)
         p = P
@@ -285,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 val_repeats=200 if not a.smoke else 2,
             )
         for x, v, i in cells:  # every run's recipe is checked before the first one trains
-            load_recipe(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i]))
+            load_recipe(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i], a.model_len))
         for x, v, i in cells:
             run_dir = out / "runs" / f"{x}-{v}-s{i}"
             done = run_dir / "study_result.json"
@@ -294,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 r = run_cell(
                     a.recipe,
-                    overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i]),
+                    overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i], a.model_len),
                     run_dir,
                     x,
                     datas[i],
@@ -316,10 +328,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cell_overrides(
-    layout: str, variant: str, i: int, base_seed: int, out: Path, p: int, data: dict[str, Any]
+    layout: str, variant: str, i: int, base_seed: int, out: Path, p: int, data: dict[str, Any], model_len: int | None
 ) -> list[str]:
     data_file = (out / "data" / f"modadd_p{p}_seed{base_seed + i}.txt").resolve()
-    return layout_overrides(layout, data_file, data["val_fraction"]) + [
+    return layout_overrides(layout, data_file, data["val_fraction"], model_len) + [
         f"model.variant={variant}",
         f"seed={base_seed + i}",
         f"model.mixit_seed={i}",

@@ -95,6 +95,18 @@ def test_reset_layout_scores_each_example_as_if_alone(variant):
             torch.testing.assert_close(model(x, doc_ids=ids)[:, -1], alone, rtol=1e-5, atol=1e-5)
 
 
+def test_packed_model_len_sets_the_context_and_refuses_one_shorter_than_a_window(tmp_path, capsys):
+    out = tmp_path / "p"
+    args = ["--smoke", "--out", str(out), "--variants", "mixit", "--seeds", "1", "--layouts"]
+    assert packed.main(args + ["aligned,packed", "--model-len", "16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --model-len 16 is shorter than a window (63). Fix: use >= 63"
+    ]
+    assert not (out / "runs").exists()
+    assert packed.main(args + ["aligned", "--model-len", "63"]) == 0
+    assert "max_seq_len: 63" in (out / "runs" / "aligned-mixit-s0" / "config.yaml").read_text()
+
+
 def test_packed_data_keeps_the_held_out_pairs_out_of_training(tmp_path):
     info = packed.write_data(tmp_path / "d.txt", 31, 1234, repeats=2, val_repeats=1)
     lines = (tmp_path / "d.txt").read_bytes().split(b"\n")[:-1]
