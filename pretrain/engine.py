@@ -189,7 +189,8 @@ class Trainer:
         model's own loss: chunked, never the full [b, t, vocab] logits, unless model.loss_chunk_tokens=0.
         Under ZeRO-3 too: the loss runs inside the head's forward, whose parameters ZeRO-3 gathers.
         `docs` (data.return_doc_ids) masks attention to each document and restarts its positions."""
-        return self.engine(x, labels=y, doc_ids=docs, reduction="sum").float()
+        extra = {} if docs is None else {"doc_ids": docs}  # a classifier's forward takes no doc_ids
+        return self.engine(x, labels=y, reduction="sum", **extra).float()
 
     def set_lr(self, lr: float) -> None:
         for g in self.engine.optimizer.param_groups:

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         for x, v, i in cells:  # every run's recipe is checked before the first one trains
             load_recipe(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i], a.model_len))
         for x, v, i in cells:
-            run_dir = out / "runs" / f"{x}-{v}-s{i}"
+            run_dir = out / "runs" / (f"{x}-{v}-s{i}" + (f"-T{a.model_len}" if a.model_len else ""))
             done = run_dir / "study_result.json"
             if done.is_file():
                 r = json.loads(done.read_text())

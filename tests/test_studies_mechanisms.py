@@ -104,7 +104,7 @@ def test_packed_model_len_sets_the_context_and_refuses_one_shorter_than_a_window
     ]
     assert not (out / "runs").exists()
     assert packed.main(args + ["aligned", "--model-len", "63"]) == 0
-    assert "max_seq_len: 63" in (out / "runs" / "aligned-mixit-s0" / "config.yaml").read_text()
+    assert "max_seq_len: 63" in (out / "runs" / "aligned-mixit-s0-T63" / "config.yaml").read_text()
 
 
 def test_packed_data_keeps_the_held_out_pairs_out_of_training(tmp_path):
