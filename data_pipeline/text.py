@@ -106,6 +106,13 @@ def pack_windows(doc_lengths: np.ndarray, span: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64).reshape(-1, 2)
 
 
+def eos_document_ids(x: np.ndarray) -> np.ndarray:
+    """Per-position document index of each row of token ids (int64), counted from 0 at the row's
+    start: a document ends with its EOS, which belongs to it."""
+    ends = (x == BYTE_TOKENIZER.eos_id).astype(np.int64)
+    return np.cumsum(ends, axis=1) - ends
+
+
 class TextLoader:
     """Batches of {input_ids, labels} [B // W, T] from a `text:` source (see the module docstring)."""
 
@@ -214,8 +221,7 @@ class TextLoader:
         x = np.stack(xs)
         batch = {"input_ids": torch.from_numpy(x), "labels": torch.from_numpy(np.stack(ys))}
         if self.return_doc_ids:
-            ends = (x == BYTE_TOKENIZER.eos_id).astype(np.int64)
-            batch["doc_ids"] = torch.from_numpy(np.cumsum(ends, axis=1) - ends)
+            batch["doc_ids"] = torch.from_numpy(eos_document_ids(x))
         return batch
 
     def state_dict(self) -> dict[str, Any]:

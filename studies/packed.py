@@ -46,6 +46,7 @@ import torch
 from checkpoint import load_for_eval
 from data_pipeline.cli import CliParser, run_cli
 from data_pipeline.synthetic import get_task
+from data_pipeline.text import eos_document_ids
 from data_pipeline.tokenizer import BYTE_TOKENIZER
 from model import VARIANTS
 from pretrain.config import load_recipe
@@ -156,8 +157,7 @@ def document_ids(x: torch.Tensor) -> torch.Tensor:
     """Per-position document index of contexts built by `accuracy_by_offset` for a `reset` model: a
     document ends with its EOS (as the text reader writes them) and the scored example, its last two
     tokens, is a document of its own (the reader would have ended the one before it)."""
-    eos = (x == BYTE_TOKENIZER.eos_id).long()
-    ids = torch.cumsum(eos, dim=1) - eos  # an EOS belongs to the document it ends
+    ids = torch.from_numpy(eos_document_ids(x.numpy()))
     ids[:, -2:] = ids[:, -3:-2] + 1 if x.shape[1] > 2 else 0
     return ids
 
