@@ -27,6 +27,10 @@ from .errors import DataError
 SPLIT_CODES = {"train": 0, "test": 1, "val": 1, "validation": 1}
 PAD, EOS = "<pad>", "<eos>"
 TEST_BUCKETS = 20
+# A finite split of at most this many examples keeps each example after its first draw: a run passes
+# over a finite set thousands of times, and a draw (a fresh RNG per example, ~15 us) is most of a
+# tiny model's step. 2^17 short examples are a few tens of MB at most.
+CACHED_SPLIT_MAX = 1 << 17
 
 
 def _is_test_example(words: list[str]) -> bool:
@@ -64,6 +68,7 @@ class Task:
             raise AssertionError(f"{self.name}: duplicate symbols")
         self.pad_id, self.eos_id = 0, 1
         self.check()
+        self._drawn: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
 
     # -- to override ---------------------------------------------------------------------
     def build_symbols(self) -> list[str]:
@@ -103,6 +108,16 @@ class Task:
         index = int(index)
         if index < 0 or (n is not None and index >= n):
             raise IndexError(f"synthetic task {self.name!r}: index {index} out of range for split {split!r} (size {n})")
+        cached = n is not None and n <= CACHED_SPLIT_MAX
+        hit = self._drawn.get((split, index)) if cached else None
+        if hit is None:
+            hit = self._draw(index, split)
+            if cached:
+                self._drawn[(split, index)] = hit
+        return list(hit[0]), list(hit[1])  # copies: a subclass may edit its mask
+
+    def _draw(self, index: int, split: str) -> tuple[list[int], list[int]]:
+        n = self.size(split)
         rng = np.random.default_rng([self.seed, SPLIT_CODES[split], index, _name_code(self.name)])
         words, mask = self.generate(rng, index, split)
         if n is None:  # unbounded task: keep train and test disjoint by content

@@ -46,6 +46,20 @@ def test_task_contract(name):
         assert any(other.sample(i)[0] != t.sample(i)[0] for i in range(20))
 
 
+@pytest.mark.parametrize("name", ["memorization", "modular_addition", "addition"])
+def test_finite_split_draws_once_and_returns_copies(name):
+    """A finite split keeps each example after its first draw; what it returns is the same example a
+    fresh task draws, and editing it in place (Addition scores its stop token that way) changes nothing."""
+    t, fresh = get_task(name), get_task(name)
+    finite = [s for s in ("train", "test") if t.size(s) is not None]  # addition: an unbounded stream
+    for split in ("train", "test"):
+        for i in range(30):
+            first = t.sample(i, split)
+            first[0][0], first[1][-1] = -1, 7  # a caller scribbling on its copy
+            assert t.sample(i, split) == fresh.sample(i, split)
+    assert len(t._drawn) == (30 * len(finite) if finite else 0)
+
+
 def _scored(t, toks, mask):
     return [t.symbols[x] for x, m in zip(toks, mask) if m]
 
