@@ -321,7 +321,12 @@ def plot(
     import matplotlib.pyplot as plt  # deferred: heavy
 
     bars = [t for t in tasks if not t.is_text]
-    fig, axes = plt.subplots(1, 1 + len(tasks), figsize=(4.5 * (1 + len(tasks)), 4))
+    cols = min(4, 1 + len(tasks))  # the paper suite's 8 panels in two rows of 4
+    rows = -(-(1 + len(tasks)) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(4.5 * cols, 4.2 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[1 + len(tasks) :]:
+        ax.axis("off")
     width = 0.8 / len(variants)
     for i, v in enumerate(variants):
         xs = [j + i * width for j in range(len(bars))]
@@ -333,7 +338,11 @@ def plot(
     for j, t in enumerate(bars):
         axes[0].hlines(t.chance, j - width / 2, j + width * (len(variants) - 0.5), colors="gray", linestyles=":")
     axes[0].set_xticks(
-        [j + width * (len(variants) - 1) / 2 for j in range(len(bars))], [t.name for t in bars], rotation=20
+        [j + width * (len(variants) - 1) / 2 for j in range(len(bars))],
+        [t.name for t in bars],
+        rotation=30,
+        ha="right",
+        fontsize=8,
     )
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("test accuracy (scored positions)")
@@ -352,8 +361,8 @@ def plot(
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")
-        ax.set_title(t.label)
-        ax.legend()
+        ax.set_title(t.label, fontsize=10)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "demo.png"
     fig.savefig(path, dpi=110)
