@@ -111,13 +111,13 @@ class Task:
         cached = n is not None and n <= CACHED_SPLIT_MAX
         hit = self._drawn.get((split, index)) if cached else None
         if hit is None:
-            hit = self._draw(index, split)
+            hit = self._draw(index, split, n)
             if cached:
                 self._drawn[(split, index)] = hit
         return list(hit[0]), list(hit[1])  # copies: a subclass may edit its mask
 
-    def _draw(self, index: int, split: str) -> tuple[list[int], list[int]]:
-        n = self.size(split)
+    def _draw(self, index: int, split: str, n: int | None) -> tuple[list[int], list[int]]:
+        """A fresh draw of example ``index`` of ``split`` (a split of ``n`` examples; None: unbounded)."""
         rng = np.random.default_rng([self.seed, SPLIT_CODES[split], index, _name_code(self.name)])
         words, mask = self.generate(rng, index, split)
         if n is None:  # unbounded task: keep train and test disjoint by content

@@ -321,9 +321,9 @@ def plot(
     import matplotlib.pyplot as plt  # deferred: heavy
 
     bars = [t for t in tasks if not t.is_text]
-    cols = min(4, 1 + len(tasks))  # the paper suite's 8 panels in two rows of 4
-    rows = -(-(1 + len(tasks)) // cols)
-    fig, grid = plt.subplots(rows, cols, figsize=(4.5 * cols, 4.2 * rows), squeeze=False)
+    n_cols = min(4, 1 + len(tasks))  # the paper suite's 8 panels in two rows of 4
+    n_rows = -(-(1 + len(tasks)) // n_cols)
+    fig, grid = plt.subplots(n_rows, n_cols, figsize=(4.5 * n_cols, 4.2 * n_rows), squeeze=False)
     axes = list(grid.flat)
     for ax in axes[1 + len(tasks) :]:
         ax.axis("off")

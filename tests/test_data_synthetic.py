@@ -57,7 +57,7 @@ def test_finite_split_draws_once_and_returns_copies(name):
             first = t.sample(i, split)
             first[0][0], first[1][-1] = -1, 7  # a caller scribbling on its copy
             assert t.sample(i, split) == fresh.sample(i, split)
-    assert len(t._drawn) == (30 * len(finite) if finite else 0)
+    assert len(t._drawn) == 30 * len(finite)
 
 
 def _scored(t, toks, mask):
