@@ -18,7 +18,10 @@ fell over the last fifth of its steps: ~0 when it has flattened).
 
 With `--seeds N`, seed i re-initialises the model (the recipe's seed + i; MixiT: matrices of seed i)
 on the same labels (the recipe's data.seed), in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>);
-rows show mean ± std over the seeds. A finished cell (its study_result.json) is not trained again.
+rows show mean ± std over the seeds. A finished cell (its study_result.json) is not trained again; an
+unfinished one (killed, preempted, or stopped at a session's end) continues from its last checkpoint when
+the same command runs again (the recipe saves every few minutes and on SIGTERM), so a long study can span
+many jobs. A cell directory that holds a different run (another recipe or override) is refused by name.
 With `--parallel N`, N processes (one thread each) train the cells, each a share of the variants, and
 the table is written once all of them are done; a tiny model's step is mostly per-step overhead, so two
 processes on two cores train about twice as many cells per hour as one.
@@ -84,25 +87,39 @@ def cell_dir(out_dir: Path, variant: str, width: int, seed_index: int) -> Path:
 
 
 def loss_drop(losses: dict[int, float], fraction: float = 0.2) -> float:
-    """How much the training loss fell over the last `fraction` of the steps (mean of the first and last
-    5% of that stretch, so one noisy step does not decide it)."""
+    """How much the training loss fell over the last `fraction` of the steps: the mean loss over the first
+    5% of the run's steps in that stretch minus the mean over the last 5% (so one noisy step does not
+    decide it). The windows are step ranges, so a curve logged densely only after a resume reads the same."""
     steps = sorted(losses)
-    tail = steps[int(len(steps) * (1 - fraction)) :]
-    k = max(1, len(steps) // 20)
-    head_mean = sum(losses[s] for s in tail[:k]) / len(tail[:k])
-    end_mean = sum(losses[s] for s in tail[-k:]) / len(tail[-k:])
-    return head_mean - end_mean
+    last = steps[-1]
+    start = last * (1 - fraction)
+    window = max(1.0, last / 20)
+    head = [losses[s] for s in steps if start < s <= start + window] or [losses[min(s for s in steps if s > start)]]
+    end = [losses[s] for s in steps if s > last - window]
+    return sum(head) / len(head) - sum(end) / len(end)
+
+
+def cell_overrides(recipe: str, overrides: list[str], variant: str, width: int, mlp_ratio: int, seed_index: int):
+    """The recipe overrides that make one cell: the sweep's own, its size, its variant and its seed."""
+    over = list(overrides) + size_overrides(width, mlp_ratio) + [f"model.variant={variant}"]
+    return over + seed_overrides(load_recipe(recipe, over).seed, seed_index)
 
 
 def run_cell(
     recipe: str, variant: str, width: int, overrides: list[str], run_dir: Path, mlp_ratio: int = 3, seed_index: int = 0
 ) -> dict[str, Any]:
-
-    over = list(overrides) + size_overrides(width, mlp_ratio) + [f"model.variant={variant}"]
-    over += seed_overrides(load_recipe(recipe, over).seed, seed_index)
+    """Train one cell (or continue it from its last checkpoint) and score its final checkpoint on every pair."""
+    over = cell_overrides(recipe, overrides, variant, width, mlp_ratio, seed_index)
     cfg = load_recipe(recipe, over)
     t0 = time.time()
-    res = train(recipe, over, run_dir=run_dir, resume="never", overwrite=True)
+    res = train(recipe, over, run_dir=run_dir, resume="auto")
+    if res.interrupted:  # a signal: the checkpoint is saved, the cell is not finished
+        raise StudyError(
+            f"{run_dir}: training stopped by a signal at step {res.final_step} (checkpoint saved). "
+            "Fix: run the same command again to continue it"
+        )
+    # the whole run's curve: the logged steps, and every step this process trained
+    losses = {**dict(training_losses(run_dir)), **res.losses}
     model, info = load_for_eval(res.last_checkpoint)
     model.eval()
     args = {k: v for k, v in dict(cfg.data.get("task_args") or {}).items() if k not in ("n_val", "seed")}
@@ -125,12 +142,29 @@ def run_cell(
         "bits": bits,
         "bits_per_trainable_param": bits / max(1, trainable),
         "bits_per_param": bits / max(1, total),
-        "final_loss": res.losses[max(res.losses)],
-        "loss_drop_last_20pct": loss_drop(res.losses),
+        "final_loss": losses[max(losses)],
+        "loss_drop_last_20pct": loss_drop(losses),
         "steps": res.final_step,
         "seed_index": seed_index,
-        "seconds": round(time.time() - t0, 1),
+        "seconds": round(time.time() - t0, 1),  # this process's share when the cell was resumed
+        "resumed_from": res.resumed_from.name if res.resumed_from else None,  # the checkpoint tag, if any
+        "recipe": str(recipe),
+        "overrides": over,
     }
+
+
+def check_same_cell(result: dict[str, Any], recipe: str, overrides: list[str], run_dir: Path) -> None:
+    """A finished cell is reused only for the command that made it (results written before cells
+    recorded their command are taken as they are)."""
+    if "overrides" not in result:
+        return
+    if result["recipe"] != str(recipe) or result["overrides"] != overrides:
+        theirs, ours = set(result["overrides"]), set(overrides)
+        diff = sorted(theirs ^ ours) or [f"recipe {result['recipe']} vs {recipe}"]
+        raise StudyError(
+            f"{run_dir} holds a cell finished by another command (differs in: {', '.join(diff[:6])}). "
+            "Fix: another --out-dir, or the command that cell was made with"
+        )
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -243,6 +277,7 @@ def run_sweep(
                 done = run_dir / "study_result.json"
                 if done.is_file():
                     r = json.loads(done.read_text())
+                    check_same_cell(r, recipe, cell_overrides(recipe, overrides, v, int(w), mlp_ratio, i), run_dir)
                 else:
                     r = run_cell(recipe, v, int(w), overrides, run_dir, mlp_ratio, i)
                     done.write_text(json.dumps(r) + "\n")
@@ -341,15 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         for w in widths:  # every cell's recipe is checked before the first one trains
             for v in variants:
-                cfg = load_recipe(a.recipe, list(overrides) + size_overrides(w, a.mlp_ratio) + [f"model.variant={v}"])
                 for i in range(a.seeds):
-                    load_recipe(
-                        a.recipe,
-                        list(overrides)
-                        + size_overrides(w, a.mlp_ratio)
-                        + [f"model.variant={v}"]
-                        + seed_overrides(cfg.seed, i),
-                    )
+                    load_recipe(a.recipe, cell_overrides(a.recipe, overrides, v, w, a.mlp_ratio, i))
         t0 = time.time()
         if a.parallel > 1:
             worker_argv = _without(list(argv if argv is not None else sys.argv[1:]), "--variants", "--parallel")

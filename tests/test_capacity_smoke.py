@@ -5,10 +5,26 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import yaml
 
 from data_pipeline.synthetic import memorization_capacity_bits
-from studies.capacity import PAPER_BITS_PER_PARAM, SMOKE, _without, loss_drop, main, table, training_losses
+from pretrain.train import train
+from studies.capacity import (
+    PAPER_BITS_PER_PARAM,
+    SMOKE,
+    _without,
+    cell_overrides,
+    check_same_cell,
+    loss_drop,
+    main,
+    run_cell,
+    table,
+    training_losses,
+)
+from studies.errors import StudyError
+
+RECIPE = "recipes/capacity_memorization.yaml"
 
 
 def test_capacity_smoke_sweep_writes_the_table(tmp_path):
@@ -64,6 +80,43 @@ def test_loss_drop_reads_the_tail_of_the_curve():
     assert loss_drop(flat) == 0.0
     # the last 20 steps: mean of steps 81-85 (1.17) minus mean of steps 96-100 (1.02)
     assert abs(loss_drop(falling) - 0.15) < 1e-9
+
+
+def test_loss_drop_reads_step_windows_whatever_the_logging_density():
+    # logged every 10 steps up to a resume at step 90, every step after it: the same windows as dense logging
+    falling = {s: 2.0 - s / 100 for s in range(1, 101)}
+    mixed = {s: v for s, v in falling.items() if s % 10 == 0 or s > 90}
+    # the window 81-85 was not logged: the first logged step after 80 (90) stands for it
+    assert abs(loss_drop(mixed) - (1.10 - 1.02)) < 1e-9
+    dense_tail = {s: v for s, v in falling.items() if s % 10 == 0 or s > 80}
+    assert abs(loss_drop(dense_tail) - loss_drop(falling)) < 1e-9
+
+
+def test_an_unfinished_cell_continues_from_its_checkpoint(tmp_path):
+    over = SMOKE["overrides"] + ["checkpoint.every_steps=10"]
+    straight = run_cell(RECIPE, "frozen_qk", 8, over, tmp_path / "straight")
+    assert straight["resumed_from"] is None and straight["steps"] == 20
+    # the same cell stopped at step 10 (as a killed or preempted job leaves it), then run again
+    part = train(
+        RECIPE, cell_overrides(RECIPE, over, "frozen_qk", 8, 3, 0), run_dir=tmp_path / "split", stop_after_steps=10
+    )
+    assert part.final_step == 10
+    resumed = run_cell(RECIPE, "frozen_qk", 8, over, tmp_path / "split")
+    assert resumed["resumed_from"] == "step_00000010" and resumed["steps"] == 20
+    for key in ("acc", "final_loss", "loss_drop_last_20pct", "params_trainable"):
+        assert resumed[key] == straight[key], key
+    assert training_losses(tmp_path / "split") == training_losses(tmp_path / "straight")
+
+
+def test_a_finished_cell_is_reused_only_by_the_command_that_made_it(tmp_path, capsys):
+    base = ["--smoke", "--out-dir", str(tmp_path), "--variants", "standard"]
+    assert main(base) == 0
+    assert main(base) == 0  # the same command: the cell is read back, not trained again
+    assert main(base + ["train.max_steps=30"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "train.max_steps=30" in err and "Fix: another --out-dir" in err
+    with pytest.raises(StudyError, match="finished by another command"):
+        check_same_cell({"recipe": "other.yaml", "overrides": []}, RECIPE, [], tmp_path)
 
 
 def test_parallel_sweep_trains_every_cell_in_worker_processes(tmp_path):
