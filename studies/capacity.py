@@ -153,6 +153,17 @@ def run_cell(
     }
 
 
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """A finished cell's result (its study_result.json), or None for a cell not finished yet."""
+    path = Path(run_dir) / "study_result.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise StudyError(f"{path} is not valid JSON. Fix: delete it and run again to score that cell afresh") from None
+
+
 def check_same_cell(result: dict[str, Any], recipe: str, overrides: list[str], run_dir: Path) -> None:
     """A finished cell is reused only for the command that made it (results written before cells
     recorded their command are taken as they are)."""
@@ -274,13 +285,10 @@ def run_sweep(
         for w in widths:
             for v in variants:
                 run_dir = cell_dir(out_dir, v, int(w), i)
-                done = run_dir / "study_result.json"
-                if done.is_file():
-                    r = json.loads(done.read_text())
-                    check_same_cell(r, recipe, cell_overrides(recipe, overrides, v, int(w), mlp_ratio, i), run_dir)
-                else:
+                r = read_result(run_dir)
+                if r is None:
                     r = run_cell(recipe, v, int(w), overrides, run_dir, mlp_ratio, i)
-                    done.write_text(json.dumps(r) + "\n")
+                    (run_dir / "study_result.json").write_text(json.dumps(r) + "\n")
                 rows.append(r)
                 log(
                     f"{v:>18} width {w:>4} seed {i}: acc {r['acc']:.3f}  bits {r['bits']:,.0f}  "
@@ -374,10 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in a.variants.split(",") if v]
 
     def body() -> None:
-        for w in widths:  # every cell's recipe is checked before the first one trains
+        for w in widths:  # every cell's recipe, and every finished cell's command, is checked before any trains
             for v in variants:
                 for i in range(a.seeds):
-                    load_recipe(a.recipe, cell_overrides(a.recipe, overrides, v, w, a.mlp_ratio, i))
+                    over = cell_overrides(a.recipe, overrides, v, w, a.mlp_ratio, i)
+                    load_recipe(a.recipe, over)
+                    finished = read_result(cell_dir(Path(a.out_dir), v, w, i))
+                    if finished is not None:
+                        check_same_cell(finished, a.recipe, over, cell_dir(Path(a.out_dir), v, w, i))
         t0 = time.time()
         if a.parallel > 1:
             worker_argv = _without(list(argv if argv is not None else sys.argv[1:]), "--variants", "--parallel")

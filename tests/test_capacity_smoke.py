@@ -112,9 +112,14 @@ def test_a_finished_cell_is_reused_only_by_the_command_that_made_it(tmp_path, ca
     base = ["--smoke", "--out-dir", str(tmp_path), "--variants", "standard"]
     assert main(base) == 0
     assert main(base) == 0  # the same command: the cell is read back, not trained again
-    assert main(base + ["train.max_steps=30"]) == 2
+    # another command is refused before any cell trains (mixit would have trained first)
+    assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit,standard", "train.max_steps=30"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "train.max_steps=30" in err and "Fix: another --out-dir" in err
+    assert not (tmp_path / "mixit_w8").exists()
+    (tmp_path / "standard_w8" / "study_result.json").write_text("{not json")
+    assert main(base) == 2
+    assert "not valid JSON" in capsys.readouterr().err
     with pytest.raises(StudyError, match="finished by another command"):
         check_same_cell({"recipe": "other.yaml", "overrides": []}, RECIPE, [], tmp_path)
 
