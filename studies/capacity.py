@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from checkpoint import load_for_eval
 from data_pipeline.cli import CliParser, run_cli
 from data_pipeline.synthetic import get_task
@@ -175,6 +177,30 @@ def check_same_cell(result: dict[str, Any], recipe: str, overrides: list[str], r
         raise StudyError(
             f"{run_dir} holds a cell finished by another command (differs in: {', '.join(diff[:6])}). "
             "Fix: another --out-dir, or the command that cell was made with"
+        )
+
+
+def check_cell(run_dir: Path, recipe: str, overrides: list[str]) -> None:
+    """Before any cell trains: a finished cell must come from this command, and an unfinished one must
+    be heading for the same number of steps (the trainer continues a run to more steps, which here would
+    splice two learning-rate schedules into one cell)."""
+    finished = read_result(run_dir)
+    if finished is not None:
+        check_same_cell(finished, recipe, overrides, run_dir)
+        return
+    stored = Path(run_dir) / "config.yaml"
+    if not stored.is_file():
+        return
+    try:
+        old = ((yaml.safe_load(stored.read_text()) or {}).get("train") or {}).get("max_steps")
+    except (yaml.YAMLError, AttributeError):
+        return  # the trainer's own check of the run directory reports it
+    new = load_recipe(recipe, overrides).train.max_steps
+    if old is not None and old != new:
+        raise StudyError(
+            f"{run_dir} holds an unfinished cell of train.max_steps={old}; this command asks for {new}, which "
+            f"would change its learning-rate schedule mid-run. Fix: another --out-dir, or train.max_steps={old} "
+            "to finish it"
         )
 
 
@@ -382,14 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in a.variants.split(",") if v]
 
     def body() -> None:
-        for w in widths:  # every cell's recipe, and every finished cell's command, is checked before any trains
+        for w in widths:  # every cell's recipe and run directory is checked before any trains
             for v in variants:
                 for i in range(a.seeds):
                     over = cell_overrides(a.recipe, overrides, v, w, a.mlp_ratio, i)
                     load_recipe(a.recipe, over)
-                    finished = read_result(cell_dir(Path(a.out_dir), v, w, i))
-                    if finished is not None:
-                        check_same_cell(finished, a.recipe, over, cell_dir(Path(a.out_dir), v, w, i))
+                    check_cell(cell_dir(Path(a.out_dir), v, w, i), a.recipe, over)
         t0 = time.time()
         if a.parallel > 1:
             worker_argv = _without(list(argv if argv is not None else sys.argv[1:]), "--variants", "--parallel")

@@ -117,6 +117,15 @@ def test_a_finished_cell_is_reused_only_by_the_command_that_made_it(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "train.max_steps=30" in err and "Fix: another --out-dir" in err
     assert not (tmp_path / "mixit_w8").exists()
+    # an unfinished cell is continued only towards the same number of steps
+    train(
+        RECIPE,
+        cell_overrides(RECIPE, SMOKE["overrides"], "mixit", 8, 3, 0),
+        run_dir=tmp_path / "mixit_w8",
+        stop_after_steps=5,
+    )
+    assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit", "train.max_steps=30"]) == 2
+    assert "unfinished cell of train.max_steps=20" in capsys.readouterr().err
     (tmp_path / "standard_w8" / "study_result.json").write_text("{not json")
     assert main(base) == 2
     assert "not valid JSON" in capsys.readouterr().err
