@@ -13,8 +13,10 @@ scoring), and the stored information is memorization_capacity_bits(n_pairs, n_la
 bits per trainable parameter (the paper's measure), bits per parameter overall. A model holds
 at most its capacity only when the data set holds more bits than that (n_pairs * log2 C);
 `data_bits` is shown so saturated rows (acc ~ 1: the data, not the model, is the limit) stand out.
-Whether a run was trained long enough shows in `loss_drop_last_20pct` (how much the training loss
-fell over the last fifth of its steps: ~0 when it has flattened).
+`loss_drop_last_20pct` is how much the training loss fell over the last fifth of the steps; under a
+decaying learning rate that includes the schedule's annealing, so it does not reach 0 even when more
+steps would add nothing. Whether a capacity has converged is read across training lengths: the same
+study at 2.5x the steps (studies.capacity_trend: the gain per doubling of the steps, and final losses).
 
 With `--seeds N`, seed i re-initialises the model (the recipe's seed + i; MixiT: matrices of seed i)
 on the same labels (the recipe's data.seed), in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>);
