@@ -7,9 +7,10 @@ A capacity that has converged stops growing with more steps; one that has not ke
 DIR is one `studies.capacity` out-dir (its capacity.json, the same recipe and data, another
 `train.max_steps`); every row of the given width is placed at its training length. Prints one row
 per variant (mean ± std over seeds at each length, and the gain per doubling of the steps between
-the last two lengths) and one of each variant's mean as a fraction of standard's at the same length,
-with the paper's values beside them. The figure: left, bits per trainable parameter against steps
-(log axis; mean and every seed, the paper's value dashed); right, the fraction of standard's.
+the last two lengths), one of each variant's mean as a fraction of standard's at the same length
+with the paper's values beside them, and one of the final training losses. The figure: left, bits
+per trainable parameter against steps (log axis; mean and every seed, the paper's value dashed);
+right, the fraction of standard's.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def read_rows(dirs: list[Path], width: int) -> list[dict[str, Any]]:
     return rows
 
 
-def by_length(rows: list[dict[str, Any]]) -> dict[str, dict[int, Spread]]:
-    """variant -> training steps -> the bits per trainable parameter over its seeds."""
+def by_length(rows: list[dict[str, Any]], key: str = KEY) -> dict[str, dict[int, Spread]]:
+    """variant -> training steps -> `key` (default: bits per trainable parameter) over its seeds."""
     cells: dict[str, dict[int, list[float]]] = {}
     for r in rows:
-        cells.setdefault(r["variant"], {}).setdefault(int(r["steps"]), []).append(float(r[KEY]))
+        if key in r:
+            cells.setdefault(r["variant"], {}).setdefault(int(r["steps"]), []).append(float(r[key]))
     return {v: {s: Spread.of(xs) for s, xs in sorted(per.items())} for v, per in cells.items()}
 
 
@@ -86,6 +88,19 @@ def table(trend: dict[str, dict[int, Spread]]) -> str:
             paper = PAPER_BITS_PER_PARAM.get(v)
             ref = f"{paper / PAPER_BITS_PER_PARAM['standard']:.2f}" if paper else "-"
             out.append(f"| {v} | {cells} | {ref} |")
+    return "\n".join(out)
+
+
+def loss_table(losses: dict[str, dict[int, Spread]]) -> str:
+    """The final training loss per variant and length: where more steps no longer lower it, the cell is
+    as trained as this schedule makes it."""
+    lengths = sorted({s for per in losses.values() for s in per})
+    out = [
+        "| final training loss | " + " | ".join(f"{s:,} steps" for s in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for v in sorted(losses, key=_order):
+        out.append(f"| {v} | " + " | ".join(losses[v][s].format() if s in losses[v] else "-" for s in lengths) + " |")
     return "\n".join(out)
 
 
@@ -137,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     def body() -> None:
-        trend = by_length(read_rows(a.dirs, a.width))
+        rows = read_rows(a.dirs, a.width)
+        trend = by_length(rows)
         print(table(trend))
+        print()
+        print(loss_table(by_length(rows, "final_loss")))
         print(f"figure: {plot(trend, a.out, a.width)}")
 
     return run_cli(body, STUDY_ERRORS)

@@ -12,7 +12,14 @@ def _study(path, steps, values, width=8):
     """A capacity.json as studies.capacity writes it: one row per (variant, seed) cell."""
     path.mkdir()
     rows = [
-        {"variant": v, "width": width, "steps": steps, "seed_index": i, "bits_per_trainable_param": x}
+        {
+            "variant": v,
+            "width": width,
+            "steps": steps,
+            "seed_index": i,
+            "bits_per_trainable_param": x,
+            "final_loss": 2 - x,
+        }
         for v, xs in values.items()
         for i, x in enumerate(xs)
     ]
@@ -35,6 +42,7 @@ def test_trend_groups_by_length_and_compares_to_standard(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| standard | 1.100 ± 0.141 (2) | 1.600 ± 0.141 (2) | +0.250 | 2.98 |" in printed
     assert "| mixit | 0.55 | 0.50 | 0.73 |" in printed  # 0.6 / 1.1 and 0.8 / 1.6; the paper's 2.18 / 2.98
+    assert "| standard | 0.900 ± 0.141 | 0.400 ± 0.141 |" in printed  # final losses 2 - bits
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
