@@ -151,11 +151,9 @@ def test_compiled_blocks_equal_eager_inductor():
     _compiled_vs_eager("standard")
 
 
-def test_compiled_mixit_blocks_equal_eager(monkeypatch):
-    """MixiT's blocks trace too (graph breaks at the cached matrix are fine); the eager backend
-    checks the traced graphs without another C++ build."""
-    original = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: original(self, backend="eager"))
+def test_compiled_mixit_blocks_equal_eager():
+    """MixiT's blocks compile with inductor too: the mixing matrix is built outside the compiled graph
+    (once, then cached); traced into it, a width-8 model's first step did not finish in 5 minutes."""
     _compiled_vs_eager("mixit")
 
 
