@@ -31,18 +31,23 @@ KEY = "bits_per_trainable_param"
 
 
 def read_rows(dirs: list[Path], width: int) -> list[dict[str, Any]]:
-    """Every finished cell of `width` in the given study directories."""
+    """Every finished cell of `width` in the given study directories: each cell's study_result.json
+    (so a study still under way shows what it has finished), or the study's capacity.json."""
     rows = []
     for d in dirs:
-        path = Path(d) / "capacity.json"
-        if not path.is_file():
-            raise StudyError(f"{path} does not exist. Fix: pass directories written by python -m studies.capacity")
-        try:
-            found = [r for r in json.loads(path.read_text()) if r.get("width") == width]
-        except (ValueError, AttributeError):
-            raise StudyError(f"{path} is not a capacity study's result list. Fix: run that study again") from None
+        cells = sorted(Path(d).glob("*/study_result.json"))
+        paths = cells or [Path(d) / "capacity.json"]
+        if not paths[0].is_file():
+            raise StudyError(f"{paths[0]} does not exist. Fix: pass directories written by python -m studies.capacity")
+        found = []
+        for path in paths:
+            try:
+                data = json.loads(path.read_text())
+                found += [r for r in (data if isinstance(data, list) else [data]) if r.get("width") == width]
+            except (ValueError, AttributeError):
+                raise StudyError(f"{path} is not a capacity study's result. Fix: run that study again") from None
         if not found:
-            raise StudyError(f"{path} has no cell of width {width}. Fix: --width one of the widths that study ran")
+            raise StudyError(f"{d} has no finished cell of width {width}. Fix: --width one of the widths it ran")
         rows += found
     return rows
 

@@ -8,8 +8,9 @@ import math
 from studies.capacity_trend import by_length, gain_per_doubling, main, read_rows
 
 
-def _study(path, steps, values, width=8):
-    """A capacity.json as studies.capacity writes it: one row per (variant, seed) cell."""
+def _study(path, steps, values, width=8, cells=False):
+    """A study as studies.capacity leaves it: its capacity.json (one row per (variant, seed) cell), or,
+    with `cells`, only each finished cell's study_result.json (a study still under way)."""
     path.mkdir()
     rows = [
         {
@@ -23,13 +24,17 @@ def _study(path, steps, values, width=8):
         for v, xs in values.items()
         for i, x in enumerate(xs)
     ]
-    (path / "capacity.json").write_text(json.dumps(rows))
+    if not cells:
+        (path / "capacity.json").write_text(json.dumps(rows))
+    for r in rows if cells else []:
+        (path / f"{r['variant']}_{r['seed_index']}").mkdir()
+        (path / f"{r['variant']}_{r['seed_index']}" / "study_result.json").write_text(json.dumps(r))
     return path
 
 
 def test_trend_groups_by_length_and_compares_to_standard(tmp_path, capsys):
     a = _study(tmp_path / "a", 1000, {"standard": [1.0, 1.2], "mixit": [0.5, 0.7]})
-    b = _study(tmp_path / "b", 4000, {"standard": [1.5, 1.7], "mixit": [0.8]})
+    b = _study(tmp_path / "b", 4000, {"standard": [1.5, 1.7], "mixit": [0.8]}, cells=True)
     trend = by_length(read_rows([a, b], 8))
     assert list(trend["standard"]) == [1000, 4000]
     assert math.isclose(trend["standard"][1000].mean, 1.1) and math.isclose(trend["mixit"][4000].mean, 0.8)
@@ -55,4 +60,6 @@ def test_trend_refuses_what_is_not_a_study(tmp_path, capsys):
     assert main([str(tmp_path / "bad")]) == 2
     errs = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(errs) == 3 and all(e.startswith("error: ") and "Fix:" in e for e in errs)
-    assert "does not exist" in errs[0] and "no cell of width 16" in errs[1] and "not a capacity study" in errs[2]
+    assert (
+        "does not exist" in errs[0] and "no finished cell of width 16" in errs[1] and "not a capacity study" in errs[2]
+    )
