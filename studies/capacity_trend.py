@@ -23,7 +23,7 @@ from typing import Any
 
 from data_pipeline.cli import CliParser, run_cli
 
-from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM
+from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, read_result
 from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
@@ -35,17 +35,14 @@ def read_rows(dirs: list[Path], width: int) -> list[dict[str, Any]]:
     (so a study still under way shows what it has finished), or the study's capacity.json."""
     rows = []
     for d in dirs:
-        cells = sorted(Path(d).glob("*/study_result.json"))
-        paths = cells or [Path(d) / "capacity.json"]
-        if not paths[0].is_file():
-            raise StudyError(f"{paths[0]} does not exist. Fix: pass directories written by python -m studies.capacity")
-        found = []
-        for path in paths:
-            try:
-                data = json.loads(path.read_text())
-                found += [r for r in (data if isinstance(data, list) else [data]) if r.get("width") == width]
-            except (ValueError, AttributeError):
-                raise StudyError(f"{path} is not a capacity study's result. Fix: run that study again") from None
+        cells = [read_result(c.parent) for c in sorted(Path(d).glob("*/study_result.json"))]
+        path = Path(d) / "capacity.json"
+        if not cells and not path.is_file():
+            raise StudyError(f"{path} does not exist. Fix: pass directories written by python -m studies.capacity")
+        try:
+            found = [r for r in (cells or json.loads(path.read_text())) if r.get("width") == width]
+        except (ValueError, AttributeError):
+            raise StudyError(f"{path} is not a capacity study's result list. Fix: run that study again") from None
         if not found:
             raise StudyError(f"{d} has no finished cell of width {width}. Fix: --width one of the widths it ran")
         rows += found
