@@ -20,8 +20,11 @@ study at 2.5x the steps (studies.capacity_trend: the gain per doubling of the st
 
 With `--seeds N`, seed i re-initialises the model (the recipe's seed + i; MixiT: matrices of seed i)
 on the same labels (the recipe's data.seed), in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>);
-rows show mean ± std over the seeds. A finished cell (its study_result.json) is not trained again; an
-unfinished one (killed, preempted, or stopped at a session's end) continues from its last checkpoint when
+rows show mean ± std over the seeds. `--first-seed K` makes them seeds K..K+N-1, so a study's seeds
+can run as separate jobs (other nodes, or later) into one OUT; each writes the table over its own seeds,
+and the same command with the default first seed then reads every finished cell back for the whole table.
+A finished cell (its study_result.json) is not trained again; an unfinished one (killed, preempted, or
+stopped at a session's end) continues from its last checkpoint when
 the same command runs again (the recipe saves every few minutes and on SIGTERM), so a long study can span
 many jobs. A cell directory that holds a different run (another recipe or override) is refused by name.
 With `--parallel N`, N processes (one thread each) train the cells, each a share of the variants, and
@@ -303,13 +306,14 @@ def run_sweep(
     log=print,
     seeds: int = 1,
     report: bool = True,
+    first_seed: int = 0,
 ) -> list[dict[str, Any]]:
     """Train (or read back) every cell, seeds outermost so that every variant has seed 0 first; with
     `report`, write capacity.json, capacity.md and capacity.png over all of them."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i in range(seeds):
+    for i in range(first_seed, first_seed + seeds):
         for w in widths:
             for v in variants:
                 run_dir = cell_dir(out_dir, v, int(w), i)
@@ -397,6 +401,14 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", choices=range(1, 101), help="train every cell with this many seeds; rows show mean ± std", **count
     )
     ap.add_argument(
+        "--first-seed",
+        type=int,
+        choices=range(0, 100),
+        metavar="K",
+        default=0,
+        help="seed indices K..K+N-1 (default 0)",
+    )
+    ap.add_argument(
         "--parallel", choices=range(1, 17), help="train the cells in N one-thread processes (2 on two cores)", **count
     )
     ap.add_argument("--cells-only", action="store_true", help=argparse.SUPPRESS)  # a --parallel worker
@@ -412,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         for w in widths:  # every cell's recipe and run directory is checked before any trains
             for v in variants:
-                for i in range(a.seeds):
+                for i in range(a.first_seed, a.first_seed + a.seeds):
                     over = cell_overrides(a.recipe, overrides, v, w, a.mlp_ratio, i)
                     load_recipe(a.recipe, over)
                     check_cell(cell_dir(Path(a.out_dir), v, w, i), a.recipe, over)
@@ -421,7 +433,15 @@ def main(argv: list[str] | None = None) -> int:
             worker_argv = _without(list(argv if argv is not None else sys.argv[1:]), "--variants", "--parallel")
             train_in_parallel(worker_argv, variants, a.parallel, Path(a.out_dir))
         rows = run_sweep(
-            a.recipe, variants, widths, overrides, Path(a.out_dir), a.mlp_ratio, seeds=a.seeds, report=not a.cells_only
+            a.recipe,
+            variants,
+            widths,
+            overrides,
+            Path(a.out_dir),
+            a.mlp_ratio,
+            seeds=a.seeds,
+            report=not a.cells_only,
+            first_seed=a.first_seed,
         )
         if a.cells_only:
             return

@@ -56,6 +56,19 @@ def test_capacity_smoke_sweep_writes_the_table(tmp_path):
     assert " ± " in (tmp_path / "capacity.md").read_text()
 
 
+def test_first_seed_runs_a_later_seed_alone_and_the_whole_study_reads_it_back(tmp_path):
+    """Seeds as separate jobs: --first-seed 1 trains seed 1 only; --seeds 2 then adds seed 0 and keeps seed 1."""
+    assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit", "--first-seed", "1"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["mixit_w8_s1"]
+    assert [r["seed_index"] for r in json.loads((tmp_path / "capacity.json").read_text())] == [1]
+    cfg = yaml.safe_load((tmp_path / "mixit_w8_s1" / "config.yaml").read_text())
+    assert cfg["seed"] == 1235 and cfg["model"]["mixit_seed"] == 1
+    before = (tmp_path / "mixit_w8_s1" / "study_result.json").read_text()
+    assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit", "--seeds", "2"]) == 0
+    assert (tmp_path / "mixit_w8_s1" / "study_result.json").read_text() == before
+    assert [r["seed_index"] for r in json.loads((tmp_path / "capacity.json").read_text())] == [0, 1]
+
+
 def test_table_shows_the_best_width_per_variant():
     rows = [
         {
