@@ -3,6 +3,8 @@
     python -m studies.capacity --recipe recipes/capacity_memorization.yaml --widths 16,32,64 --out-dir runs/capacity
     python -m studies.capacity --widths 8,16 --seeds 2 --out-dir runs/capacity   # every cell twice: mean ± std
     python -m studies.capacity --widths 8 --seeds 3 --parallel 2 --out-dir runs/capacity   # two cells at a time
+    python -m studies.capacity --widths 8 --first-seed 1 --out-dir runs/capacity   # seed 1 only, as its own job
+    python -m studies.capacity --gather --out-dir runs/capacity         # the table over every finished cell
     python -m studies.capacity --smoke --out-dir /tmp/capacity          # smallest configuration, seconds
 
 For every (variant, width) the recipe is trained with the DeepSpeed trainer (pretrain.train,
@@ -22,7 +24,7 @@ With `--seeds N`, seed i re-initialises the model (the recipe's seed + i; MixiT:
 on the same labels (the recipe's data.seed), in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>);
 rows show mean ± std over the seeds. `--first-seed K` makes them seeds K..K+N-1, so a study's seeds
 can run as separate jobs (other nodes, or later) into one OUT; each writes the table over its own seeds,
-and the same command with the default first seed then reads every finished cell back for the whole table.
+and `--gather --out-dir OUT` writes the table and figure over every finished cell there.
 A finished cell (its study_result.json) is not trained again; an unfinished one (killed, preempted, or
 stopped at a session's end) continues from its last checkpoint when
 the same command runs again (the recipe saves every few minutes and on SIGTERM), so a long study can span
@@ -328,14 +330,27 @@ def run_sweep(
                 )
                 if report:
                     (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
-    if not report:
-        return rows
-    rows.sort(
-        key=lambda r: (list(widths).index(r["width"]), list(variants).index(r["variant"]), r.get("seed_index", 0))
-    )
+    if report:
+        write_report(rows, out_dir, variants)
+    return rows
+
+
+def write_report(rows: list[dict[str, Any]], out_dir: Path, variants) -> None:
+    """capacity.json, capacity.md and capacity.png over `rows`, by width, then `variants`' order, then seed."""
+    rows.sort(key=lambda r: (r["width"], list(variants).index(r["variant"]), r.get("seed_index", 0)))
     (out_dir / "capacity.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out_dir / "capacity.md").write_text(table(rows) + "\n")
     plot(rows, out_dir)
+
+
+def gather(out_dir: Path) -> list[dict[str, Any]]:
+    """Every finished cell in `out_dir`, whichever commands and seeds made them (cells run as separate
+    jobs), with the table and figure over all of them; trains nothing."""
+    rows = [r for c in sorted(Path(out_dir).glob("*/study_result.json")) if (r := read_result(c.parent))]
+    if not rows:
+        raise StudyError(f"{out_dir} holds no finished cell. Fix: --out-dir a directory this study trained into")
+    order = list(DEFAULT_VARIANTS) + sorted({r["variant"] for r in rows} - set(DEFAULT_VARIANTS))
+    write_report(rows, Path(out_dir), order)
     return rows
 
 
@@ -411,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--parallel", choices=range(1, 17), help="train the cells in N one-thread processes (2 on two cores)", **count
     )
+    ap.add_argument(
+        "--gather", action="store_true", help="train nothing: the table and figure over every finished cell in OUT"
+    )
     ap.add_argument("--cells-only", action="store_true", help=argparse.SUPPRESS)  # a --parallel worker
     ap.add_argument("--smoke", action="store_true", help="the smallest configuration: width 8, 64 pairs, 20 steps")
     ap.add_argument("--out-dir", default="runs/capacity")
@@ -422,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in a.variants.split(",") if v]
 
     def body() -> None:
+        if a.gather:
+            print(table(gather(Path(a.out_dir))))
+            return
         for w in widths:  # every cell's recipe and run directory is checked before any trains
             for v in variants:
                 for i in range(a.first_seed, a.first_seed + a.seeds):

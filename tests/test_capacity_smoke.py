@@ -69,6 +69,23 @@ def test_first_seed_runs_a_later_seed_alone_and_the_whole_study_reads_it_back(tm
     assert [r["seed_index"] for r in json.loads((tmp_path / "capacity.json").read_text())] == [0, 1]
 
 
+def test_gather_reports_every_finished_cell_whatever_command_made_it(tmp_path, capsys):
+    """Cells of different seeds and variants, from separate commands, in one table; nothing is trained."""
+    assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "standard"]) == 0
+    assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit", "--first-seed", "1"]) == 0
+    (tmp_path / "capacity.png").unlink()
+    cells = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert main(["--gather", "--out-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "capacity.json").read_text())
+    assert [(r["variant"], r["seed_index"]) for r in rows] == [("standard", 0), ("mixit", 1)]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == cells  # no cell trained
+    assert (tmp_path / "capacity.png").is_file() and "| mixit |" in (tmp_path / "capacity.md").read_text()
+    capsys.readouterr()
+    assert main(["--gather", "--out-dir", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "holds no finished cell" in err and "Fix:" in err
+
+
 def test_table_shows_the_best_width_per_variant():
     rows = [
         {
