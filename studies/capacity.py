@@ -343,10 +343,15 @@ def write_report(rows: list[dict[str, Any]], out_dir: Path, variants) -> None:
     plot(rows, out_dir)
 
 
+def finished_cells(out_dir: Path) -> list[dict[str, Any]]:
+    """The result of every finished cell in `out_dir` (a study still under way shows what it has finished)."""
+    return [r for c in sorted(Path(out_dir).glob("*/study_result.json")) if (r := read_result(c.parent))]
+
+
 def gather(out_dir: Path) -> list[dict[str, Any]]:
     """Every finished cell in `out_dir`, whichever commands and seeds made them (cells run as separate
     jobs), with the table and figure over all of them; trains nothing."""
-    rows = [r for c in sorted(Path(out_dir).glob("*/study_result.json")) if (r := read_result(c.parent))]
+    rows = finished_cells(out_dir)
     if not rows:
         raise StudyError(f"{out_dir} holds no finished cell. Fix: --out-dir a directory this study trained into")
     order = list(DEFAULT_VARIANTS) + sorted({r["variant"] for r in rows} - set(DEFAULT_VARIANTS))

@@ -23,7 +23,7 @@ from typing import Any
 
 from data_pipeline.cli import CliParser, run_cli
 
-from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, read_result
+from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, finished_cells
 from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
@@ -35,7 +35,7 @@ def read_rows(dirs: list[Path], width: int) -> list[dict[str, Any]]:
     (so a study still under way shows what it has finished), or the study's capacity.json."""
     rows = []
     for d in dirs:
-        cells = [read_result(c.parent) for c in sorted(Path(d).glob("*/study_result.json"))]
+        cells = finished_cells(d)
         path = Path(d) / "capacity.json"
         if not cells and not path.is_file():
             raise StudyError(f"{path} does not exist. Fix: pass directories written by python -m studies.capacity")
