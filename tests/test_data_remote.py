@@ -197,8 +197,8 @@ def test_server_outage_retries_then_names_url_and_recovers(served, backend, tmp_
         cfg = cfg_for(served, backend, tmp_path, url, storage_options=opts, retries=3, retry_backoff_s=0.2)
         ld = loader(cfg, gbs=8)
         got = [next(ld), next(ld)]
+        t0 = time.monotonic()  # before the stop: the prefetch thread may fail (and start backing off) at once
         srv.stop()
-        t0 = time.monotonic()
         with pytest.raises(DataError) as err:
             for _ in range(200):  # cached blocks and prefetched batches come first
                 got.append(next(ld))
