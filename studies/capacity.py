@@ -168,9 +168,14 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        result = json.loads(path.read_text())
     except ValueError:
-        raise StudyError(f"{path} is not valid JSON. Fix: delete it and run again to score that cell afresh") from None
+        result = None
+    if not isinstance(result, dict):
+        raise StudyError(
+            f"{path} is not a cell's result (JSON object). Fix: delete it and run again to score that cell afresh"
+        )
+    return result
 
 
 def check_same_cell(result: dict[str, Any], recipe: str, overrides: list[str], run_dir: Path) -> None:

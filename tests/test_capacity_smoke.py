@@ -158,7 +158,7 @@ def test_a_finished_cell_is_reused_only_by_the_command_that_made_it(tmp_path, ca
     assert "unfinished cell of train.max_steps=20" in capsys.readouterr().err
     (tmp_path / "standard_w8" / "study_result.json").write_text("{not json")
     assert main(base) == 2
-    assert "not valid JSON" in capsys.readouterr().err
+    assert "is not a cell's result" in capsys.readouterr().err
     with pytest.raises(StudyError, match="finished by another command"):
         check_same_cell({"recipe": "other.yaml", "overrides": []}, RECIPE, [], tmp_path)
 

@@ -58,8 +58,12 @@ def test_trend_refuses_what_is_not_a_study(tmp_path, capsys):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "capacity.json").write_text("{")
     assert main([str(tmp_path / "bad")]) == 2
+    cell = _study(tmp_path / "cells", 1000, {"standard": [1.0]}, cells=True) / "standard_0" / "study_result.json"
+    cell.write_text("[1.0]")  # valid JSON, not a cell's result
+    assert main([str(tmp_path / "cells")]) == 2
     errs = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(errs) == 3 and all(e.startswith("error: ") and "Fix:" in e for e in errs)
+    assert len(errs) == 4 and all(e.startswith("error: ") and "Fix:" in e for e in errs)
     assert (
         "does not exist" in errs[0] and "no finished cell of width 16" in errs[1] and "not a capacity study" in errs[2]
     )
+    assert str(cell) in errs[3] and "not a cell's result" in errs[3]
