@@ -23,6 +23,7 @@ from studies.capacity import (
     training_losses,
 )
 from studies.errors import StudyError
+from studies.loss_curves import main as loss_curves
 
 RECIPE = "recipes/capacity_memorization.yaml"
 
@@ -45,6 +46,9 @@ def test_capacity_smoke_sweep_writes_the_table(tmp_path):
         assert f"| {v} |" in md and str(bits) in md
     assert (tmp_path / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(training_losses(tmp_path / "standard_w8")) > 0
+    # the trainer's run directories are what studies.loss_curves reads
+    assert loss_curves([f"{tmp_path / 'standard_w8'}=standard", "--out", str(tmp_path / "loss.png")]) == 0
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second seed trains only the new cell (seed 0's result is kept), re-initialised with its own seed
     before = (tmp_path / "mixit_w8" / "study_result.json").read_text()
     assert main(["--smoke", "--out-dir", str(tmp_path), "--variants", "mixit", "--seeds", "2"]) == 0
