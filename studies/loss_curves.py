@@ -45,15 +45,20 @@ def read_run(run_dir: Path) -> tuple[list[tuple[int, float]], int | None]:
     return points, int(max_steps) if max_steps else None
 
 
-def binned(points: list[tuple[int, float]], n: int) -> list[tuple[int, float]]:
-    """Mean loss over each of `n` equal step ranges from 0 to the last logged step, as (range end, mean);
-    ranges with no record are left out (a run resumed from a checkpoint logs on from there)."""
+def range_means(points: list[tuple[int, float]], n: int) -> dict[int, float]:
+    """Range index i -> mean loss over the steps (i * last / n, (i + 1) * last / n], `last` the last logged
+    step; ranges with no record are left out (a run resumed from a checkpoint logs on from there)."""
     last = points[-1][0]
-    sums: dict[int, list[float]] = {}
+    losses: dict[int, list[float]] = {}
     for step, loss in points:
-        i = min(n - 1, max(0, -(-step * n // last) - 1))  # the range (i * last / n, (i + 1) * last / n]
-        sums.setdefault(i, []).append(loss)
-    return [(round((i + 1) * last / n), sum(xs) / len(xs)) for i, xs in sorted(sums.items())]
+        losses.setdefault(min(n - 1, max(0, -(-step * n // last) - 1)), []).append(loss)
+    return {i: sum(xs) / len(xs) for i, xs in sorted(losses.items())}
+
+
+def binned(points: list[tuple[int, float]], n: int) -> list[tuple[int, float]]:
+    """`range_means` as (range end step, mean loss), the points a curve is drawn through."""
+    last = points[-1][0]
+    return [(round((i + 1) * last / n), mean) for i, mean in range_means(points, n).items()]
 
 
 def table(runs: list[tuple[str, list[tuple[int, float]], int | None]]) -> str:
@@ -64,9 +69,8 @@ def table(runs: list[tuple[str, list[tuple[int, float]], int | None]]) -> str:
         "|---|---:|" + "---:|" * 11,
     ]
     for label, points, max_steps in runs:
-        tenths = dict(binned(points, 10))
-        ends = [round((i + 1) * points[-1][0] / 10) for i in range(10)]
-        cells = " | ".join(f"{tenths[e]:.3f}" if e in tenths else "-" for e in ends)
+        tenths = range_means(points, 10)
+        cells = " | ".join(f"{tenths[i]:.3f}" if i in tenths else "-" for i in range(10))
         sched = f"{max_steps:,}" if max_steps else "?"
         drop = loss_drop(dict(points))
         out.append(f"| {label} | {points[-1][0]:,} / {sched} | {cells} | {drop:.3f} |")
