@@ -14,7 +14,6 @@ It imports `model/` (to build the network) and `data_pipeline/` (a classifier's 
 nothing from `pretrain/` or `eval/`.
 """
 
-from .load import CorruptCheckpoint, load_for_eval, run_checkpoints
-from .pickle_scan import UnsafeCheckpoint
+from .load import load_for_eval, run_checkpoints
 
-__all__ = ["load_for_eval", "run_checkpoints", "CorruptCheckpoint", "UnsafeCheckpoint"]
+__all__ = ["load_for_eval", "run_checkpoints"]

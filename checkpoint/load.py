@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from common.errors import CorruptCheckpoint
 from model import io as mio
 
 from . import tags
@@ -33,10 +34,6 @@ def _hf_meta(p: Path) -> dict[str, Any]:
         if (p / name).is_file():
             return json.loads((p / name).read_text())
     return {}
-
-
-class CorruptCheckpoint(ValueError):
-    """A checkpoint file exists but cannot be parsed (truncated, overwritten, not what its name says)."""
 
 
 # What a truncated or garbled safetensors / JSON / pickle file raises when read.

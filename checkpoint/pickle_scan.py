@@ -21,6 +21,8 @@ from typing import IO, Any
 import torch
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
+from common.errors import UnsafeCheckpoint
+
 # Globals a trainer checkpoint legitimately needs besides torch's own weights-only set:
 # numpy arrays in the RNG state, and DeepSpeed's small bookkeeping classes in optimizer states.
 CHECKPOINT_GLOBALS = (
@@ -44,10 +46,6 @@ CHECKPOINT_GLOBALS = (
 )
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
 _torch_load = torch.load  # the real loader, whatever guarded_torch_load() puts in its place
-
-
-class UnsafeCheckpoint(RuntimeError):
-    """A checkpoint file would import something outside the allowlist when unpickled."""
 
 
 def scan_pickle(path: str | os.PathLike | IO[bytes], name: str | None = None) -> list[str]:

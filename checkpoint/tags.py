@@ -41,7 +41,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .pickle_scan import UnsafeCheckpoint, safe_torch_load
+from common.errors import UnsafeCheckpoint
+
+from .pickle_scan import safe_torch_load
 
 TAG_RE = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"

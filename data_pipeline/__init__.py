@@ -13,6 +13,5 @@ tokeniser worker processes start without torch.
 """
 
 from .config import DataConfig
-from .errors import DataError
 
-__all__ = ["DataConfig", "DataError"]
+__all__ = ["DataConfig"]

@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cli import DATA_ERRORS, CliParser, run_cli
-from .errors import DataError
+from common.cli import CliParser, run_cli
+from common.errors import DataError
+
 from .order import Permutation, derive_key
 from .tokenizer import BYTE_TOKENIZER, BYTES, load_tokenizer
 
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=_positive_int, default=2000, help="examples to write")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    return run_cli(lambda: print(make_toy_dataset(a.out, a.n, a.seed)), DATA_ERRORS)
+    return run_cli(lambda: print(make_toy_dataset(a.out, a.n, a.seed)))
 
 
 def _positive_int(text: str) -> int:

@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .errors import DataError
+from common.errors import DataError
+
 from .synthetic import TASKS
 
 VERIFY_MODES = ("full", "size")

@@ -28,15 +28,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.constants import IGNORE_INDEX
+from common.errors import DataError
+
 from .config import DataConfig
-from .errors import DataError
 from .order import MixtureSchedule, Permutation, derive_key
 from .shards import ShardSet, read_manifest, verify_shards
 from .storage import is_remote, local_path, open_shards
 from .synthetic import get_task
 from .tokenizer import load_tokenizer
 
-IGNORE = -100
 STATE_VERSION = 1
 _VERIFIED: set = set()  # (dir, manifest sha, mode) already verified in this process
 
@@ -139,7 +140,7 @@ class SyntheticSource:
         L = self.seq_len
         n = len(idx)
         inp = np.full((n, L), self.pad_id, dtype=np.int64)
-        lab = np.full((n, L), IGNORE, dtype=np.int64)
+        lab = np.full((n, L), IGNORE_INDEX, dtype=np.int64)
         docs = np.ones((n, L), dtype=np.int64) if want_docs else None
         for row, i in enumerate(idx):
             toks, mask = self.task.sample(int(i), self.split)
@@ -147,7 +148,7 @@ class SyntheticSource:
             m = np.asarray(mask, dtype=bool)
             k = len(t) - 1
             inp[row, :k] = t[:-1]
-            lab[row, :k] = np.where(m[1:], t[1:], IGNORE)
+            lab[row, :k] = np.where(m[1:], t[1:], IGNORE_INDEX)
             if want_docs:
                 docs[row, :k] = 0
         return inp, lab, docs
@@ -422,7 +423,7 @@ class Loader:
             if not valid.all():
                 bad = torch.from_numpy(~valid)
                 batch["input_ids"][bad] = self.pad_id
-                batch["labels"][bad] = IGNORE
+                batch["labels"][bad] = IGNORE_INDEX
                 if "doc_ids" in batch:
                     batch["doc_ids"][bad] = 0
             yield batch

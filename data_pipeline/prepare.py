@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.cli import CliParser, run_cli
+from common.errors import DataError
+
 from ._encode import encode_docs, init_worker
-from .cli import DATA_ERRORS, CliParser, run_cli
-from .errors import DataError
 from .progress import progress_bar
 from .shards import FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, shard_name, write_shard
 from .tokenizer import load_tokenizer
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.quiet,
         )
 
-    return run_cli(body, DATA_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

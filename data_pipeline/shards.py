@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
+from common.errors import DataError
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
+from common.errors import DataError
+
 from .shards import (
     FIX_SHARDS,
     MANIFEST,

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .errors import DataError
+from common.errors import DataError
 
 SPLIT_CODES = {"train": 0, "test": 1, "val": 1, "validation": 1}
 PAD, EOS = "<pad>", "<eos>"

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.constants import free_port
+
 from .tokenizer import train_sentencepiece
 
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
@@ -67,12 +69,6 @@ def http_app(argv: list[str]):
     app = web.Application()
     app.router.add_static("/", argv[0], show_index=True)
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LoopbackServer:

@@ -34,15 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import DataError
+from common.constants import IGNORE_INDEX, REPO_ROOT
+from common.errors import DataError
+
 from .tokenizer import BYTE_TOKENIZER
 
 PREFIX = "text:"
 KNOWN_KEYS = {"source", "seed", "val_fraction", "documents", "windows", "return_doc_ids"}
 DOCUMENTS = ("stream", "lines")
 WINDOWS = ("stream", "documents")
-IGNORE = -100
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def text_files(source: str) -> list[Path]:
@@ -205,7 +205,7 @@ class TextLoader:
         b, e = self.spans[w]
         seg = self.tokens[b:e].astype(np.int64)
         x = np.full(self.T, BYTE_TOKENIZER.pad_id, dtype=np.int64)
-        y = np.full(self.T, IGNORE, dtype=np.int64)
+        y = np.full(self.T, IGNORE_INDEX, dtype=np.int64)
         x[: len(seg) - 1] = seg[:-1]
         y[: len(seg) - 1] = seg[1:]
         return x, y

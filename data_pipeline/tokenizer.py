@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import DATA_ERRORS, CliParser, run_cli
-from .errors import DataError
+from common.cli import CliParser, run_cli
+from common.errors import DataError
 
 SP_MODEL = "tokenizer.model"
 META = "tokenizer_meta.json"
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-    return run_cli(body, DATA_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.errors import EvalError
 from data_pipeline.classification import KNOWN_KEYS, ClassificationLoader
 from model.classifier import SequenceClassifier
-
-from .loading import EvalError
 
 EXTRA_KEYS = ("split", "seq_len", "limit")
 

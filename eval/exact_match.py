@@ -25,11 +25,11 @@ from typing import Any, Sequence
 
 import torch
 
+from common.errors import EvalError
 from data_pipeline.progress import progress_bar
 
 from . import distributed as D
 from .generate import generate
-from .loading import EvalError
 
 PREFIX = "exact_match:"
 MAX_ERRORS = 20

@@ -21,17 +21,10 @@ from typing import Sequence
 
 import torch
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import EvalError
 
-from .loading import (
-    EVAL_ERRORS,
-    EvalError,
-    check_tokenizer,
-    load_checkpoint,
-    load_tokenizer,
-    missing_tokenizer_error,
-    run_tokenizer,
-)
+from .loading import check_tokenizer, load_checkpoint, load_tokenizer, missing_tokenizer_error, run_tokenizer
 
 
 def is_greedy(top_k: int | None = None, top_p: float | None = None, temperature: float | None = None) -> bool:
@@ -199,7 +192,7 @@ def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(lambda: run(build_parser().parse_args(argv)), EVAL_ERRORS)
+    return run_cli(lambda: run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

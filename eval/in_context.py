@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .loading import EvalError
+from common.errors import EvalError
 
 EARLY, LATE, OLSSON_CONTEXT = 50, 500, 512
 

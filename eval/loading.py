@@ -10,21 +10,12 @@ from typing import Any
 
 import torch
 
-from checkpoint import CorruptCheckpoint, UnsafeCheckpoint, load_for_eval, run_checkpoints
-from data_pipeline.cli import DATA_ERRORS
+from checkpoint import load_for_eval, run_checkpoints
+from common.constants import REPO_ROOT
+from common.errors import EvalError
 from data_pipeline.shards import MANIFEST, read_manifest
 from data_pipeline.tokenizer import BYTE_TOKENIZER, BYTES
 from data_pipeline.tokenizer import load_tokenizer as load_data_tokenizer
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class EvalError(ValueError):
-    """A user-facing error: bad checkpoint path, tokenizer mismatch, unknown task, ..."""
-
-
-# Bad input to an eval CLI, printed as one `error: ... Fix: ...` line (data_pipeline.cli.run_cli).
-EVAL_ERRORS = (EvalError, CorruptCheckpoint, UnsafeCheckpoint, *DATA_ERRORS)
 
 
 # ---- tokenizers --------------------------------------------------------------------------

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.errors import EvalError
 from data_pipeline.progress import progress_bar
 from data_pipeline.storage import open_shards  # a local directory or an fsspec URL (s3://, https://, ...)
 
 from . import distributed as D
-from .loading import EvalError
 
 
 def window_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:

@@ -16,9 +16,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from common.errors import EvalError
 from data_pipeline.progress import progress_bar
-
-from .loading import EvalError
 
 
 def _rng(seed: int, *key) -> random.Random:

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import EvalError
 from data_pipeline.progress import progress_bar
 
 from . import distributed as D
@@ -45,8 +46,6 @@ from . import perplexity as ppl
 from .classification import evaluate_classification
 from .in_context import icl_score
 from .loading import (
-    EVAL_ERRORS,
-    EvalError,
     check_tokenizer,
     list_checkpoints,
     load_checkpoint,
@@ -403,7 +402,7 @@ def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(lambda: run(build_parser().parse_args(argv)), EVAL_ERRORS)
+    return run_cli(lambda: run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -14,11 +14,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from common.errors import EvalError
 from data_pipeline.progress import progress_bar
 from data_pipeline.synthetic import get_task as _get
 from data_pipeline.synthetic import list_tasks
-
-from .loading import EvalError
 
 
 def get_task(name: str, task_args: dict | None = None, seed: int = 1234):

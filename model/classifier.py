@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.constants import IGNORE_INDEX
+
 from . import init
 from .freezing import apply_freeze
-from .transformer import IGNORE_INDEX, Transformer, build_model
+from .transformer import Transformer, build_model
 
 POOLINGS = ("last", "mean")
 DEFAULT_POOLING = "last"

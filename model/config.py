@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.errors import ConfigError
+
 # The variants and what each one is made of: which token mixer, and which named
 # parameter groups start frozen. Every variant is a preset of the same freezing
 # mechanism (model/freezing.py), so schedules and overrides compose with all of them.
@@ -36,10 +38,6 @@ ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
 }
 # MixiT counters are i*T + j in 32 bits (the Triton RNG's offset), so T*T < 2**31.
 MAX_MIXIT_SEQ_LEN = 46340
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and the fix."""
 
 
 def _bad(field_name: str, problem: str, fix: str) -> ConfigError:

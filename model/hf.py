@@ -29,8 +29,11 @@ from transformers import (
 )
 from transformers.modeling_outputs import CausalLMOutput
 
-from .config import ConfigError, ModelConfig
-from .transformer import IGNORE_INDEX, Transformer
+from common.constants import IGNORE_INDEX
+from common.errors import ConfigError
+
+from .config import ModelConfig
+from .transformer import Transformer
 
 MODEL_TYPE = "trainable_parts"
 

@@ -13,10 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.constants import IGNORE_INDEX
+
 from . import mixit
 from .config import ModelConfig
 from .kernels.flash import flash_attention, flash_attention_varlen, segments_from_mask
-from .kernels.loss import IGNORE_INDEX, linear_cross_entropy
+from .kernels.loss import linear_cross_entropy
 from .kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked
 from .kernels.mixit_triton import mixit_triton
 from .kernels.select import attention_backend, log_choice, mixit_backend

@@ -14,8 +14,6 @@ from .config import ModelConfig
 from .freezing import apply_freeze
 from .layers import Block, KVCache, LMHead, RMSNorm, rope_cos_sin
 
-IGNORE_INDEX = -100
-
 
 def doc_positions_and_mask(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """From per-token document ids (b, t): positions restarting at each document, and a

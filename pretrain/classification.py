@@ -26,12 +26,13 @@ from typing import Callable
 import torch
 
 from checkpoint import load_for_eval
+from common.constants import REPO_ROOT
+from common.errors import RecipeError
 from data_pipeline.classification import ClassificationLoader, resolve_pad_id
 from model import ModelConfig, Transformer
 from model.classifier import SequenceClassifier, build_classifier
 
-from .config import REPO_ROOT, RunConfig
-from .errors import RecipeError
+from .config import RunConfig
 from .recipe_checks import classification_settings
 
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import yaml
 
+from common.constants import REPO_ROOT
+from common.errors import RecipeError
 from model import ModelConfig
 
-from .errors import RecipeError
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -16,19 +15,12 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from checkpoint import tags
-
-from .errors import RecipeError
+from common.errors import RecipeError
 
 # NCCL's failure behaviour, stated rather than left to torch's defaults (launch.sh exports the same;
 # values already in the environment win): a failed or timed-out collective (parallel.timeout_s)
 # makes the watchdog tear the rank down instead of leaving it hanging; docs/RELIABILITY.md.
 NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "0"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pick_device(want: str) -> torch.device:

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from model import IGNORE_INDEX
+from common.constants import IGNORE_INDEX
+from common.errors import RecipeError
 
 from . import faults, freeze_transitions
 from .config import RunConfig
-from .errors import RecipeError
 from .layout import Layout, build_ds_config
 from .nonfinite import any_rank, install_step_gate, is_finite
 from .parallelize import build_local

@@ -30,9 +30,9 @@ import torch.distributed as dist
 
 from checkpoint import tags
 from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
+from common.errors import CheckpointWriteFailed
 
 from . import faults
-from .errors import CheckpointWriteFailed
 
 
 class _RankWrites:

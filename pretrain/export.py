@@ -14,10 +14,8 @@ import sys
 from pathlib import Path
 
 from checkpoint import load_for_eval
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
 from model.io import save_native
-
-from .errors import INPUT_ERRORS
 
 
 def export(checkpoint: str | Path, out: str | Path, fmt: str = "native") -> Path:
@@ -45,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         out = export(args.checkpoint, args.out, args.format)
         print(f"wrote {args.format} checkpoint to {out}")
 
-    return run_cli(body, INPUT_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .errors import RecipeError
+from common.errors import RecipeError
 
 TrainHook = Callable[[torch.nn.Module, int], dict]
 # Keys the loop writes itself; a hook may not overwrite them.

@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .config import RecipeError, RunConfig, resolve_ds_config_path
+from common.errors import RecipeError
+
+from .config import RunConfig, resolve_ds_config_path
 
 # Keys the trainer owns; a ds_configs/ template must not set them.
 RECIPE_OWNED = (

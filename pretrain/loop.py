@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import tags
+from common.errors import NonFiniteLoss
 
 from . import engine_checkpoint
 from .config import RunConfig
 from .data import make_loader
 from .engine import Trainer
-from .errors import NonFiniteLoss
 from .hooks import TrainHook, run_hooks
 from .layout import Layout
 from .metrics import Logger, memory_gib, train_flops_per_token

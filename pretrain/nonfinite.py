@@ -21,7 +21,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .errors import NonFiniteLoss
+from common.errors import NonFiniteLoss
 
 
 class StepGate:

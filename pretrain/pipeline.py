@@ -24,7 +24,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from model import IGNORE_INDEX, Transformer
+from common.constants import IGNORE_INDEX
+from model import Transformer
 from model.kernels.loss import linear_cross_entropy
 from model.layers import rope_cos_sin
 

@@ -13,9 +13,8 @@ import types
 import typing
 from typing import Any
 
+from common.errors import RecipeError
 from model.classifier import DEFAULT_POOLING, POOLINGS
-
-from .errors import RecipeError
 
 NAN_POLICIES = ("skip", "stop", "rollback")
 TASKS = ("lm", "classification")

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint import tags
+from common.errors import RecipeError
 from model import ModelConfig
 from model.io import check_compatible
 
 from .config import RunConfig
-from .errors import RecipeError
 from .layout import Layout
 
 

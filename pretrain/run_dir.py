@@ -13,8 +13,10 @@ from typing import Any
 
 import yaml
 
-from .config import REPO_ROOT, RunConfig
-from .errors import RecipeError
+from common.constants import REPO_ROOT
+from common.errors import RecipeError
+
+from .config import RunConfig
 
 # Settings that may change when a run continues (more steps, other logging or layout).
 MUTABLE = {

@@ -8,11 +8,11 @@ from typing import Callable
 
 import torch
 
+from common.errors import RecipeError
 from model import ModelConfig, Transformer, preset
 
 from . import classification
 from .config import RunConfig
-from .errors import RecipeError
 
 
 def model_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig:

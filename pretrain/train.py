@@ -25,17 +25,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from checkpoint import UnsafeCheckpoint
-from data_pipeline.cli import CliParser, print_error
-from data_pipeline.errors import DataError
+from common.cli import STOPPED, CliParser, exit_code, print_error
+from common.constants import free_port
+from common.errors import DataError, RankFailure, RecipeError, RunStopped, UserError
 
 from . import orphan
-from .config import RecipeError, RunConfig, load_recipe
+from .config import RunConfig, load_recipe
 from .data import make_loader
 from .distributed import (
     collective_failure,
     exit_process,
-    free_port,
     init_distributed,
     pick_device,
     rank_failure_message,
@@ -44,7 +43,6 @@ from .distributed import (
 from .dry_run import dry_run
 from .engine import Trainer
 from .engine_checkpoint import load as load_checkpoint
-from .errors import INPUT_ERRORS, CheckpointWriteFailed, NonFiniteLoss, RankFailure
 from .hooks import TrainHook, check_hooks
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
@@ -56,8 +54,6 @@ from .run_dir import check_run_dir, default_run_dir, resolved_config, write_conf
 from .task_model import model_config
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# A run that had to stop (exit 3); DataError here: data unreadable mid-run (e.g. a shard server outage).
-RUN_ERRORS = (NonFiniteLoss, CheckpointWriteFailed, RankFailure, DataError)
 
 
 def train(
@@ -96,7 +92,7 @@ def train(
     try:
         return _train(cfg, device, run_dir, resume, stop_after_steps, overwrite, hooks)
     except Exception as e:
-        if isinstance(e, (RecipeError, NonFiniteLoss, CheckpointWriteFailed)) or not collective_failure(e):
+        if isinstance(e, (UserError, RunStopped)) or not collective_failure(e):
             raise
         raise RankFailure(rank_failure_message(e, cfg.parallel.timeout_s, run_dir)) from e
     finally:
@@ -197,6 +193,8 @@ def _train(
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:
             result = loop.run(stop, stop_after_steps)
+    except DataError as e:  # the data was readable at the start: it went away mid-run (a shard server outage)
+        raise RunStopped(str(e)) from e
     finally:
         logger.close()
     trainer.engine.destroy()
@@ -222,14 +220,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
         shutdown_distributed(finished=True)
-    except (*RUN_ERRORS, UnsafeCheckpoint) as e:
+    except (UserError, RunStopped, OSError) as e:
         print_error(e)
         if isinstance(e, RankFailure):
-            os._exit(3)  # a dead peer can make process-group teardown hang
-        return 3
-    except INPUT_ERRORS as e:
-        print_error(e)
-        return 2
+            os._exit(STOPPED)  # a dead peer can make process-group teardown hang
+        return exit_code(e)
     if int(os.environ.get("RANK", 0)) == 0:
         last = res.losses[max(res.losses)] if res.losses else float("nan")
         print(

@@ -25,10 +25,9 @@ from pathlib import Path
 
 from checkpoint import tags as ckpt
 from checkpoint.pickle_scan import verify_checkpoint_dir
-from data_pipeline.cli import CliParser, run_cli
-
-from .config import REPO_ROOT
-from .errors import INPUT_ERRORS
+from common.cli import CliParser, run_cli
+from common.constants import REPO_ROOT
+from common.errors import RunStopped
 
 
 def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) -> Path:
@@ -89,10 +88,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             src = latest
         verify_checkpoint_dir(src)  # refuse a crafted pickle before DeepSpeed unpickles anything
-        out = to_universal(src, args.out, args.workers)
+        try:
+            out = to_universal(src, args.out, args.workers)
+        except subprocess.CalledProcessError as e:
+            raise RunStopped(f"DeepSpeed's converter failed on {src} (its output is above): {e}") from e
         print(f"universal checkpoint: {out}\nresume with: python -m pretrain.train --recipe R.yaml --resume {out}")
 
-    return run_cli(body, INPUT_ERRORS + (subprocess.CalledProcessError,))
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -53,14 +53,14 @@ from typing import Any
 import yaml
 
 from checkpoint import load_for_eval
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
-from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"({time.time() - t0:.0f} s)")
         print(table(rows))
 
-    return run_cli(body, STUDY_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import StudyError
 
 from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, finished_cells
-from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
 KEY = "bits_per_trainable_param"
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print(loss_table(by_length(rows, "final_loss")))
         print(f"figure: {plot(trend, a.out, a.width)}")
 
-    return run_cli(body, STUDY_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -33,16 +33,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.constants import REPO_ROOT
+from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
 from pretrain.metrics import read_metrics
 
-from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -456,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         help="train every cell with this many seeds (recipe seed + 0..N-1); cells show mean ± std",
     )
     args = ap.parse_args(argv)
-    return run_cli(lambda: run(args), STUDY_ERRORS)
+    return run_cli(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ from typing import Any
 
 import yaml
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import StudyError
 from data_pipeline.prepare import prepare
 from data_pipeline.storage import open_shards
 from data_pipeline.synthetic import get_task
@@ -58,7 +59,6 @@ from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
-from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         print(f"plot: {png}   table: {out / 'induction.md'}   ({time.time() - t0:.0f} s)")
 
-    return run_cli(body, STUDY_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

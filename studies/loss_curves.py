@@ -20,10 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import StudyError
 
 from .capacity import loss_drop, training_losses
-from .errors import STUDY_ERRORS, StudyError
 
 
 def parse_run(arg: str) -> tuple[Path, str]:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(runs))
         print(f"figure: {plot(runs, a.out, a.points, a.fraction)}")
 
-    return run_cli(body, STUDY_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ from typing import Any
 import torch
 
 from checkpoint import load_for_eval
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from data_pipeline.text import eos_document_ids
 from data_pipeline.tokenizer import BYTE_TOKENIZER
@@ -52,7 +53,6 @@ from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.train import train
 
-from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
 RECIPE = "recipes/packed_modadd.yaml"
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         print(f"plot: {png}   table: {out / 'packed.md'}   ({time.time() - t0:.0f} s)")
 
-    return run_cli(body, STUDY_ERRORS)
+    return run_cli(body)
 
 
 def _cell_overrides(

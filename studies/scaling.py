@@ -30,16 +30,16 @@ import numpy as np
 import torch
 import yaml
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.constants import REPO_ROOT
+from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from model import PRESETS, VARIANTS, ModelConfig, build_model, param_count, preset
 from model.flops import flops_per_token
 from pretrain.config import load_recipe
 
-from .errors import STUDY_ERRORS, StudyError
 from .scaling_fit import PowerLawFit, fit_variants, plot_fits
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DONE = "sweep_done.json"
 
 
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             fit(args)
         return 0
 
-    return run_cli(body, STUDY_ERRORS)
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import math
 import pytest
 import yaml
 
+from common.errors import StudyError
 from data_pipeline.synthetic import memorization_capacity_bits
 from pretrain.train import train
 from studies.capacity import (
@@ -22,7 +23,6 @@ from studies.capacity import (
     table,
     training_losses,
 )
-from studies.errors import StudyError
 from studies.loss_curves import main as loss_curves
 
 RECIPE = "recipes/capacity_memorization.yaml"

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from checkpoint import load_for_eval
+from common.errors import RecipeError
 from data_pipeline.classification import make_toy_dataset
 from eval.run import evaluate_run
-from pretrain.config import RecipeError, load_recipe
+from pretrain.config import load_recipe
 from pretrain.train import train
 
 RECIPE = "recipes/classify_toy_cpu.yaml"

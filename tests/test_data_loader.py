@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline import DataConfig, DataError
+from common.errors import DataError
+from data_pipeline import DataConfig
 from data_pipeline import loader as loader_mod
 from data_pipeline.loader import build_loader
 from data_pipeline.order import MixtureSchedule, Permutation

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipeline import DataConfig, DataError
+from common.errors import DataError
+from data_pipeline import DataConfig
 from data_pipeline.loader import build_loader
 from data_pipeline.prepare import DELAY_ENV, prepare
 from data_pipeline.shards import ShardSet, read_manifest

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline import DataConfig, DataError
+from common.errors import DataError
+from data_pipeline import DataConfig
 from data_pipeline.loader import build_loader
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import ShardSet

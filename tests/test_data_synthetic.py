@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from data_pipeline import DataConfig, DataError
+from common.errors import DataError
+from data_pipeline import DataConfig
 from data_pipeline.loader import build_loader
 from data_pipeline.synthetic import _balanced, get_task, khop_target, list_tasks, memorization_capacity_bits
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.errors import DataError
 from data_pipeline.classification import ClassificationLoader
-from data_pipeline.errors import DataError
 from data_pipeline.text import TextLoader, pack_windows
 from data_pipeline.tokenizer import BYTE_TOKENIZER, load_tokenizer
 

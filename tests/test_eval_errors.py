@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from eval.loading import EvalError, load_checkpoint
+from common.errors import EvalError
+from eval.loading import load_checkpoint
 from eval.run import evaluate_checkpoint, main, validate_tasks
 from model import build_model, preset
 from model.io import save_native

@@ -10,10 +10,11 @@ import json
 
 import pytest
 
+from common.errors import EvalError
 from eval import generate as gen
 from eval import run as ev
 from eval.exact_match import Record, prediction, score
-from eval.loading import EvalError, load_checkpoint
+from eval.loading import load_checkpoint
 from pretrain.train import train
 
 PAIRS = {

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.errors import EvalError
 from data_pipeline.tokenizer import ByteTokenizer
 from eval.in_context import bands, icl_score, loss_by_position
-from eval.loading import EvalError
 from eval.run import EvalOptions, evaluate_model
 from model import build_model, preset
 

@@ -33,7 +33,7 @@ def test_windows_score_every_token_once(n, w, s):
 
 
 def test_bad_stride_is_an_error():
-    from eval.loading import EvalError
+    from common.errors import EvalError
 
     with pytest.raises(EvalError, match="stride"):
         window_spans(100, 16, 16)

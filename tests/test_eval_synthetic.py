@@ -3,13 +3,14 @@
 import pytest
 import torch
 
+from common.constants import IGNORE_INDEX
+from common.errors import EvalError
 from data_pipeline.tokenizer import ByteTokenizer
-from eval.loading import EvalError
 from eval.mechanisms import mechanism_scores
 from eval.retrieval import induction, kv_recall, passkey, repeated
 from eval.run import evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task, get_task
-from model import IGNORE_INDEX, build_model, preset
+from model import build_model, preset
 from model.io import save_native
 
 torch.set_num_threads(1)

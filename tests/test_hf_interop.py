@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from model import ConfigError, build_model, preset
+from common.errors import ConfigError
+from model import build_model, preset
 from model.flops import flops_per_token
 from model.hf import export_hf, import_hf
 from model.layers import rope_inv_freq

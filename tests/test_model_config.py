@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from model import PRESETS, ConfigError, ModelConfig, build_model, param_count, preset
+from common.errors import ConfigError
+from model import PRESETS, ModelConfig, build_model, param_count, preset
 
 
 @pytest.mark.parametrize(

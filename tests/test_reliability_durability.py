@@ -15,7 +15,7 @@ from conftest import read_losses
 
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
-from pretrain.config import RecipeError
+from common.errors import RecipeError
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"

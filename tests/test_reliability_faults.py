@@ -20,9 +20,9 @@ from conftest import REPO, free_port, read_losses, run_ranks, start_ranks, wait_
 
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
+from common.errors import CheckpointWriteFailed, NonFiniteLoss
 from pretrain import faults
 from pretrain.config import RunConfig
-from pretrain.errors import CheckpointWriteFailed, NonFiniteLoss
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"

@@ -15,7 +15,8 @@ import pytest
 from conftest import REPO
 
 from checkpoint import tags as ckpt
-from pretrain.config import RecipeError, load_recipe
+from common.errors import RecipeError
+from pretrain.config import load_recipe
 from pretrain.engine import Trainer
 from pretrain.train import train
 

@@ -19,9 +19,10 @@ from conftest import REPO
 
 from checkpoint import load_for_eval, pickle_scan
 from checkpoint import tags as ckpt
-from checkpoint.pickle_scan import UnsafeCheckpoint, safe_torch_load, scan_pickle
+from checkpoint.pickle_scan import safe_torch_load, scan_pickle
+from common.errors import RecipeError, UnsafeCheckpoint
 from pretrain import universal
-from pretrain.config import RecipeError, load_recipe
+from pretrain.config import load_recipe
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"

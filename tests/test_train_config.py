@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from pretrain.config import REPO_ROOT, RecipeError, load_recipe
+from common.constants import REPO_ROOT
+from common.errors import RecipeError
+from pretrain.config import load_recipe
 from pretrain.dry_run import dry_run
 from pretrain.layout import build_ds_config, plan_layout
 from pretrain.schedule import lr_at

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pretrain.config import RecipeError
+from common.errors import RecipeError
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"

@@ -17,8 +17,8 @@ from conftest import REPO, fault_seed, read_losses
 
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
+from common.errors import RecipeError
 from data_pipeline.text import TextLoader
-from pretrain.config import RecipeError
 from pretrain.export import main as export_main
 from pretrain.train import train
 

@@ -16,9 +16,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .select import log_choice
+from common.constants import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+from .select import log_choice
 
 
 @functools.lru_cache(maxsize=1)

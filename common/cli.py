@@ -2,10 +2,9 @@
 never a traceback.
 
 `CliParser` is an ArgumentParser whose usage errors (a missing or misspelt option, a bad value) are
-that one line; `run_cli(fn, errors)` runs a CLI's body and turns the exception types it is given into
-that line (exit 2). Each layer passes the errors it knows about: the data pipeline `DATA_ERRORS`,
-the layers above add theirs (pretrain.errors.INPUT_ERRORS, eval.loading.EVAL_ERRORS). It sits at the
-bottom layer so that every CLI, whatever its layer, can use it.
+that one line; `run_cli(body)` runs a CLI's body and turns the project's two error kinds into that line:
+a `UserError` or an `OSError` (a path that is missing, unreadable or on a full disk) exits 2, a
+`RunStopped` exits 3.
 """
 
 from __future__ import annotations
@@ -14,11 +13,10 @@ import argparse
 import sys
 from typing import Callable, NoReturn
 
-from .errors import DataError
+from .errors import RunStopped, UserError
 
-# A data problem the user can fix, and a path that is missing, unreadable or on a full disk.
-DATA_ERRORS: tuple[type[BaseException], ...] = (DataError, OSError)
 DEFAULT_FIX = "check the paths and values named above (--help lists the options)"
+BAD_INPUT, STOPPED = 2, 3  # exit codes
 
 
 def error_line(e: BaseException | str, fix: str | None = None) -> str:
@@ -40,15 +38,22 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         print_error(f"{self.prog}: {message}", f"see {self.prog} --help")
-        sys.exit(2)
+        sys.exit(BAD_INPUT)
 
 
-def run_cli(
-    body: Callable[[], int | None], errors: tuple[type[BaseException], ...] = DATA_ERRORS, code: int = 2
-) -> int:
-    """`body()`'s exit code, or `code` after one error line when it raises one of `errors`."""
+def exit_code(e: BaseException) -> int | None:
+    """The CLI exit code for one of the project's errors, or None for anything else (a bug: re-raise)."""
+    if isinstance(e, RunStopped):
+        return STOPPED
+    if isinstance(e, (UserError, OSError)):
+        return BAD_INPUT
+    return None
+
+
+def run_cli(body: Callable[[], int | None]) -> int:
+    """`body()`'s exit code, or 2 / 3 after one error line when it raises a UserError / RunStopped."""
     try:
         return int(body() or 0)
-    except errors as e:
+    except (UserError, RunStopped, OSError) as e:
         print_error(e)
-        return code
+        return exit_code(e)
