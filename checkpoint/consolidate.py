@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from data_pipeline.classification import resolve_pad_id
+from data_pipeline.config import parse_data
 from model import ModelConfig, Transformer
 from model.classifier import DEFAULT_POOLING, SequenceClassifier
 
@@ -121,8 +122,9 @@ def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device =
     mcfg, sd, state = consolidated_state_dict(tag_dir)
     recipe = state.get("recipe", {})
     pooling = (recipe.get("classification") or {}).get("pooling", DEFAULT_POOLING)
-    data = recipe.get("data", {})
-    model = SequenceClassifier(Transformer(mcfg), int(sd["score.weight"].shape[0]), pooling, resolve_pad_id(data))
+    data = recipe.get("data") or {}
+    pad_id = resolve_pad_id(parse_data(data))
+    model = SequenceClassifier(Transformer(mcfg), int(sd["score.weight"].shape[0]), pooling, pad_id)
     _fill(model, sd, "model.", mcfg.tie_embeddings, tag_dir)
     if mcfg.tie_embeddings:
         model.model.lm_head.weight = model.model.embed_tokens.weight

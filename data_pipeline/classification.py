@@ -8,7 +8,7 @@ Sources (the recipe's `data.source`, after the `classify:` prefix the trainer ro
 
 Other `data` keys: `text_field` ("text"), `label_field` ("label"), `tokenizer` ("bytes" = the byte
 tokenizer of data_pipeline.tokenizer, vocab 256, or a tokenizer dir from data_pipeline.tokenizer), `pad_id` (default 0 for
-bytes, the tokenizer's pad id otherwise), `val_fraction` (0.1; the share of a local file held
+bytes, the tokenizer's pad id otherwise), `val_fraction` (0.05; the share of a local file held
 out for validation), `val_source` (a separate validation file instead), `max_examples` (cap on
 examples read per split, e.g. for a quick run on yelp_polarity), `seed`.
 
@@ -43,21 +43,9 @@ import torch
 from common.cli import CliParser, run_cli
 from common.errors import DataError
 
+from .config import CLASSIFY_PREFIX, ClassifyData
 from .order import Permutation, derive_key
 from .tokenizer import BYTE_TOKENIZER, BYTES, load_tokenizer
-
-PREFIX = "classify:"
-KNOWN_KEYS = {
-    "source",
-    "text_field",
-    "label_field",
-    "tokenizer",
-    "pad_id",
-    "val_fraction",
-    "val_source",
-    "max_examples",
-    "seed",
-}
 
 
 def _repo_path(p: str) -> Path:
@@ -164,10 +152,8 @@ def encode_texts(enc, texts: list[str]) -> list[list[int]]:
     return ids
 
 
-def resolve_pad_id(data: dict[str, Any]) -> int:
-    if data.get("pad_id") is not None:
-        return int(data["pad_id"])
-    return default_pad_id(load_encoder(data.get("tokenizer")))
+def resolve_pad_id(data: ClassifyData) -> int:
+    return data.pad_id if data.pad_id is not None else default_pad_id(load_encoder(data.tokenizer))
 
 
 class ClassificationLoader:
@@ -175,41 +161,34 @@ class ClassificationLoader:
 
     def __init__(
         self,
-        data: dict[str, Any],
+        data: ClassifyData,
         split: str,
         seq_len: int,
         global_batch_size: int,
         dp_rank: int = 0,
         dp_world_size: int = 1,
     ):
-        data = dict(data)
-        unknown = set(data) - KNOWN_KEYS
-        if unknown:
-            raise DataError(
-                f"data: unknown keys {sorted(unknown)} for classification data; known: {sorted(KNOWN_KEYS)}"
-            )
         if global_batch_size % dp_world_size:
             raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
-        src = str(data["source"])
-        self.source = src[len(PREFIX) :] if src.startswith(PREFIX) else src
-        self.seed = int(data.get("seed", 0))
+        src = data.source
+        self.source = src[len(CLASSIFY_PREFIX) :] if src.startswith(CLASSIFY_PREFIX) else src
+        self.seed = data.seed
         self.split = "train" if split == "train" else "val"
         self.T, self.B, self.rank, self.world = seq_len, global_batch_size, dp_rank, dp_world_size
         self.samples_seen = 0
-        tf, lf = data.get("text_field", "text"), data.get("label_field", "label")
-        cap = data.get("max_examples")
+        tf, lf, cap = data.text_field, data.label_field, data.max_examples
         if self.source.startswith("hf:"):
             train_rows = read_examples(self.source, tf, lf, "train", cap)
             rows = train_rows if self.split == "train" else read_examples(self.source, tf, lf, "test", cap)
             mapping = label_mapping([lab for _, lab in train_rows])
-        elif data.get("val_source"):
+        elif data.val_source:
             train_rows = read_examples(self.source, tf, lf, "train", cap)
-            rows = train_rows if self.split == "train" else read_examples(str(data["val_source"]), tf, lf, "val", cap)
+            rows = train_rows if self.split == "train" else read_examples(data.val_source, tf, lf, "val", cap)
             mapping = label_mapping([lab for _, lab in train_rows])
         else:
             every = read_examples(self.source, tf, lf, "train", cap)
             mapping = label_mapping([lab for _, lab in every])
-            frac = float(data.get("val_fraction", 0.1))
+            frac = data.val_fraction
             n_val = int(round(frac * len(every)))
             if not 0 < n_val < len(every):
                 raise DataError(
@@ -225,10 +204,10 @@ class ClassificationLoader:
             raise DataError(f"{self.source}: validation label {e} does not occur in the training data") from None
         self.mapping = mapping
         self.num_labels = max(mapping.values()) + 1
-        enc = load_encoder(data.get("tokenizer"))
+        enc = load_encoder(data.tokenizer)
         self.tokenizer_id = enc.identity
         self.vocab_size = int(enc.vocab_size)
-        self.pad_id = int(data["pad_id"]) if data.get("pad_id") is not None else default_pad_id(enc)
+        self.pad_id = data.pad_id if data.pad_id is not None else default_pad_id(enc)
         ids = encode_texts(enc, [t for t, _ in rows])
         self.n = len(rows)
         self.input_ids = np.full((self.n, seq_len), self.pad_id, dtype=np.int64)

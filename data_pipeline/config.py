@@ -15,6 +15,20 @@ from common.errors import DataError
 from .synthetic import TASKS
 
 VERIFY_MODES = ("full", "size")
+VAL_FRACTION = 0.05  # the one default held-out share: a shard or text stream's tail, a classification file's share
+TEXT_PREFIX, CLASSIFY_PREFIX = "text:", "classify:"
+DOCUMENTS = ("stream", "lines")  # TextData.documents
+WINDOWS = ("stream", "documents")  # TextData.windows
+
+
+def check_val_fraction(value: Any) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"data.val_fraction must be a number in [0, 0.5], got {value!r}") from None
+    if not (0.0 <= value <= 0.5):
+        raise DataError(f"data.val_fraction must be in [0, 0.5], got {value}")
+    return value
 
 
 def parse_mixture_string(spec: str) -> list[dict]:
@@ -106,7 +120,7 @@ class DataConfig:
     mixture: list[dict] | None = None
     task_args: dict = field(default_factory=dict)
     seed: int = 1234
-    val_fraction: float = 0.01
+    val_fraction: float = VAL_FRACTION
     return_doc_ids: bool = False
     tokenizer: str | None = None
     vocab_size: int | None = None
@@ -150,14 +164,7 @@ class DataConfig:
             raise DataError("DataConfig.task_args only applies to source='synthetic:<task>'; remove it")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise DataError(f"DataConfig.seed must be a non-negative int, got {self.seed!r}")
-        try:
-            self.val_fraction = float(self.val_fraction)
-        except (TypeError, ValueError):
-            raise DataError(
-                f"DataConfig.val_fraction must be a number in [0, 0.5], got {self.val_fraction!r}"
-            ) from None
-        if not (0.0 <= self.val_fraction <= 0.5):
-            raise DataError(f"DataConfig.val_fraction must be in [0, 0.5], got {self.val_fraction}")
+        self.val_fraction = check_val_fraction(self.val_fraction)
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
             raise DataError(f"DataConfig.vocab_size must be a positive int or None, got {self.vocab_size!r}")
         if self.verify not in VERIFY_MODES:
@@ -191,11 +198,88 @@ class DataConfig:
     def task_name(self) -> str | None:
         return self.source.split(":", 1)[1] if self.kind == "synthetic" else None
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "DataConfig":
-        """Build from a YAML/JSON mapping; unknown keys are an error (they are usually typos)."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise DataError(f"data config has unknown keys {sorted(unknown)}; known keys: {sorted(known)}")
-        return cls(**d)
+
+@dataclass
+class TextData:
+    """`text:PATH`: UTF-8 text files read by the byte tokenizer, no preparation step (data_pipeline.text).
+
+    documents: stream (the files' bytes are one stream) | lines (every non-empty line a document, ended by EOS).
+    windows: stream (cut anywhere) | documents (windows start at a document and hold whole ones, padded).
+    return_doc_ids: batches carry each position's document (documents: lines), for document masking."""
+
+    source: str
+    seed: int = 1234
+    val_fraction: float = VAL_FRACTION
+    documents: str = "stream"
+    windows: str = "stream"
+    return_doc_ids: bool = False
+
+    def __post_init__(self) -> None:
+        self.val_fraction = check_val_fraction(self.val_fraction)
+        if self.documents not in DOCUMENTS:
+            raise DataError(f"data.documents={self.documents!r} must be one of {DOCUMENTS}")
+        if self.windows not in WINDOWS:
+            raise DataError(f"data.windows={self.windows!r} must be one of {WINDOWS}")
+        if self.windows == "documents" and self.documents != "lines":
+            raise DataError(
+                "data.windows=documents needs document boundaries. Fix: set data.documents=lines "
+                "(every line a document)"
+            )
+        if not isinstance(self.return_doc_ids, bool):
+            raise DataError(f"data.return_doc_ids must be true or false, got {self.return_doc_ids!r}")
+        if self.return_doc_ids and self.documents != "lines":
+            raise DataError(
+                "data.return_doc_ids needs document boundaries. Fix: set data.documents=lines (every line a document)"
+            )
+
+
+@dataclass
+class ClassifyData:
+    """`classify:FILE.jsonl|FILE.csv|hf:NAME`: (text, label) examples (data_pipeline.classification).
+
+    tokenizer: "bytes" (default) or a tokenizer dir; pad_id: default 0 for bytes, else the tokenizer's;
+    val_source: a separate validation file instead of the held-out `val_fraction`; max_examples: a cap
+    on examples read per split."""
+
+    source: str
+    seed: int = 1234
+    val_fraction: float = VAL_FRACTION
+    text_field: str = "text"
+    label_field: str = "label"
+    tokenizer: str | None = None
+    pad_id: int | None = None
+    val_source: str | None = None
+    max_examples: int | None = None
+
+    def __post_init__(self) -> None:
+        self.val_fraction = check_val_fraction(self.val_fraction)
+
+
+# The recipe's `data` section: one of these, chosen by the prefix of `source`.
+DataSource = DataConfig | TextData | ClassifyData
+
+
+def parse_data(data: Any, seed: int = 1234) -> DataSource:
+    """A recipe's `data` mapping as its typed source; `seed` (the run's) is the default data seed.
+    Unknown keys are errors naming the keys that source takes."""
+    if isinstance(data, (DataConfig, TextData, ClassifyData)):
+        return data
+    if not isinstance(data, dict) or not str(data.get("source") or "").strip():
+        raise DataError(
+            "data.source is required. Fix: give a prepared shard dir, 'mixture:PATH=W,...', "
+            "'synthetic:<task>', 'text:PATH' or 'classify:FILE'"
+        )
+    source = str(data["source"]).strip()
+    cls = (
+        TextData
+        if source.startswith(TEXT_PREFIX)
+        else ClassifyData
+        if source.startswith(CLASSIFY_PREFIX)
+        else DataConfig
+    )
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        what = {TextData: "a text:", ClassifyData: "a classify:", DataConfig: "a shard, mixture or synthetic"}[cls]
+        raise DataError(f"data: unknown keys {sorted(unknown)} for {what} source. Fix: use keys from {sorted(known)}")
+    return cls(**{"seed": seed, **data})

@@ -31,11 +31,13 @@ import torch
 from common.constants import IGNORE_INDEX
 from common.errors import DataError
 
-from .config import DataConfig
+from .classification import ClassificationLoader
+from .config import ClassifyData, DataConfig, DataSource, TextData
 from .order import MixtureSchedule, Permutation, derive_key
 from .shards import ShardSet, read_manifest, verify_shards
 from .storage import is_remote, local_path, open_shards
 from .synthetic import get_task
+from .text import TextLoader
 from .tokenizer import load_tokenizer
 
 STATE_VERSION = 1
@@ -428,11 +430,6 @@ class Loader:
                     batch["doc_ids"][bad] = 0
             yield batch
 
-    def num_val_batches(self) -> int:
-        """Global batches in ``iter_epoch()``."""
-        total = self.num_sequences or 0
-        return -(-total // self.global_batch_size)
-
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Plain ints/strings: the global position plus what it is only valid with."""
@@ -480,7 +477,7 @@ class Loader:
 
 
 def build_loader(
-    cfg: DataConfig,
+    cfg: DataSource,
     *,
     split: str,
     seq_len: int,
@@ -489,15 +486,22 @@ def build_loader(
     dp_world_size: int = 1,
     verify_record: str | os.PathLike | None = None,
 ) -> Loader:
-    """A `Loader` yielding this rank's share of each global batch (see module doc).
+    """This rank's batch iterator for any data source: each `next()` is its share [B // W, T] of one
+    global batch and its state is the GLOBAL number of sequences consumed, so a resume with another
+    world size continues the same order. Text and classification sources have their own loaders
+    (data_pipeline.text, data_pipeline.classification); shards, mixtures and synthetic tasks a `Loader`.
 
     ``verify_record``: a directory shared by the run's ranks (e.g. the run directory). With
     ``verify='full'`` the first process there hashes the shards and writes
     ``data_verified.json``; every other rank, and every later start over the same unchanged
     files, only checks sizes (see `shards.verify_shards`).
     """
+    if isinstance(cfg, TextData):
+        return TextLoader(cfg, split, seq_len, global_batch_size, dp_rank, dp_world_size)
+    if isinstance(cfg, ClassifyData):
+        return ClassificationLoader(cfg, split, seq_len, global_batch_size, dp_rank, dp_world_size)
     if not isinstance(cfg, DataConfig):
-        raise DataError(f"build_loader needs a DataConfig, got {type(cfg).__name__}")
+        raise DataError(f"build_loader needs a data source (data_pipeline.config.parse_data), got {type(cfg).__name__}")
     aliases = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "val"}
     if split not in aliases:
         raise DataError(f"build_loader: split must be 'train' or 'val', got {split!r}")

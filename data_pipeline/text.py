@@ -37,17 +37,13 @@ import torch
 from common.constants import IGNORE_INDEX, REPO_ROOT
 from common.errors import DataError
 
+from .config import TEXT_PREFIX, TextData
 from .tokenizer import BYTE_TOKENIZER
-
-PREFIX = "text:"
-KNOWN_KEYS = {"source", "seed", "val_fraction", "documents", "windows", "return_doc_ids"}
-DOCUMENTS = ("stream", "lines")
-WINDOWS = ("stream", "documents")
 
 
 def text_files(source: str) -> list[Path]:
     """The files of a `text:PATH` source, checked to exist."""
-    path = Path(source[len(PREFIX) :] if source.startswith(PREFIX) else source)
+    path = Path(source[len(TEXT_PREFIX) :] if source.startswith(TEXT_PREFIX) else source)
     if not path.is_absolute() and not path.exists():
         path = REPO_ROOT / path
     files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
@@ -121,43 +117,22 @@ class TextLoader:
 
     def __init__(
         self,
-        data: dict[str, Any],
+        data: TextData,
         split: str,
         seq_len: int,
         global_batch_size: int,
         dp_rank: int = 0,
         dp_world_size: int = 1,
     ):
-        unknown = set(data) - KNOWN_KEYS
-        if unknown:
-            raise DataError(f"data: unknown keys {sorted(unknown)} for a text: source; known: {sorted(KNOWN_KEYS)}")
         if global_batch_size % dp_world_size:
             raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
-        self.documents = str(data.get("documents", "stream"))
-        self.windows = str(data.get("windows", "stream"))
-        if self.documents not in DOCUMENTS:
-            raise DataError(f"data.documents={self.documents!r} must be one of {DOCUMENTS}")
-        if self.windows not in WINDOWS:
-            raise DataError(f"data.windows={self.windows!r} must be one of {WINDOWS}")
-        if self.windows == "documents" and self.documents != "lines":
-            raise DataError(
-                "data.windows=documents needs document boundaries. Fix: set data.documents=lines "
-                "(every line a document)"
-            )
-        self.return_doc_ids = data.get("return_doc_ids", False)
-        if not isinstance(self.return_doc_ids, bool):
-            raise DataError(f"data.return_doc_ids must be true or false, got {self.return_doc_ids!r}")
-        if self.return_doc_ids and self.documents != "lines":
-            raise DataError(
-                "data.return_doc_ids needs document boundaries. Fix: set data.documents=lines (every line a document)"
-            )
-        self.source = str(data["source"])
-        self.seed = int(data.get("seed", 0))
+        self.documents, self.windows, self.return_doc_ids = data.documents, data.windows, data.return_doc_ids
+        self.source, self.seed = data.source, data.seed
         self.split = split
         self.T, self.B = seq_len, global_batch_size
         self.rank, self.world = dp_rank, dp_world_size
         self.samples_seen = 0
-        frac = float(data.get("val_fraction", 0.05))
+        frac = data.val_fraction
         files = text_files(self.source)
         eos = BYTE_TOKENIZER.eos_id
         if self.documents == "stream":

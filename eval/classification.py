@@ -8,6 +8,7 @@ majority-class rate of that data (the accuracy of always answering the commonest
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import EvalError
-from data_pipeline.classification import KNOWN_KEYS, ClassificationLoader
+from data_pipeline.classification import ClassificationLoader
+from data_pipeline.config import ClassifyData, parse_data
 from model.classifier import SequenceClassifier
 
 EXTRA_KEYS = ("split", "seq_len", "limit")
@@ -33,7 +35,8 @@ def evaluate_classification(
     meta = info.get("meta", {})
     args = dict(task_args or {})
     extra = {k: args.pop(k) for k in EXTRA_KEYS if k in args}
-    data = {**{k: v for k, v in (meta.get("data") or {}).items() if k in KNOWN_KEYS}, **args}
+    known = {f.name for f in dataclasses.fields(ClassifyData)}
+    data = {**{k: v for k, v in (meta.get("data") or {}).items() if k in known}, **args}
     if not data.get("source"):
         raise EvalError(
             "task classification: no data (the checkpoint records none); pass --task-args "
@@ -41,7 +44,7 @@ def evaluate_classification(
         )
     seq_len = int(extra.get("seq_len") or meta.get("seq_len") or model.cfg.max_seq_len)
     try:
-        loader = ClassificationLoader(data, extra.get("split", "val"), seq_len, 1)
+        loader = ClassificationLoader(parse_data(data), extra.get("split", "val"), seq_len, 1)
     except ValueError as e:
         raise EvalError(f"task classification: {e}") from e
     if loader.num_labels > model.num_labels:

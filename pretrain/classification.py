@@ -28,7 +28,7 @@ import torch
 from checkpoint import load_for_eval
 from common.constants import REPO_ROOT
 from common.errors import RecipeError
-from data_pipeline.classification import ClassificationLoader, resolve_pad_id
+from data_pipeline.classification import resolve_pad_id
 from model import ModelConfig, Transformer
 from model.classifier import SequenceClassifier, build_classifier
 
@@ -40,7 +40,7 @@ def _num_labels(cfg: RunConfig) -> int:
     s = classification_settings(cfg)
     if s["num_labels"] is not None:
         return int(s["num_labels"])
-    return ClassificationLoader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size).num_labels
+    return cfg.loader("train").num_labels
 
 
 def _pretrained(path) -> Transformer:

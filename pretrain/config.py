@@ -24,6 +24,8 @@ import yaml
 
 from common.constants import REPO_ROOT
 from common.errors import RecipeError
+from data_pipeline.config import DataSource, parse_data
+from data_pipeline.loader import build_loader
 from model import ModelConfig
 
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
@@ -99,7 +101,7 @@ class RunConfig:
     name: str = "run"
     seed: int = 1234
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
-    data: dict[str, Any] = field(default_factory=dict)
+    data: DataSource | None = None  # data_pipeline.config.parse_data: shards, mixture, synthetic, text or classify
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -131,8 +133,22 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+    def loader(self, split: str, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None):
+        """This rank's batches of the recipe's data. `verify_record`: a directory all ranks share (the run
+        dir): shards are sha256-checked once there and recorded; later starts and other ranks check sizes."""
+        if self.data is None:
+            raise RecipeError(
+                "data.source is required. Fix: add a data section (a shard dir, 'synthetic:<task>', 'text:PATH', ...)"
+            )
+        return build_loader(
+            self.data,
+            split=split,
+            seq_len=self.train.seq_len,
+            global_batch_size=self.global_batch_size,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            verify_record=verify_record,
+        )
 
     def validate(self) -> None:
         t, o, p, c = self.train, self.optim, self.parallel, self.checkpoint
@@ -170,7 +186,7 @@ class RunConfig:
             raise RecipeError("optim.warmup_steps must be >= 0")
         if p.pipeline_stages < 1:
             raise RecipeError("parallel.pipeline_stages must be >= 1")
-        if p.pipeline_stages > 1 and self.data.get("return_doc_ids"):
+        if p.pipeline_stages > 1 and getattr(self.data, "return_doc_ids", False):
             raise RecipeError(
                 "data.return_doc_ids: per-document masking does not reach pipeline stages. "
                 "Fix: set parallel.pipeline_stages=1, or drop data.return_doc_ids"
@@ -194,8 +210,7 @@ SECTIONS = {
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
 }
-FREE_SECTIONS = ("model", "data")  # validated by model.ModelConfig / data_pipeline.DataConfig
-TOP_KEYS = ("name", "seed", "task", "classification") + FREE_SECTIONS + tuple(SECTIONS)
+TOP_KEYS = ("name", "seed", "task", "classification", "model", "data") + tuple(SECTIONS)
 
 
 # Common names from other trainers -> where the setting lives here.
@@ -252,7 +267,7 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
     for k in ("name", "seed", "task"):
         if k in d:
             kwargs[k] = d[k]
-    for sec in FREE_SECTIONS + ("classification",):
+    for sec in ("model", "data", "classification"):
         if sec in d:
             if not isinstance(d[sec], dict):
                 raise RecipeError(f"{sec}: must be a mapping, got {d[sec]!r}")
@@ -273,6 +288,8 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
                 raise _unknown(f"{sec}.", k, names)
         kwargs[sec] = cls(**body)
         check_types(sec, kwargs[sec])
+    if "data" in kwargs:
+        kwargs["data"] = parse_data(kwargs["data"], kwargs.get("seed", RunConfig.seed))
     cfg = RunConfig(**kwargs)
     cfg.validate()
     return cfg

@@ -10,27 +10,40 @@ from typing import Any
 import torch
 import yaml
 
-from model import Transformer
+from model import ModelConfig, Transformer
 
 from .config import RunConfig
-from .data import make_loader
 from .layout import build_ds_config, memory_estimate, plan_layout
 from .metrics import train_flops_per_token
 from .run_dir import resolved_config
 from .task_model import model_config
 
 
-def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
-    """Print the plan; raise RecipeError for an impossible layout. Builds nothing real."""
+def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, str]:
+    """(the model a run of `cfg` would build, where its vocabulary comes from) without training: the
+    vocabulary is the recipe's, else the data's, else the preset's when the data is not readable here."""
     vocab = cfg.model.get("vocab_size")
     vocab_note = ""
     if vocab is None:
         try:
-            vocab = make_loader(cfg.data, "train", cfg.train.seq_len, cfg.global_batch_size, 0, 1, cfg.seed).vocab_size
+            vocab = cfg.loader("train").vocab_size
             vocab_note = " (from the data)"
-        except Exception as e:  # noqa: BLE001 - a dry run reports, it does not need the data
+        except Exception as e:  # noqa: BLE001 - a plan reports, it does not need the data
             vocab_note = f" (preset default; data not readable: {e})"
-    mcfg = model_config(cfg, vocab)
+    return model_config(cfg, vocab), vocab_note
+
+
+def print_config(cfg: RunConfig, out=None) -> None:
+    """`--print-config`: the resolved recipe (every default filled in, the model section resolved) as YAML."""
+    out = out or sys.stdout
+    mcfg, vocab_note = resolve_model(cfg)
+    out.write(f"# resolved recipe; model.vocab_size={mcfg.vocab_size}{vocab_note}\n")
+    out.write(yaml.safe_dump(resolved_config(cfg, mcfg), sort_keys=False))
+
+
+def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
+    """Print the plan; raise RecipeError for an impossible layout. Builds nothing real."""
+    mcfg, vocab_note = resolve_model(cfg)
     layout = plan_layout(cfg, world_size, mcfg.num_layers)
     with torch.device("meta"):
         model = Transformer(mcfg)

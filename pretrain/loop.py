@@ -23,7 +23,6 @@ from common.errors import NonFiniteLoss
 
 from . import engine_checkpoint
 from .config import RunConfig
-from .data import make_loader
 from .engine import Trainer
 from .hooks import TrainHook, run_hooks
 from .layout import Layout
@@ -139,16 +138,7 @@ class TrainingLoop:
 
     def evaluate(self) -> float:
         cfg = self.cfg
-        val = make_loader(
-            cfg.data,
-            "val",
-            cfg.train.seq_len,
-            cfg.global_batch_size,
-            self.trainer.dp_rank,
-            self.layout.data_parallel,
-            cfg.seed,
-            verify_record=self.run_dir,
-        )
+        val = cfg.loader("val", self.trainer.dp_rank, self.layout.data_parallel, verify_record=self.run_dir)
         return self.trainer.eval_loss(iter(val), cfg.train.eval_batches)
 
     # -- one step -----------------------------------------------------------------------------

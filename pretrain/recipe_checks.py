@@ -91,7 +91,7 @@ def check_task(cfg) -> None:
     """Recipe checks for `task` / `classification` (called from RunConfig.validate)."""
     if cfg.task not in TASKS:
         raise RecipeError(f"task must be one of {list(TASKS)}, got {cfg.task!r}")
-    source = str((cfg.data or {}).get("source", ""))
+    source = cfg.data.source if cfg.data is not None else ""
     if cfg.task == "lm":
         if cfg.classification:
             raise RecipeError(

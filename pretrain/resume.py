@@ -60,7 +60,7 @@ def check_fits(point: ResumePoint, cfg: RunConfig, mcfg: ModelConfig, data_token
     if data_tokenizer_id is not None and ckpt_tok is not None and data_tokenizer_id != ckpt_tok:
         raise RecipeError(
             f"checkpoint {point.tag_dir} was trained on tokenizer {ckpt_tok} but data.source "
-            f"{cfg.data.get('source')} uses {data_tokenizer_id}; token ids would mean other things. Fix: "
+            f"{cfg.data.source} uses {data_tokenizer_id}; token ids would mean other things. Fix: "
             "the data the checkpoint was trained on, or another --run-dir / --resume never"
         )
 

@@ -127,3 +127,14 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: str | None, o
 def write_config(run_dir: Path, resolved: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The resolved recipe a run recorded (its model section a full ModelConfig), or None when the run
+    dir has none yet or it is unreadable (the trainer's own check of the run dir reports that)."""
+    path = Path(run_dir) / "config.yaml"
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return cfg if isinstance(cfg, dict) else None

@@ -31,7 +31,6 @@ from common.errors import DataError, RankFailure, RecipeError, RunStopped, UserE
 
 from . import orphan
 from .config import RunConfig, load_recipe
-from .data import make_loader
 from .distributed import (
     collective_failure,
     exit_process,
@@ -40,7 +39,7 @@ from .distributed import (
     rank_failure_message,
     shutdown_distributed,
 )
-from .dry_run import dry_run
+from .dry_run import dry_run, print_config
 from .engine import Trainer
 from .engine_checkpoint import load as load_checkpoint
 from .hooks import TrainHook, check_hooks
@@ -117,27 +116,9 @@ def _train(
     try:
         # Shards are sha256-checked once per run (the record in the run dir); other ranks and later
         # starts check sizes only.
-        probe = make_loader(
-            cfg.data,
-            "train",
-            cfg.train.seq_len,
-            cfg.global_batch_size,
-            0,
-            layout.data_parallel,
-            cfg.seed,
-            verify_record=run_dir,
-        )
+        probe = cfg.loader("train", 0, layout.data_parallel, verify_record=run_dir)
         if cfg.train.eval_every_steps:  # fail now, not at the first evaluation, if there is no val split
-            make_loader(
-                cfg.data,
-                "val",
-                cfg.train.seq_len,
-                cfg.global_batch_size,
-                0,
-                layout.data_parallel,
-                cfg.seed,
-                verify_record=run_dir,
-            )
+            cfg.loader("val", 0, layout.data_parallel, verify_record=run_dir)
     except ValueError as e:  # DataError and the built-in reader's errors name the file and the fix
         raise RecipeError(f"data: {e}") from None
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
@@ -151,16 +132,7 @@ def _train(
 
     trainer = Trainer(cfg, mcfg, layout, device)
     trainer.build(point.trainable_step, load_universal=point.universal)
-    loader = make_loader(
-        cfg.data,
-        "train",
-        cfg.train.seq_len,
-        cfg.global_batch_size,
-        trainer.dp_rank,
-        layout.data_parallel,
-        cfg.seed,
-        verify_record=run_dir,
-    )
+    loader = cfg.loader("train", trainer.dp_rank, layout.data_parallel, verify_record=run_dir)
     if point.tag_dir is not None:
         load_checkpoint(trainer, point.tag_dir, point.universal, cfg.seed)
         loader.load_state_dict(point.state["loader"])
@@ -205,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m pretrain.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", required=True, help="recipes/X.yaml")
     ap.add_argument("--dry-run", action="store_true", help="validate and print the plan; train nothing")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved recipe (YAML); train nothing")
     ap.add_argument("--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)")
     ap.add_argument("--resume", default="auto", help="auto (latest complete checkpoint), never, or a path")
     ap.add_argument("--run-dir", default=None, help="default: runs/<name>")
@@ -214,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_intermixed_args(argv)
     orphan.stop_when_launcher_dies()  # a rank whose launcher died saves a checkpoint and stops
     try:
+        if args.print_config:
+            print_config(load_recipe(args.recipe, args.overrides))
+            return 0
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)
             dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))

@@ -50,8 +50,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from checkpoint import load_for_eval
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
@@ -59,6 +57,7 @@ from data_pipeline.synthetic import get_task
 from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
+from pretrain.run_dir import read_config
 from pretrain.train import train
 
 from .spread import Spread
@@ -131,8 +130,8 @@ def run_cell(
     losses = {**dict(training_losses(run_dir)), **res.losses}
     model, info = load_for_eval(res.last_checkpoint)
     model.eval()
-    args = {k: v for k, v in dict(cfg.data.get("task_args") or {}).items() if k not in ("n_val", "seed")}
-    task = get_task("memorization", seed=int(cfg.data.get("seed", cfg.seed)), **args)
+    args = {k: v for k, v in cfg.data.task_args.items() if k not in ("n_val", "seed")}
+    task = get_task("memorization", seed=cfg.data.seed, **args)
     ev = evaluate_task(model, task, n=task.n_pairs, split="train", batch_size=4096, info=info, progress=False)
     # The parameters a model of this size really has: the LM head is used (it predicts the label).
     total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -200,13 +199,10 @@ def check_cell(run_dir: Path, recipe: str, overrides: list[str]) -> None:
     if finished is not None:
         check_same_cell(finished, recipe, overrides, run_dir)
         return
-    stored = Path(run_dir) / "config.yaml"
-    if not stored.is_file():
-        return
-    try:
-        old = ((yaml.safe_load(stored.read_text()) or {}).get("train") or {}).get("max_steps")
-    except (yaml.YAMLError, AttributeError):
-        return  # the trainer's own check of the run directory reports it
+    stored = read_config(run_dir)
+    if stored is None:
+        return  # the trainer's own check of the run directory reports an unreadable one
+    old = (stored.get("train") or {}).get("max_steps")
     new = load_recipe(recipe, overrides).train.max_steps
     if old is not None and old != new:
         raise StudyError(

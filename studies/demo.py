@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from common.cli import CliParser, run_cli
 from common.constants import REPO_ROOT
@@ -39,6 +38,7 @@ from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
+from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 
 from .spread import Spread
@@ -118,7 +118,7 @@ def _run_dir(out: Path, task: DemoTask, variant: str, seed_index: int = 0) -> Pa
 
 
 def _recipe_seed(task: DemoTask) -> int:
-    return int(yaml.safe_load((REPO_ROOT / task.recipe).read_text()).get("seed", 1234))
+    return load_recipe(task.recipe).seed
 
 
 def _steps_done(run_dir: Path) -> int:
@@ -135,8 +135,7 @@ def _steps_done(run_dir: Path) -> int:
 
 
 def _max_steps(task: DemoTask, scale: float) -> int:
-    recipe = yaml.safe_load((REPO_ROOT / task.recipe).read_text())
-    return max(1, int(recipe["train"]["max_steps"] * scale))
+    return max(1, int(load_recipe(task.recipe).max_steps * scale))
 
 
 def train_all(

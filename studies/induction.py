@@ -41,14 +41,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
+from data_pipeline.config import TEXT_PREFIX
 from data_pipeline.prepare import prepare
 from data_pipeline.storage import open_shards
 from data_pipeline.synthetic import get_task
-from data_pipeline.text import PREFIX as TEXT_PREFIX
 from data_pipeline.text import TextLoader, read_documents, text_files
 from data_pipeline.tokenizer import train_sentencepiece
 from eval.in_context import icl_score
@@ -57,6 +55,7 @@ from eval.retrieval import induction, repeated
 from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
+from pretrain.run_dir import read_config
 from pretrain.train import train
 
 from .spread import Spread
@@ -218,7 +217,7 @@ def prepare_bpe(
     if repeat_style not in REPEAT_STYLES:
         raise StudyError(f"unknown repeat style {repeat_style!r}. Fix: choose from {', '.join(REPEAT_STYLES)}")
     cfg = load_recipe(recipe, overrides)
-    source = str(cfg.data.get("source", ""))
+    source = cfg.data.source
     if not source.startswith(TEXT_PREFIX):
         raise StudyError(
             f"{recipe}: data.source={source!r} is not a text: source. Fix: point it at the raw text "
@@ -274,15 +273,15 @@ def data_kind(source: str) -> str:
 def held_out(cfg) -> tuple[Any, tuple[int, int]]:
     """(the held-out token stream: the tail the trainer validates on, the probes' token range).
     Synthetic data has no held-out text: (None, the task's symbols)."""
-    source = str(cfg.data["source"])
+    source = cfg.data.source
     if data_kind(source) == "copy":
-        task = get_task(source, seed=cfg.seed, **dict(cfg.data.get("task_args") or {}))
+        task = get_task(source, seed=cfg.seed, **cfg.data.task_args)
         return None, (2, task.vocab_size)  # every id but <pad> and <eos>
     if source.startswith(TEXT_PREFIX):
-        return TextLoader(dict(cfg.data, seed=cfg.seed), "val", cfg.train.seq_len, 1).tokens, PRINTABLE
+        return TextLoader(cfg.data, "val", cfg.train.seq_len, 1).tokens, PRINTABLE
     shards = open_shards(source)
     total = shards.num_tokens
-    n_val = int(total * float(cfg.data.get("val_fraction", 0.01)))  # as data_pipeline.loader holds it out
+    n_val = int(total * cfg.data.val_fraction)  # as data_pipeline.loader holds it out
     return shards.read(total - n_val, total), (FIRST_PIECE, int(shards.manifest["vocab_size"]))
 
 
@@ -303,7 +302,9 @@ def train_cell(recipe: str, overrides: list[str], run_dir: Path, log=print) -> N
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """{"variant", "layers", "seed", "rows": [metrics records that carry probe results]}."""
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = read_config(run_dir)
+    if cfg is None:
+        raise StudyError(f"{run_dir} has no readable config.yaml. Fix: pass a run directory the trainer wrote")
     rows = read_metrics(run_dir)
     return {
         "name": run_dir.name,
@@ -570,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             if v not in VARIANTS:
                 raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
         nonlocal overrides
-        if not a.bytes and data_kind(load_recipe(a.recipe, overrides).data.get("source", "")) == "text":
+        if not a.bytes and data_kind(load_recipe(a.recipe, overrides).data.source) == "text":
             overrides = (
                 prepare_bpe(
                     a.recipe,

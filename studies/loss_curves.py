@@ -18,10 +18,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
+from pretrain.run_dir import read_config
 
 from .capacity import loss_drop, training_losses
 
@@ -39,9 +38,8 @@ def read_run(run_dir: Path) -> tuple[list[tuple[int, float]], int | None]:
     points = training_losses(run_dir)
     if not points:
         raise StudyError(f"{run_dir}/metrics.jsonl has no training loss yet. Fix: wait for its first logged step")
-    config = run_dir / "config.yaml"
-    cfg = yaml.safe_load(config.read_text()) if config.is_file() else None
-    max_steps = cfg.get("train", {}).get("max_steps") if isinstance(cfg, dict) else None
+    cfg = read_config(run_dir)
+    max_steps = (cfg.get("train") or {}).get("max_steps") if cfg else None
     return points, int(max_steps) if max_steps else None
 
 

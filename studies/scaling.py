@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from common.cli import CliParser, run_cli
 from common.constants import REPO_ROOT
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
-from model import PRESETS, VARIANTS, ModelConfig, build_model, param_count, preset
+from model import PRESETS, VARIANTS, ModelConfig, build_model, param_count
 from model.flops import flops_per_token
 from pretrain.config import load_recipe
+from pretrain.run_dir import read_config
 
 from .scaling_fit import PowerLawFit, fit_variants, plot_fits
 
@@ -142,28 +142,17 @@ eval "set -- $ARGS"
 
 
 # ---- collect ------------------------------------------------------------------------------
-def _model_config(model_section: dict[str, Any], vocab_size: int | None, seq_len: int):
-    d = dict(model_section)
-    d.setdefault("max_seq_len", seq_len)
-    if vocab_size is not None:
-        d.setdefault("vocab_size", vocab_size)
-    name = d.pop("preset", None)
-    return preset(name, **d) if name else ModelConfig(**d)
-
-
 def collect_run(run_dir: Path) -> dict[str, Any] | None:
     """One row per finished run: losses, sizes, tokens, FLOPs (schedule-aware), wall time."""
 
-    cfg_file, metrics_file = run_dir / "config.yaml", run_dir / "metrics.jsonl"
-    if not cfg_file.is_file() or not metrics_file.is_file():
+    run, metrics_file = read_config(run_dir), run_dir / "metrics.jsonl"
+    if run is None or not metrics_file.is_file():
         return None
-    run = yaml.safe_load(cfg_file.read_text())
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     if not rows:
         return None
     seq_len = int(run["train"]["seq_len"])
-    vocab = next((r.get("vocab_size") for r in rows if r.get("vocab_size")), None) or run["model"].get("vocab_size")
-    mcfg = _model_config(run["model"], vocab, seq_len)
+    mcfg = ModelConfig.from_dict(run["model"])  # config.yaml records the resolved model
     train_rows = [r for r in rows if r.get("loss") is not None]
     val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
     last = train_rows[-1] if train_rows else rows[-1]

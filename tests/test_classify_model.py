@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from data_pipeline.classification import ClassificationLoader, make_toy_dataset
+from data_pipeline.config import parse_data
 from model import preset
 from model.classifier import build_classifier
 from model.mixit import mixing_matrix
@@ -101,7 +102,7 @@ def test_mixit_bidirectional_rows_sum_to_one_at_several_lengths():
 
 def test_loader_order_is_deterministic_resumable_and_world_size_independent(tmp_path):
     f = make_toy_dataset(tmp_path / "d.jsonl", 120, seed=1)
-    data = {"source": f"classify:{f}", "seed": 3}
+    data = parse_data({"source": f"classify:{f}", "seed": 3, "val_fraction": 0.1})
     one = ClassificationLoader(data, "train", 24, 8)
     seq = [next(one) for _ in range(20)]  # > one epoch (108 train examples)
     a, b = ClassificationLoader(data, "train", 24, 8, 0, 2), ClassificationLoader(data, "train", 24, 8, 1, 2)
@@ -121,6 +122,9 @@ def test_csv_with_string_labels(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("review,stars\n" + "".join(f'"good {i}",pos\n"bad {i}",neg\n' for i in range(10)))
     ld = ClassificationLoader(
-        {"source": f"classify:{p}", "text_field": "review", "label_field": "stars", "val_fraction": 0.2}, "train", 16, 4
+        parse_data({"source": f"classify:{p}", "text_field": "review", "label_field": "stars", "val_fraction": 0.2}),
+        "train",
+        16,
+        4,
     )
     assert ld.mapping == {"neg": 0, "pos": 1} and ld.num_labels == 2 and ld.n == 16

@@ -13,15 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures import corpus_lines, make_tokenizer, write_text
 
 from common.errors import DataError
 from data_pipeline import DataConfig
 from data_pipeline import loader as loader_mod
+from data_pipeline.config import parse_data
 from data_pipeline.loader import build_loader
 from data_pipeline.order import MixtureSchedule, Permutation
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import VERIFY_RECORD, ShardSet, read_manifest, verify_shards
-from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
 
 L = 32
 
@@ -191,7 +192,7 @@ def test_validation_split_is_held_out_and_fixed(data):
     a = list(va.iter_epoch())
     b = list(va.iter_epoch())
     _same(a, b)
-    assert len(a) == va.num_val_batches() == -(-va.num_sequences // 4)
+    assert len(a) == -(-va.num_sequences // va.global_batch_size) == -(-va.num_sequences // 4)
     assert va.samples_seen == 0
     n_rows = sum(int((x["labels"] != -100).any(1).sum()) for x in a)
     assert n_rows == va.num_sequences  # padding rows carry no loss
@@ -210,7 +211,7 @@ def test_mixture_validation_concatenates_components(data):
     )
     va = _loader(None, split="val", cfg=cfg)
     assert va.num_sequences == sum(s.size for s in va.sources)
-    assert len(list(va.iter_epoch())) == va.num_val_batches()
+    assert len(list(va.iter_epoch())) == -(-va.num_sequences // va.global_batch_size)
 
 
 # ---- bad input ------------------------------------------------------------------------------
@@ -301,10 +302,10 @@ def test_config_validation():
     with pytest.raises(DataError, match="val_fraction must be in"):
         DataConfig(source="x", val_fraction=0.9)
     with pytest.raises(DataError, match="unknown keys"):
-        DataConfig.from_dict({"source": "x", "sed": 1})
+        parse_data({"source": "x", "sed": 1})
     with pytest.raises(DataError, match="task_args only applies"):
         DataConfig(source="x", task_args={"k": 1})
-    assert DataConfig.from_dict({"source": "synthetic:khop", "task_args": {"k": 3}}).kind == "synthetic"
+    assert parse_data({"source": "synthetic:khop", "task_args": {"k": 3}}).kind == "synthetic"
 
 
 def test_bad_loader_arguments(data, tmp_path):

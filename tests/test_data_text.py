@@ -8,6 +8,7 @@ import pytest
 
 from common.errors import DataError
 from data_pipeline.classification import ClassificationLoader
+from data_pipeline.config import parse_data
 from data_pipeline.text import TextLoader, pack_windows
 from data_pipeline.tokenizer import BYTE_TOKENIZER, load_tokenizer
 
@@ -23,7 +24,8 @@ LINES = [
 
 
 def _loader(path, **data):
-    return TextLoader({"source": f"text:{path}", "seed": 0, **data}, data.pop("split", "train"), 16, 4)
+    split = data.pop("split", "train")
+    return TextLoader(parse_data({"source": f"text:{path}", "seed": 0, **data}), split, 16, 4)
 
 
 def _rows(loader, batches):
@@ -117,7 +119,7 @@ def test_validation_is_the_tail_of_the_lines(tmp_path):
     f = tmp_path / "t.txt"
     f.write_text("".join(f"{i:03d}=x{i % 7}\n" for i in range(100)))
     tr = _loader(f, documents="lines", val_fraction=0.1)
-    va = TextLoader({"source": f"text:{f}", "documents": "lines", "val_fraction": 0.1}, "val", 16, 4)
+    va = TextLoader(parse_data({"source": f"text:{f}", "documents": "lines", "val_fraction": 0.1}), "val", 16, 4)
     assert bytes(va.tokens[:6]) == b"090=x6" and bytes(tr.tokens[-7:-1]) == b"089=x5"
 
 
@@ -161,6 +163,6 @@ def test_non_utf8_text_is_refused(tmp_path):
 def test_classification_uses_the_same_byte_tokenizer_and_keeps_pad_zero(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text("".join('{"text": "h\\u00e9\\u0000y", "label": %d}\n' % (i % 2) for i in range(20)))
-    ld = ClassificationLoader({"source": f"classify:{f}", "tokenizer": "bytes"}, "train", 8, 4)
+    ld = ClassificationLoader(parse_data({"source": f"classify:{f}", "tokenizer": "bytes"}), "train", 8, 4)
     assert (ld.tokenizer_id, ld.vocab_size, ld.pad_id) == ("bytes", 256, 0)
     assert ld.input_ids[0].tolist() == [*"hé".encode(), ord("y"), 0, 0, 0, 0]  # NUL dropped, 0-padded

@@ -6,9 +6,11 @@ import io
 import json
 
 import pytest
+import yaml
 
 from common.constants import REPO_ROOT
 from common.errors import RecipeError
+from data_pipeline.config import VAL_FRACTION, parse_data
 from pretrain.config import load_recipe
 from pretrain.dry_run import dry_run
 from pretrain.layout import build_ds_config, plan_layout
@@ -24,8 +26,8 @@ def test_recipes_load_and_overrides_apply():
         ["train.lr=1e-3", "model.variant=frozen_qk", "data.task_args.n_pairs=4", "train.global_batch_sequences=16"],
     )
     assert cfg.optim.lr == 1e-3 and cfg.model["variant"] == "frozen_qk"
-    assert cfg.data["task_args"] == {"n_pairs": 4} and cfg.global_batch_size == 16
-    assert load_recipe("recipes/wikitext2_cpu.yaml").data["source"].startswith("text:")
+    assert cfg.data.task_args == {"n_pairs": 4} and cfg.global_batch_size == 16
+    assert load_recipe("recipes/wikitext2_cpu.yaml").data.source.startswith("text:")
 
 
 @pytest.mark.parametrize(
@@ -181,3 +183,23 @@ def test_adamw_groups_hold_trainable_tensors_only():
     assert decay["weight_decay"] == cfg.optim.weight_decay and no_decay["weight_decay"] == 0.0
     assert "embed_tokens.weight" in nn_ and all("layernorm" in n or n.startswith(("norm", "embed")) for n in nn_)
     assert len(dn | nn_) == sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def test_print_config_shows_the_resolved_recipe(capsys):
+    assert main(["--recipe", RECIPE, "--print-config", "train.lr=1e-3", "data.task_args.n_pairs=4"]) == 0
+    out = capsys.readouterr().out
+    resolved = yaml.safe_load(out)
+    cfg = load_recipe(RECIPE, ["data.task_args.n_pairs=4"])
+    assert resolved["optim"]["lr"] == 1e-3 and resolved["data"]["task_args"] == {"n_pairs": 4}
+    # every default is filled in, the model section resolved with the data's vocabulary
+    assert resolved["data"]["val_fraction"] == VAL_FRACTION and resolved["data"]["seed"] == cfg.seed
+    assert resolved["model"]["vocab_size"] == cfg.loader("train").vocab_size and "preset" not in resolved["model"]
+    assert out.startswith("# resolved recipe; model.vocab_size=") and "(from the data)" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"source": "data/shards"}, {"source": "synthetic:kv_retrieval"}, {"source": "text:x"}, {"source": "classify:x"}],
+)
+def test_every_data_source_holds_out_the_same_default_fraction(data):
+    assert parse_data(data).val_fraction == VAL_FRACTION

@@ -18,6 +18,7 @@ from conftest import REPO, fault_seed, read_losses
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
 from common.errors import RecipeError
+from data_pipeline.config import parse_data
 from data_pipeline.text import TextLoader
 from pretrain.export import main as export_main
 from pretrain.train import train
@@ -166,7 +167,7 @@ def test_doc_ids_reach_the_model_in_training(tmp_path):
     over = FAST + [f"data={json.dumps(data)}", "train.max_steps=1", "optim.lr=0", "optim.min_lr=0"]
     res = train(RECIPE, over, run_dir=tmp_path / "run", resume="never")
     model, _ = load_for_eval(res.last_checkpoint)  # lr 0: the initial weights
-    batch = next(TextLoader(dict(data, seed=1234), "train", 32, 8))
+    batch = next(TextLoader(parse_data(data), "train", 32, 8))
     x, y, d = batch["input_ids"], batch["labels"], batch["doc_ids"]
     assert int(d.max()) >= 3  # several documents per window
     with torch.no_grad():
