@@ -22,8 +22,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from data_pipeline.prepare import prepare  # noqa: E402
-from data_pipeline.testing import WIKITEXT_DIR, corpus_lines  # noqa: E402
 from data_pipeline.tokenizer import train_sentencepiece  # noqa: E402
+from tests.fixtures import WIKITEXT_DIR, corpus_lines  # noqa: E402
 
 _SP = None
 _SP_PATH = None

@@ -220,10 +220,6 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer | ByteTokenizer:
     return tok
 
 
-def tokenizer_identity(path: str | os.PathLike) -> str:
-    return load_tokenizer(path).identity
-
-
 def train_sentencepiece(
     inputs: list[str],
     vocab_size: int,

@@ -9,7 +9,7 @@ that call `init(rank, world, ...)` themselves.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -72,8 +72,3 @@ def gather_ordered(items: Iterable[tuple[int, Any]]) -> list[Any] | None:
     dist.all_gather_object(parts, items)
     merged = [x for part in parts for x in part]
     return [v for _, v in sorted(merged, key=lambda x: x[0])]
-
-
-def map_batches(fn: Callable[[Any], Any], batches: Sequence[Any]) -> list[Any]:
-    """fn over this rank's batches, gathered back into the original batch order on every rank."""
-    return gather_ordered((i, fn(b)) for i, b in my_batches(batches))

@@ -57,7 +57,6 @@ from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_
 from .synthetic_tasks import evaluate_task, get_task
 
 BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms", "classification", "icl")
-PREFIX_TASKS = ("synthetic:", em.PREFIX, "lm_eval:")
 LM_EVAL_EXACT = "lm_eval:" + em.PREFIX
 
 

@@ -55,10 +55,3 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, step: int = 0)
     fwd += 2 * d * v
     bwd += (2 * d * v if upstream else 0) + (2 * d * v if trains(*head_groups) else 0)
     return {"forward": fwd, "backward": bwd, "train": fwd + bwd}
-
-
-def standard_formula(cfg: ModelConfig, seq_len: int) -> float:
-    """6N + 12 L t d with N the matmul weights (head included): the textbook count for `standard`."""
-    d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
-    n = cfg.num_layers * (2 * d * d + 2 * d * kv + 3 * d * cfg.intermediate_size) + d * cfg.vocab_size
-    return 6 * n + 12 * cfg.num_layers * seq_len * d

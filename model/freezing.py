@@ -51,9 +51,3 @@ def apply_freeze(model: nn.Module, frozen_groups: set[str], tied: bool = False) 
         if is_frozen:
             frozen.append(name)
     return frozen
-
-
-def count_params(model: nn.Module) -> dict[str, int]:
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    return {"total": total, "trainable": trainable, "frozen": total - trainable}

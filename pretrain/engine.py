@@ -67,6 +67,7 @@ class Trainer:
         self.model = None
         self.trainable_step = 0
         self.batch_index: int | None = None  # position of the current batch (fault injection)
+        self.poison = faults.loss_poisoner()  # None in production (pretrain/faults.py)
         self.nonfinite = False
 
     # -- construction ---------------------------------------------------------------------
@@ -204,7 +205,8 @@ class Trainer:
         n_tokens, scale = self._scale(mbs)
         if self.pipe:
             # the scale rides with the labels to the last stage's loss (a fault poisons it there)
-            scale = faults.poison_loss(scale, self.batch_index)
+            if self.poison is not None:
+                scale = self.poison(scale, self.batch_index)
             data = iter([(x, (y, scale)) for x, y, _ in mbs])
             self.gate.begin()
             loss = float(self.engine.train_batch(data_iter=data))
@@ -214,7 +216,9 @@ class Trainer:
             own_norm = None
             bad = loss_bad = False
             for i, (x, y, d) in enumerate(mbs):
-                ce = faults.poison_loss(self._ce_sum(x, y, d), self.batch_index)
+                ce = self._ce_sum(x, y, d)
+                if self.poison is not None:
+                    ce = self.poison(ce, self.batch_index)
                 bad = bad or not is_finite(ce)
                 if i == len(mbs) - 1:  # before the boundary step: every rank agrees to skip the update
                     loss_bad = any_rank(bad, self.device)

@@ -14,7 +14,7 @@
   save of step `n` (every save if no steps are given), after DeepSpeed has written its files and
   before the checkpoint is marked complete (a window to SIGKILL mid-save).
 
-Everything else in the trainer runs as in production.
+Everything else in the trainer runs as in production; without the variable no step calls into this module.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import os
 import time
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,13 @@ class _NanBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * float("nan")
+
+
+def loss_poisoner() -> Callable[[torch.Tensor, int | None], torch.Tensor] | None:
+    """`poison_loss` when the fault spec asks to poison some batch, else None: the engine reads this once,
+    so a production step never enters fault-injection code."""
+    s = spec()
+    return poison_loss if s.get("nan_batches") or s.get("nan_grad_batches") else None
 
 
 def poison_loss(loss: torch.Tensor, batch_index: int | None) -> torch.Tensor:

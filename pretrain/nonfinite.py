@@ -40,7 +40,6 @@ class StepGate:
         self.optimizer = optimizer
         self.skip = False
         self.decided = False
-        self.skipped = 0
         self._step = optimizer.step
         optimizer.step = self.step
 
@@ -70,7 +69,6 @@ class StepGate:
         if not self.decided:
             self.skip = self.skip or not self._grad_norm_finite()
             self.decided = True
-            self.skipped += int(self.skip)
         if self.skip:
             return None
         return self._step(*args, **kwargs)

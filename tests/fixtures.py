@@ -1,4 +1,4 @@
-"""Small local fixtures shared by the data tests and benchmarks (no network beyond loopback, no big files).
+"""Small local fixtures shared by the tests and the data benchmarks (no network beyond loopback, no big files).
 
 Real text comes from the wikitext-2 copy next to the repository when it exists; otherwise
 a deterministic generated corpus stands in, so the tests run anywhere.
@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 from common.constants import free_port
-
-from .tokenizer import train_sentencepiece
+from data_pipeline.tokenizer import train_sentencepiece
 
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
 
@@ -63,7 +62,7 @@ def make_tokenizer(out: Path, vocab_size: int = 400, n_lines: int = 1500) -> Pat
 
 
 def http_app(argv: list[str]):
-    """`python -m aiohttp.web -H 127.0.0.1 -P PORT data_pipeline.testing:http_app ROOT`: serve ROOT."""
+    """`python -m aiohttp.web -H 127.0.0.1 -P PORT fixtures:http_app ROOT`: serve ROOT."""
     from aiohttp import web  # deferred: only the test server needs it
 
     app = web.Application()
@@ -87,7 +86,8 @@ class LoopbackServer:
 
     def start(self, timeout: float = 30.0) -> None:
         env = dict(os.environ, **(self.env or {}))
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+        here = Path(__file__).resolve().parent  # this module (the HTTP app) and the repository
+        env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent), env.get("PYTHONPATH", "")])
         # the server's log goes to a file: a pipe nobody reads would fill up and stall the server
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self._cmd_for_port(self.port), env=env, stdout=self._log, stderr=self._log)
@@ -133,7 +133,7 @@ def http_server(root: str | Path, port: int | None = None) -> LoopbackServer:
             "127.0.0.1",
             "-P",
             str(p),
-            "data_pipeline.testing:http_app",
+            "fixtures:http_app",
             str(root),
         ],
         port,

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import corpus_lines, make_tokenizer, write_text
 
 from common.errors import DataError
 from data_pipeline import DataConfig
 from data_pipeline.loader import build_loader
 from data_pipeline.prepare import DELAY_ENV, prepare
 from data_pipeline.shards import ShardSet, read_manifest
-from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
 from data_pipeline.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

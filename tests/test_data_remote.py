@@ -21,14 +21,7 @@ import fsspec.config
 import numpy as np
 import pytest
 import torch
-
-from common.errors import DataError
-from data_pipeline import DataConfig
-from data_pipeline.loader import build_loader
-from data_pipeline.prepare import prepare
-from data_pipeline.shards import ShardSet
-from data_pipeline.storage import RemoteShardSet
-from data_pipeline.testing import (
+from fixtures import (
     corpus_lines,
     http_server,
     make_tokenizer,
@@ -37,6 +30,13 @@ from data_pipeline.testing import (
     upload_dir,
     write_text,
 )
+
+from common.errors import DataError
+from data_pipeline import DataConfig
+from data_pipeline.loader import build_loader
+from data_pipeline.prepare import prepare
+from data_pipeline.shards import ShardSet
+from data_pipeline.storage import RemoteShardSet
 from eval.perplexity import shard_stream
 
 REPO = Path(__file__).resolve().parents[1]

@@ -58,8 +58,9 @@ def test_tasks_needing_inputs(tmp_path):
 
 
 def test_the_runs_tokenizer_is_used_when_none_is_given(tmp_path):
+    from fixtures import corpus_lines, make_tokenizer, write_text
+
     from data_pipeline.prepare import prepare
-    from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
     from data_pipeline.tokenizer import load_tokenizer as load_dir
     from eval.loading import run_tokenizer
 

@@ -5,7 +5,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from model import VARIANTS, build_model, preset
-from model.flops import flops_per_token, standard_formula
+from model.config import ModelConfig
+from model.flops import flops_per_token
+
+
+def standard_formula(cfg: ModelConfig, seq_len: int) -> float:
+    """6N + 12 L t d with N the matmul weights (head included): the textbook count for `standard`."""
+    d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+    n = cfg.num_layers * (2 * d * d + 2 * d * kv + 3 * d * cfg.intermediate_size) + d * cfg.vocab_size
+    return 6 * n + 12 * cfg.num_layers * seq_len * d
 
 
 def test_standard_equals_6n_plus_attention():

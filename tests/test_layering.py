@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline")
+PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline", "common")
 # What a function may import lazily: slow to import, or absent on some machines.
 HEAVY = (
     "deepspeed",
@@ -47,6 +47,13 @@ def test_imports_point_down_the_layers():
 def test_ruff_lint_passes():
     out = _run(str(BIN / "ruff"), "check", ".")
     assert out.returncode == 0, out.stdout[-4000:]
+
+
+def test_no_dead_code():
+    """vulture over the packages and benchmarks ([tool.vulture] in pyproject.toml names the hooks that
+    frameworks call and vulture cannot see)."""
+    out = _run(str(BIN / "vulture"))
+    assert out.returncode == 0, "unused code:\n" + out.stdout[-4000:]
 
 
 def test_ruff_format_is_applied():

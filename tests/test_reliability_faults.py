@@ -284,9 +284,10 @@ def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_p
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_disk_full_during_shard_write_keeps_written_shards_and_rerun_is_identical(tmp_path, small_tmpfs, workers):
+    from fixtures import corpus_lines, make_tokenizer, write_text
+
     from data_pipeline import prepare as prep
     from data_pipeline.errors import DataError
-    from data_pipeline.testing import corpus_lines, make_tokenizer, write_text
 
     tok = make_tokenizer(tmp_path / "tok")
     write_text(tmp_path / "corpus" / "a.txt", corpus_lines(2000))

@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import read_losses, run_ranks, start_ranks, wait_for_steps
-
-from checkpoint import tags as ckpt
-from data_pipeline import loader as loader_mod
-from data_pipeline import shards as shard_mod
-from data_pipeline.prepare import prepare
-from data_pipeline.testing import (
+from fixtures import (
     corpus_lines,
     http_server,
     make_tokenizer,
@@ -20,6 +15,11 @@ from data_pipeline.testing import (
     upload_dir,
     write_text,
 )
+
+from checkpoint import tags as ckpt
+from data_pipeline import loader as loader_mod
+from data_pipeline import shards as shard_mod
+from data_pipeline.prepare import prepare
 from pretrain.train import train
 
 pytestmark = pytest.mark.slow
