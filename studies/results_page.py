@@ -27,7 +27,8 @@ from typing import Callable
 
 import yaml
 
-from data_pipeline.cli import CliParser, print_error, run_cli
+from common.cli import CliParser, print_error, run_cli
+from common.errors import StudyError
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANT_ORDER = ("standard", "frozen_qk", "mixit", "frozen_mlp")
@@ -35,10 +36,6 @@ VARIANT_NAMES = {"standard": "standard", "frozen_qk": "frozen-QK", "mixit": "Mix
 MARKER = re.compile(r"<!-- table:([\w-]+) -->\n(.*?)<!-- /table:\1 -->", re.S)
 CLAIM_COLUMNS = ("claim", "paper", "where", "ours", "verdict", "page", "command")
 VERDICTS = ("reproduced", "partly", "not reproduced", "not measured")
-
-
-class PageError(Exception):
-    """Rows or pages that cannot be rendered; the message ends with its fix."""
 
 
 # ---- the rows ---------------------------------------------------------------------------------
@@ -113,12 +110,12 @@ def read_capacity(data_dir: Path, repo: Path = REPO) -> list[Cell]:
                     )
                 )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise PageError(
+            raise StudyError(
                 f"{path}: not a capacity study's row list ({type(e).__name__}: {e}). Fix: restore it from git "
                 "or write it again with python -m studies.capacity --gather"
             ) from None
     if not cells:
-        raise PageError(f"{data_dir} holds no capacity_*/capacity.json. Fix: pass the repository's docs/data")
+        raise StudyError(f"{data_dir} holds no capacity_*/capacity.json. Fix: pass the repository's docs/data")
     return cells
 
 
@@ -127,9 +124,9 @@ def read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError as e:
-        raise PageError(f"{path}: {e.strerror}. Fix: restore it from git") from None
+        raise StudyError(f"{path}: {e.strerror}. Fix: restore it from git") from None
     if not rows or any(set(columns) - set(r) or None in r for r in rows):
-        raise PageError(
+        raise StudyError(
             f"{path}: needs the columns {', '.join(columns)} in every row, and no more (a field with a comma "
             "needs quotes). Fix: restore it from git"
         )
@@ -194,13 +191,13 @@ def paper_bits(data_dir: Path) -> dict[str, float]:
             values = [float(x) for x in re.findall(r"\d+\.\d+", c["paper"])]
             if len(values) == len(VARIANT_ORDER):
                 return dict(zip(VARIANT_ORDER, values))
-    raise PageError("claims.csv: no capacity row with four bits-per-parameter values. Fix: restore it from git")
+    raise StudyError("claims.csv: no capacity row with four bits-per-parameter values. Fix: restore it from git")
 
 
 def table_capacity_headline(cells: list[Cell], data_dir: Path) -> str:
     head, paper = headline_cells(cells), paper_bits(data_dir)
     if "standard" not in head:
-        raise PageError("no standard capacity cell with three seeds. Fix: restore docs/data/capacity_w8_625k")
+        raise StudyError("no standard capacity cell with three seeds. Fix: restore docs/data/capacity_w8_625k")
     std = mean_std([c.bits_per_trainable_param for c in head["standard"]])[0]
     rows = []
     for v, cs in head.items():
@@ -273,7 +270,7 @@ def table_capacity_floor(cells: list[Cell], _: Path) -> str:
 def table_capacity_mixit_draws(cells: list[Cell], _: Path) -> str:
     lengths = sorted({c.steps for c in cells if c.variant == "mixit" and c.weights_seed != c.matrices_seed})
     if not lengths:
-        raise PageError("no MixiT cell with swapped seeds. Fix: restore docs/data/capacity_w8_625k_mixit_swap")
+        raise StudyError("no MixiT cell with swapped seeds. Fix: restore docs/data/capacity_w8_625k_mixit_swap")
     n = lengths[-1]
     draws = [c for c in cells if c.variant == "mixit" and c.steps == n and (c.lr, c.min_lr) == RECIPE_RATES]
     draws.sort(key=lambda c: (c.weights_seed != c.matrices_seed, c.weights_seed, c.matrices_seed))
@@ -370,11 +367,11 @@ def table_summary(cells: list[Cell], data_dir: Path) -> str:
     rows = []
     for c in read_csv(data_dir / "claims.csv", CLAIM_COLUMNS):
         if c["ours"] and c["ours"] not in OURS:
-            raise PageError(f"claims.csv: ours={c['ours']!r} is not one of {sorted(OURS)}. Fix: name a row set")
+            raise StudyError(f"claims.csv: ours={c['ours']!r} is not one of {sorted(OURS)}. Fix: name a row set")
         if not c["verdict"].startswith(VERDICTS):
-            raise PageError(f"claims.csv: verdict {c['verdict']!r} is not one of {VERDICTS}. Fix: use one of them")
+            raise StudyError(f"claims.csv: verdict {c['verdict']!r} is not one of {VERDICTS}. Fix: use one of them")
         if not c["ours"] and not c["verdict"].startswith("not measured"):
-            raise PageError(f"claims.csv: {c['claim']!r} has a verdict but no rows. Fix: 'not measured' or rows")
+            raise StudyError(f"claims.csv: {c['claim']!r} has a verdict but no rows. Fix: 'not measured' or rows")
         ours = OURS[c["ours"]](cells) if c["ours"] else "—"
         verdict = f"**{c['verdict']}**" + (f"; command: `{c['command']}`" if c["command"] else "")
         rows.append([c["claim"], c["paper"], c["where"], ours, verdict, c["page"]])
@@ -414,14 +411,14 @@ def render_page(text: str, tables: dict[str, str], name: str) -> tuple[str, list
 
     def one(m: re.Match) -> str:
         if m.group(1) not in tables:
-            raise PageError(f"{name}: unknown table {m.group(1)!r}. Fix: use one of {', '.join(TABLES)}")
+            raise StudyError(f"{name}: unknown table {m.group(1)!r}. Fix: use one of {', '.join(TABLES)}")
         if m.group(2) != tables[m.group(1)]:
             changed.append(m.group(1))
         return f"<!-- table:{m.group(1)} -->\n{tables[m.group(1)]}<!-- /table:{m.group(1)} -->"
 
     out = MARKER.sub(one, text)
     if any(line.startswith("|") for line in MARKER.sub("", out).splitlines()):
-        raise PageError(f"{name}: a table outside <!-- table:NAME --> markers. Fix: render it from rows")
+        raise StudyError(f"{name}: a table outside <!-- table:NAME --> markers. Fix: render it from rows")
     return out, changed
 
 
@@ -439,7 +436,7 @@ def render(root: Path, check: bool) -> list[str]:
         if not check and out != text:
             page.write_text(out)
     if set(TABLES) - used:
-        raise PageError(f"no page shows the table(s) {', '.join(sorted(set(TABLES) - used))}. Fix: add their markers")
+        raise StudyError(f"no page shows the table(s) {', '.join(sorted(set(TABLES) - used))}. Fix: add their markers")
     return differ
 
 
@@ -459,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
 
-    return run_cli(body, (PageError,), code=2)
+    return run_cli(body)
 
 
 if __name__ == "__main__":
