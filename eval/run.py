@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -56,7 +56,6 @@ from .loading import (
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
 from .synthetic_tasks import evaluate_task, get_task
 
-BASE_TASKS = ("perplexity", "induction", "kv_recall", "passkey", "mechanisms", "classification", "icl")
 LM_EVAL_EXACT = "lm_eval:" + em.PREFIX
 
 
@@ -107,13 +106,6 @@ def _exact_match_file_task(t: str) -> str | None:
     return None
 
 
-def _needs_tokenizer(t: str, opts: EvalOptions) -> bool:
-    """Tasks that read or write text need the checkpoint's tokenizer."""
-    return (
-        t in ("passkey",) or (t in ("perplexity", "icl") and bool(opts.text)) or t.startswith((em.PREFIX, "lm_eval:"))
-    )
-
-
 def result_key(t: str) -> str:
     """The key a task's results get: the task name, or exact_match:<file stem> for exact-match files."""
     if t.startswith(em.PREFIX):
@@ -121,6 +113,100 @@ def result_key(t: str) -> str:
     if t.startswith(LM_EVAL_EXACT):
         return "lm_eval:" + em.result_key(t[len("lm_eval:") :])
     return t
+
+
+# ---- the tasks: name (or `prefix:`) -> how to run it ----------------------------------------------
+# A runner takes (model, info, tokenizer, options, the task as written, progress) and returns its results.
+Runner = Callable[[Any, dict[str, Any], Any, EvalOptions, str, bool], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Task:
+    run: Runner
+    needs_tokenizer: Callable[[EvalOptions], bool] = lambda opts: False
+    check: Callable[[str], None] = lambda task: None  # validates the task's argument before any work
+
+
+def _token_stream(t: str, opts: EvalOptions, tok, info: dict[str, Any]):
+    if opts.text:
+        toks, nbytes = ppl.file_stream(opts.text, tok)
+        return toks, nbytes, {"source": str(opts.text)}
+    if opts.val_dir:
+        toks, nbytes = ppl.shard_stream(opts.val_dir, tok, opts.max_tokens, info.get("tokenizer_id"))
+        return toks, nbytes, {"source": str(opts.val_dir)}
+    raise EvalError(f"task {t} needs --text FILE or --val-dir DIR (a prepared validation split)")
+
+
+def _perplexity(model, info, tok, opts, t, prog):
+    toks, nbytes, src = _token_stream(t, opts, tok, info)
+    if opts.max_tokens:
+        toks = toks[: opts.max_tokens]
+        nbytes = None if tok is None else len(tok.decode(list(toks[1:])).encode("utf-8"))
+    return {**ppl.perplexity(model, toks, opts.window, opts.stride, opts.batch_size, nbytes, progress=prog), **src}
+
+
+def _icl(model, info, tok, opts, t, prog):
+    toks, _, src = _token_stream(t, opts, tok, info)
+    return {**icl_score(model, toks, opts.window, opts.n, batch_size=opts.batch_size), **src}
+
+
+def _mechanisms(model, info, tok, opts, t, prog):
+    hm = None
+    if opts.heatmap_dir and D.is_main():
+        hm = Path(opts.heatmap_dir) / f"mechanisms_{info.get('variant')}_step{info.get('step')}.png"
+    return mechanisms.mechanism_scores(model, seed=opts.seed, heatmap=hm)
+
+
+def _synthetic(model, info, tok, opts, t, prog):
+    task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)
+    return evaluate_task(model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info, progress=prog)
+
+
+def _lm_eval(model, info, tok, opts, t, prog):
+    from .lm_eval_adapter import TrainablePartsLM, lm_eval_task_name, run_lm_eval  # deferred: heavy (lm_eval)
+
+    lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size, info=info)
+    name = t.split(":", 1)[1]
+    res = run_lm_eval(lm, [name], limit=opts.lm_eval_limit)
+    return res.get(lm_eval_task_name(name), res)
+
+
+def _check_exact_match_file(t: str) -> None:
+    if _exact_match_file_task(t):
+        em.read_records(em.task_file(_exact_match_file_task(t)))  # a missing or malformed file fails now
+
+
+TASKS: dict[str, Task] = {
+    "perplexity": Task(_perplexity, needs_tokenizer=lambda opts: bool(opts.text)),
+    "icl": Task(_icl, needs_tokenizer=lambda opts: bool(opts.text)),
+    "induction": Task(lambda m, i, tok, o, t, p: retrieval.induction(m, o.lengths, o.n, o.seed, tok, progress=p)),
+    "kv_recall": Task(lambda m, i, tok, o, t, p: retrieval.kv_recall(m, o.num_pairs, o.n, o.seed, tok, progress=p)),
+    "passkey": Task(
+        lambda m, i, tok, o, t, p: retrieval.passkey(
+            m, tok, o.passkey_lengths, o.depths, max(1, o.n // 8), o.seed, progress=p
+        ),
+        needs_tokenizer=lambda opts: True,
+    ),
+    "mechanisms": Task(_mechanisms),
+    "classification": Task(
+        lambda m, i, tok, o, t, p: evaluate_classification(m, i, o.task_args, max(o.batch_size, 64))
+    ),
+    "synthetic:": Task(_synthetic, check=lambda t: get_task(t.split(":", 1)[1])),  # raises for unknown names
+    em.PREFIX: Task(
+        lambda m, i, tok, o, t, p: em.evaluate_exact_match(m, tok, em.task_file(t), max(o.batch_size, 32), progress=p),
+        needs_tokenizer=lambda opts: True,
+        check=_check_exact_match_file,
+    ),
+    "lm_eval:": Task(_lm_eval, needs_tokenizer=lambda opts: True, check=_check_exact_match_file),
+}
+BASE_TASKS = tuple(k for k in TASKS if not k.endswith(":"))
+
+
+def task_of(t: str) -> Task | None:
+    """The registry entry of a task as written (a name, or a prefix with a non-empty argument)."""
+    if t in TASKS:
+        return TASKS[t]
+    return next((s for k, s in TASKS.items() if k.endswith(":") and t.startswith(k) and t[len(k) :]), None)
 
 
 def validate_tasks(tasks: list[str] | str) -> list[str]:
@@ -133,15 +219,8 @@ def validate_tasks(tasks: list[str] | str) -> list[str]:
         )
     keys: dict[str, str] = {}
     for t in tasks:
-        if t in BASE_TASKS:
-            pass
-        elif t.startswith("synthetic:"):
-            get_task(t.split(":", 1)[1])  # raises EvalError for unknown names
-        elif _exact_match_file_task(t):
-            em.read_records(em.task_file(_exact_match_file_task(t)))  # a missing or malformed file fails now
-        elif t.startswith("lm_eval:") and t.split(":", 1)[1]:
-            pass
-        else:
+        spec = task_of(t)
+        if spec is None:
             close = difflib.get_close_matches(t, list(BASE_TASKS), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise EvalError(
@@ -149,6 +228,7 @@ def validate_tasks(tasks: list[str] | str) -> list[str]:
                 "(e.g. synthetic:kv_retrieval), exact_match:FILE.jsonl, lm_eval:<task> "
                 "(e.g. lm_eval:tp_kv_recall)"
             )
+        spec.check(t)
         if result_key(t) in keys:
             raise EvalError(
                 f"tasks {keys[result_key(t)]!r} and {t!r} would both report as {result_key(t)!r}. "
@@ -168,62 +248,13 @@ def evaluate_model(
     check_tokenizer(tok, model, info)
     if tok is None:
         for t in tasks:
-            if _needs_tokenizer(t, opts):
+            if task_of(t).needs_tokenizer(opts):
                 raise missing_tokenizer_error(info, f"task {t}")
     prog = opts.progress and D.is_main()
     out: dict[str, Any] = {}
     t0 = time.time()
     for t in tasks:
-        if t in ("perplexity", "icl"):
-            if opts.text:
-                toks, nbytes = ppl.file_stream(opts.text, tok)
-                src = {"source": str(opts.text)}
-            elif opts.val_dir:
-                toks, nbytes = ppl.shard_stream(opts.val_dir, tok, opts.max_tokens, info.get("tokenizer_id"))
-                src = {"source": str(opts.val_dir)}
-            else:
-                raise EvalError(f"task {t} needs --text FILE or --val-dir DIR (a prepared validation split)")
-            if t == "icl":
-                out[t] = {**icl_score(model, toks, opts.window, opts.n, batch_size=opts.batch_size), **src}
-                continue
-            if opts.max_tokens:
-                toks = toks[: opts.max_tokens]
-                nbytes = None if tok is None else len(tok.decode(list(toks[1:])).encode("utf-8"))
-            out[t] = {
-                **ppl.perplexity(model, toks, opts.window, opts.stride, opts.batch_size, nbytes, progress=prog),
-                **src,
-            }
-        elif t == "induction":
-            out[t] = retrieval.induction(model, opts.lengths, opts.n, opts.seed, tok, progress=prog)
-        elif t == "kv_recall":
-            out[t] = retrieval.kv_recall(model, opts.num_pairs, opts.n, opts.seed, tok, progress=prog)
-        elif t == "passkey":
-            out[t] = retrieval.passkey(
-                model, tok, opts.passkey_lengths, opts.depths, max(1, opts.n // 8), opts.seed, progress=prog
-            )
-        elif t == "mechanisms":
-            hm = None
-            if opts.heatmap_dir and D.is_main():
-                hm = Path(opts.heatmap_dir) / f"mechanisms_{info.get('variant')}_step{info.get('step')}.png"
-            out[t] = mechanisms.mechanism_scores(model, seed=opts.seed, heatmap=hm)
-        elif t == "classification":
-            out[t] = evaluate_classification(model, info, opts.task_args, max(opts.batch_size, 64))
-        elif t.startswith("synthetic:"):
-            task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)
-            out[t] = evaluate_task(
-                model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info, progress=prog
-            )
-        elif t.startswith(em.PREFIX):
-            out[result_key(t)] = em.evaluate_exact_match(
-                model, tok, em.task_file(t), max(opts.batch_size, 32), progress=prog
-            )
-        elif t.startswith("lm_eval:"):
-            from .lm_eval_adapter import TrainablePartsLM, lm_eval_task_name, run_lm_eval  # deferred: heavy (lm_eval)
-
-            lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size, info=info)
-            name = t.split(":", 1)[1]
-            res = run_lm_eval(lm, [name], limit=opts.lm_eval_limit)
-            out[result_key(t)] = res.get(lm_eval_task_name(name), res)
+        out[result_key(t)] = task_of(t).run(model, info, tok, opts, t, prog)
     ck = {k: info.get(k) for k in ("path", "step", "tokens_seen", "variant", "tokenizer_id")}
     ck["tokenizer_used"] = getattr(tok, "identity", None)
     return {
