@@ -22,13 +22,12 @@ from checkpoint import tags
 from common.errors import NonFiniteLoss
 
 from . import engine_checkpoint
-from .config import RunConfig
 from .engine import Trainer
 from .hooks import TrainHook, run_hooks
-from .layout import Layout
 from .metrics import Logger, memory_gib, train_flops_per_token
 from .nonfinite import NanGuard, loader_position, skip_marked_batches
 from .preemption import StopRequest
+from .resume import ResumePoint
 from .run_dir import resolved_config
 from .schedule import lr_at
 
@@ -53,35 +52,33 @@ class RunResult:
 
 
 class TrainingLoop:
-    """One run's loop over optimizer steps from `start_step` to `cfg.max_steps`."""
+    """One run's loop over optimizer steps from the resume point's step to `cfg.max_steps`. The engine
+    (`Trainer`) carries the recipe, the model config and the layout; the resume point, the state to
+    continue from."""
 
     def __init__(
         self,
-        cfg: RunConfig,
-        mcfg,
-        layout: Layout,
         trainer: Trainer,
         loader,
         logger: Logger,
         run_dir: Path,
-        state: dict[str, Any],
-        resumed_from: Path | None,
-        tokenizer_id: str | None,
+        point: ResumePoint,
         peak_tflops: float | None,
         hooks: list[TrainHook] | None = None,
     ):
-        self.cfg, self.mcfg, self.layout, self.trainer = cfg, mcfg, layout, trainer
+        cfg, state, resumed_from = trainer.cfg, point.state, point.tag_dir
+        self.cfg, self.mcfg, self.layout, self.trainer = cfg, trainer.mcfg, trainer.layout, trainer
         self.loader, self.logger, self.run_dir = loader, logger, run_dir
         self.device = trainer.device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.tokenizer_id, self.peak = tokenizer_id, peak_tflops
+        self.tokenizer_id, self.peak = getattr(loader, "tokenizer_id", None), peak_tflops
         self.hooks = list(hooks or [])
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
         self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
         self.last_save = time.monotonic()  # for checkpoint.every_minutes (rank 0's clock decides)
         self.result = RunResult(run_dir=run_dir, resumed_from=resumed_from, final_step=self.start_step)
-        self.resolved = resolved_config(cfg, mcfg)
+        self.resolved = resolved_config(cfg, self.mcfg)
 
     # -- what a checkpoint records besides the engine -----------------------------------------
     def trainer_state(self) -> dict[str, Any]:

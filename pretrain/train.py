@@ -148,20 +148,7 @@ def _train(
     logger.message(f"layout: {layout.describe()}")
     logger.message(residency(trainer.model, device))
     peak, _ = device_peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
-    loop = TrainingLoop(
-        cfg,
-        mcfg,
-        layout,
-        trainer,
-        loader,
-        logger,
-        run_dir,
-        point.state,
-        point.tag_dir,
-        getattr(loader, "tokenizer_id", None),
-        peak,
-        hooks,
-    )
+    loop = TrainingLoop(trainer, loader, logger, run_dir, point, peak, hooks)
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:
             result = loop.run(stop, stop_after_steps)
