@@ -80,7 +80,7 @@ stage_wheels() {
   else  # an interpreter without pip: a wheel is a zip of its site-packages files
     for w in "${wheels[@]}"; do "$PYTHON" -m zipfile -e "$w" "$SITE" || return 1; done
   fi
-  "$PYTHON" -c "import deepspeed, datasets; print('deepspeed', deepspeed.__version__, 'datasets', datasets.__version__)" || return 1
+  PYTHONPATH="$SITE" "$PYTHON" -c "import deepspeed, pytest; print('deepspeed', deepspeed.__version__, 'pytest', pytest.__version__)" || return 1
   echo "${#wheels[@]} wheels into $SITE" > "$KEYS"
 }
 

@@ -76,3 +76,15 @@ def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
     for variant in ("standard", "frozen_qk", "mixit"):
         assert f"{variant} " in rows["bench:T64"][2] and "tok/s" in rows["bench:T64"][2]
     assert rows["bench:mixit_memory"][2].startswith("2 rows")
+
+
+def test_device_wheels_plan_builds_deepspeed_and_leaves_out_the_image():
+    """`scripts/device_wheels.sh --list`: the plan, nothing downloaded."""
+    out = subprocess.run(["scripts/device_wheels.sh", "--list"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    planned = {line.split()[0] for line in lines if line.startswith("  ") and ("=" in line.split()[0])}
+    assert "deepspeed==0.19.8" in planned and "pytest>=8" in planned, out.stdout
+    # what the image has is not downloaded again; torch least of all
+    assert not any(p.startswith(("torch", "triton", "transformers", "numpy")) for p in planned), planned
+    assert "torch" in next(x for x in lines if "image provides" in x).split()
