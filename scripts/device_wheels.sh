@@ -7,7 +7,10 @@
 # pytest, each with its own requirements, the image's packages left out.
 #   scripts/device_wheels.sh          build .whl/ (needs network here; seconds to a minute)
 #   scripts/device_wheels.sh --list   print the plan, download nothing
-# scripts/gpu_check.sh installs .whl/ on the device; bootstrap.sh takes it as WHEELHOUSE=.whl.
+#   scripts/device_wheels.sh --all    everything pyproject.toml names, dev extra included (89 wheels, 212 MiB,
+#                                     over what a device call carries): a complete wheelhouse for
+#                                     `WHEELHOUSE=DIR EXTRAS=dev scripts/bootstrap.sh` on an offline host
+# scripts/gpu_check.sh installs .whl/ on the device (into a --target folder, beside the image).
 # Left out (not needed to train on local data or to run the GPU tests, and large): datasets (pyarrow,
 # pandas: data preparation, HF classification data), lm-eval (evaluation harness), tensorboard
 # (logging.tensorboard falls back to none), matplotlib and scipy (studies' figures and fits),
@@ -18,16 +21,18 @@ cd "$(dirname "$0")/.."
 DEST=${DEST:-.whl}
 DEEPSPEED_VERSION=${DEEPSPEED_VERSION:-0.19.8}
 PY=${PYTHON:-python3}
-list_only=0
-case "${1:-}" in
-  --list) list_only=1 ;;
-  "") ;;
-  *) echo "error: unknown option $1. Fix: scripts/device_wheels.sh [--list]" >&2; exit 2 ;;
-esac
+list_only=0 everything=0
+for arg in "$@"; do
+  case "$arg" in
+    --list) list_only=1 ;;
+    --all) everything=1 ;;
+    *) echo "error: unknown option $arg. Fix: scripts/device_wheels.sh [--list] [--all]" >&2; exit 2 ;;
+  esac
+done
 device_pip=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 
-"$PY" - "$DEST" "$DEEPSPEED_VERSION" "$list_only" "${device_pip[@]}" <<'PYEOF'
+"$PY" - "$DEST" "$DEEPSPEED_VERSION" "$list_only" "$everything" "${device_pip[@]}" <<'PYEOF'
 import re
 import subprocess
 import sys
@@ -43,7 +48,8 @@ except ImportError:  # pip's own copy
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import canonicalize_name
 
-dest, deepspeed_version, list_only, device_pip = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4:]
+dest, deepspeed_version, list_only, everything = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+device_pip = sys.argv[5:]
 
 # The image's packages: torch 2.11.0, triton 3.6.0, transformers 5.17.0, numpy 2.5.2 and their
 # requirements (resolved for cp312 Linux; the CUDA libraries, nvidia-* and cuda-*, besides).
@@ -57,6 +63,8 @@ IMAGE = set(
 LEFT_OUT = set(
     "datasets lm-eval tensorboard matplotlib scipy pyarrow s3fs aiohttp ruff import-linter moto".split()
 )
+if everything:  # --all: every dependency and the dev extra, for `WHEELHOUSE=DIR EXTRAS=dev scripts/bootstrap.sh`
+    LEFT_OUT = set()
 # Where the device's Python evaluates requirement markers.
 DEVICE_ENV = {
     "python_version": "3.12",
@@ -87,10 +95,10 @@ if list_only:
     sys.exit(0)
 
 
-def pip(*args):
+def pip(*args) -> bool:
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
     print("+ " + " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True)
+    return subprocess.run(cmd).returncode == 0
 
 
 def requirements_of(wheel: Path) -> list[Requirement]:
@@ -113,11 +121,14 @@ while queue:
         continue
     done.add(name)
     before = set(dest.glob("*.whl"))
-    if name == "deepspeed":  # sdist only: build the (pure Python) wheel here
-        pip("wheel", "--no-deps", "--wheel-dir", str(dest), str(req))
-    else:
-        pip("download", "--no-deps", *device_pip, "--dest", str(dest), str(req))
+    # a binary wheel for the device; where a release is an sdist only (DeepSpeed 0.19.x, some small
+    # pure-Python packages), its wheel is built here, and accepted only if it is pure Python
+    built = name == "deepspeed" or not pip("download", "--no-deps", *device_pip, "--dest", str(dest), str(req))
+    if built and not pip("wheel", "--no-deps", "--wheel-dir", str(dest), str(req)):
+        sys.exit(f"error: no wheel of {req} for the device. Fix: check the name and version, and the network")
     (wheel,) = set(dest.glob("*.whl")) - before
+    if built and not wheel.name.endswith("-none-any.whl"):
+        sys.exit(f"error: {wheel.name} was built for this machine, not the device. Fix: build it with Python 3.12")
     queue += requirements_of(wheel)
 
 wheels = sorted(dest.glob("*.whl"))
