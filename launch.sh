@@ -39,6 +39,17 @@ while [ $# -gt 0 ]; do
 done
 train_args=("$@")
 
+# GPUs this node shows: nvidia-smi's list, narrowed by CUDA_VISIBLE_DEVICES where that is set.
+visible_gpus() {
+  local seen=0 listed
+  if command -v nvidia-smi >/dev/null 2>&1; then seen=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true); fi
+  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+    listed=$(printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
+    [ "$listed" -lt "$seen" ] && seen=$listed
+  fi
+  echo "$seen"
+}
+
 # Run the command in its own process group and forward SIGTERM/SIGINT to all of it, so every
 # rank sees a preemption signal and writes a checkpoint (pretrain.train saves on SIGTERM/SIGINT).
 run() {
@@ -105,7 +116,19 @@ case "$mode" in
     export DS_ACCELERATOR=cpu LOCAL_SIZE="$n"
     nccl_env=()
     ;;
-  gpu) : ;;
+  gpu)
+    # Ranks started on this node each take one GPU (LOCAL_RANK): more ranks than GPUs would share
+    # cuda:0 and fail late, or run slowly. Checked where this node starts ranks (not over ssh).
+    if [ "$dry" = 0 ] && { [ -z "$hostfile" ] || [ "$no_ssh" = 1 ]; }; then
+      [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "error: --gpus '$n' is not a positive number. Fix: --gpus N with N the GPUs per node" >&2; exit 2; }
+      seen=$(visible_gpus)
+      if [ "$n" -gt "$seen" ]; then
+        if [ "$seen" = 0 ]; then fix="run on a GPU node, or --cpu N for CPU processes"; else fix="--gpus $seen"; fi
+        echo "error: --gpus $n but this node shows $seen GPU(s) (nvidia-smi -L${CUDA_VISIBLE_DEVICES+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES}). Fix: $fix" >&2
+        exit 2
+      fi
+    fi
+    ;;
   slurm)
     [ -n "${SLURM_JOB_ID:-}" ] || { echo "launch.sh --slurm: not inside a SLURM allocation (no SLURM_JOB_ID)" >&2; exit 2; }
     addr="${master_addr:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"

@@ -1,36 +1,61 @@
 #!/usr/bin/env bash
-# Create or reuse the project's virtual environment (.venv) and install what
-# pyproject.toml asks for. Idempotent: a stamp of the dependency files makes a
-# second call return in well under a second.
-#   EXTRAS="dev"   extras to install (the test command adds dev; a GPU host adds gpu)
-#   VENV=.venv     where the environment lives
+# Create or reuse the project's virtual environment (.venv) and install what pyproject.toml asks
+# for that is not there yet. Idempotent: a stamp of the dependency files makes a second call return
+# in well under a second.
+#   EXTRAS="dev"     extras to install (the test command adds dev; EXTRAS=gpu asks for flash-attn/Liger)
+#   VENV=.venv       where the environment lives
+#   PYTHON=python3   the interpreter the environment is made from. Where it already imports torch (a
+#                    cluster module, a container image), the environment reuses its packages, torch
+#                    included, and installs only what is missing: a second CUDA torch is never
+#                    downloaded over an existing one, and with nothing missing no index is asked.
+#   WHEELHOUSE=DIR   install from a folder of wheels only (pip --no-index --find-links DIR), for a
+#                    host without network (scripts/device_wheels.sh builds one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-}
 PY=${PYTHON:-python3}
+WHEELHOUSE=${WHEELHOUSE:-}
 
+if [ -n "$WHEELHOUSE" ] && [ ! -d "$WHEELHOUSE" ]; then
+  echo "error: WHEELHOUSE=$WHEELHOUSE is not a directory. Fix: build it with scripts/device_wheels.sh or unset WHEELHOUSE" >&2
+  exit 2
+fi
 have_gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then have_gpu=1; fi
-if [ "$have_gpu" = 1 ]; then EXTRAS="${EXTRAS:+$EXTRAS,}gpu"; fi
 
 # One stamp per set of extras; a run that needs no extras accepts any up-to-date stamp
 # (every set includes the base dependencies), so demo.sh and tests/run never undo each other.
 deps_hash=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)-$have_gpu
 stamp_file="$VENV/.bootstrap-stamp-${EXTRAS:-base}"
-for f in "$stamp_file" $( [ -z "${EXTRAS//gpu/}" ] && ls "$VENV"/.bootstrap-stamp-* 2>/dev/null ); do
+for f in "$stamp_file" $( [ -z "$EXTRAS" ] && ls "$VENV"/.bootstrap-stamp-* 2>/dev/null ); do
   if [ -f "$f" ] && [ "$(cat "$f")" = "$deps_hash" ]; then exit 0; fi
 done
 
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "[bootstrap] creating virtual environment in $VENV"
-  "$PY" -m venv "$VENV"
+  if host_torch_version=$("$PY" -c "import torch; print(torch.__version__)" 2>/dev/null); then
+    # Reuse the interpreter's packages. --system-site-packages covers a system python; a .pth file
+    # listing the interpreter's own site directories covers one that is itself a virtual
+    # environment (a venv made from a venv would otherwise see only the base installation).
+    echo "[bootstrap] creating $VENV on top of $PY's packages (torch $host_torch_version)"
+    "$PY" -m venv --system-site-packages "$VENV"
+    site_dir=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$PY" -c 'import sys, os; print("\n".join(p for p in sys.path if os.path.isdir(p) and os.path.basename(p) in ("site-packages", "dist-packages")))' \
+      > "$site_dir/_host_packages.pth"
+  else
+    echo "[bootstrap] creating virtual environment in $VENV"
+    "$PY" -m venv "$VENV"
+  fi
 fi
-pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"; }
+pip_from=()
+[ -n "$WHEELHOUSE" ] && pip_from=(--no-index --find-links "$WHEELHOUSE")
+pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "${pip_from[@]}" "$@"; }
 
-# torch first: a CPU machine takes the CPU build (fast, no CUDA download);
-# a GPU machine takes the default CUDA build.
+# torch first, and only where none is importable: a CPU machine takes the CPU build (fast, no CUDA
+# download), a GPU machine the default CUDA build. An existing torch is never replaced.
+host_torch=1
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  host_torch=0
   if [ "$have_gpu" = 1 ]; then
     echo "[bootstrap] installing torch (CUDA build)"; pip_install "torch>=2.5"
   else
@@ -38,23 +63,70 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
-# Every other dependency, read from pyproject.toml (the one place lower bounds live).
-mapfile -t reqs < <("$VENV/bin/python" - "$EXTRAS" <<'PYEOF'
-import sys, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-extras = [e for e in sys.argv[1].split(",") if e and e != "gpu"]
-for req in project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]:
-    print(req)
-PYEOF
-)
-echo "[bootstrap] installing ${#reqs[@]} packages (first run takes a few minutes)"
-pip_install "${reqs[@]}"
-if [[ ",$EXTRAS," == *",gpu,"* ]]; then
-  # flash-attn builds against the installed torch; a failure leaves the SDPA path in use.
-  "$VENV/bin/python" - <<'PYEOF' | xargs -r "$VENV/bin/python" -m pip install -q --no-build-isolation || echo "[bootstrap] GPU extras failed to install; SDPA attention will be used"
+# Every other dependency, read from pyproject.toml (the one place lower bounds live), less what
+# the environment already satisfies (torch always counts as satisfied: see above). The GPU extras
+# are tried where this script installed torch itself or EXTRAS names gpu; a host's own torch
+# comes with the host's own kernels.
+want_gpu=0
+if [[ ",$EXTRAS," == *",gpu,"* ]] || { [ "$have_gpu" = 1 ] && [ "$host_torch" = 0 ]; }; then want_gpu=1; fi
+missing() {
+  "$VENV/bin/python" - "$@" <<'PYEOF'
+import importlib.metadata as md
+import sys
 import tomllib
-print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gpu"]))
+
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # pip's own copy, present wherever pip is
+    from pip._vendor.packaging.requirements import Requirement
+
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+if sys.argv[1] == "gpu":
+    reqs = project["optional-dependencies"]["gpu"]
+else:
+    extras = [e for e in sys.argv[2].split(",") if e and e != "gpu"]
+    reqs = project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
+
+
+def satisfied(req: Requirement, extra: str = "") -> bool:
+    if req.marker and not req.marker.evaluate({"extra": extra}):
+        return True
+    try:
+        version = md.version(req.name)
+    except md.PackageNotFoundError:
+        return False
+    if req.name.lower() != "torch" and not req.specifier.contains(version, prereleases=True):
+        return False
+    for e in req.extras:  # e.g. moto[server]: the extra's own requirements
+        for sub in md.requires(req.name) or []:
+            r = Requirement(sub)
+            if r.marker and r.marker.evaluate({"extra": e}) and not satisfied(Requirement(str(r).split(";")[0]), e):
+                return False
+    return True
+
+
+for req in reqs:
+    if not satisfied(Requirement(req)):
+        print(req)
 PYEOF
+}
+missing_reqs=$(missing deps "$EXTRAS")   # (a failure here stops the script, unlike inside <(...))
+mapfile -t reqs < <(printf '%s' "$missing_reqs" | sed '/^$/d')
+if [ "${#reqs[@]}" -gt 0 ]; then
+  echo "[bootstrap] installing ${#reqs[@]} packages: ${reqs[*]} (a first run takes a few minutes)"
+  pip_install "${reqs[@]}"
+else
+  echo "[bootstrap] every dependency is already installed"
+fi
+if [ "$want_gpu" = 1 ]; then
+  missing_reqs=$(missing gpu)
+  mapfile -t gpu_reqs < <(printf '%s' "$missing_reqs" | sed '/^$/d')
+  # flash-attn builds against the installed torch; a failure leaves the SDPA path in use.
+  if [ "${#gpu_reqs[@]}" -gt 0 ]; then
+    pip_install --no-build-isolation "${gpu_reqs[@]}" || echo "[bootstrap] GPU extras failed to install; SDPA attention will be used"
+  fi
+elif [ "$have_gpu" = 1 ]; then
+  echo "[bootstrap] using the host's torch and kernels; EXTRAS=gpu scripts/bootstrap.sh tries flash-attn and Liger"
 fi
 echo "$deps_hash" > "$stamp_file"
 echo "[bootstrap] environment ready: $VENV"

@@ -446,3 +446,44 @@ def test_a_finished_rank_exits_with_its_code_and_its_output_flushed():
     assert out.returncode == 3
     assert out.stdout == "done: out"
     assert out.stderr.endswith("done: err")
+
+
+def test_launch_sh_refuses_more_gpus_than_the_node_shows(tmp_path):
+    """`--gpus 8` on a one-GPU node: one error line before any rank starts (not 8 ranks on cuda:0)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)'\n")
+    smi.chmod(0o755)
+    ranks_started = tmp_path / "ranks"
+    # a stand-in interpreter: records the runner it is asked to start instead of starting ranks
+    py = fake_bin / "python"
+    py.write_text(
+        f'#!/bin/sh\ncase "$*" in *deepspeed.launcher*) echo "$*" >> {ranks_started}; exit 0;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    py.chmod(0o755)
+    env = {k: v for k, v in launch_env().items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(PATH=f"{fake_bin}:{env['PATH']}", PYTHON=str(py))
+
+    def launch(gpus: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["./launch.sh", "--gpus", gpus, "--", "--recipe", "recipes/tiny_cpu.yaml"],
+            cwd=REPO,
+            env=dict(env, **extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    out = launch("8")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr == "error: --gpus 8 but this node shows 1 GPU(s) (nvidia-smi -L). Fix: --gpus 1\n"
+    assert out.stdout == "" and not ranks_started.exists()
+    # CUDA_VISIBLE_DEVICES narrows what the node shows
+    hidden = launch("1", CUDA_VISIBLE_DEVICES="")
+    assert hidden.returncode == 2 and hidden.stderr.startswith("error: --gpus 1 but this node shows 0 GPU(s)")
+    assert "Fix: run on a GPU node, or --cpu N" in hidden.stderr and not ranks_started.exists()
+    # within the count, the runner is started
+    assert launch("1").returncode == 0
+    assert "--num_gpus 1 --module pretrain.train" in ranks_started.read_text()

@@ -1,0 +1,131 @@
+"""scripts/bootstrap.sh on a GPU host with no network: it reuses the interpreter's torch and
+packages and asks no index when nothing is missing; a wheelhouse installs what is missing without
+an index. Real processes: bootstrap itself, pip, a fake `nvidia-smi` that answers like a GPU host's."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEAD_INDEX = "http://127.0.0.1:9/simple"  # the discard port: nothing listens, a request fails at once
+
+
+def offline_gpu_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a GPU host without network: nvidia-smi answers, every index is dead."""
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)'\n")
+    smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(
+        PATH=f"{fake_bin}:{env['PATH']}",
+        PIP_CONFIG_FILE=os.devnull,  # no configured extra index or find-links either
+        PIP_INDEX_URL=DEAD_INDEX,
+        PIP_RETRIES="0",
+        PIP_TIMEOUT="5",
+        PYTHON=sys.executable,  # this interpreter has torch and every dependency
+        **extra,
+    )
+    return env
+
+
+def installed(venv: Path) -> set[str]:
+    """Distributions installed into the environment itself (not reused from the interpreter)."""
+    return {p.name.split("-")[0].lower() for p in venv.glob("lib/python*/site-packages/*.dist-info")}
+
+
+def bootstrap(env: dict[str, str], root: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(root / "scripts" / "bootstrap.sh")], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_gpu_host_offline_reuses_torch_and_installs_nothing(tmp_path):
+    venv = tmp_path / "venv"
+    env = offline_gpu_env(tmp_path, VENV=str(venv), EXTRAS="dev")
+    out = bootstrap(env)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert "every dependency is already installed" in log, log
+    assert "installing torch" not in log, log
+    # a fresh venv holds pip (and setuptools on older Pythons); nothing else was installed into it
+    assert installed(venv) <= {"pip", "setuptools"}, installed(venv)
+    torch_file = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import torch; print(torch.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert torch_file.returncode == 0, torch_file.stderr
+    import torch
+
+    assert Path(torch_file.stdout.strip()) == Path(torch.__file__), "the environment imports another torch"
+
+    # the stamp: a second call is a no-op
+    t0 = time.perf_counter()
+    again = bootstrap(env)
+    assert again.returncode == 0 and again.stdout == "", again.stdout + again.stderr
+    assert time.perf_counter() - t0 < 5
+
+
+def _write_wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel (one module), as a wheelhouse would hold."""
+    dist_info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": f"VERSION = {version!r}\n",
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist_info}/RECORD,,")
+    whl = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+        z.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
+    return whl
+
+
+def test_wheelhouse_installs_what_is_missing_without_an_index(tmp_path):
+    # a copy of the project whose dependencies name one package the interpreter lacks
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "bootstrap.sh", root / "scripts" / "bootstrap.sh")
+    pyproject = (REPO / "pyproject.toml").read_text()
+    pyproject = pyproject.replace("dependencies = [\n", 'dependencies = [\n    "tp-wheelhouse-probe>=1.0",\n', 1)
+    (root / "pyproject.toml").write_text(pyproject)
+    wheelhouse = tmp_path / "wheels"
+    wheelhouse.mkdir()
+    _write_wheel(wheelhouse, "tp_wheelhouse_probe", "1.2")
+    venv = tmp_path / "venv"
+
+    # without the wheelhouse the dead index is asked and the install fails: the index is really dead
+    env = offline_gpu_env(tmp_path, VENV=str(venv))
+    failed = bootstrap(env, root)
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+
+    out = bootstrap(dict(env, WHEELHOUSE=str(wheelhouse)), root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "installing 1 packages: tp-wheelhouse-probe>=1.0" in out.stdout, out.stdout
+    assert installed(venv) - {"pip", "setuptools"} == {"tp_wheelhouse_probe"}
+
+
+def test_missing_wheelhouse_is_refused(tmp_path):
+    env = offline_gpu_env(tmp_path, VENV=str(tmp_path / "venv"), WHEELHOUSE=str(tmp_path / "nowhere"))
+    out = bootstrap(env)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: WHEELHOUSE=") and "Fix:" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and not (tmp_path / "venv").exists()
