@@ -3,7 +3,7 @@ truncation and a server outage give clear errors naming the URL; the node cache 
 and is safe for concurrent ranks.
 
 The servers are real processes on loopback: aiohttp's web server (static files with Range
-support) for HTTP, moto's server for the S3 protocol (data_pipeline/testing.py says why each).
+support) for HTTP, moto's server for the S3 protocol (tests/fixtures.py says why each).
 """
 
 from __future__ import annotations

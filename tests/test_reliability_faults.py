@@ -17,10 +17,12 @@ import time
 import pytest
 import torch
 from conftest import REPO, free_port, read_losses, run_ranks, start_ranks, wait_for_steps
+from fixtures import corpus_lines, make_tokenizer, write_text
 
 from checkpoint import load_for_eval
 from checkpoint import tags as ckpt
-from common.errors import CheckpointWriteFailed, NonFiniteLoss
+from common.errors import CheckpointWriteFailed, DataError, NonFiniteLoss
+from data_pipeline import prepare as prep
 from pretrain import faults
 from pretrain.config import RunConfig
 from pretrain.train import train
@@ -284,11 +286,6 @@ def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_p
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_disk_full_during_shard_write_keeps_written_shards_and_rerun_is_identical(tmp_path, small_tmpfs, workers):
-    from fixtures import corpus_lines, make_tokenizer, write_text
-
-    from data_pipeline import prepare as prep
-    from data_pipeline.errors import DataError
-
     tok = make_tokenizer(tmp_path / "tok")
     write_text(tmp_path / "corpus" / "a.txt", corpus_lines(2000))
     ref = tmp_path / "ref"
