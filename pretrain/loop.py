@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import tags
+from model.mfu import mfu
 
 from . import engine_checkpoint
 from .config import RunConfig
@@ -68,14 +69,14 @@ class TrainingLoop:
         state: dict[str, Any],
         resumed_from: Path | None,
         tokenizer_id: str | None,
-        peak_tflops: float | None,
+        peak: tuple[float | None, str],
         hooks: list[TrainHook] | None = None,
     ):
         self.cfg, self.mcfg, self.layout, self.trainer = cfg, mcfg, layout, trainer
         self.loader, self.logger, self.run_dir = loader, logger, run_dir
         self.device = trainer.device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.tokenizer_id, self.peak = tokenizer_id, peak_tflops
+        self.tokenizer_id, self.peak = tokenizer_id, peak  # (TFLOP/s per device, source): model/mfu.py
         self.hooks = list(hooks or [])
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
@@ -192,8 +193,8 @@ class TrainingLoop:
             fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
             tps = cfg.tokens_per_step / dt
             rec.update(grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / self.world / 1e12)
-            if self.peak:
-                rec["mfu"] = rec["tflops"] / self.peak
+            if self.peak[0]:
+                rec.update(mfu=mfu(rec["tflops"], self.peak[0]), mfu_peak=self.peak[1])
             rec.update(memory_gib(self.device))
             self.logger.log(rec)
 

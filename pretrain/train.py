@@ -28,6 +28,7 @@ import torch.distributed as dist
 from checkpoint import UnsafeCheckpoint
 from data_pipeline.cli import CliParser, print_error
 from data_pipeline.errors import DataError
+from model.mfu import peak_tflops
 
 from . import orphan
 from .config import RecipeError, RunConfig, load_recipe
@@ -48,7 +49,7 @@ from .errors import INPUT_ERRORS, CheckpointWriteFailed, NonFiniteLoss, RankFail
 from .hooks import TrainHook, check_hooks
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
-from .metrics import Logger, device_peak_tflops
+from .metrics import Logger
 from .parallelize import residency
 from .preemption import stop_on_signals
 from .resume import check_fits, check_layout, resume_point
@@ -179,7 +180,9 @@ def _train(
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")
     logger.message(f"layout: {layout.describe()}")
     logger.message(residency(trainer.model, device))
-    peak, _ = device_peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
+    peak = peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
+    if peak[0]:
+        logger.message(f"MFU peak: {peak[0]:.1f} TFLOP/s per device ({peak[1]})")
     loop = TrainingLoop(
         cfg,
         mcfg,
