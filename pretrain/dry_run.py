@@ -31,6 +31,8 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - a dry run reports, it does not need the data
             vocab_note = f" (preset default; data not readable: {e})"
     mcfg = model_config(cfg, vocab)
+    if vocab_note == " (from the data)" and mcfg.vocab_size != vocab:
+        vocab_note = f" (the preset's; the data's vocabulary is {vocab})"
     layout = plan_layout(cfg, world_size, mcfg.num_layers)
     with torch.device("meta"):
         model = Transformer(mcfg)
