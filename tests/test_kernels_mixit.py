@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from model import build_model, preset
+from model.kernels import select
 from model.kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked, raw_slab
-from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend
+from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_bytes
 from model.mixit import mixing_matrix, raw_block
 
 T = 40
@@ -112,6 +113,25 @@ def test_auto_dispatch_rule():
     assert mixit_backend("blocked", 16, cpu)[0] == "blocked"
     assert mixit_backend("dense", 10**4, cpu)[0] == "dense"
     assert mixit_backend("triton", 16, cpu)[0] == "triton"  # explicit choice is honoured
+
+
+def test_cuda_dispatch_rule_dense_where_it_fits_triton_above(monkeypatch):
+    """On CUDA: the dense cached matrices while all layers' fit in MIXIT_DENSE_MEMORY_FRACTION of the
+    device, the Triton kernel above (blocked without Triton); evaluated here for device sizes."""
+    cuda, h100 = torch.device("cuda"), 80 * 2**30
+    c = preset("1b", variant="mixit")
+    at = lambda t, nbytes=2: mixit_dense_bytes(c.num_heads, c.num_layers, t, nbytes)  # noqa: E731
+    assert at(2048) == 4 * 2**30  # 16 layers x 32 heads x 2048^2 x bf16
+    assert mixit_backend("auto", 2048, cuda, at(2048), h100)[0] == "dense"
+    assert mixit_backend("auto", 2048, cuda, at(2048, 4), h100)[0] == "dense"  # fp32: 8 GiB
+    assert mixit_backend("auto", 8192, cuda, at(8192), h100)[0] == "triton"  # 64 GiB
+    assert mixit_backend("auto", 2048, cuda, at(2048), 24 * 2**30)[0] == "triton"  # a 24 GiB card
+    budget = int(select.MIXIT_DENSE_MEMORY_FRACTION * h100)
+    assert mixit_backend("auto", 1, cuda, budget, h100)[0] == "dense"
+    assert mixit_backend("auto", 1, cuda, budget + 1, h100)[0] == "triton"
+    assert mixit_backend("dense", 8192, cuda, at(8192), h100)[0] == "dense"  # explicit choice is honoured
+    monkeypatch.setattr(select, "triton_available", lambda: False)
+    assert mixit_backend("auto", 8192, cuda, at(8192), h100)[0] == "blocked"
 
 
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):
