@@ -1,7 +1,8 @@
 """Training-step throughput of every variant, side by side with HuggingFace Llama.
 
 For each size and variant: tokens/s, achieved TFLOP/s (model/flops.py, train FLOPs per
-token), MFU against a large matmul measured in the same run, and peak memory; plus
+token), MFU against a large matmul measured in the same run (model/mfu.py: the trainer's
+definition, its `measured` peak), and peak memory; plus
 `transformers.LlamaForCausalLM` at the identical config, trained by a plain AdamW loop
 (ours use the trainer's optimizer, torch AdamW with its fused kernel; --plain-adamw gives
 ours the plain loop too, to separate the model's speed from the optimizer's).
@@ -35,6 +36,7 @@ import torch  # noqa: E402
 
 from model import build_model, preset  # noqa: E402
 from model.flops import flops_per_token  # noqa: E402
+from model.mfu import measure_matmul_tflops, mfu  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 VARIANT_NAMES = ["standard", "frozen_qk", "frozen_mlp", "mixit", "random_transformer"]
@@ -66,22 +68,6 @@ def make_cfg(args, size: str, variant: str, **over):
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def measure_peak_tflops(device, dtype, n: int, repeats: int = 5) -> float:
-    """Best of a few large square matmuls: the device's attainable peak for this dtype."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(3):
-            a @ b
-        sync(device)
-        best = min(best, (time.perf_counter() - t0) / 3)
-    return 2 * n**3 / best / 1e12
 
 
 class Entry:
@@ -289,7 +275,7 @@ def main():
         f"vocab={args.vocab} batch={args.batch} torch={torch.__version__}"
     )
     peak_n = args.peak_n or (8192 if device.type == "cuda" else 2048)
-    peak = measure_peak_tflops(device, dtype, peak_n) if args.variants else 0.0
+    peak = measure_matmul_tflops(device, dtype, peak_n) if args.variants else 0.0
     for size in args.sizes if args.variants else []:
         kinds = list(args.variants) + ([] if args.no_hf else ["hf_llama"])
         entries = [Worker(args, size, k) for k in kinds]  # built and warmed up (compiled) one by one
@@ -297,13 +283,13 @@ def main():
             for r in range(args.rounds):  # alternate: each round times every entry once
                 for e in entries if r % 2 == 0 else entries[::-1]:
                     e.timed(args.steps)
-                peak = max(peak, measure_peak_tflops(device, dtype, peak_n, repeats=2))
+                peak = max(peak, measure_matmul_tflops(device, dtype, peak_n, repeats=2))
         finally:
             for e in entries:
                 e.close()
         std = next((e for e in entries if e.kind == "standard"), None)
         hf = next((e for e in entries if e.kind == "hf_llama"), None)
-        print(f"measured peak (square matmul, best over rounds): {peak:.3f} TFLOP/s")
+        print(f"MFU peak: {peak:.3f} TFLOP/s (measured: square matmul, best over rounds; model/mfu.py)")
         print(f"\nsize {size} (layers x width x seq), {args.batch * parse_size(size)[2]} tokens/step")
         print(
             f"{'model':<20} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'GFLOP/tok':>9} {'peak MiB':>9} "
@@ -317,7 +303,7 @@ def main():
             vs_std = f"{statistics.median(std.times) / t:.2f}x" if std else ""
             vs_hf = f"{statistics.median(hf.times) / t:.2f}x" if hf else ""
             print(
-                f"{e.kind:<20} {tps:>9.0f} {tf:>8.4f} {tf / peak:>6.1%} {e.flops / e.tokens / 1e9:>9.4f} "
+                f"{e.kind:<20} {tps:>9.0f} {tf:>8.4f} {mfu(tf, peak):>6.1%} {e.flops / e.tokens / 1e9:>9.4f} "
                 f"{mem:>9} {vs_std:>7} {vs_hf:>7}",
                 flush=True,
             )

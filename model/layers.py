@@ -21,7 +21,7 @@ from .kernels.flash import flash_attention, flash_attention_varlen, segments_fro
 from .kernels.loss import linear_cross_entropy
 from .kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked
 from .kernels.mixit_triton import mixit_triton
-from .kernels.select import attention_backend, log_choice, mixit_backend
+from .kernels.select import attention_backend, log_choice, mixit_backend, mixit_dense_bytes
 
 
 class RMSNorm(nn.Module):
@@ -277,9 +277,11 @@ class MixingAttention(nn.Module):
         self._cache: dict[tuple, torch.Tensor] = {}
         self._params = None  # kernels.mixit_blocked.MixitParams, built on first use
 
-    def impl(self, device: torch.device) -> str:
+    def impl(self, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
         """The mixing implementation for this device (cfg.mixit_impl; 'auto': kernels/select.py)."""
-        impl, reason = mixit_backend(self.cfg.mixit_impl, self.cfg.max_seq_len, device)
+        c = self.cfg
+        dense = mixit_dense_bytes(c.num_heads, c.num_layers, c.max_seq_len, torch.finfo(dtype).bits // 8)
+        impl, reason = mixit_backend(c.mixit_impl, c.max_seq_len, device, dense)
         log_choice("mixit", impl, reason)
         return impl
 
@@ -339,7 +341,7 @@ class MixingAttention(nn.Module):
         if total > cfg.max_seq_len:
             raise ValueError(f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)")
         v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
-        impl = self.impl(x.device)
+        impl = self.impl(x.device, v.dtype)
         if impl == "dense":
             a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]  # rows of the new positions
             out = torch.matmul(a, v)  # (b, H, t, dh)

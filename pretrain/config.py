@@ -92,8 +92,12 @@ class LoggingConfig:
     every_steps: int = 1
     tensorboard: bool = True
     progress_bar: str = "auto"  # auto (tty only) | on | off
-    peak_tflops: float | None = None  # per-device peak for MFU; None -> a table by device name, or measured
+    peak_tflops: float | None = None  # per-device peak for MFU; None -> measured, or a table (model/mfu.py)
     measure_peak: bool = False  # measure a matmul peak at start when peak_tflops is None
+
+    def __post_init__(self):
+        if isinstance(self.progress_bar, bool):  # YAML reads an unquoted off/on as a boolean
+            self.progress_bar = "on" if self.progress_bar else "off"
 
 
 @dataclass

@@ -30,7 +30,10 @@ def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, str]:
             vocab_note = " (from the data)"
         except Exception as e:  # noqa: BLE001 - a plan reports, it does not need the data
             vocab_note = f" (preset default; data not readable: {e})"
-    return model_config(cfg, vocab), vocab_note
+    mcfg = model_config(cfg, vocab)
+    if vocab_note == " (from the data)" and mcfg.vocab_size != vocab:
+        vocab_note = f" (the preset's; the data's vocabulary is {vocab})"
+    return mcfg, vocab_note
 
 
 def print_config(cfg: RunConfig, out=None) -> None:

@@ -27,7 +27,7 @@ from common.errors import RecipeError
 from . import faults, freeze_transitions
 from .config import RunConfig
 from .layout import Layout, build_ds_config
-from .nonfinite import any_rank, install_step_gate, is_finite
+from .nonfinite import any_rank, install_step_gate
 from .parallelize import build_local
 
 
@@ -180,7 +180,8 @@ class Trainer:
         ]
 
     def _scale(self, mbs) -> tuple[torch.Tensor, torch.Tensor]:
-        n = torch.tensor(float(sum(int((y != IGNORE_INDEX).sum()) for _, y, _ in mbs)), device=self.device)
+        # counted on the device: no host read per micro-batch
+        n = torch.stack([(y != IGNORE_INDEX).sum() for _, y, _ in mbs]).sum().float()
         dist.all_reduce(n, group=self.dp_group)
         n = n.clamp_min(1.0)
         return n, torch.tensor([self.layout.data_parallel * self.layout.grad_accum], device=self.device) / n
@@ -214,12 +215,13 @@ class Trainer:
         else:
             total = torch.zeros((), device=self.device, dtype=torch.float32)
             own_norm = None
-            bad = loss_bad = False
+            bad = torch.zeros((), dtype=torch.bool, device=self.device)  # on the device until the vote
+            loss_bad = False
             for i, (x, y, d) in enumerate(mbs):
                 ce = self._ce_sum(x, y, d)
                 if self.poison is not None:
                     ce = self.poison(ce, self.batch_index)
-                bad = bad or not is_finite(ce)
+                bad = bad | ~torch.isfinite(ce.detach())
                 if i == len(mbs) - 1:  # before the boundary step: every rank agrees to skip the update
                     loss_bad = any_rank(bad, self.device)
                     self.gate.begin(skip=loss_bad)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from checkpoint import tags
 from common.errors import NonFiniteLoss
+from model.mfu import mfu
 
 from . import engine_checkpoint
 from .engine import Trainer
@@ -63,7 +64,7 @@ class TrainingLoop:
         logger: Logger,
         run_dir: Path,
         point: ResumePoint,
-        peak_tflops: float | None,
+        peak: tuple[float | None, str],
         hooks: list[TrainHook] | None = None,
     ):
         cfg, state, resumed_from = trainer.cfg, point.state, point.tag_dir
@@ -71,7 +72,7 @@ class TrainingLoop:
         self.loader, self.logger, self.run_dir = loader, logger, run_dir
         self.device = trainer.device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.tokenizer_id, self.peak = getattr(loader, "tokenizer_id", None), peak_tflops
+        self.tokenizer_id, self.peak = getattr(loader, "tokenizer_id", None), peak  # (TFLOP/s, source): model/mfu.py
         self.hooks = list(hooks or [])
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
@@ -179,8 +180,8 @@ class TrainingLoop:
             fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
             tps = cfg.tokens_per_step / dt
             rec.update(grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / self.world / 1e12)
-            if self.peak:
-                rec["mfu"] = rec["tflops"] / self.peak
+            if self.peak[0]:
+                rec.update(mfu=mfu(rec["tflops"], self.peak[0]), mfu_peak=self.peak[1])
             rec.update(memory_gib(self.device))
             self.logger.log(rec)
 

@@ -1,9 +1,8 @@
 """Throughput accounting and the three log sinks: metrics.jsonl, TensorBoard, console.
 
 FLOPs per token come from `model.flops.flops_per_token` (frozen weights' gradient work
-excluded, the freeze schedule applied). MFU = achieved FLOP/s / (peak per device x devices); the peak is the recipe's
-`logging.peak_tflops`, else a table by GPU name, else a measured matmul peak when
-`logging.measure_peak` is true, else MFU is not reported.
+excluded, the freeze schedule applied). MFU and its peak follow model/mfu.py, the definition
+benchmarks/bench_model.py uses too; each record names the peak's source (`mfu_peak`).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import json
 import math
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,51 +20,11 @@ from tqdm import tqdm
 from data_pipeline.progress import is_terminal
 from model.flops import flops_per_token
 
-# Dense bf16 peak TFLOP/s per device (vendor datasheets, no sparsity).
-PEAK_TFLOPS = {
-    "H100": 989.0,
-    "H200": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "A10G": 125.0,
-    "L4": 121.0,
-    "V100": 125.0,
-    "MI300X": 1307.0,
-}
-
 
 def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
     """(forward+backward FLOPs per token at `step`, source): model.flops, frozen weights'
     gradient work excluded, the freeze schedule in effect at that step."""
     return float(flops_per_token(mcfg, seq_len, step=step)["train"]), "model.flops"
-
-
-def device_peak_tflops(configured: float | None, measure: bool, device: torch.device) -> tuple[float | None, str]:
-    if configured:
-        return float(configured), "configured"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for k, v in PEAK_TFLOPS.items():
-            if k in name:
-                return v, f"table:{k}"
-    if measure:
-        return measure_matmul_tflops(device), "measured"
-    return None, "unknown"
-
-
-def measure_matmul_tflops(device: torch.device, n: int = 1024, reps: int = 5) -> float:
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
 
 
 def memory_gib(device: torch.device) -> dict[str, float]:

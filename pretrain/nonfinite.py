@@ -16,8 +16,6 @@ events stop the run.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
@@ -80,18 +78,15 @@ def install_step_gate(engine) -> StepGate:
     return StepGate(getattr(opt, "optimizer", opt))
 
 
-def any_rank(flag: bool, device: torch.device, group=None) -> bool:
-    """True on every rank when `flag` is true on any rank."""
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+def any_rank(flag: bool | torch.Tensor, device: torch.device, group=None) -> bool:
+    """True on every rank when `flag` (a bool, or a one-element tensor on the device) is true on any rank."""
+    if isinstance(flag, torch.Tensor):
+        t = flag.detach().reshape(1).to(device=device, dtype=torch.float32)
+    else:
+        t = torch.tensor([1.0 if flag else 0.0], device=device)
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return bool(t.item())
-
-
-def is_finite(x: torch.Tensor | float) -> bool:
-    if isinstance(x, torch.Tensor):
-        return bool(torch.isfinite(x.detach()).all())
-    return math.isfinite(x)
 
 
 class NanGuard:

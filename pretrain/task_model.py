@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from common.errors import RecipeError
-from model import ModelConfig, Transformer, preset
+from model import PRESETS, ModelConfig, Transformer, preset
 
 from . import classification
 from .config import RunConfig
@@ -22,13 +22,20 @@ def model_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig:
             return mcfg
     m = dict(cfg.model)
     name = m.pop("preset", "tiny")
-    if m.get("vocab_size") is None:
+    # An explicit vocabulary (the recipe's model.vocab_size, else the preset's own, e.g. 1b's
+    # 128,256) is kept, so the model trained is the one named (a byte-level `text:` source must
+    # not shrink it to 256); `model.vocab_size: null` or a preset without one takes the data's.
+    explicit = m.get("vocab_size", PRESETS.get(name, {}).get("vocab_size"))
+    if explicit is None:
         if vocab_size is None:
             m.pop("vocab_size", None)
         else:
             m["vocab_size"] = int(vocab_size)
-    elif vocab_size is not None and m["vocab_size"] < vocab_size:
-        raise RecipeError(f"model.vocab_size={m['vocab_size']} is smaller than the data's vocabulary {vocab_size}")
+    elif vocab_size is not None and explicit < vocab_size:
+        raise RecipeError(
+            f"model.vocab_size={explicit} is smaller than the data's vocabulary {vocab_size}. "
+            f"Fix: set model.vocab_size to at least {vocab_size}, or model.vocab_size=null to take the data's"
+        )
     m.setdefault("max_seq_len", cfg.train.seq_len)
     if m["max_seq_len"] < cfg.train.seq_len:
         raise RecipeError(f"model.max_seq_len={m['max_seq_len']} < train.seq_len={cfg.train.seq_len}")

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from common.cli import STOPPED, CliParser, exit_code, print_error
 from common.constants import free_port
 from common.errors import DataError, RankFailure, RecipeError, RunStopped, UserError
+from model.mfu import peak_tflops
 
 from . import orphan
 from .config import RunConfig, load_recipe
@@ -45,7 +46,7 @@ from .engine_checkpoint import load as load_checkpoint
 from .hooks import TrainHook, check_hooks
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
-from .metrics import Logger, device_peak_tflops
+from .metrics import Logger
 from .parallelize import residency
 from .preemption import stop_on_signals
 from .resume import check_fits, check_layout, resume_point
@@ -147,7 +148,9 @@ def _train(
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")
     logger.message(f"layout: {layout.describe()}")
     logger.message(residency(trainer.model, device))
-    peak, _ = device_peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
+    peak = peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
+    if peak[0]:
+        logger.message(f"MFU peak: {peak[0]:.1f} TFLOP/s per device ({peak[1]})")
     loop = TrainingLoop(trainer, loader, logger, run_dir, point, peak, hooks)
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:

@@ -10,7 +10,7 @@
 #                                        script itself is tested, so it has not rotted by the next device
 #
 # Stages: wheels   install .whl/ (scripts/device_wheels.sh) into $SITE (default /tmp/site) when present
-#         probe    versions, device, a measured bf16 matmul peak (pretrain.metrics.measure_matmul_tflops)
+#         probe    versions, device, a measured bf16 matmul peak (model.mfu.measure_matmul_tflops, the MFU peak)
 #         pytest   pytest -m gpu (the kernels against their plain-PyTorch references)
 #         train:VARIANT:ZERO   bf16 training of the 1b shape through launch.sh --gpus 1: 5 steps with a
 #                  checkpoint at step 3, then --resume auto runs steps 4-5 again; their losses are compared
@@ -93,7 +93,7 @@ import sys
 
 import torch
 
-from pretrain.metrics import measure_matmul_tflops
+from model.mfu import measure_matmul_tflops
 
 
 def version(name):

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from model import build_model, preset
+from model.kernels import select
 from model.kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked, raw_slab
-from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend
+from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_bytes
 from model.mixit import mixing_matrix, raw_block
 
 T = 40
@@ -114,6 +115,25 @@ def test_auto_dispatch_rule():
     assert mixit_backend("triton", 16, cpu)[0] == "triton"  # explicit choice is honoured
 
 
+def test_cuda_dispatch_rule_dense_where_it_fits_triton_above(monkeypatch):
+    """On CUDA: the dense cached matrices while all layers' fit in MIXIT_DENSE_MEMORY_FRACTION of the
+    device, the Triton kernel above (blocked without Triton); evaluated here for device sizes."""
+    cuda, h100 = torch.device("cuda"), 80 * 2**30
+    c = preset("1b", variant="mixit")
+    at = lambda t, nbytes=2: mixit_dense_bytes(c.num_heads, c.num_layers, t, nbytes)  # noqa: E731
+    assert at(2048) == 4 * 2**30  # 16 layers x 32 heads x 2048^2 x bf16
+    assert mixit_backend("auto", 2048, cuda, at(2048), h100)[0] == "dense"
+    assert mixit_backend("auto", 2048, cuda, at(2048, 4), h100)[0] == "dense"  # fp32: 8 GiB
+    assert mixit_backend("auto", 8192, cuda, at(8192), h100)[0] == "triton"  # 64 GiB
+    assert mixit_backend("auto", 2048, cuda, at(2048), 24 * 2**30)[0] == "triton"  # a 24 GiB card
+    budget = int(select.MIXIT_DENSE_MEMORY_FRACTION * h100)
+    assert mixit_backend("auto", 1, cuda, budget, h100)[0] == "dense"
+    assert mixit_backend("auto", 1, cuda, budget + 1, h100)[0] == "triton"
+    assert mixit_backend("dense", 8192, cuda, at(8192), h100)[0] == "dense"  # explicit choice is honoured
+    monkeypatch.setattr(select, "triton_available", lambda: False)
+    assert mixit_backend("auto", 8192, cuda, at(8192), h100)[0] == "blocked"
+
+
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):
     import model.mixit as mixit_mod
 
@@ -130,28 +150,33 @@ import os, sys, torch
 assert os.environ.get("TRITON_INTERPRET") == "1"
 from model import preset
 from model.mixit import mixing_matrix
+from model.kernels import mixit_triton as mt
 from model.kernels.mixit_blocked import MixitParams, compute_drift
-from model.kernels.mixit_triton import mixit_triton
 torch.manual_seed(0)
 cases = [({}, 24, 0), ({}, 17, 5), ({"mixit_beta": 0.7, "mixit_depth_alpha": 1.0}, 24, 0), ({"causal": False}, 17, 0)]
-for kw, n, rs in cases:
-    cfg = preset("tiny", variant="mixit", vocab_size=50, max_seq_len=24, **kw)
-    p = MixitParams(cfg, 1)
-    full = cfg.max_seq_len if cfg.causal else n
-    a = mixing_matrix(cfg, 1, full).double()[:, rs:n, :n]
-    drift = compute_drift(p, full, "cpu", 16)
-    v = torch.randn(2, cfg.num_heads, n, cfg.head_dim, requires_grad=True)
-    out = mixit_triton(v, p, drift, rs, 16)
-    ref = a @ v.double()
-    err = (out.double() - ref).abs().max().item()
-    assert err < 2e-6, (kw, n, rs, "forward", err)
-    if rs == 0:
-        g = torch.randn_like(ref)
-        got, = torch.autograd.grad(out, v, g.float())
-        want, = torch.autograd.grad(ref, v, g)
-        err = (got.double() - want).abs().max().item()
-        assert err < 2e-6, (kw, n, "backward", err)
-print("ok")
+# Run-time loop bounds where this interpreter takes them (newer Triton), and the constant-bound
+# sweep that an older interpreter under numpy >= 2.4 needs, in both cases against the reference.
+sweeps = [True] if mt.sweep_all_tiles() else [False, True]
+for sweep in sweeps:
+    mt.sweep_all_tiles = lambda: sweep
+    for kw, n, rs in cases:
+        cfg = preset("tiny", variant="mixit", vocab_size=50, max_seq_len=24, **kw)
+        p = MixitParams(cfg, 1)
+        full = cfg.max_seq_len if cfg.causal else n
+        a = mixing_matrix(cfg, 1, full).double()[:, rs:n, :n]
+        drift = compute_drift(p, full, "cpu", 16)
+        v = torch.randn(2, cfg.num_heads, n, cfg.head_dim, requires_grad=True)
+        out = mt.mixit_triton(v, p, drift, rs, 16)
+        ref = a @ v.double()
+        err = (out.double() - ref).abs().max().item()
+        assert err < 2e-6, (sweep, kw, n, rs, "forward", err)
+        if rs == 0:
+            g = torch.randn_like(ref)
+            got, = torch.autograd.grad(out, v, g.float())
+            want, = torch.autograd.grad(ref, v, g)
+            err = (got.double() - want).abs().max().item()
+            assert err < 2e-6, (sweep, kw, n, "backward", err)
+print("ok", sweeps)
 """
 
 

@@ -75,8 +75,9 @@ def compute_drift(p: MixitParams, n: int, device, block: int) -> torch.Tensor:
     keys, sigmas = p.key_tensor(device), p.sigma_tensor(device)
     out = torch.empty(len(p.keys), n, dtype=torch.float32, device=device)
     for r0 in range(0, n, block):
-        rows = torch.arange(r0, min(r0 + block, n), device=device)
-        ncols = int(rows[-1]) + 1 if p.causal else n
+        r1 = min(r0 + block, n)
+        rows = torch.arange(r0, r1, device=device)
+        ncols = r1 if p.causal else n  # from Python ints: no read of the device
         m = raw_slab(p, rows, ncols, keys, sigmas)
         mask = _mask(rows, ncols, p.causal)
         if mask is not None:

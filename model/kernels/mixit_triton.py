@@ -17,6 +17,8 @@ Runs on CUDA, and on CPU tensors under TRITON_INTERPRET=1 (the tests do that at 
 from __future__ import annotations
 
 import functools
+import os
+from typing import NamedTuple
 
 import torch
 
@@ -64,6 +66,7 @@ def _kernels():
         BM: tl.constexpr,
         BN: tl.constexpr,
         BD: tl.constexpr,
+        SWEEP_N: tl.constexpr,
     ):
         pid_bh = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -81,7 +84,9 @@ def _kernels():
             hi = tl.minimum(n, row_start + (pid_m + 1) * BM)
         else:
             hi = n
-        for start in range(0, hi, BN):
+        # SWEEP_N: loop over every key tile to a constant bound (the mask zeroes those past hi),
+        # written inline since the interpreter turns every assigned value into a tensor.
+        for start in range(0, SWEEP_N if SWEEP_N else hi, BN):
             cols = start + tl.arange(0, BN)
             ok = row_ok[:, None] & (cols[None, :] < n)
             if CAUSAL:
@@ -118,6 +123,7 @@ def _kernels():
         BM: tl.constexpr,
         BN: tl.constexpr,
         BD: tl.constexpr,
+        SWEEP_N: tl.constexpr,
     ):
         # dV_j (matrix part only) = beta * sum_{i >= j} M[i, j] G_i ; row_start == 0
         pid_bh = tl.program_id(0)
@@ -136,7 +142,8 @@ def _kernels():
             lo = (pid_n * BN // BM) * BM
         else:
             lo = 0
-        for start in range(lo, n, BM):
+        # SWEEP_N: every row tile to a constant bound (the mask zeroes those before lo), inline.
+        for start in range(0 if SWEEP_N else lo, SWEEP_N if SWEEP_N else n, BM):
             rows = start + tl.arange(0, BM)
             ok = (rows[:, None] < n) & col_ok[None, :]
             if CAUSAL:
@@ -148,29 +155,77 @@ def _kernels():
         ptr = DV + b * sgb + h * sgh + cols[:, None] * sgt + d[None, :]
         tl.store(ptr, beta * acc, mask=col_ok[:, None] & d_ok[None, :])
 
-    return fwd, bwd
+    @triton.jit
+    def loop_probe(OUT, n):
+        acc = 0
+        for _ in range(0, n):
+            acc += 1
+        tl.store(OUT, acc)
+
+    return fwd, bwd, loop_probe
 
 
-def _blocks(dh: int, block: int) -> tuple[int, int, int]:
+@functools.lru_cache(maxsize=1)
+def sweep_all_tiles() -> bool:
+    """True only under a Triton interpreter that cannot loop to a run-time bound.
+
+    Triton 3.6's interpreter reads a scalar loop bound with int() of a one-element numpy
+    array, which numpy >= 2.4 refuses (triton-lang/triton#9171). There both kernels loop to
+    the constant n and the mask zeroes the tiles the run-time bounds skip (the same sums);
+    compiled kernels and newer interpreters keep the run-time bounds.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    probe = _kernels()[2]
+    out = torch.zeros(1, dtype=torch.int32)
+    try:
+        probe[(1,)](out, 3)
+    except Exception:  # triton.runtime.errors.InterpreterError wrapping numpy's TypeError
+        return True
+    return int(out[0]) != 3
+
+
+# Largest row/key tile the kernel uses, and the warps at that size. Compiled for sm_90 (H100:
+# 232,448 B shared memory per block, 255 registers per thread), a 128 x 128 tile needs 262,144 B
+# at head dim 128 and spills registers at every head dim; 64 x 64 with 8 warps fits without spills
+# at head dims 16..128 (tests/test_kernels_hopper.py compiles every tile the presets and tests use).
+MAX_TILE = 64
+
+
+class Tiles(NamedTuple):
+    """Launch shape of both kernels: row tile BM, key tile BN, padded head dim BD, warps, stages."""
+
+    BM: int
+    BN: int
+    BD: int
+    num_warps: int
+    num_stages: int
+
+
+def tiles(dh: int, block: int) -> Tiles:
+    """The tile both kernels launch with for head dim `dh` and the config's mixit_block_size.
+
+    The block is rounded up to a power of two and held in [16, MAX_TILE]; the result does not
+    depend on it beyond the float summation order over key tiles.
+    """
     bd = max(16, 1 << (dh - 1).bit_length())
-    b = max(16, min(block, 128))
-    b = 1 << (b - 1).bit_length() if b & (b - 1) else b
-    return b, b, bd
+    b = max(16, min(1 << (max(block, 1) - 1).bit_length(), MAX_TILE))
+    return Tiles(b, b, bd, 8 if b >= 64 else 4, 3)
 
 
 def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
     """Heads 1..H-1: v (b, H-1, n, dh) float32 contiguous -> (b, H-1, n - row_start, dh) float32."""
     import triton  # deferred: heavy
 
-    fwd, _ = _kernels()
+    fwd = _kernels()[0]
     b, Hr, n, dh = v.shape
     cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
     out = torch.empty(b, Hr, n - row_start, dh, dtype=torch.float32, device=v.device)
     keys = torch.tensor(p.keys, dtype=torch.int64, device=v.device)
     sig = torch.tensor(p.sigmas, dtype=torch.float32, device=v.device)
     drift = drift.contiguous()
-    BM, BN, BD = _blocks(dh, block)
-    grid = (b * Hr, triton.cdiv(n - row_start, BM))
+    t = tiles(dh, block)
+    grid = (b * Hr, triton.cdiv(n - row_start, t.BM))
     fwd[grid](
         v,
         cs,
@@ -193,9 +248,12 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
         DH=dh,
         IDENT=p.identity,
         CAUSAL=p.causal,
-        BM=BM,
-        BN=BN,
-        BD=BD,
+        BM=t.BM,
+        BN=t.BN,
+        BD=t.BD,
+        SWEEP_N=n if sweep_all_tiles() else 0,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )
     return out
 
@@ -204,13 +262,13 @@ def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block:
     """Heads 1..H-1, row_start == 0: g (b, H-1, n, dh) float32 contiguous -> dV = A^T g."""
     import triton  # deferred: heavy
 
-    _, bwd = _kernels()
+    bwd = _kernels()[1]
     b, Hr, n, dh = g.shape
     dv = torch.empty_like(g)
     keys = torch.tensor(p.keys, dtype=torch.int64, device=g.device)
     sig = torch.tensor(p.sigmas, dtype=torch.float32, device=g.device)
-    BM, BN, BD = _blocks(dh, block)
-    grid = (b * Hr, triton.cdiv(n, BN))
+    t = tiles(dh, block)
+    grid = (b * Hr, triton.cdiv(n, t.BN))
     bwd[grid](
         g,
         dv,
@@ -225,9 +283,12 @@ def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block:
         Hr,
         DH=dh,
         CAUSAL=p.causal,
-        BM=BM,
-        BN=BN,
-        BD=BD,
+        BM=t.BM,
+        BN=t.BN,
+        BD=t.BD,
+        SWEEP_N=n if sweep_all_tiles() else 0,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )
     dg = drift[None, :, :n, None] * g
     if p.causal:

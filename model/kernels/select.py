@@ -3,8 +3,11 @@
 Softmax attention:  eager (when a probe records attention maps, or attn_impl="eager"),
 flash-attn 2 (CUDA, fp16/bf16, package installed; causal or bidirectional, and its varlen
 entry point for packed documents), otherwise PyTorch SDPA.
-MixiT mixing (cfg.mixit_impl="auto"): the Triton kernel on CUDA when Triton imports;
-otherwise the dense matrix while max_seq_len <= MIXIT_DENSE_MAX_T, else the blocked path.
+MixiT mixing (cfg.mixit_impl="auto"): on CUDA, the dense cached matrix while every layer's
+matrix together takes at most MIXIT_DENSE_MEMORY_FRACTION of the device's memory (one matmul per
+layer, nothing regenerated), above that the Triton kernel when Triton imports (no T x T tensor;
+M is regenerated in the forward, the backward and any activation-checkpoint recompute), else the
+blocked path; elsewhere the dense matrix while max_seq_len <= MIXIT_DENSE_MAX_T, else blocked.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ log = logging.getLogger("model.kernels")
 # Dense A costs H * T^2 * 4 bytes per layer and device (4 heads at T = 1024: 16 MiB), cached
 # for the life of the model; above this length the memory-light blocked path is used instead.
 MIXIT_DENSE_MAX_T = 1024
+# On CUDA: the dense matrices of all layers (H * T^2 * element bytes each, in the compute dtype)
+# may take this share of the device's memory; the 1b preset at T 2048 in bf16 needs 4 GiB.
+MIXIT_DENSE_MEMORY_FRACTION = 0.125
 
 _logged: set[tuple] = set()
 
@@ -59,12 +65,35 @@ def attention_backend(
     return "flash_varlen", "packed documents, flash-attn installed"
 
 
-def mixit_backend(mixit_impl: str, max_seq_len: int, device: torch.device) -> tuple[str, str]:
-    """(impl, reason) for MixiT mixing: 'dense', 'blocked' or 'triton'."""
+def mixit_dense_bytes(num_heads: int, num_layers: int, max_seq_len: int, element_bytes: int) -> int:
+    """Bytes the dense mixing matrices of every layer hold on one device (the dense path's cache)."""
+    return num_layers * num_heads * max_seq_len**2 * element_bytes
+
+
+def mixit_backend(
+    mixit_impl: str,
+    max_seq_len: int,
+    device: torch.device,
+    dense_bytes: int | None = None,
+    device_memory: int | None = None,
+) -> tuple[str, str]:
+    """(impl, reason) for MixiT mixing: 'dense', 'blocked' or 'triton'.
+
+    On CUDA `dense_bytes` (mixit_dense_bytes of the model) is compared with the device's memory
+    (`device_memory`, default: the device's total), so the rule can be evaluated for any device size.
+    """
     if mixit_impl != "auto":
         return mixit_impl, f"mixit_impl={mixit_impl}"
-    if torch.device(device).type == "cuda" and triton_available():
-        return "triton", "CUDA with Triton"
+    if torch.device(device).type == "cuda":
+        if device_memory is None:
+            device_memory = torch.cuda.get_device_properties(device).total_memory
+        budget = int(MIXIT_DENSE_MEMORY_FRACTION * device_memory)
+        if dense_bytes is not None and dense_bytes <= budget:
+            return "dense", f"dense matrices {dense_bytes / 2**30:.2f} GiB <= {budget / 2**30:.2f} GiB of the device"
+        size = "size unknown" if dense_bytes is None else f"{dense_bytes / 2**30:.2f} GiB > {budget / 2**30:.2f} GiB"
+        if triton_available():
+            return "triton", f"CUDA with Triton, dense matrices {size}"
+        return "blocked", f"CUDA without Triton, dense matrices {size}"
     if max_seq_len <= MIXIT_DENSE_MAX_T:
         return "dense", f"max_seq_len {max_seq_len} <= {MIXIT_DENSE_MAX_T}"
     return "blocked", f"max_seq_len {max_seq_len} > {MIXIT_DENSE_MAX_T}"

@@ -1,0 +1,83 @@
+"""The one MFU definition, shared by the trainer (pretrain/metrics.py, loop.py) and
+benchmarks/bench_model.py, so a throughput has one MFU wherever it is reported.
+
+MFU = achieved training FLOP/s per device (model/flops.py) / the device's peak, where the peak is,
+in this order:
+  1. `configured`: a number the recipe gives (logging.peak_tflops);
+  2. `measured`: the best of a few large square matmuls on the device itself (bf16 on CUDA,
+     float32 on CPU), when asked for (logging.measure_peak; the benchmark always measures);
+  3. `table:NAME`: the vendor data-sheet dense bf16 figure for the GPU's name;
+otherwise MFU is not reported. The measured peak is what the device attains, the data-sheet
+figure what it is sold as, so every MFU is logged with the source of its peak.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# Dense bf16 peak TFLOP/s per device (vendor data sheets, no sparsity).
+PEAK_TFLOPS = {
+    "H100": 989.0,
+    "H200": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10G": 125.0,
+    "L4": 121.0,
+    "V100": 125.0,
+    "MI300X": 1307.0,
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_matmul_tflops(
+    device: torch.device, dtype: torch.dtype | None = None, n: int | None = None, repeats: int = 5
+) -> float:
+    """Best of `repeats` timings of three n x n matmuls: the device's attainable peak for `dtype`
+    (default bf16 on CUDA at n 8192, float32 on CPU at n 2048)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+    n = n or (8192 if cuda else 2048)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        _sync(device)
+        best = min(best, (time.perf_counter() - t0) / 3)
+    return 2 * n**3 / best / 1e12
+
+
+def table_peak_tflops(device_name: str) -> tuple[float | None, str]:
+    """(data-sheet peak, 'table:NAME') for a GPU name, or (None, 'unknown')."""
+    for name, tflops in PEAK_TFLOPS.items():
+        if name in device_name:
+            return tflops, f"table:{name}"
+    return None, "unknown"
+
+
+def peak_tflops(configured: float | None, measure: bool, device: torch.device) -> tuple[float | None, str]:
+    """(peak TFLOP/s per device, its source) by the rule of the module docstring."""
+    device = torch.device(device)
+    if configured:
+        return float(configured), "configured"
+    if measure:
+        return measure_matmul_tflops(device), "measured"
+    if device.type == "cuda":
+        return table_peak_tflops(torch.cuda.get_device_name(device))
+    return None, "unknown"
+
+
+def mfu(tflops_per_device: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved TFLOP/s per device over the peak (None when no peak is known)."""
+    return tflops_per_device / peak if peak else None

@@ -1,0 +1,133 @@
+"""Every Triton kernel of the project compiles for Hopper (sm_90) on this CPU machine and fits an H100.
+
+Triton compiles without a GPU given a CUDA target; the ptxas that ships with Triton assembles the
+PTX and, with -v, prints registers and spill bytes. Each tile the launcher picks (mixit_triton.tiles)
+for the head dims and block sizes of the presets and of the tests is compiled, forward and backward,
+and must use at most the H100's 232,448 B of shared memory per block and spill no registers, so the
+first lent GPU does not meet a kernel that cannot launch. The kernels only ever see float32 tensors
+(the autograd function upcasts bf16/fp16 inputs), so float32 is the one dtype compiled.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from model.config import PRESETS, preset
+from model.kernels import mixit_triton
+from model.kernels.mixit_triton import tiles
+
+H100_SHARED_PER_BLOCK = 232_448  # bytes, opt-in maximum per thread block (compute capability 9.0)
+MAX_REGISTERS = 255
+
+# (head dim, mixit_block_size) the kernels launch with: every preset at its own block size, the
+# GPU parity tests (head dim 64 at block 64; tiny's head dim 16 at the default block) and the
+# interpreter test (head dim 16 at block 16).
+LAUNCHES = sorted(
+    {(preset(name).head_dim, preset(name).mixit_block_size) for name in PRESETS} | {(64, 64), (16, 128), (16, 16)}
+)
+TILES = sorted({tiles(dh, block) for dh, block in LAUNCHES})
+
+ARG_TYPES = {  # kernel argument -> Triton signature type (a new argument must be added here)
+    **dict.fromkeys(["V", "CS", "O", "SIG", "DRIFT", "G", "DV"], "*fp32"),
+    "KEYS": "*i64",
+    "beta": "fp32",
+    **dict.fromkeys(["n", "row_start", "T", "Hr"], "i32"),
+    **dict.fromkeys(["svb", "svh", "svt", "sob", "soh", "sot", "sdh", "sgb", "sgh", "sgt"], "i32"),
+}
+
+
+def _ptxas_candidates() -> list[Path]:
+    """The ptxas binaries Triton ships, newest first (Triton 3.9's CUDA 12.9 `ptxas` rejects the
+    PTX 9.4 it emits for sm_90; `ptxas-blackwell`, CUDA 13.x, assembles it)."""
+    triton = pytest.importorskip("triton")
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return [p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.is_file()]
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    """(compile one kernel for sm_90, assemble PTX with -v) or a skip naming what is absent."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget  # deferred: optional backend
+    from triton.compiler import ASTSource  # deferred: optional backend
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("this Triton has no CUDA backend (triton.backends lacks 'nvidia')")
+    ptxases = _ptxas_candidates()
+    if not ptxases:
+        pytest.skip("Triton's bundled ptxas is absent (backends/nvidia/bin)")
+    target = GPUTarget("cuda", 90, 32)
+
+    def compile_(fn, constexprs: dict, tile) -> tuple[int, str]:
+        signature = {a: "constexpr" if a in constexprs else ARG_TYPES[a] for a in fn.arg_names}
+        kernel = triton.compile(
+            ASTSource(fn, signature, constexprs=constexprs),
+            target=target,
+            options={"num_warps": tile.num_warps, "num_stages": tile.num_stages},
+        )
+        return kernel.metadata.shared, kernel.asm["ptx"]
+
+    def assemble(ptx: str, tmp: Path) -> str:
+        arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M).group(1)
+        src = tmp / "kernel.ptx"
+        src.write_text(ptx)
+        errors = []
+        for ptxas in ptxases:
+            out = subprocess.run(
+                [str(ptxas), "-v", f"--gpu-name={arch}", str(src), "-o", str(tmp / "kernel.cubin")],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if out.returncode == 0:
+                return out.stderr + out.stdout
+            errors.append(f"{ptxas.name}: {out.stderr.strip()[-400:]}")
+        pytest.fail("no bundled ptxas assembles the PTX:\n" + "\n".join(errors))
+
+    return compile_, assemble
+
+
+def _usage(log: str) -> tuple[int, int, int]:
+    """(registers, spill-store bytes, spill-load bytes) from `ptxas -v`."""
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    stores = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log))
+    loads = sum(int(x) for x in re.findall(r"(\d+) bytes spill loads", log))
+    return regs, stores, loads
+
+
+def _variants(tile) -> list[tuple[str, dict]]:
+    """Forward and backward at the causal, identity-term default; every causal/identity
+    combination at the widest head dim (the largest register and shared-memory footprint)."""
+    widest = tile.BD == max(t.BD for t in TILES) and tile.BM == max(t.BM for t in TILES)
+    fwd = [(True, True), (False, True), (True, False), (False, False)] if widest else [(True, True)]
+    bwd = [True, False] if widest else [True]
+    out = [("fwd", dict(IDENT=ident, CAUSAL=causal)) for causal, ident in fwd]
+    return out + [("bwd", dict(CAUSAL=causal)) for causal in bwd]
+
+
+def test_launches_cover_the_gpu_head_dims():
+    """The 1b preset (head dim 64) and the 3b/8b presets (head dim 128) are among the compiled tiles."""
+    assert {preset("1b").head_dim, preset("3b").head_dim, preset("8b").head_dim} == {64, 128}
+    assert {t.BD for t in TILES} >= {64, 128}
+    assert all(t.BM <= mixit_triton.MAX_TILE and t.BN <= mixit_triton.MAX_TILE for t in TILES)
+
+
+@pytest.mark.parametrize("tile", TILES, ids=[f"dh{t.BD}_tile{t.BM}x{t.BN}_w{t.num_warps}" for t in TILES])
+def test_mixit_kernels_fit_an_h100(hopper, tile, tmp_path):
+    compile_, assemble = hopper
+    fwd, bwd = mixit_triton._kernels()[:2]
+    problems = []
+    for direction, flags in _variants(tile):
+        constexprs = dict(DH=tile.BD, BM=tile.BM, BN=tile.BN, BD=tile.BD, SWEEP_N=0, **flags)
+        shared, ptx = compile_(fwd if direction == "fwd" else bwd, constexprs, tile)
+        regs, stores, loads = _usage(assemble(ptx, tmp_path))
+        where = f"{direction} {flags} {tile}"
+        if shared > H100_SHARED_PER_BLOCK:
+            problems.append(f"{where}: {shared} B shared memory > {H100_SHARED_PER_BLOCK}")
+        if regs > MAX_REGISTERS or stores or loads:
+            problems.append(f"{where}: {regs} registers, spills {stores} B stored / {loads} B loaded")
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,60 @@
+"""One MFU definition (model/mfu.py) for the trainer and benchmarks/bench_model.py: the peak's rule,
+and the trainer's records carrying the MFU with the source of its peak."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from conftest import REPO
+
+import model.mfu as mfu_mod
+from pretrain import loop
+from pretrain import train as train_mod
+from pretrain.train import train
+
+
+def test_peak_rule_configured_then_measured_then_table(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(mfu_mod, "measure_matmul_tflops", lambda device: 7.0)
+    assert mfu_mod.peak_tflops(123.0, True, cpu) == (123.0, "configured")
+    assert mfu_mod.peak_tflops(None, True, cpu) == (7.0, "measured")
+    assert mfu_mod.peak_tflops(None, False, cpu) == (None, "unknown")
+    assert mfu_mod.table_peak_tflops("NVIDIA H100 80GB HBM3") == (989.0, "table:H100")
+    assert mfu_mod.table_peak_tflops("NVIDIA GeForce RTX 4090") == (None, "unknown")
+    assert mfu_mod.mfu(400.0, 800.0) == 0.5 and mfu_mod.mfu(400.0, None) is None
+
+
+def test_measured_peak_is_a_positive_rate():
+    assert 0 < mfu_mod.measure_matmul_tflops(torch.device("cpu"), n=128, repeats=2) < 1e3
+
+
+def test_trainer_and_benchmark_use_the_same_definition():
+    spec = importlib.util.spec_from_file_location("bench_model", REPO / "benchmarks" / "bench_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.mfu is mfu_mod.mfu and loop.mfu is mfu_mod.mfu
+    assert bench.measure_matmul_tflops is mfu_mod.measure_matmul_tflops
+    assert train_mod.peak_tflops is mfu_mod.peak_tflops
+
+
+def test_records_carry_mfu_and_its_peak_source(tmp_path, monkeypatch):
+    peak = 2.5
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    over = [
+        "train.max_steps=2",
+        "train.eval_every_steps=0",
+        "logging.tensorboard=false",
+        "checkpoint.every_steps=0",
+        "checkpoint.save_final=false",
+        f"logging.peak_tflops={peak}",
+    ]
+    train("recipes/tiny_cpu.yaml", over, run_dir=tmp_path / "run", resume="never")
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in recs if "tflops" in r]
+    assert steps
+    for r in steps:
+        assert r["mfu_peak"] == "configured"
+        assert r["mfu"] == pytest.approx(r["tflops"] / peak, rel=1e-12)
