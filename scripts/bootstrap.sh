@@ -57,7 +57,8 @@ host_torch=1
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   host_torch=0
   if [ "$have_gpu" = 1 ]; then
-    echo "[bootstrap] installing torch (CUDA build)"; pip_install "torch>=2.5"
+    torch_req=$(grep -o '"torch[<>=!~][^"]*"' pyproject.toml | tr -d '"')   # the bound pyproject.toml states
+    echo "[bootstrap] installing $torch_req (CUDA build)"; pip_install "$torch_req"
   else
     echo "[bootstrap] installing torch==2.13.0 (CPU build)"; pip_install "torch==2.13.0"
   fi
