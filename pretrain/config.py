@@ -31,6 +31,7 @@ from model import ModelConfig
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
+DECAYS = ("cosine", "linear", "constant", "wsd")
 
 
 @dataclass
@@ -60,8 +61,10 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 0
-    decay: str = "cosine"  # cosine | linear | constant
-    decay_steps: int | None = None  # None -> max_steps - warmup_steps
+    decay: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay, pretrain/schedule.py)
+    decay_steps: int | None = None  # cosine/linear: None -> max_steps - warmup_steps
+    decay_fraction: float = 0.2  # wsd: the last share of max_steps that decays (1-sqrt) to min_lr
+    decay_start: int | None = None  # wsd: the first decaying step; None -> max_steps * (1 - decay_fraction)
     no_decay: list[str] = field(
         default_factory=lambda: ["bias", "norm", "embed"]
     )  # name substrings without weight decay
@@ -176,8 +179,15 @@ class RunConfig:
             raise RecipeError(f"train.precision must be fp32 or bf16, got {t.precision!r}{hint}")
         if t.device not in ("auto", "cpu", "cuda"):
             raise RecipeError(f"train.device must be auto, cpu or cuda, got {t.device!r}")
-        if o.decay not in ("cosine", "linear", "constant"):
-            raise RecipeError(f"optim.decay must be cosine, linear or constant, got {o.decay!r}")
+        if o.decay not in DECAYS:
+            raise RecipeError(f"optim.decay must be one of {list(DECAYS)}, got {o.decay!r}")
+        if not (0.0 <= o.decay_fraction <= 1.0):
+            raise RecipeError(f"optim.decay_fraction={o.decay_fraction} must be in [0, 1]. Fix: e.g. 0.2")
+        if o.decay_start is not None and o.decay_start < o.warmup_steps:
+            raise RecipeError(
+                f"optim.decay_start={o.decay_start} is inside the warmup (optim.warmup_steps={o.warmup_steps}). "
+                "Fix: a step >= warmup_steps, or null for max_steps * (1 - decay_fraction)"
+            )
         if not (0 <= o.min_lr <= o.lr):
             raise RecipeError(f"optim.min_lr={o.min_lr} must be in [0, optim.lr={o.lr}]")
         if len(o.betas) != 2:
