@@ -25,7 +25,7 @@ import yaml
 from common.constants import REPO_ROOT
 from common.errors import RecipeError
 from data_pipeline.config import DataSource, parse_data
-from data_pipeline.loader import build_loader
+from data_pipeline.loader import build_loader, build_val_sets
 from model import ModelConfig
 
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
@@ -151,6 +151,18 @@ class RunConfig:
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
             verify_record=verify_record,
+        )
+
+    def val_sets(self, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None, tokenizer_id=None):
+        """Loaders of the recipe's named validation sets (`data.val_sets`), or None when it names none."""
+        return build_val_sets(
+            self.data,
+            seq_len=self.train.seq_len,
+            global_batch_size=self.global_batch_size,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            verify_record=verify_record,
+            tokenizer_id=tokenizer_id,
         )
 
     def validate(self) -> None:
