@@ -60,6 +60,15 @@ class Point:
         return out
 
 
+def branch_overrides(step: int, fraction: float) -> list[str]:
+    """Recipe overrides of a cooldown branch resumed from a stable run's checkpoint at `step`: the wsd
+    schedule's 1-sqrt decay to min_lr over round(fraction * step) steps (at least one)."""
+    if step < 1 or not 0 < fraction <= 1:
+        raise StudyError(f"a cooldown branch needs a step >= 1 and a fraction in (0, 1], got {step} and {fraction}")
+    decay = max(1, round(fraction * step))
+    return ["optim.decay=wsd", f"optim.decay_start={step}", f"train.max_steps={step + decay}", "train.max_tokens=null"]
+
+
 def plan(variants: list[str], sizes: list[str], seeds: int) -> list[Point]:
     for v in variants:
         if v not in VARIANTS:
