@@ -186,7 +186,6 @@ class JointFit:
     B: float
     beta: float
     n_points: int
-    huber: float  # the objective at the optimum
     rmse_log: float  # root mean square of log(predicted / observed)
     intervals: dict[str, list[float]] = field(default_factory=dict)
 
@@ -299,8 +298,8 @@ def fit_joint(N, D, L, *, n_boot: int = 200, seed: int = 0, delta: float = HUBER
     N, D, L = (np.asarray(v, dtype=float) for v in (N, D, L))
     _check_joint_points(N, D, L)
     logN, logD, logL = np.log(N), np.log(D), np.log(L)
-    theta, value = _minimise([_linear_start(N, D, L), *_GRID], logN, logD, logL, delta)
-    fit = _joint_from_theta(theta, len(L), value, logN, logD, logL)
+    theta, _ = _minimise([_linear_start(N, D, L), *_GRID], logN, logD, logL, delta)
+    fit = _joint_from_theta(theta, len(L), logN, logD, logL)
     if n_boot:
         rng = np.random.default_rng(seed)
         samples = []
@@ -323,10 +322,9 @@ def _named(theta: np.ndarray) -> dict[str, float]:
     return {"E": math.exp(e), "A": math.exp(a), "alpha": alpha, "B": math.exp(b), "beta": beta}
 
 
-def _joint_from_theta(theta, n_points, value, logN, logD, logL) -> JointFit:
-    fit = JointFit(**_named(theta), n_points=n_points, huber=value, rmse_log=0.0)
-    fit.rmse_log = float(np.sqrt(np.mean((np.log(fit.predict(np.exp(logN), np.exp(logD))) - logL) ** 2)))
-    return fit
+def _joint_from_theta(theta, n_points, logN, logD, logL) -> JointFit:
+    rmse = float(np.sqrt(np.mean(_residuals(theta, logN, logD, logL) ** 2)))
+    return JointFit(**_named(theta), n_points=n_points, rmse_log=rmse)
 
 
 def held_out_check(N, D, L, **fit_kwargs) -> dict:
