@@ -393,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--seeds", type=int, default=1)
     la.add_argument("--more-seeds", default="", help="SIZE=K,...: K seeds at these sizes (the noise floor)")
     la.add_argument("--out", required=True)
+    la.add_argument(
+        "--batch-sequences", default="", help="SIZE=B,...: global batch (sequences) per size; else the recipe's"
+    )
     la.add_argument("--lr-from", default=None, help="lr.json of lr-sweep: a rate per variant and size")
     la.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
     la.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
@@ -406,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "--lrs", default="1e-3,2e-3,4e-3,8e-3,1.6e-2", help="the grid (a best rate at its edge is an error)"
     )
     lr.add_argument("--budget", type=float, default=5.0, help="tokens per non-embedding parameter of each run")
+    lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
     lr.add_argument("--out", required=True)
     lr.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
     args = ap.parse_args(argv)

@@ -72,6 +72,7 @@ class LadderRun:
     branch_step: int | None = None  # None: the stable run
     checkpoint_every: int = 0
     lr: float | None = None  # None: the recipe's optim.lr
+    batch: int | None = None  # global batch in sequences; None: the recipe's
 
     @property
     def stable_name(self) -> str:
@@ -85,6 +86,8 @@ class LadderRun:
         out = [*shape_overrides(self.size), f"model.variant={self.variant}", f"seed={self.seed}", f"name={self.name}"]
         if self.lr is not None:
             out.append(f"optim.lr={self.lr:.6g}")
+        if self.batch is not None:
+            out += [f"train.global_batch_sequences={self.batch}", f"train.micro_batch_sequences={self.batch}"]
         if self.branch_step is None:
             return out + [
                 f"train.max_steps={self.max_steps}",
@@ -114,9 +117,11 @@ def plan_ladder(
     max_tokens: int | None,
     overrides: list[str],
     rates: dict[str, dict[str, float]] | None = None,
+    batches: dict[str, int] | None = None,
 ) -> list[LadderRun]:
     """Every stable run followed by its branches, in the order they can run; `rates`: lr-sweep's
-    {variant: {size: lr}} (the recipe's optim.lr without it)."""
+    {variant: {size: lr}} (the recipe's optim.lr without it); `batches`: {size: global batch in sequences}
+    (the recipe's without it), so small sizes take enough optimizer steps."""
     for v in variants:
         if v not in VARIANTS:
             raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
@@ -136,13 +141,17 @@ def plan_ladder(
         raise StudyError(f"--lr-from has no rates for {missing}. Fix: run lr-sweep with --variants including them")
     runs = []
     for size in sizes:
-        steps = branch_steps(non_embedding_params(size), budgets, cfg.tokens_per_step, cooldown, max_tokens)
+        batch = (batches or {}).get(size)
+        tokens_per_step = cfg.tokens_per_step if batch is None else batch * cfg.train.seq_len
+        steps = branch_steps(non_embedding_params(size), budgets, tokens_per_step, cooldown, max_tokens)
         every = math.gcd(*steps)
         for variant in variants:
             lr = rates.get(variant, {}).get(size)
             for seed in range(seeds.get(size, seeds.get("*", 1))):
-                runs.append(LadderRun(variant, size, seed, steps[-1], None, every, lr))
-                runs += [LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, lr) for s in steps]
+                runs.append(LadderRun(variant, size, seed, steps[-1], None, every, lr, batch))
+                runs += [
+                    LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, lr, batch) for s in steps
+                ]
     for run in runs:
         load_recipe(recipe, [*overrides, *run.overrides(cooldown)])
     return runs
@@ -170,14 +179,21 @@ def train_args(recipe: str, run: LadderRun, out: Path, cooldown: float, extra: l
     return ["--recipe", recipe, "--run-dir", str(run_dir), "--resume", resume, *extra, *run.overrides(cooldown)]
 
 
+def per_size(spec: str | None, option: str) -> dict[str, int]:
+    """`n27k=2,n214k=2` -> {size: int}."""
+    out = {}
+    for item in filter(None, (spec or "").split(",")):
+        size, _, k = item.partition("=")
+        if size not in LADDER or not k.isdigit() or int(k) < 1:
+            raise StudyError(f"{option} {item!r} must be SIZE=K with a ladder size and K >= 1. Fix: e.g. n27k=2")
+        out[size] = int(k)
+    return out
+
+
 def run_ladder(args) -> int:
     """Train every run of the plan in order (or write the Slurm scripts with --slurm)."""
-    seeds = {"*": args.seeds}
-    for item in filter(None, (args.more_seeds or "").split(",")):
-        size, _, k = item.partition("=")
-        if size not in LADDER or not k.isdigit():
-            raise StudyError(f"--more-seeds {item!r} must be SIZE=K with a ladder size. Fix: e.g. n27k=2")
-        seeds[size] = int(k)
+    seeds = {"*": args.seeds, **per_size(args.more_seeds, "--more-seeds")}
+    batches = per_size(args.batch_sequences, "--batch-sequences")
     for size in args.sizes.split(","):
         shape_overrides(size)
     runs = plan_ladder(
@@ -190,6 +206,7 @@ def run_ladder(args) -> int:
         args.max_tokens,
         args.overrides,
         ladder_rates(args.lr_from),
+        batches,
     )
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)

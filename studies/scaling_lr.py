@@ -25,16 +25,22 @@ from common.errors import StudyError
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 
-from .scaling_ladder import DONE, LADDER, non_embedding_params, shape_overrides
+from .scaling_ladder import DONE, LADDER, non_embedding_params, per_size, shape_overrides
 
 
 def rate_name(variant: str, size: str, lr: float) -> str:
     return f"{variant}-{size}-lr{lr:g}"
 
 
-def rate_overrides(variant: str, size: str, lr: float, budget: float) -> list[str]:
+def rate_overrides(variant: str, size: str, lr: float, budget: float, batch: int | None = None) -> list[str]:
+    """A grid point: a full wsd schedule of `budget` tokens per parameter at rate `lr` (the ladder's
+    batch for that size, when given, since the best rate depends on it)."""
     tokens = int(budget * non_embedding_params(size))
+    batch_keys = (
+        [] if batch is None else [f"train.global_batch_sequences={batch}", f"train.micro_batch_sequences={batch}"]
+    )
     return [
+        *batch_keys,
         *shape_overrides(size),
         f"model.variant={variant}",
         f"name={rate_name(variant, size, lr)}",
@@ -86,8 +92,9 @@ def lr_sweep(args) -> int:
     variants, sizes = args.variants.split(","), args.sizes.split(",")
     lrs = sorted(float(x) for x in args.lrs.split(","))
     points = [(v, s, lr) for s in sizes for v in variants for lr in lrs]
+    batches = per_size(args.batch_sequences, "--batch-sequences")
     for v, s, lr in points:  # a bad recipe, size or override fails here, before anything trains
-        load_recipe(args.recipe, [*args.overrides, *rate_overrides(v, s, lr, args.budget)])
+        load_recipe(args.recipe, [*args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))])
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     failed = []
@@ -96,7 +103,7 @@ def lr_sweep(args) -> int:
         if (run_dir / DONE).is_file():
             continue
         cmd = [sys.executable, "-m", "pretrain.train", "--recipe", args.recipe, "--run-dir", str(run_dir)]
-        cmd += ["--resume", "auto", *args.overrides, *rate_overrides(v, s, lr, args.budget)]
+        cmd += ["--resume", "auto", *args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))]
         start = time.time()
         if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
             failed.append(run_dir.name)

@@ -86,5 +86,6 @@ def test_ladder_uses_the_rule_and_sweep_runs_decay(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(StudyError, match="not an lr.json"):
         ladder_rates(str(bad))
-    over = rate_overrides("mixit", "n27k", 2e-3, 5.0)
+    over = rate_overrides("mixit", "n27k", 2e-3, 5.0, batch=8)
     assert "optim.decay=wsd" in over and f"train.max_tokens={5 * non_embedding_params('n27k')}" in over
+    assert "train.global_batch_sequences=8" in over
