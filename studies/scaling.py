@@ -288,12 +288,13 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     y = args.metric
     report: dict[str, Any] = {}
     md = []
-    for x_key, label, png in (
-        (args.param_kind, f"parameters ({args.param_kind})", "loss_vs_params.png"),
-        ("flops", "training FLOPs", "loss_vs_flops.png"),
+    by_n, by_c = power_law_points(rows)
+    for x_key, label, png, points in (
+        (args.param_kind, f"parameters ({args.param_kind})", "loss_vs_params.png", by_n),
+        ("flops", "training FLOPs", "loss_vs_flops.png", by_c),
     ):
-        fits = fit_variants(rows, x_key, y)
-        plot_fits(rows, fits, x_key, y, out / png, label)
+        fits = fit_variants(points, x_key, y)
+        plot_fits(points, fits, x_key, y, out / png, label)
         report[x_key] = {v: (f.to_dict() if isinstance(f, PowerLawFit) else {"error": f}) for v, f in fits.items()}
         md += [
             f"### {y} vs {label}: L = E + A x^-alpha",
@@ -317,6 +318,22 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     print("\n".join(md))
     print(f"wrote {out / 'fits.json'}, {out / 'fits.md'}, {out / 'loss_vs_params.png'}, {out / 'loss_vs_flops.png'}")
     return report
+
+
+def power_law_points(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows of L(N) and of L(C). A sweep's rows serve both. Of a ladder, only runs that ended at
+    min_lr count (a stable run's loss is at the peak rate), and L(N) takes each (variant, size, seed)'s
+    smallest budget (2.5 tokens per parameter by default, at every size), so its points are not an
+    average over budgets; L(C) takes every budget."""
+    if not any(str(r.get("branch_step") or "") not in ("", "None") for r in rows):
+        return rows, rows
+    cooled = [r for r in rows if str(r.get("cooled")) == "True"]
+    first: dict[tuple, dict[str, Any]] = {}
+    for r in cooled:
+        key = (r["variant"], r["size"], r["seed"])
+        if key not in first or float(r["tokens"]) < float(first[key]["tokens"]):
+            first[key] = r
+    return list(first.values()), cooled
 
 
 def joint_fits(rows: list[dict[str, Any]], n_key: str, y: str, n_boot: int) -> tuple[dict[str, Any], list[str]]:

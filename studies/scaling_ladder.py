@@ -99,12 +99,14 @@ class LadderRun:
 
 
 def branch_steps(n_params: int, budgets: list[float], tokens_per_step: int, cooldown: float, max_tokens: int | None):
-    """The stable run's step S_k for each budget k: S_k (1 + cooldown) steps hold the budget's tokens.
-    Budgets beyond `max_tokens` are dropped (the smallest one is kept, capped, when all are)."""
+    """The stable run's step S_k for each budget k: S_k (1 + cooldown) steps hold the budget's tokens,
+    rounded to a multiple of the smallest S so the stable run saves only at branch points (every S_1
+    steps). Budgets beyond `max_tokens` are dropped (the smallest one is kept, capped, when all are)."""
     tokens = [b * n_params for b in sorted(budgets)]
     kept = [t for t in tokens if max_tokens is None or t <= max_tokens] or [max_tokens]
-    steps = sorted({max(1, round(t / tokens_per_step / (1 + cooldown))) for t in kept})
-    return steps
+    exact = [t / tokens_per_step / (1 + cooldown) for t in kept]
+    base = max(1, round(exact[0]))
+    return sorted({base * max(1, round(x / base)) for x in exact})
 
 
 def plan_ladder(
