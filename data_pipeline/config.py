@@ -87,6 +87,29 @@ def normalize_mixture(mixture: Any) -> list[dict]:
     return out
 
 
+def check_val_sets(val_sets: Any, source: str) -> None:
+    """`data.val_sets` is a non-empty mapping of simple names to shard directories, beside shard data."""
+    if val_sets is None:
+        return
+    if not isinstance(val_sets, dict) or not val_sets:
+        raise DataError(
+            f"data.val_sets must be a mapping of names to prepared shard dirs, got {val_sets!r}. "
+            "Fix: e.g. {linux-doc: shards/valid-linux-doc, gcide: shards/valid-gcide}"
+        )
+    if source.startswith("synthetic:"):
+        raise DataError(
+            "data.val_sets names prepared shard dirs; a synthetic task has its own test split. Fix: remove it"
+        )
+    for name, path in val_sets.items():
+        if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise DataError(
+                f"data.val_sets: name {name!r} must be letters, digits, '-', '_' or '.' (it names the metric "
+                "val_loss/<name>). Fix: e.g. python-doc"
+            )
+        if not isinstance(path, str) or not path.strip():
+            raise DataError(f"data.val_sets.{name} must be a prepared shard dir, got {path!r}")
+
+
 @dataclass
 class DataConfig:
     """Where training sequences come from.
@@ -114,6 +137,10 @@ class DataConfig:
     retries, retry_backoff_s: a failed remote read is retried ``retries`` times, waiting
         ``retry_backoff_s`` x 1, 2, 4 ... seconds, then is a DataError naming the URL.
     prefetch: batches prepared ahead by a background thread (0: in the training step).
+    val_sets: named validation sets, ``{name: prepared shard dir}`` (e.g. one per corpus source), each
+        read whole from its start; validation then reports ``val_loss/<name>`` per set and ``val_loss``
+        pooled over all their tokens, instead of the held-out tail (set ``val_fraction: 0`` to train
+        on all of ``source``).
     """
 
     source: str
@@ -132,6 +159,7 @@ class DataConfig:
     retries: int = 5
     retry_backoff_s: float = 1.0
     prefetch: int = 2
+    val_sets: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -184,6 +212,7 @@ class DataConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise DataError(f"DataConfig.{name} must be an int >= {lo}, got {v!r}")
+        check_val_sets(self.val_sets, self.source)
 
     @property
     def kind(self) -> str:

@@ -60,7 +60,13 @@ class ShardSource:
     """Fixed-length windows over one prepared directory's (or URL's) train or val region."""
 
     def __init__(
-        self, directory: str, cfg: DataConfig, split: str, seq_len: int, verify_record: str | os.PathLike | None = None
+        self,
+        directory: str,
+        cfg: DataConfig,
+        split: str,
+        seq_len: int,
+        verify_record: str | os.PathLike | None = None,
+        whole: bool = False,
     ):
         if is_remote(directory):
             # Remote: manifest first; sizes are checked per shard on first touch and sha256 when a
@@ -87,13 +93,21 @@ class ShardSource:
         self.seq_len = seq_len
         total = self.shards.num_tokens
         n_val_tokens = int(total * cfg.val_fraction)
-        if split == "train":
+        if whole:  # a named validation set: all of it
+            self.start, self.stop = 0, total
+        elif split == "train":
             self.start, self.stop = 0, total - n_val_tokens
         else:
             self.start, self.stop = total - n_val_tokens, total
         self.size = max(0, (self.stop - self.start - 1) // seq_len)
         if self.size == 0:
-            what = "training" if split == "train" else f"validation (val_fraction={cfg.val_fraction})"
+            what = (
+                "validation set"
+                if whole
+                else "training"
+                if split == "train"
+                else f"validation (val_fraction={cfg.val_fraction})"
+            )
             raise DataError(
                 f"{self.dir}: the {what} region has {self.stop - self.start} tokens, fewer than seq_len+1 = "
                 f"{seq_len + 1}; use more data, a shorter seq_len"
@@ -565,3 +579,40 @@ def build_loader(
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
     )
+
+
+def build_val_sets(
+    cfg: DataSource,
+    *,
+    seq_len: int,
+    global_batch_size: int,
+    dp_rank: int = 0,
+    dp_world_size: int = 1,
+    verify_record: str | os.PathLike | None = None,
+    tokenizer_id: str | None = None,
+) -> dict[str, Loader] | None:
+    """The named validation sets of `data.val_sets` (None when there are none): one loader per set,
+    read whole in stream order by `Loader.iter_epoch`. Every set must use `tokenizer_id` (the
+    training data's), or the losses would not be of the model's tokens."""
+    sets = getattr(cfg, "val_sets", None)
+    if not sets:
+        return None
+    out = {}
+    for name, path in sets.items():
+        src = ShardSource(path, cfg, "val", seq_len, verify_record, whole=True)
+        if tokenizer_id is not None and src.tokenizer_id != tokenizer_id:
+            raise DataError(
+                f"data.val_sets.{name}: {src.dir}/manifest.json records tokenizer {src.tokenizer_id} but the training "
+                f"data uses {tokenizer_id}. Fix: prepare the validation set with the training data's --tokenizer"
+            )
+        out[name] = Loader(
+            [src],
+            None,
+            cfg=cfg,
+            split="val",
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+        )
+    return out

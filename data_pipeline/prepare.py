@@ -3,7 +3,7 @@
 CLI::
 
     python -m data_pipeline.prepare --source data/*.txt --tokenizer tok/ --out shards/ \
-        [--workers K] [--shard-tokens N] [--text-field text]
+        [--workers K] [--shard-tokens N] [--text-field text] [--where FIELD=VALUE ...]
     python -m data_pipeline.prepare --source hf:NAME[:CONFIG][:SPLIT] ...   # streaming=True
 
 Why it looks like this:
@@ -13,6 +13,8 @@ Why it looks like this:
 * Each finished shard is recorded in ``progress.json`` (atomically) after it is renamed
   into place; a re-run skips those documents without tokenising them again.
 * Inputs are checked (exist, non-empty, reachable) before the tokenizer or any worker starts.
+* ``--where source=gcide`` keeps only the records whose field has that value: one corpus file gives
+  a validation set per source (the filter is part of the output's identity).
 """
 
 from __future__ import annotations
@@ -126,8 +128,24 @@ def _hf_offline_error(spec: SourceSpec, e: Exception) -> DataError:
     )
 
 
-def open_dataset(spec: SourceSpec, text_field: str):
-    """A streaming ``datasets.IterableDataset`` of the source; fails fast on unusable input."""
+def parse_where(items: list[str] | dict | None) -> dict[str, str]:
+    """``["source=gcide"]`` -> ``{"source": "gcide"}``: records kept only where every field has its value."""
+    if not items:
+        return {}
+    if isinstance(items, dict):
+        return {str(k): str(v) for k, v in items.items()}
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise DataError(f"prepare: --where {item!r} must look like FIELD=VALUE. Fix: e.g. --where source=gcide")
+        out[key] = value
+    return out
+
+
+def open_dataset(spec: SourceSpec, text_field: str, where: dict[str, str] | None = None):
+    """A streaming ``datasets.IterableDataset`` of the source (only records matching ``where``);
+    fails fast on unusable input."""
     import datasets  # deferred: heavy
 
     if spec.kind == "hf":
@@ -147,11 +165,25 @@ def open_dataset(spec: SourceSpec, text_field: str):
             raise _hf_offline_error(spec, e) from e
         raise DataError(f"prepare: cannot read {spec.files}: {type(e).__name__}: {e}") from e
     if text_field not in first:
-        where = spec.files[0] if spec.files else spec.hf_name
+        origin = spec.files[0] if spec.files else spec.hf_name
         raise DataError(
-            f"prepare: records of {where} have no field {text_field!r} (fields: {sorted(first)}); "
+            f"prepare: records of {origin} have no field {text_field!r} (fields: {sorted(first)}); "
             "pass --text-field NAME"
         )
+    if where:
+        missing = sorted(set(where) - set(first))
+        if missing:
+            raise DataError(
+                f"prepare: --where names field(s) {missing} that the records do not have (fields: {sorted(first)}). "
+                "Fix: a field of the records, e.g. --where source=gcide"
+            )
+        ds = ds.filter(lambda r: all(str(r[k]) == v for k, v in where.items()))
+        try:
+            next(iter(ds))
+        except StopIteration:
+            raise DataError(
+                f"prepare: no record of {spec.files or spec.hf_name} has {where}. Fix: check the value of --where"
+            ) from None
     return ds
 
 
@@ -179,6 +211,7 @@ def prepare(
     text_field: str = "text",
     batch_docs: int = 512,
     progress: bool = True,
+    where: list[str] | dict | None = None,
 ) -> dict:
     """Tokenise ``source`` into shards under ``out`` and return the manifest (see module doc)."""
     if workers < 1:
@@ -186,6 +219,7 @@ def prepare(
     if shard_tokens < 1:
         raise DataError(f"prepare: --shard-tokens must be >= 1, got {shard_tokens}")
     spec = resolve_source(source)
+    where = parse_where(where)
     tok = load_tokenizer(tokenizer)
     out = Path(out)
     config = {
@@ -197,6 +231,8 @@ def prepare(
         "append_eos": True,
         "skip_whitespace_docs": True,
     }
+    if where:  # only when given: manifests written before --where existed keep their identity
+        config["where"] = where
     mpath, ppath = out / MANIFEST, out / PROGRESS
     if mpath.is_file():
         m = json.loads(mpath.read_text())
@@ -219,7 +255,7 @@ def prepare(
                 f"prepare: {ppath} belongs to an interrupted run with different settings; re-run that exact command "
                 "to finish it, or use a new --out directory (or delete this one)"
             )
-    ds = open_dataset(spec, text_field)  # after the cheap checks, before any worker starts
+    ds = open_dataset(spec, text_field, where)  # after the cheap checks, before any worker starts
     out.mkdir(parents=True, exist_ok=True)
     for stray in out.glob("*.tmp"):
         stray.unlink()
@@ -397,6 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="tokeniser processes")
     ap.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="target tokens per shard")
     ap.add_argument("--text-field", default="text", help="field holding the text in jsonl/parquet/hf records")
+    ap.add_argument(
+        "--where",
+        nargs="+",
+        default=None,
+        metavar="FIELD=VALUE",
+        help="keep only records whose FIELD equals VALUE (jsonl/parquet/hf), e.g. --where source=gcide",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
@@ -409,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             shard_tokens=args.shard_tokens,
             text_field=args.text_field,
             progress=not args.quiet,
+            where=args.where,
         )
 
     return run_cli(body)

@@ -9,6 +9,7 @@ evaluation probes): UTF-8 bytes as ids, vocabulary 256, identity `bytes`, EOS = 
 CLI::
 
     python -m data_pipeline.tokenizer train --input a.txt b.txt --vocab-size 8000 --out tok/
+    python -m data_pipeline.tokenizer train --input corpus/train.jsonl --text-field text --vocab-size 4096 --out tok/
     python -m data_pipeline.tokenizer info tok/
 """
 
@@ -228,8 +229,10 @@ def train_sentencepiece(
     max_sentences: int = 2_000_000,
     character_coverage: float = 0.9995,
     quiet: bool = False,
+    text_field: str = "text",
 ) -> Tokenizer:
-    """Train a byte-fallback BPE SentencePiece model on local text files.
+    """Train a byte-fallback BPE SentencePiece model on local text files (or .jsonl documents,
+    their `text_field`).
 
     Special ids: unk=0, bos=1, eos=2, pad=3.
     The input is read in file order and not shuffled, so training is deterministic.
@@ -237,6 +240,24 @@ def train_sentencepiece(
     import sentencepiece as spm  # deferred: heavy
 
     files = [Path(f) for f in inputs]
+    if any(f.suffix == ".jsonl" for f in files):
+        for f in files:
+            if not f.is_file():
+                raise DataError(f"tokenizer train: input file {f} does not exist; check the path")
+        Path(out).mkdir(parents=True, exist_ok=True)
+        lines_file = Path(out) / "tokenizer_input.tmp.txt"
+        try:
+            jsonl_lines(files, text_field, max_sentences, lines_file)
+            return train_sentencepiece(
+                [str(lines_file)],
+                vocab_size,
+                out,
+                max_sentences=max_sentences,
+                character_coverage=character_coverage,
+                quiet=quiet,
+            )
+        finally:
+            lines_file.unlink(missing_ok=True)
     if not files:
         raise DataError("tokenizer train: no --input files given; pass one or more local text files")
     for f in files:
@@ -297,6 +318,32 @@ def train_sentencepiece(
             flush=True,
         )
     return tok
+
+
+def jsonl_lines(files: list[Path], text_field: str, max_lines: int, out: Path) -> int:
+    """The non-empty lines of every document's `text_field`, evenly thinned to at most `max_lines`
+    (every k-th line, in file order), written to `out`. Thinning rather than the first lines:
+    a corpus sorted by source would otherwise train the tokenizer on its first source only."""
+    lines: list[str] = []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for n, raw in enumerate(fh, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    text = json.loads(raw)[text_field]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise DataError(
+                        f"tokenizer train: {f}:{n} is not a JSON object with a {text_field!r} field. "
+                        "Fix: --text-field NAME, or one JSON document per line"
+                    ) from None
+                lines += [ln for ln in str(text).splitlines() if ln.strip()]
+    if not lines:
+        raise DataError(f"tokenizer train: {[str(f) for f in files]} hold no text in {text_field!r}")
+    stride = -(-len(lines) // max_lines)
+    kept = lines[::stride]
+    out.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    return len(kept)
 
 
 # Pieces every model has besides characters and merges: unk, bos, eos, pad and the 256 byte-fallback pieces.
@@ -390,7 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m data_pipeline.tokenizer", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train a SentencePiece BPE tokenizer (byte fallback) on local text files")
-    t.add_argument("--input", nargs="+", required=True, help="local text files, one sentence/paragraph per line")
+    t.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="local text files, one sentence/paragraph per line, or .jsonl documents (--text-field)",
+    )
+    t.add_argument("--text-field", default="text", help="the text of a .jsonl input's records")
     t.add_argument("--vocab-size", type=int, required=True)
     t.add_argument("--out", required=True, help="output directory (gets tokenizer.model + tokenizer_meta.json)")
     t.add_argument("--max-sentences", type=int, default=2_000_000, help="lines read for training")
@@ -412,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.out,
                 max_sentences=args.max_sentences,
                 character_coverage=args.character_coverage,
+                text_field=args.text_field,
             )
         else:
             tok = load_tokenizer(args.path)

@@ -25,12 +25,13 @@ import yaml
 from common.constants import REPO_ROOT
 from common.errors import RecipeError
 from data_pipeline.config import DataSource, parse_data
-from data_pipeline.loader import build_loader
+from data_pipeline.loader import build_loader, build_val_sets
 from model import ModelConfig
 
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
+DECAYS = ("cosine", "linear", "constant", "wsd")
 
 
 @dataclass
@@ -60,8 +61,10 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 0
-    decay: str = "cosine"  # cosine | linear | constant
-    decay_steps: int | None = None  # None -> max_steps - warmup_steps
+    decay: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay, pretrain/schedule.py)
+    decay_steps: int | None = None  # cosine/linear: None -> max_steps - warmup_steps
+    decay_fraction: float = 0.2  # wsd: the last share of max_steps that decays (1-sqrt) to min_lr
+    decay_start: int | None = None  # wsd: the first decaying step; None -> max_steps * (1 - decay_fraction)
     no_decay: list[str] = field(
         default_factory=lambda: ["bias", "norm", "embed"]
     )  # name substrings without weight decay
@@ -154,6 +157,18 @@ class RunConfig:
             verify_record=verify_record,
         )
 
+    def val_sets(self, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None, tokenizer_id=None):
+        """Loaders of the recipe's named validation sets (`data.val_sets`), or None when it names none."""
+        return build_val_sets(
+            self.data,
+            seq_len=self.train.seq_len,
+            global_batch_size=self.global_batch_size,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            verify_record=verify_record,
+            tokenizer_id=tokenizer_id,
+        )
+
     def validate(self) -> None:
         t, o, p, c = self.train, self.optim, self.parallel, self.checkpoint
         if (t.global_batch_sequences is None) == (t.global_batch_tokens is None):
@@ -180,8 +195,15 @@ class RunConfig:
             raise RecipeError(f"train.precision must be fp32 or bf16, got {t.precision!r}{hint}")
         if t.device not in ("auto", "cpu", "cuda"):
             raise RecipeError(f"train.device must be auto, cpu or cuda, got {t.device!r}")
-        if o.decay not in ("cosine", "linear", "constant"):
-            raise RecipeError(f"optim.decay must be cosine, linear or constant, got {o.decay!r}")
+        if o.decay not in DECAYS:
+            raise RecipeError(f"optim.decay must be one of {list(DECAYS)}, got {o.decay!r}")
+        if not (0.0 <= o.decay_fraction <= 1.0):
+            raise RecipeError(f"optim.decay_fraction={o.decay_fraction} must be in [0, 1]. Fix: e.g. 0.2")
+        if o.decay_start is not None and o.decay_start < o.warmup_steps:
+            raise RecipeError(
+                f"optim.decay_start={o.decay_start} is inside the warmup (optim.warmup_steps={o.warmup_steps}). "
+                "Fix: a step >= warmup_steps, or null for max_steps * (1 - decay_fraction)"
+            )
         if not (0 <= o.min_lr <= o.lr):
             raise RecipeError(f"optim.min_lr={o.min_lr} must be in [0, optim.lr={o.lr}]")
         if len(o.betas) != 2:

@@ -243,6 +243,34 @@ class Trainer:
         return loss, gn
 
     @torch.no_grad()
+    def eval_sums(self, batches, max_batches: int) -> tuple[float, float]:
+        """(summed token cross-entropy, tokens scored) over up to `max_batches` of `batches`, all ranks
+        together: the parts of a loss pooled over several validation sets."""
+        self.engine.eval()
+        ce_total, n_total = 0.0, 0.0
+        try:
+            for i, batch in enumerate(batches):
+                if i >= max_batches:
+                    break
+                mbs = self._micro_batches(batch)
+                n_tokens, scale = self._scale(mbs)
+                if self.pipe:  # the last stage's mean over the batch's scored tokens
+                    data = iter([(x, (y, scale)) for x, y, _ in mbs])
+                    mean = float(self.engine.eval_batch(data_iter=data, num_micro_batches=len(mbs)))
+                    ce = mean * float(n_tokens)
+                else:
+                    total = torch.zeros((), device=self.device)
+                    for x, y, d in mbs:
+                        total += self._ce_sum(x, y, d)
+                    dist.all_reduce(total)
+                    ce = float(total)
+                if ce != 0.0:  # n_tokens is clamped to 1 for a batch of padding only, which scores nothing
+                    ce_total, n_total = ce_total + ce, n_total + float(n_tokens)
+        finally:
+            self.engine.train()
+        return ce_total, n_total
+
+    @torch.no_grad()
     def eval_loss(self, loader, batches: int) -> float:
         self.engine.eval()
         losses = []

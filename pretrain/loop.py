@@ -80,6 +80,7 @@ class TrainingLoop:
         self.last_save = time.monotonic()  # for checkpoint.every_minutes (rank 0's clock decides)
         self.result = RunResult(run_dir=run_dir, resumed_from=resumed_from, final_step=self.start_step)
         self.resolved = resolved_config(cfg, self.mcfg)
+        self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
 
     # -- what a checkpoint records besides the engine -----------------------------------------
     def trainer_state(self) -> dict[str, Any]:
@@ -134,10 +135,24 @@ class TrainingLoop:
         self.logger.truncate_after(self.step)
         self.logger.message(f"rolled back to {tag_dir} (step {self.step}); skipping the offending batch")
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, float]:
+        """`val_loss` on the held-out split; with `data.val_sets`, `val_loss/<name>` per set (each read
+        from its start, at most `train.eval_batches` batches) and `val_loss` pooled over their tokens."""
         cfg = self.cfg
-        val = cfg.loader("val", self.trainer.dp_rank, self.layout.data_parallel, verify_record=self.run_dir)
-        return self.trainer.eval_loss(iter(val), cfg.train.eval_batches)
+        if self._val_sets is None:
+            self._val_sets = (
+                cfg.val_sets(self.trainer.dp_rank, self.layout.data_parallel, self.run_dir, self.tokenizer_id) or {}
+            )
+        if not self._val_sets:
+            val = cfg.loader("val", self.trainer.dp_rank, self.layout.data_parallel, verify_record=self.run_dir)
+            return {"val_loss": self.trainer.eval_loss(iter(val), cfg.train.eval_batches)}
+        out, ce_all, n_all = {"val_loss": math.nan}, 0.0, 0.0
+        for name, loader in self._val_sets.items():
+            ce, n = self.trainer.eval_sums(loader.iter_epoch(), cfg.train.eval_batches)
+            out[f"val_loss/{name}"] = ce / max(n, 1.0)
+            ce_all, n_all = ce_all + ce, n_all + n
+        out["val_loss"] = ce_all / max(n_all, 1.0)
+        return out
 
     # -- one step -----------------------------------------------------------------------------
     def _on_nonfinite(self, loss: float, grad_norm: float | None, position: int | None) -> None:
@@ -172,7 +187,8 @@ class TrainingLoop:
         rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "tokens_seen": self.tokens_seen}
         do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == cfg.max_steps)
         if do_eval:
-            rec["val_loss"] = self.result.val_losses[step] = self.evaluate()
+            rec.update(self.evaluate())
+            self.result.val_losses[step] = rec["val_loss"]
             rec.update(
                 run_hooks(self.hooks, self.trainer.model, step, self.trainer.gathered(self.trainer.model.parameters()))
             )

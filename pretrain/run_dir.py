@@ -46,6 +46,7 @@ MUTABLE = {
         "retries",
         "retry_backoff_s",
         "prefetch",
+        "val_sets",
     ),
 }
 

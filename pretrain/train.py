@@ -119,7 +119,9 @@ def _train(
         # starts check sizes only.
         probe = cfg.loader("train", 0, layout.data_parallel, verify_record=run_dir)
         if cfg.train.eval_every_steps:  # fail now, not at the first evaluation, if there is no val split
-            cfg.loader("val", 0, layout.data_parallel, verify_record=run_dir)
+            tok_id = getattr(probe, "tokenizer_id", None)
+            if cfg.val_sets(0, layout.data_parallel, run_dir, tok_id) is None:
+                cfg.loader("val", 0, layout.data_parallel, verify_record=run_dir)
     except ValueError as e:  # DataError and the built-in reader's errors name the file and the fix
         raise RecipeError(f"data: {e}") from None
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))

@@ -4,6 +4,9 @@
                                  --tokens N [--seeds K] --out DIR [--slurm] [key=value ...]
   python -m studies.scaling collect --out DIR        # -> DIR/results.csv, DIR/results.md
   python -m studies.scaling fit     --out DIR        # -> DIR/fits.json, DIR/fits.md, DIR/loss_vs_params.png, DIR/loss_vs_flops.png
+  python -m studies.scaling ladder  --recipe R --sizes n27k,...,n2000k --budgets 2.5,5,10,20 --cooldown 0.2 \
+                                 --out DIR [--max-tokens T] [--more-seeds n27k=2,n214k=2] [--lr-from LR.json] [--slurm] [key=value ...]
+  python -m studies.scaling lr-sweep --recipe R --sizes n27k,n90k,n214k --lrs 1e-3,...,1.6e-2 --out DIR   # -> DIR/lr.json
 
 A sweep point is one run directory DIR/runs/<variant>-<size>-s<seed>, trained by
 `pretrain.train` with overrides; a finished point carries `sweep_done.json` and is
@@ -18,6 +21,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -38,9 +42,11 @@ from model.flops import flops_per_token
 from pretrain.config import load_recipe
 from pretrain.run_dir import read_config
 
-from .scaling_fit import PowerLawFit, fit_variants, plot_fits
+from .scaling_fit import PowerLawFit, fit_joint, fit_variants, held_out_check, plot_fits
+from .scaling_ladder import DONE, LADDER, branch_overrides, run_ladder, shape_overrides
+from .scaling_lr import lr_sweep
 
-DONE = "sweep_done.json"
+__all__ = ["branch_overrides", "main"]
 
 
 @dataclass
@@ -54,7 +60,8 @@ class Point:
         return f"{self.variant}-{self.size}-s{self.seed}"
 
     def overrides(self, tokens: int | None) -> list[str]:
-        out = [f"model.preset={self.size}", f"model.variant={self.variant}", f"seed={self.seed}", f"name={self.name}"]
+        shape = shape_overrides(self.size) if self.size in LADDER else [f"model.preset={self.size}"]
+        out = [*shape, f"model.variant={self.variant}", f"seed={self.seed}", f"name={self.name}"]
         if tokens is not None:
             out += ["train.max_tokens=%d" % tokens, "train.max_steps=null"]
         return out
@@ -65,8 +72,8 @@ def plan(variants: list[str], sizes: list[str], seeds: int) -> list[Point]:
         if v not in VARIANTS:
             raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
     for s in sizes:
-        if s not in PRESETS:
-            raise StudyError(f"unknown size {s!r}. Fix: choose from {list(PRESETS)}")
+        if s not in PRESETS and s not in LADDER:
+            raise StudyError(f"unknown size {s!r}. Fix: choose from {list(PRESETS) + list(LADDER)}")
     if seeds < 1:
         raise StudyError(f"--seeds {seeds} must be >= 1. Fix: e.g. --seeds 3")
     return [Point(v, s, seed) for s in sizes for v in variants for seed in range(seeds)]
@@ -170,8 +177,10 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
         trainable = sum(p.numel() for p in build_model(mcfg).parameters() if p.requires_grad)
     done = run_dir / DONE
     wall = json.loads(done.read_text())["seconds"] if done.is_file() else None
-    parts = run_dir.name.rsplit("-", 2)  # <variant>-<size>-s<seed>
-    size = parts[1] if len(parts) == 3 else "custom"
+    m = RUN_NAME.match(run_dir.name)
+    size = m.group("size") if m else "custom"
+    last_eval = next((r for r in reversed(rows) if r.get("val_loss") is not None), {})
+    per_set = {k: v for k, v in last_eval.items() if k.startswith("val_loss/")}
     return {
         "run": run_dir.name,
         "variant": mcfg.variant,
@@ -188,7 +197,15 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
         "best_val_loss": min(v for _, v in val) if val else None,
         "wall_seconds": wall,
         "finished": done.is_file(),
+        "lr": run["optim"]["lr"],
+        # a loss after a decay to min_lr; a stable-phase (constant-rate) loss is not a budget's loss
+        "cooled": run["optim"]["decay"] != "constant",
+        "branch_step": int(m.group("branch")) if m and m.group("branch") else None,
+        **per_set,
     }
+
+
+RUN_NAME = re.compile(r"^(?P<variant>.+?)-(?P<size>[^-]+)-s(?P<seed>\d+)(?:-b(?P<branch>\d+))?$")
 
 
 def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -199,8 +216,9 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise StudyError(
             f"no runs with metrics under {out / 'runs'}. Fix: run `python -m studies.scaling sweep --out {out}` first"
         )
+    fields = list(dict.fromkeys(k for r in rows for k in r))  # per-set losses appear only where recorded
     with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
     (out / "results.md").write_text(markdown_summary(rows))
@@ -215,19 +233,23 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def markdown_summary(rows: list[dict[str, Any]]) -> str:
     """Mean and spread over seeds for each (variant, size)."""
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["variant"], r["size"]), []).append(r)
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:  # a cooldown branch is its own point (another token budget), not another seed
+        groups.setdefault((r["variant"], r["size"], r.get("branch_step") or 0, r.get("cooled", True)), []).append(r)
     lines = [
-        "| variant | size | params | trainable | tokens | PFLOP | seeds | final val loss (mean ± std) | best val loss |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+        "| variant | size | branch at | params | trainable | tokens | PFLOP | seeds | final val loss (mean ± std) "
+        "| best val loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for (variant, size), rs in sorted(groups.items(), key=lambda kv: (kv[1][0]["params"], kv[0][0])):
+    for (variant, size, branch, cooled), rs in sorted(
+        groups.items(), key=lambda kv: (kv[1][0]["params"], kv[0][0], kv[0][2])
+    ):
+        where = f"{branch}" if branch else ("— (stable)" if not cooled else "—")
         vals = [r["final_val_loss"] for r in rs if r["final_val_loss"] is not None]
         best = [r["best_val_loss"] for r in rs if r["best_val_loss"] is not None]
         spread = f"{np.mean(vals):.3f} ± {np.std(vals, ddof=1) if len(vals) > 1 else 0.0:.3f}" if vals else "—"
         lines.append(
-            f"| {variant} | {size} | {rs[0]['params']:,} | {rs[0]['trainable_params']:,} | "
+            f"| {variant} | {size} | {where} | {rs[0]['params']:,} | {rs[0]['trainable_params']:,} | "
             f"{int(np.mean([r['tokens'] for r in rs])):,} | {np.mean([r['flops'] for r in rs]) / 1e15:.4f} | "
             f"{len(rs)} | {spread} | {_fmt(float(np.mean(best)) if best else None)} |"
         )
@@ -254,6 +276,7 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
                         "flops",
                         "final_val_loss",
                         "best_val_loss",
+                        "tokens",
                     )
                     and v not in ("", "None")
                     else v
@@ -265,12 +288,13 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     y = args.metric
     report: dict[str, Any] = {}
     md = []
-    for x_key, label, png in (
-        (args.param_kind, f"parameters ({args.param_kind})", "loss_vs_params.png"),
-        ("flops", "training FLOPs", "loss_vs_flops.png"),
+    by_n, by_c = power_law_points(rows)
+    for x_key, label, png, points in (
+        (args.param_kind, f"parameters ({args.param_kind})", "loss_vs_params.png", by_n),
+        ("flops", "training FLOPs", "loss_vs_flops.png", by_c),
     ):
-        fits = fit_variants(rows, x_key, y)
-        plot_fits(rows, fits, x_key, y, out / png, label)
+        fits = fit_variants(points, x_key, y)
+        plot_fits(points, fits, x_key, y, out / png, label)
         report[x_key] = {v: (f.to_dict() if isinstance(f, PowerLawFit) else {"error": f}) for v, f in fits.items()}
         md += [
             f"### {y} vs {label}: L = E + A x^-alpha",
@@ -287,11 +311,70 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 md.append(f"| {v} | — | — | — | — | — | {f} |")
         md.append("")
+    report["joint"], joint_md = joint_fits(rows, args.param_kind, y, args.boot)
+    md += joint_md
     (out / "fits.json").write_text(json.dumps(report, indent=2))
     (out / "fits.md").write_text("\n".join(md))
     print("\n".join(md))
     print(f"wrote {out / 'fits.json'}, {out / 'fits.md'}, {out / 'loss_vs_params.png'}, {out / 'loss_vs_flops.png'}")
     return report
+
+
+def power_law_points(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows of L(N) and of L(C). A sweep's rows serve both. Of a ladder, only runs that ended at
+    min_lr count (a stable run's loss is at the peak rate), and L(N) takes each (variant, size, seed)'s
+    smallest budget (2.5 tokens per parameter by default, at every size), so its points are not an
+    average over budgets; L(C) takes every budget."""
+    if not any(str(r.get("branch_step") or "") not in ("", "None") for r in rows):
+        return rows, rows
+    cooled = [r for r in rows if str(r.get("cooled")) == "True"]
+    first: dict[tuple, dict[str, Any]] = {}
+    for r in cooled:
+        key = (r["variant"], r["size"], r["seed"])
+        if key not in first or float(r["tokens"]) < float(first[key]["tokens"]):
+            first[key] = r
+    return list(first.values()), cooled
+
+
+def joint_fits(rows: list[dict[str, Any]], n_key: str, y: str, n_boot: int) -> tuple[dict[str, Any], list[str]]:
+    """Per variant: L(N, D) over the runs that ended on a decayed rate (branches, full schedules), its
+    bootstrap intervals, and the held-out check (fit without the largest size, predict it)."""
+    report: dict[str, Any] = {}
+    md = [
+        f"### {y}: L(N, D) = E + A N^-alpha + B D^-beta (N = {n_key}, D = tokens; 90% bootstrap intervals)",
+        "",
+        "| variant | E | A | alpha | B | beta | points | RMS log error | held-out size | held-out mean abs rel. error |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|",
+    ]
+    for variant in sorted({r["variant"] for r in rows}):
+        pts = [
+            r
+            for r in rows
+            if r["variant"] == variant and str(r.get("cooled")) == "True" and isinstance(r.get(y), float)
+        ]
+        N, D, L = ([float(r[k]) for r in pts] for k in (n_key, "tokens", y))
+        try:
+            fit = fit_joint(N, D, L, n_boot=n_boot)
+        except StudyError as e:
+            report[variant] = {"error": str(e)}
+            md.append(f"| {variant} | {e} |")
+            continue
+        entry: dict[str, Any] = {"fit": fit.to_dict()}
+        try:
+            entry["held_out"] = check = held_out_check(N, D, L)
+            held = f"{check['held_out_size']:,.0f} | {check['mean_abs_relative_error']:.2%}"
+        except StudyError as e:
+            entry["held_out"] = {"error": str(e)}
+            held = "— | too few sizes"
+        report[variant] = entry
+        cell = {
+            k: f"{getattr(fit, k):.3g} [{fit.intervals[k][0]:.3g}, {fit.intervals[k][1]:.3g}]" for k in fit.intervals
+        }
+        md.append(
+            f"| {variant} | {cell.get('E', fit.E)} | {cell.get('A', fit.A)} | {cell.get('alpha', fit.alpha)} | "
+            f"{cell.get('B', fit.B)} | {cell.get('beta', fit.beta)} | {fit.n_points} | {fit.rmse_log:.4f} | {held} |"
+        )
+    return report, md + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,11 +399,45 @@ def main(argv: list[str] | None = None) -> int:
     fi.add_argument(
         "--param-kind", default="non_embedding_params", choices=["params", "non_embedding_params", "trainable_params"]
     )
+    fi.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the joint fit L(N, D)")
+    la = sub.add_parser("ladder", help="stable runs and their cooldown branches (studies/scaling_ladder.py)")
+    la.add_argument("--recipe", required=True)
+    la.add_argument("--variants", default="standard,frozen_qk,mixit")
+    la.add_argument("--sizes", default=",".join(LADDER), help=f"ladder sizes: {', '.join(LADDER)}")
+    la.add_argument("--budgets", default="2.5,5,10,20", help="token budgets, tokens per non-embedding parameter")
+    la.add_argument("--cooldown", type=float, default=0.2, help="a branch decays over this fraction of its step")
+    la.add_argument("--max-tokens", type=int, default=None, help="drop budgets above this many tokens")
+    la.add_argument("--seeds", type=int, default=1)
+    la.add_argument("--more-seeds", default="", help="SIZE=K,...: K seeds at these sizes (the noise floor)")
+    la.add_argument("--out", required=True)
+    la.add_argument(
+        "--batch-sequences", default="", help="SIZE=B,...: global batch (sequences) per size; else the recipe's"
+    )
+    la.add_argument("--lr-from", default=None, help="lr.json of lr-sweep: a rate per variant and size")
+    la.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
+    la.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
+    lr = sub.add_parser(
+        "lr-sweep", help="a rate grid per variant at the smaller sizes, and the rule (studies/scaling_lr.py)"
+    )
+    lr.add_argument("--recipe", required=True)
+    lr.add_argument("--variants", default="standard,frozen_qk,mixit")
+    lr.add_argument("--sizes", default="n27k,n90k,n214k")
+    lr.add_argument(
+        "--lrs", default="1e-3,2e-3,4e-3,8e-3,1.6e-2", help="the grid (a best rate at its edge is an error)"
+    )
+    lr.add_argument("--budget", type=float, default=5.0, help="tokens per non-embedding parameter of each run")
+    lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
+    lr.add_argument("--out", required=True)
+    lr.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
     args = ap.parse_args(argv)
 
     def body() -> int:
         if args.cmd == "sweep":
             return sweep(args)
+        if args.cmd == "ladder":
+            return run_ladder(args)
+        if args.cmd == "lr-sweep":
+            return lr_sweep(args)
         if args.cmd == "collect":
             collect(args)
         else:

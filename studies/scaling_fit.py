@@ -1,4 +1,6 @@
-"""Scaling-law fits: L(x) = E + A * x^(-alpha), per variant, with uncertainties and plots.
+"""Scaling-law fits: L(x) = E + A * x^(-alpha), per variant, with uncertainties and plots; and the
+joint law L(N, D) = E + A N^-alpha + B D^-beta (Chinchilla's approach 3) with bootstrap intervals and
+a held-out check (fit without the largest size, predict it).
 
 x is a parameter count N or a compute budget C (FLOPs). Fitting happens in the
 log-parametrisation (log A) with scipy's curve_fit; the reported uncertainty is the
@@ -10,10 +12,12 @@ points count less; with one seed all points weigh the same.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from common.errors import StudyError
 
 
 @dataclass
@@ -164,3 +168,186 @@ def plot_fits(
     fig.savefig(out_png, dpi=120)
     plt.close(fig)
     return out_png
+
+
+# ---- the joint law L(N, D) = E + A N^-alpha + B D^-beta (Chinchilla's approach 3) ----------------
+JOINT_PARAMS = ("E", "A", "alpha", "B", "beta")
+HUBER_DELTA = 1e-3  # Chinchilla's: the fit is of log-loss, so residuals are relative errors
+MIN_JOINT_POINTS = 6
+
+
+@dataclass
+class JointFit:
+    """L(N, D) = E + A N^-alpha + B D^-beta, with bootstrap intervals (parameter -> [low, high])."""
+
+    E: float
+    A: float
+    alpha: float
+    B: float
+    beta: float
+    n_points: int
+    rmse_log: float  # root mean square of log(predicted / observed)
+    intervals: dict[str, list[float]] = field(default_factory=dict)
+
+    def predict(self, N, D) -> np.ndarray:
+        N, D = np.asarray(N, dtype=float), np.asarray(D, dtype=float)
+        return self.E + self.A * N**-self.alpha + self.B * D**-self.beta
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _huber(r: np.ndarray, delta: float) -> np.ndarray:
+    """Huber loss of the residuals: quadratic within delta, linear beyond."""
+    return np.where(np.abs(r) <= delta, 0.5 * r**2, delta * (np.abs(r) - 0.5 * delta))
+
+
+# Starting points (a, alpha, b, beta, e) besides the linear one: corners of the middle of Chinchilla's
+# grid (alpha, beta in 0..2, e in -1..1, a, b in 0..25). With a Huber delta this small many local fits
+# stall where they start, so every fit also starts from `_linear_start`.
+_GRID = [
+    np.array([a, alpha, a, beta, e])
+    for alpha in (0.25, 1.0)
+    for beta in (0.25, 1.0)
+    for e in (-0.5, 0.5)
+    for a in (5.0,)
+]
+_EXPONENTS = np.linspace(0.05, 1.5, 16)
+
+
+def _linear_start(N: np.ndarray, D: np.ndarray, L: np.ndarray, exponents: np.ndarray = _EXPONENTS) -> np.ndarray:
+    """For fixed exponents the law is linear in (E, A, B): the best non-negative least-squares
+    solution over a grid of exponents, as a starting point."""
+    from scipy.optimize import nnls  # deferred: heavy
+
+    best, best_err = None, math.inf
+    for alpha in exponents:
+        for beta in exponents:
+            X = np.stack([np.ones_like(N), N**-alpha, D**-beta], axis=1)
+            coef, _ = nnls(X, L)
+            pred = X @ coef
+            if np.any(pred <= 0):
+                continue
+            err = float(np.sum(np.log(pred / L) ** 2))
+            if err < best_err:
+                best, best_err = (coef, alpha, beta), err
+    (E, A, B), alpha, beta = best
+    return np.array([math.log(max(A, 1e-8)), alpha, math.log(max(B, 1e-8)), beta, math.log(max(E, 1e-8))])
+
+
+def _check_joint_points(N: np.ndarray, D: np.ndarray, L: np.ndarray) -> None:
+    if not (len(N) == len(D) == len(L)):
+        raise StudyError(f"joint fit: N, D and L differ in length ({len(N)}, {len(D)}, {len(L)})")
+    if len(L) < MIN_JOINT_POINTS or len(np.unique(N)) < 2 or len(np.unique(D)) < 2:
+        raise StudyError(
+            f"the joint fit L(N, D) has 5 parameters and needs at least {MIN_JOINT_POINTS} points over >= 2 sizes "
+            f"and >= 2 token budgets; got {len(L)} points, {len(np.unique(N))} sizes, {len(np.unique(D))} budgets. "
+            "Fix: more sizes or cooldown branches (more budgets) in the ladder"
+        )
+    if np.any(N <= 0) or np.any(D <= 0) or np.any(L <= 0) or not np.all(np.isfinite(L)):
+        raise StudyError("joint fit: sizes, token counts and losses must be positive and finite")
+
+
+def _residuals(theta: np.ndarray, logN: np.ndarray, logD: np.ndarray, logL: np.ndarray) -> np.ndarray:
+    """log L(N, D) - log L with L(N, D) = exp(LSE(a - alpha log N, b - beta log D, e))."""
+    a, alpha, b, beta, e = theta
+    return np.logaddexp(np.logaddexp(a - alpha * logN, b - beta * logD), e) - logL
+
+
+def _jacobian(theta: np.ndarray, logN: np.ndarray, logD: np.ndarray, logL: np.ndarray) -> np.ndarray:
+    """d residual / d theta: the softmax weights of the three terms (times -log N, -log D for the exponents)."""
+    a, alpha, b, beta, e = theta
+    terms = np.stack([a - alpha * logN, b - beta * logD, np.full_like(logN, e)], axis=1)
+    w = np.exp(terms - terms.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    return np.stack([w[:, 0], -w[:, 0] * logN, w[:, 1], -w[:, 1] * logD, w[:, 2]], axis=1)
+
+
+def _minimise(starts, logN, logD, logL, delta) -> tuple[np.ndarray, float]:
+    """The best of a local fit from each start. scipy's least_squares with loss='huber' and
+    f_scale=delta minimises exactly sum Huber_delta(residual) (its cost is 0.5 f^2 rho((r/f)^2)),
+    by a bounded trust-region method that needs far fewer evaluations than L-BFGS on this objective."""
+    from scipy.optimize import least_squares  # deferred: heavy
+
+    best_theta, best_value = None, math.inf
+    lower = [-np.inf, 0.0, -np.inf, 0.0, -np.inf]
+    upper = [np.inf, 5.0, np.inf, 5.0, np.inf]
+    for x0 in starts:
+        res = least_squares(
+            _residuals,
+            np.clip(x0, lower, upper),
+            jac=_jacobian,
+            args=(logN, logD, logL),
+            loss="huber",
+            f_scale=delta,
+            bounds=(lower, upper),
+            method="trf",
+        )
+        value = float(_huber(res.fun, delta).sum())
+        if np.isfinite(value) and value < best_value:
+            best_theta, best_value = res.x, value
+    if best_theta is None:
+        raise StudyError("the joint fit did not converge from any starting point; check that loss falls with N and D")
+    return best_theta, best_value
+
+
+def fit_joint(N, D, L, *, n_boot: int = 200, seed: int = 0, delta: float = HUBER_DELTA, level: float = 0.9) -> JointFit:
+    """Chinchilla's approach 3: minimise the Huber loss of log-loss from many starting points
+    (L-BFGS-B), then refit `n_boot` bootstrap resamples of the points (from the best fit and a few
+    grid starts) for `level` percentile intervals of every parameter."""
+    N, D, L = (np.asarray(v, dtype=float) for v in (N, D, L))
+    _check_joint_points(N, D, L)
+    logN, logD, logL = np.log(N), np.log(D), np.log(L)
+    theta, _ = _minimise([_linear_start(N, D, L), *_GRID], logN, logD, logL, delta)
+    fit = _joint_from_theta(theta, len(L), logN, logD, logL)
+    if n_boot:
+        rng = np.random.default_rng(seed)
+        samples = []
+        for _ in range(n_boot):
+            idx = rng.integers(0, len(L), len(L))
+            if len(np.unique(N[idx])) < 2 or len(np.unique(D[idx])) < 2:
+                continue
+            starts = [theta, _linear_start(N[idx], D[idx], L[idx], _EXPONENTS[::2])]
+            t, _ = _minimise(starts, logN[idx], logD[idx], logL[idx], delta)
+            samples.append(_named(t))
+        tail = 50 * (1 - level)
+        for k in JOINT_PARAMS:
+            values = np.array([s[k] for s in samples])
+            fit.intervals[k] = [float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))]
+    return fit
+
+
+def _named(theta: np.ndarray) -> dict[str, float]:
+    a, alpha, b, beta, e = (float(v) for v in theta)
+    return {"E": math.exp(e), "A": math.exp(a), "alpha": alpha, "B": math.exp(b), "beta": beta}
+
+
+def _joint_from_theta(theta, n_points, logN, logD, logL) -> JointFit:
+    rmse = float(np.sqrt(np.mean(_residuals(theta, logN, logD, logL) ** 2)))
+    return JointFit(**_named(theta), n_points=n_points, rmse_log=rmse)
+
+
+def held_out_check(N, D, L, **fit_kwargs) -> dict:
+    """Fit without the largest size and predict its losses: the relative error of each of its points
+    (predicted / observed - 1), their mean absolute value and the largest."""
+    N, D, L = (np.asarray(v, dtype=float) for v in (N, D, L))
+    largest = N.max()
+    keep = N < largest
+    if len(np.unique(N[keep])) < 2:
+        raise StudyError(
+            f"a held-out check fits without the largest size and needs >= 2 other sizes; got {len(np.unique(N))} "
+            "sizes in all. Fix: more sizes in the ladder"
+        )
+    fit = fit_joint(N[keep], D[keep], L[keep], **{"n_boot": 0, **fit_kwargs})
+    predicted = fit.predict(N[~keep], D[~keep])
+    rel = predicted / L[~keep] - 1.0
+    return {
+        "held_out_size": float(largest),
+        "points": [
+            {"D": float(d), "observed": float(o), "predicted": float(p), "relative_error": float(r)}
+            for d, o, p, r in zip(D[~keep], L[~keep], predicted, rel)
+        ],
+        "mean_abs_relative_error": float(np.mean(np.abs(rel))),
+        "max_abs_relative_error": float(np.max(np.abs(rel))),
+        "fit_without_largest": fit.to_dict(),
+    }

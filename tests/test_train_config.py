@@ -136,6 +136,29 @@ def test_lr_schedule_warmup_then_decay_to_min():
     assert lr_at(lin, 50) == pytest.approx(0.5)
 
 
+def test_wsd_schedule_warmup_stable_then_1_sqrt_decay_to_min():
+    base = ["train.max_steps=100", "optim.warmup_steps=10", "optim.lr=1.0", "optim.min_lr=0.1", "optim.decay=wsd"]
+    cfg = load_recipe(RECIPE, [*base, "optim.decay_fraction=0.2"])
+    lrs = [lr_at(cfg, s) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[10:80] == [1.0] * 70  # stable: the peak until the last 20% of the steps
+    for s in range(80, 100):  # 1-sqrt of the decay's progress, min_lr at the last step
+        assert lrs[s] == pytest.approx(0.1 + 0.9 * (1 - ((s - 79) / 20) ** 0.5))
+    assert lrs[79] > lrs[80] > lrs[90] > lrs[99] == pytest.approx(0.1)
+    # a cooldown branch: decay_start names the step, the decay runs to the (new) max_steps
+    branch = load_recipe(RECIPE, [*base, "optim.decay_start=40", "train.max_steps=50"])
+    assert [lr_at(branch, s) for s in range(40)] == lrs[:40]
+    assert lr_at(branch, 40) < 1.0 and lr_at(branch, 49) == pytest.approx(0.1)
+    constant = load_recipe(RECIPE, [*base, "optim.decay=constant"])  # what a stable run is before a branch
+    assert [lr_at(constant, s) for s in range(40)] == lrs[:40]
+    with pytest.raises(RecipeError, match="decay_fraction"):
+        load_recipe(RECIPE, [*base, "optim.decay_fraction=1.5"])
+    with pytest.raises(RecipeError, match="inside the warmup"):
+        load_recipe(RECIPE, [*base, "optim.decay_start=5"])
+    with pytest.raises(RecipeError, match="optim.decay must be one of"):
+        load_recipe(RECIPE, [*base, "optim.decay=step"])
+
+
 def test_dry_run_prints_plan_and_refuses(capsys):
     out = io.StringIO()
     info = dry_run(load_recipe(RECIPE, ["model.variant=frozen_qk", "parallel.ds_config=zero3"]), 2, out=out)

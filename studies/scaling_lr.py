@@ -1,0 +1,125 @@
+"""A learning rate per variant and size: a grid at the smaller sizes, and the rule that carries it on.
+
+Each (variant, size, rate) trains a short full schedule (wsd, so it ends at min_lr) of `budget`
+tokens per non-embedding parameter; the best rate of a (variant, size) is the one with the lowest
+final validation loss, and a best rate at either end of its grid is an error (the optimum may lie
+beyond it). The rule is a least-squares line of log(best rate) against log N per variant, evaluated
+at every ladder size: frozen parts change the effective parametrisation, so variants get their own
+line. (A µP-style width rule would need µP's initialisation and per-layer rates, which the trainer
+does not have; the fitted line needs nothing but these runs.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.constants import REPO_ROOT
+from common.errors import StudyError
+from pretrain.config import load_recipe
+from pretrain.metrics import read_metrics
+
+from .scaling_ladder import DONE, LADDER, non_embedding_params, per_size, shape_overrides
+
+
+def rate_name(variant: str, size: str, lr: float) -> str:
+    return f"{variant}-{size}-lr{lr:g}"
+
+
+def rate_overrides(variant: str, size: str, lr: float, budget: float, batch: int | None = None) -> list[str]:
+    """A grid point: a full wsd schedule of `budget` tokens per parameter at rate `lr` (the ladder's
+    batch for that size, when given, since the best rate depends on it)."""
+    tokens = int(budget * non_embedding_params(size))
+    batch_keys = (
+        [] if batch is None else [f"train.global_batch_sequences={batch}", f"train.micro_batch_sequences={batch}"]
+    )
+    return [
+        *batch_keys,
+        *shape_overrides(size),
+        f"model.variant={variant}",
+        f"name={rate_name(variant, size, lr)}",
+        f"optim.lr={lr}",
+        "optim.decay=wsd",
+        f"train.max_tokens={tokens}",
+        "train.max_steps=null",
+    ]
+
+
+def choose_rates(losses: dict[tuple[str, str, float], float]) -> dict[str, dict[str, float]]:
+    """{(variant, size, lr): final loss} -> {variant: {size: best lr}}; a best rate at the edge of
+    its grid is a StudyError."""
+    best: dict[str, dict[str, float]] = {}
+    for variant, size in sorted({(v, s) for v, s, _ in losses}):
+        grid = sorted(lr for v, s, lr in losses if (v, s) == (variant, size))
+        if len(grid) < 3:
+            raise StudyError(f"{variant} at {size}: {len(grid)} rates; a best rate needs a grid of >= 3. Fix: --lrs")
+        lr = min(grid, key=lambda r: losses[(variant, size, r)])
+        if lr in (grid[0], grid[-1]):
+            raise StudyError(
+                f"{variant} at {size}: the best rate {lr:g} is at the edge of the grid {[f'{g:g}' for g in grid]}, "
+                "so the optimum may lie beyond it. Fix: extend --lrs past it and run lr-sweep again"
+            )
+        best.setdefault(variant, {})[size] = lr
+    return best
+
+
+def rate_rule(best: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """Per variant: log(lr*) = intercept + slope * log N through the best rates, and the rate it gives at
+    every ladder size (with one size: that rate everywhere, slope 0)."""
+    out = {}
+    for variant, by_size in best.items():
+        logN = np.log([non_embedding_params(s, variant) for s in by_size])
+        loglr = np.log(list(by_size.values()))
+        slope, intercept = np.polyfit(logN, loglr, 1) if len(by_size) > 1 else (0.0, float(loglr[0]))
+        out[variant] = {
+            "slope": float(slope),
+            "intercept": float(intercept),
+            "best": by_size,
+            "rates": {
+                s: float(math.exp(intercept + slope * math.log(non_embedding_params(s, variant)))) for s in LADDER
+            },
+        }
+    return out
+
+
+def lr_sweep(args) -> int:
+    variants, sizes = args.variants.split(","), args.sizes.split(",")
+    lrs = sorted(float(x) for x in args.lrs.split(","))
+    points = [(v, s, lr) for s in sizes for v in variants for lr in lrs]
+    batches = per_size(args.batch_sequences, "--batch-sequences")
+    for v, s, lr in points:  # a bad recipe, size or override fails here, before anything trains
+        load_recipe(args.recipe, [*args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))])
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    failed = []
+    for v, s, lr in points:
+        run_dir = out / "runs" / rate_name(v, s, lr)
+        if (run_dir / DONE).is_file():
+            continue
+        cmd = [sys.executable, "-m", "pretrain.train", "--recipe", args.recipe, "--run-dir", str(run_dir)]
+        cmd += ["--resume", "auto", *args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))]
+        start = time.time()
+        if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+            failed.append(run_dir.name)
+            continue
+        (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start}))
+    if failed:
+        print(f"[lr-sweep] {len(failed)} run(s) failed: {', '.join(failed)}; re-run the same command to resume")
+        return 1
+    losses = {}
+    for v, s, lr in points:
+        evals = [r["val_loss"] for r in read_metrics(out / "runs" / rate_name(v, s, lr)) if "val_loss" in r]
+        if not evals:
+            raise StudyError(f"{rate_name(v, s, lr)} logged no val_loss. Fix: train.eval_every_steps > 0")
+        losses[(v, s, lr)] = evals[-1]
+    rule = rate_rule(choose_rates(losses))
+    (out / "lr.json").write_text(json.dumps(rule, indent=2))
+    print(json.dumps({v: r["rates"] for v, r in rule.items()}, indent=2))
+    print(f"wrote {out / 'lr.json'}; use it with: python -m studies.scaling ladder --lr-from {out / 'lr.json'} ...")
+    return 0

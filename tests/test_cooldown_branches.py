@@ -1,0 +1,77 @@
+"""Cooldown branches: one stable-phase run, and from two of its checkpoints a short wsd decay into
+new run dirs. A branch resumes like any run (weights, optimizer, data position), so its first loss
+is the stable run's at that step; its rate follows the 1-sqrt decay to min_lr; the stable run's
+directory is not touched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from conftest import read_losses
+
+from pretrain.config import load_recipe
+from pretrain.schedule import lr_at
+from pretrain.train import train
+from studies.scaling import branch_overrides
+
+RECIPE = "recipes/tiny_cpu.yaml"
+BASE = [
+    "model.variant=standard",
+    "train.eval_every_steps=0",
+    "logging.tensorboard=false",
+    "optim.warmup_steps=2",
+    "optim.lr=3e-3",
+    "optim.min_lr=3e-4",
+]
+
+
+def tree_digest(root):
+    """Every file under root with its content hash: any write shows."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_branches_resume_the_stable_run_and_decay(tmp_path):
+    stable = tmp_path / "stable"
+    stable_over = [
+        *BASE,
+        "optim.decay=constant",
+        "train.max_steps=12",
+        "checkpoint.every_steps=4",
+        "checkpoint.keep_last=0",
+    ]
+    train(RECIPE, stable_over, run_dir=stable, resume="never")
+    stable_losses = read_losses(stable)
+    before = tree_digest(stable)
+
+    for step, fraction in ((4, 0.5), (8, 0.25)):
+        decay_steps = round(fraction * step)
+        over = [*BASE, *branch_overrides(step, fraction)]
+        assert "optim.decay=wsd" in over and f"train.max_steps={step + decay_steps}" in over
+        branch = tmp_path / f"branch-{step}"
+        res = train(RECIPE, over, run_dir=branch, resume=str(stable / "checkpoints" / f"step_{step:08d}"))
+        assert res.final_step == step + decay_steps and res.resumed_from is not None
+        recs = records(branch)
+        assert [r["step"] for r in recs] == list(range(step + 1, step + decay_steps + 1))
+        # same weights, optimizer and data position: the first loss is the stable run's at that step
+        assert recs[0]["loss"] == pytest.approx(stable_losses[step + 1], rel=1e-6, abs=1e-7)
+        assert recs[0]["tokens_seen"] == (step + 1) * 8 * 32
+        # the rate: the recipe's wsd schedule, falling every step to min_lr at the last one
+        cfg = load_recipe(RECIPE, over)
+        lrs = [r["lr"] for r in recs]
+        assert lrs == pytest.approx([lr_at(cfg, r["step"] - 1) for r in recs])
+        assert all(a > b for a, b in zip(lrs, lrs[1:])) and lrs[0] < 3e-3 and lrs[-1] == pytest.approx(3e-4)
+        # after the decay starts, the branch leaves the stable run
+        if decay_steps > 1:
+            assert recs[1]["loss"] != stable_losses[step + 2]
+        assert (branch / "checkpoints" / f"step_{step + decay_steps:08d}").is_dir()
+    assert tree_digest(stable) == before  # branching wrote nothing into the stable run

@@ -1,0 +1,91 @@
+"""The learning-rate rule: the best rate per (variant, size) from a grid, an edge is an error, and the
+line of log(best rate) against log N gives every ladder size its rate, which the ladder then uses."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from common.errors import StudyError
+from studies.scaling_ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
+from studies.scaling_lr import choose_rates, rate_overrides, rate_rule
+
+GRID = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+
+
+def bowl(best_lr: float):
+    """Losses of a grid with a minimum at best_lr (quadratic in log lr)."""
+    return {lr: 3.0 + (math.log(lr) - math.log(best_lr)) ** 2 for lr in GRID}
+
+
+def test_best_rate_per_variant_and_size_and_the_rule():
+    # truth: lr* = N^-0.5 for standard, 1.5 N^-0.5 for mixit; the grid holds the rates nearest to it
+    losses = {}
+    for variant, scale in (("standard", 1.0), ("mixit", 1.5)):
+        for size in ("n27k", "n90k", "n214k"):
+            target = scale * non_embedding_params(size, variant) ** -0.5
+            for lr, loss in bowl(target).items():
+                losses[(variant, size, lr)] = loss
+    best = choose_rates(losses)
+    for variant, scale in (("standard", 1.0), ("mixit", 1.5)):
+        for size, lr in best[variant].items():
+            target = scale * non_embedding_params(size, variant) ** -0.5
+            assert lr == min(GRID, key=lambda g: abs(math.log(g / target)))
+    rule = rate_rule(best)
+    assert set(rule["standard"]["rates"]) == set(LADDER)
+    assert best["standard"] == {"n27k": 8e-3, "n90k": 4e-3, "n214k": 2e-3}
+    assert rule["standard"]["slope"] == pytest.approx(-0.5, abs=0.2)  # the grid rounds to factors of 2
+    assert rule["mixit"]["rates"]["n2000k"] > rule["standard"]["rates"]["n2000k"]
+    for size, lr in best["standard"].items():  # the line passes near the points it was fitted to
+        assert rule["standard"]["rates"][size] == pytest.approx(lr, rel=0.5)
+
+
+def test_best_rate_at_the_edge_of_the_grid_is_an_error():
+    losses = {("standard", "n27k", lr): loss for lr, loss in bowl(5e-2).items()}
+    with pytest.raises(StudyError, match="at the edge of the grid"):
+        choose_rates(losses)
+    losses = {("standard", "n27k", lr): loss for lr, loss in bowl(5e-4).items()}
+    with pytest.raises(StudyError, match="at the edge of the grid"):
+        choose_rates(losses)
+    with pytest.raises(StudyError, match="needs a grid of >= 3"):
+        choose_rates({("standard", "n27k", 1e-3): 3.0, ("standard", "n27k", 2e-3): 2.9})
+
+
+def test_ladder_uses_the_rule_and_sweep_runs_decay(tmp_path):
+    losses = {("standard", s, lr): loss for s in ("n27k", "n90k") for lr, loss in bowl(4e-3).items()}
+    path = tmp_path / "lr.json"
+    path.write_text(json.dumps(rate_rule(choose_rates(losses))))
+    rates = ladder_rates(str(path))
+    runs = plan_ladder(
+        "recipes/tiny_cpu.yaml",
+        ["standard"],
+        ["n27k", "n600k"],
+        {"*": 1},
+        [0.05],
+        0.5,
+        None,
+        ["optim.decay=constant", "optim.warmup_steps=1"],
+        rates,
+    )
+    assert all(f"optim.lr={4e-3:.6g}" in r.overrides(0.5) for r in runs)
+    with pytest.raises(StudyError, match="no rates for"):
+        plan_ladder(
+            "recipes/tiny_cpu.yaml",
+            ["mixit"],
+            ["n27k"],
+            {"*": 1},
+            [0.05],
+            0.5,
+            None,
+            ["optim.decay=constant", "optim.warmup_steps=1"],
+            rates,
+        )
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(StudyError, match="not an lr.json"):
+        ladder_rates(str(bad))
+    over = rate_overrides("mixit", "n27k", 2e-3, 5.0, batch=8)
+    assert "optim.decay=wsd" in over and f"train.max_tokens={5 * non_embedding_params('n27k')}" in over
+    assert "train.global_batch_sequences=8" in over

@@ -1,0 +1,131 @@
+"""A corpus of several sources to shards and named validation sets: a tokenizer trained on the
+train JSONL, `prepare --where source=...` per source, and the trainer's `val_loss/<name>` per set
+with `val_loss` pooled over their tokens, checked against the model evaluated by hand."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from checkpoint import load_for_eval
+from common.errors import DataError, RecipeError
+from data_pipeline.prepare import prepare
+from data_pipeline.shards import ShardSet, read_manifest
+from data_pipeline.tokenizer import train_sentencepiece
+from pretrain.train import train
+
+SOURCES = {  # three sources with different text, so their losses differ
+    "prose": "the of and to in a is that for it as was with be by on not he this are or his from at".split(),
+    "code": "def return self import class if else for in range print lambda yield None True False".split(),
+    "dict": "noun verb adj adv defn etym syn pl n v a Webster 1913 obs rare see".split(),
+}
+
+
+def write_corpus(path, n_docs: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(n_docs):
+            source = list(SOURCES)[i % 3]
+            lines = [" ".join(rng.choice(SOURCES[source]) for _ in range(rng.randint(4, 14))) for _ in range(6)]
+            f.write(json.dumps({"id": f"{source}/{i}", "source": source, "text": "\n".join(lines)}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root / "train.jsonl", 240, seed=1)
+    write_corpus(root / "valid.jsonl", 30, seed=2)
+    tok = root / "tok"
+    train_sentencepiece([str(root / "train.jsonl")], 320, tok, quiet=True)
+    prepare(root / "train.jsonl", tok, root / "train", progress=False)
+    sets = {}
+    for source in SOURCES:
+        sets[source] = str(root / f"valid-{source}")
+        prepare(root / "valid.jsonl", tok, sets[source], progress=False, where=[f"source={source}"])
+    return root, tok, sets
+
+
+def test_tokenizer_from_jsonl_and_prepare_where(corpus):
+    root, tok, sets = corpus
+    meta = json.loads((tok / "tokenizer_meta.json").read_text())
+    assert meta["vocab_size"] == 320 and not list(tok.glob("*.tmp*"))
+    docs = [json.loads(line) for line in (root / "valid.jsonl").read_text().splitlines()]
+    for source, d in sets.items():
+        m = read_manifest(d)
+        assert m["num_docs"] == sum(doc["source"] == source for doc in docs) == 10
+        assert m["config"]["where"] == {"source": source}
+    # the filtered sets partition the unfiltered file's tokens
+    whole = prepare(root / "valid.jsonl", tok, root / "valid-all", progress=False)
+    assert whole["num_tokens"] == sum(read_manifest(d)["num_tokens"] for d in sets.values())
+    with pytest.raises(DataError, match="no record .* has"):
+        prepare(root / "valid.jsonl", tok, root / "none", progress=False, where=["source=nope"])
+    with pytest.raises(DataError, match="do not have"):
+        prepare(root / "valid.jsonl", tok, root / "none", progress=False, where=["lang=en"])
+    with pytest.raises(DataError, match="FIELD=VALUE"):
+        prepare(root / "valid.jsonl", tok, root / "none", progress=False, where=["source"])
+
+
+def _set_loss(model, directory: str, seq_len: int) -> tuple[float, int]:
+    """(summed cross-entropy, tokens) over every full window of a set, by a plain forward pass."""
+    shards = ShardSet(directory, read_manifest(directory))
+    n = (shards.num_tokens - 1) // seq_len
+    toks = torch.from_numpy(shards.gather(np.arange(n, dtype=np.int64) * seq_len, seq_len + 1).astype(np.int64))
+    with torch.no_grad():
+        logits = model(toks[:, :-1])
+        ce = torch.nn.functional.cross_entropy(
+            logits.double().reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1), reduction="sum"
+        )
+    return float(ce), n * seq_len
+
+
+def test_trainer_reports_loss_per_named_set_and_pooled(corpus, tmp_path):
+    root, tok, sets = corpus
+    run = tmp_path / "run"
+    over = [
+        "model.variant=standard",
+        f"data={json.dumps({'source': str(root / 'train'), 'val_fraction': 0, 'val_sets': sets})}",
+        "train.max_steps=4",
+        "train.eval_every_steps=2",
+        "train.eval_batches=100",
+        "checkpoint.every_steps=0",
+        "logging.tensorboard=true",
+    ]
+    train("recipes/tiny_cpu.yaml", over, run_dir=run, resume="never")
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if "val_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    last = evals[-1]
+    per_set = {name: last[f"val_loss/{name}"] for name in SOURCES}
+    assert len({round(v, 4) for v in per_set.values()}) == 3  # the sources differ
+
+    model, _ = load_for_eval(run)
+    model.eval()
+    sums = {name: _set_loss(model, d, 32) for name, d in sets.items()}
+    for name, (ce, n) in sums.items():
+        assert per_set[name] == pytest.approx(ce / n, rel=1e-4), name
+    pooled = sum(ce for ce, _ in sums.values()) / sum(n for _, n in sums.values())
+    assert last["val_loss"] == pytest.approx(pooled, rel=1e-4)
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"))
+    ea.Reload()
+    assert [e.step for e in ea.Scalars("val_loss/code")] == [2, 4]
+
+
+def test_val_sets_refused_early(corpus, tmp_path):
+    root, tok, sets = corpus
+    bad = {"source": str(root / "train"), "val_sets": {"a/b": sets["code"]}}
+    with pytest.raises(DataError, match="letters, digits"):
+        train("recipes/tiny_cpu.yaml", [f"data={json.dumps(bad)}"], run_dir=tmp_path / "r1", resume="never")
+    other = tmp_path / "tok2"
+    train_sentencepiece([str(root / "valid.jsonl")], 300, other, quiet=True)
+    prepare(root / "valid.jsonl", other, tmp_path / "v2", progress=False)
+    mismatch = {"source": str(root / "train"), "val_sets": {"x": str(tmp_path / "v2")}}
+    with pytest.raises(RecipeError, match="records tokenizer .* Fix: prepare the validation set"):
+        train("recipes/tiny_cpu.yaml", [f"data={json.dumps(mismatch)}"], run_dir=tmp_path / "r2", resume="never")
+    assert not (tmp_path / "r2" / "metrics.jsonl").exists()
