@@ -42,6 +42,7 @@ from data_pipeline.synthetic import get_task
 from eval.run import EvalOptions, evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task
 from model import VARIANTS
+from pretrain.errors import NonFiniteLoss
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
@@ -182,7 +183,7 @@ def best_lr(rows: list[dict], n_pairs: int, variant: str, steps: int) -> tuple[f
     swept = [r for r in swept if r["seed"] == 0 and r["steps"] == steps]
     if not swept:
         return None, []
-    best = max(swept, key=lambda r: (r["acc"], -r["loss"]))
+    best = max(swept, key=lambda r: (-1.0, 0.0) if r["acc"] is None else (r["acc"], -r["loss"]))
     return float(best["lr"]), sorted({float(r["lr"]) for r in swept})
 
 
@@ -236,13 +237,25 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
     run_dir = Path(args.out) / "runs" / cell.name
     task = get_task(TASK, seed=seed, **targs)
     wall0, cpu0 = time.time(), time.process_time()
-    res = train(args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[AccuracyProbe(task, args.probe_samples)])
-    if res.interrupted:
-        raise StudyError(f"{cell.name} was interrupted at step {res.final_step}. Fix: run the same command again")
-    opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=seed, progress=False)
-    scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
+    diverged = None
+    try:
+        res = train(
+            args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[AccuracyProbe(task, args.probe_samples)]
+        )
+    except NonFiniteLoss as e:  # a rate too high for this variant: a row that no sweep picks
+        diverged = str(e)
+    else:
+        if res.interrupted:
+            raise StudyError(f"{cell.name} was interrupted at step {res.final_step}. Fix: run the same command again")
+    if diverged is None:
+        opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=seed, progress=False)
+        scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
+    else:
+        scores = {"acc": None, "loss": None, "samples": 0}
     curve = [(r["step"], r["probe/acc"]) for r in read_metrics(run_dir) if "probe/acc" in r]
+    final = scores["acc"] if scores["acc"] is not None else float("inf")
     return {
+        "diverged": diverged,
         "command": command_for(cell, args.recipe),
         "recipe": args.recipe,
         "overrides": overrides,
@@ -256,7 +269,7 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
         "loss": scores["loss"],
         "eval_samples": scores["samples"],
         "curve": curve,
-        "step_90pct_of_final": first_step(curve, 0.9 * scores["acc"]),
+        "step_90pct_of_final": first_step(curve, 0.9 * final),
         "step_solved": first_step(curve, SOLVED),
         "wall_s": round(time.time() - wall0, 1),
         "cpu_s": round(time.process_time() - cpu0, 1),
@@ -323,8 +336,9 @@ def run_stage(args: argparse.Namespace, log=print) -> int | None:
         row = train_cell(cell, args)
         append_row(rows_path, row)
         trained += 1
+        acc = "diverged" if row["acc"] is None else f"{row['acc']:.3f}"
         log(
-            f"[{args.stage}] {cell.name}: acc {row['acc']:.3f}, solved at {row['step_solved']}, "
+            f"[{args.stage}] {cell.name}: acc {acc}, solved at {row['step_solved']}, "
             f"{row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU"
         )
 
@@ -342,6 +356,8 @@ def render(rows: list[dict]) -> str:
     ]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
+        if r["acc"] is None:  # diverged: in the sweep's table only
+            continue
         a = r["task_args"]
         groups.setdefault((a["n_pairs"], a["n_keys"], a["n_values"], r["steps"], r["variant"], r["lr"]), []).append(r)
     chosen: dict[tuple, dict[str, list[dict]]] = {}
@@ -374,9 +390,9 @@ def render(rows: list[dict]) -> str:
         ]
         for r in sweep:
             solved = r["step_solved"] if r["step_solved"] is not None else "—"
+            acc, loss = ("diverged", "—") if r["acc"] is None else (f"{100 * r['acc']:.1f} %", f"{r['loss']:.3f}")
             lines.append(
-                f"| {r['task_args']['n_pairs']} | {r['variant']} | {r['steps']} | {r['lr']:g} | "
-                f"{100 * r['acc']:.1f} % | {r['loss']:.3f} | {solved} |"
+                f"| {r['task_args']['n_pairs']} | {r['variant']} | {r['steps']} | {r['lr']:g} | {acc} | {loss} | {solved} |"
             )
     spent = sum(r["cpu_s"] for r in rows)
     lines += [

@@ -60,6 +60,9 @@ def test_best_rate_by_accuracy_then_loss():
     rows = [_row(1e-3, 0.5, 2.0), _row(3e-3, 0.5, 1.5), _row(3e-4, 0.4, 1.0), _row(3e-3, 0.9, 0.1, seed=1)]
     assert best_lr(rows, 16, "standard", 10) == (3e-3, [3e-4, 1e-3, 3e-3])
     assert best_lr(rows, 30, "standard", 10) == (None, [])
+    diverged = {**_row(9e-3, None, None), "curve": [], "step_solved": None, "cpu_s": 1.0}
+    assert best_lr([*rows, diverged], 16, "standard", 10) == (3e-3, [3e-4, 1e-3, 3e-3, 9e-3])
+    assert "| 16 | standard | 10 | 0.009 | diverged | — | — |" in render([diverged])
 
 
 def test_study_end_to_end_resumes_from_rows(tmp_path, capsys):
