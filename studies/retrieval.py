@@ -110,6 +110,17 @@ def slot_guess_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
     return sum((1 + (n - 1) / n_values) / n for n in ns) / len(ns)
 
 
+def bag_loss_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
+    """Held-out loss (nats) of predicting the context's value frequencies, exactly: the answer's value
+    occurs 1 + Binomial(n - 1, 1/V) times among n, and the loss is -log(count / n). A model on the
+    plateau that uses the bag of context values but not their keys sits here."""
+    ns = range(min_pairs, n_pairs + 1)
+    p = 1 / n_values
+    return sum(
+        sum(math.comb(n - 1, k) * p**k * (1 - p) ** (n - 1 - k) * -math.log((k + 1) / n) for k in range(n)) for n in ns
+    ) / len(ns)
+
+
 def mode_guess_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
     """Accuracy of naming the most frequent value in the context, exactly: with n values drawn
     uniformly from V the query's value is a given value with probability count / n, so the guess is
@@ -131,9 +142,10 @@ def mode_guess_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
 def context_guesses(task, samples: int) -> dict[str, float]:
     """Monte Carlo over the task's own generator (its held-out split): the accuracy of the slot guess
     (expected, per example) and of the best guess from the bag of context values without the keys
-    (the most frequent value: right with probability max count / n)."""
+    (the most frequent value: right with probability max count / n), and the loss of predicting the
+    context's value frequencies."""
     value_ids = {task.ids[f"v{i}"] for i in range(task.n_values)}
-    slot = mode = 0.0
+    slot = mode = bag = 0.0
     for i in range(samples):
         toks, _ = task.sample(i, "test")
         context = toks[: toks.index(task.ids["?"])]
@@ -142,7 +154,8 @@ def context_guesses(task, samples: int) -> dict[str, float]:
         counts = np.bincount(vals)
         slot += counts[answer] / len(vals)
         mode += counts.max() / len(vals)
-    return {"slot_guess_mc": slot / samples, "mode_guess_mc": mode / samples}
+        bag -= math.log(counts[answer] / len(vals))
+    return {"slot_guess_mc": slot / samples, "mode_guess_mc": mode / samples, "bag_loss_mc": bag / samples}
 
 
 def baselines(n_pairs: int, n_keys: int, n_values: int, samples: int = 20000, seed: int = 1234) -> dict[str, float]:
@@ -151,6 +164,7 @@ def baselines(n_pairs: int, n_keys: int, n_values: int, samples: int = 20000, se
         "chance": 1 / n_values,
         "slot_guess_exact": slot_guess_exact(n_pairs, n_values),
         "mode_guess_exact": mode_guess_exact(n_pairs, n_values),
+        "bag_loss_exact": bag_loss_exact(n_pairs, n_values),
         **context_guesses(task, samples),
         "samples": samples,
     }

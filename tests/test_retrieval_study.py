@@ -14,6 +14,7 @@ from studies.retrieval import (
     ROWS,
     TABLE_BEGIN,
     TABLE_END,
+    bag_loss_exact,
     best_lr,
     context_guesses,
     main,
@@ -31,6 +32,7 @@ def test_exact_guesses_match_the_generator(n_pairs, n_values):
     # per-example guesses lie in [0, 1]: the Monte Carlo standard error is below 0.0065
     assert abs(mc["slot_guess_mc"] - slot_guess_exact(n_pairs, n_values)) < 0.026
     assert abs(mc["mode_guess_mc"] - mode_guess_exact(n_pairs, n_values)) < 0.026
+    assert mc["bag_loss_mc"] == pytest.approx(bag_loss_exact(n_pairs, n_values), abs=0.05)
 
 
 def test_mode_guess_exact_against_enumeration():
