@@ -1,0 +1,521 @@
+"""Key-value retrieval at the paper's size: does attention retrieve where MixiT cannot?
+
+    python -m studies.retrieval --baselines --pairs 16                       # chance and context guesses, no training
+    python -m studies.retrieval --stage sweep --pairs 16                     # 3 variants x the rate grid, seed 0
+    python -m studies.retrieval --stage seeds --pairs 16                     # 5 seeds per variant at its best rate
+    python -m studies.retrieval --stage curve --pairs 4,8,12 --variants standard   # time-to-solve against pairs
+    python -m studies.retrieval --render                                     # the page's table from the rows
+
+Trains recipes/retrieval_kv.yaml (keys and values from 32 symbols each, 1 to --pairs pairs per
+example) one run at a time in this process, with a hook (pretrain/hooks.py) scoring held-out accuracy
+on the answer token (eval/synthetic_tasks.py) every `train.eval_every_steps`, then the final
+checkpoint on --eval-samples held-out examples (eval/run.py). Each finished run appends one row to
+--rows (JSONL): the command, task arguments, variant, seed, rate, steps, final accuracy, the first
+step at 90 % of that final accuracy and at the solved threshold, wall and CPU seconds. A cell whose
+row exists is skipped, so a later session resumes from the committed rows; run dirs under --out are
+scratch. The sweep picks each variant's rate by final accuracy (then held-out loss); when the best rate
+sits at an edge of the grid the grid grows by a factor of 3 that way (at most --extend times). The
+seeds stage trains seeds 0..N-1 at that rate (seed 0 is the sweep's run). The curve stage trains at
+the rate chosen at --lr-pairs. Training stops once the rows' CPU seconds reach --budget-cpu-h.
+Seed i trains with the recipe's seed + i (init, data order, the task's held-out draw) and MixiT
+matrices of seed i.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from data_pipeline.cli import CliParser, run_cli
+from data_pipeline.synthetic import get_task
+from eval.run import EvalOptions, evaluate_checkpoint
+from eval.synthetic_tasks import evaluate_task
+from model import VARIANTS
+from pretrain.errors import NonFiniteLoss
+from pretrain.metrics import read_metrics
+from pretrain.train import train
+
+from .errors import STUDY_ERRORS, StudyError
+from .spread import Spread
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "recipes/retrieval_kv.yaml"
+ROWS = "docs/data/retrieval/runs.jsonl"
+PAGE = "docs/results/retrieval.md"
+TASK = "kv_retrieval"
+GRID = (3e-4, 1e-3, 3e-3)
+SOLVED = 0.9  # held-out accuracy that counts as having left the plateau
+# --stage all, in order (docs/results/retrieval.md, "Plan"): the sweep and 5 seeds at 16 pairs; standard's
+# time-to-solve at fewer pairs; 5 seeds at 30 pairs at the rates chosen at 16.
+PLAN = (
+    ("sweep", {"pairs": [16]}),
+    ("seeds", {"pairs": [16]}),
+    ("curve", {"pairs": [4, 8, 12], "variants": ["standard"], "seeds": 3, "lr_pairs": 16}),
+    ("seeds", {"pairs": [30], "lr_pairs": 16}),
+)
+TABLE_BEGIN, TABLE_END = "<!-- retrieval table: begin -->", "<!-- retrieval table: end -->"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run: what identifies its row."""
+
+    n_pairs: int
+    variant: str
+    lr: float
+    seed: int  # seed index: the recipe's seed + seed
+    steps: int
+    n_keys: int
+    n_values: int
+
+    @property
+    def name(self) -> str:
+        return f"p{self.n_pairs}-{self.variant}-lr{self.lr:g}-s{self.seed}-n{self.steps}"
+
+    def key(self) -> tuple:
+        return (self.n_pairs, self.variant, float(self.lr), self.seed, self.steps, self.n_keys, self.n_values)
+
+
+def row_key(row: dict) -> tuple:
+    a = row["task_args"]
+    return (a["n_pairs"], row["variant"], float(row["lr"]), row["seed"], row["steps"], a["n_keys"], a["n_values"])
+
+
+def task_args(cell: Cell) -> dict:
+    return {"n_pairs": cell.n_pairs, "min_pairs": 1, "n_keys": cell.n_keys, "n_values": cell.n_values}
+
+
+def recipe_seed(recipe: str) -> int:
+    return int(yaml.safe_load((REPO_ROOT / recipe).read_text()).get("seed", 1234))
+
+
+# -- baselines --------------------------------------------------------------------------------------
+
+
+def slot_guess_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
+    """Accuracy of naming the value of a uniformly chosen pair in the context, exactly: with n pairs
+    the guess hits the query's own pair (1/n) or another pair holding the same value ((n-1)/n * 1/V)."""
+    ns = range(min_pairs, n_pairs + 1)
+    return sum((1 + (n - 1) / n_values) / n for n in ns) / len(ns)
+
+
+def bag_loss_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
+    """Held-out loss (nats) of predicting the context's value frequencies, exactly: the answer's value
+    occurs 1 + Binomial(n - 1, 1/V) times among n, and the loss is -log(count / n). A model on the
+    plateau that uses the bag of context values but not their keys sits here."""
+    ns = range(min_pairs, n_pairs + 1)
+    p = 1 / n_values
+    return sum(
+        sum(math.comb(n - 1, k) * p**k * (1 - p) ** (n - 1 - k) * -math.log((k + 1) / n) for k in range(n)) for n in ns
+    ) / len(ns)
+
+
+def mode_guess_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
+    """Accuracy of naming the most frequent value in the context, exactly: with n values drawn
+    uniformly from V the query's value is a given value with probability count / n, so the guess is
+    right with probability E[max count] / n. P(max count <= k) = n! [x^n] (sum_{j<=k} x^j / j!)^V / V^n."""
+    top = n_pairs
+    factorial = [math.factorial(j) for j in range(top + 1)]
+    below = []  # below[k][n] = P(max count <= k) for n values
+    for k in range(top + 1):
+        base = np.array([1 / factorial[j] if j <= k else 0.0 for j in range(top + 1)])
+        power = np.zeros(top + 1)
+        power[0] = 1.0
+        for _ in range(n_values):
+            power = np.convolve(power, base)[: top + 1]
+        below.append([power[n] * factorial[n] / n_values**n for n in range(top + 1)])
+    ns = range(min_pairs, n_pairs + 1)
+    return sum(sum(1 - below[m - 1][n] for m in range(1, n + 1)) / n for n in ns) / len(ns)
+
+
+def context_guesses(task, samples: int) -> dict[str, float]:
+    """Monte Carlo over the task's own generator (its held-out split): the accuracy of the slot guess
+    (expected, per example) and of the best guess from the bag of context values without the keys
+    (the most frequent value: right with probability max count / n), and the loss of predicting the
+    context's value frequencies."""
+    value_ids = {task.ids[f"v{i}"] for i in range(task.n_values)}
+    slot = mode = bag = 0.0
+    for i in range(samples):
+        toks, _ = task.sample(i, "test")
+        context = toks[: toks.index(task.ids["?"])]
+        vals = [t for t in context if t in value_ids]
+        answer = toks[-2]
+        counts = np.bincount(vals)
+        slot += counts[answer] / len(vals)
+        mode += counts.max() / len(vals)
+        bag -= math.log(counts[answer] / len(vals))
+    return {"slot_guess_mc": slot / samples, "mode_guess_mc": mode / samples, "bag_loss_mc": bag / samples}
+
+
+def baselines(n_pairs: int, n_keys: int, n_values: int, samples: int = 20000, seed: int = 1234) -> dict[str, float]:
+    task = get_task(TASK, seed=seed, n_pairs=n_pairs, min_pairs=1, n_keys=n_keys, n_values=n_values)
+    return {
+        "chance": 1 / n_values,
+        "slot_guess_exact": slot_guess_exact(n_pairs, n_values),
+        "mode_guess_exact": mode_guess_exact(n_pairs, n_values),
+        "bag_loss_exact": bag_loss_exact(n_pairs, n_values),
+        **context_guesses(task, samples),
+        "samples": samples,
+    }
+
+
+# -- rows -------------------------------------------------------------------------------------------
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_row(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def first_step(curve: list[tuple[int, float]], threshold: float) -> int | None:
+    """The first probed step whose accuracy reaches `threshold` (None: never)."""
+    return next((s for s, a in curve if a >= threshold), None)
+
+
+def best_lr(rows: list[dict], n_pairs: int, variant: str, steps: int) -> tuple[float | None, list[float]]:
+    """(the best rate of the sweep rows of (n_pairs, variant, seed 0, steps), the rates swept); by final
+    accuracy, ties by held-out loss. None when nothing was swept."""
+    swept = [r for r in rows if r["task_args"]["n_pairs"] == n_pairs and r["variant"] == variant]
+    swept = [r for r in swept if r["seed"] == 0 and r["steps"] == steps]
+    if not swept:
+        return None, []
+    best = max(swept, key=lambda r: (-1.0, 0.0) if r["acc"] is None else (r["acc"], -r["loss"]))
+    return float(best["lr"]), sorted({float(r["lr"]) for r in swept})
+
+
+# -- training -----------------------------------------------------------------------------------------
+
+
+class AccuracyProbe:
+    """Training hook: held-out accuracy on the answer token, from the evaluation code."""
+
+    def __init__(self, task, samples: int):
+        self.task, self.samples = task, samples
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict:
+        res = evaluate_task(model, self.task, n=self.samples, split="test", progress=False)
+        return {"probe/acc": res["acc"], "probe/loss": res["loss"]}
+
+
+def command_for(cell: Cell, recipe: str) -> str:
+    """The command that trains exactly this cell (and skips it once its row exists)."""
+    args = [
+        "python -m studies.retrieval --stage seeds",
+        f"--pairs {cell.n_pairs}",
+        f"--variants {cell.variant}",
+        f"--lr {cell.lr:g}",
+        f"--seed-list {cell.seed}",
+        f"--steps {cell.steps}",
+        f"--keys {cell.n_keys} --values {cell.n_values}",
+    ]
+    if recipe != RECIPE:
+        args.append(f"--recipe {shlex.quote(recipe)}")
+    return " ".join(args)
+
+
+def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
+    """Train one cell (resuming a partial run dir), evaluate it, and return its row."""
+    seed = recipe_seed(args.recipe) + cell.seed
+    targs = task_args(cell)
+    overrides = [
+        f"model.variant={cell.variant}",
+        f"model.mixit_seed={cell.seed}",
+        f"seed={seed}",
+        f"optim.lr={cell.lr}",
+        f"optim.min_lr={cell.lr / 10}",
+        f"train.max_steps={cell.steps}",
+        f"train.seq_len={2 * cell.n_pairs + 4}",
+        f"train.eval_every_steps={args.probe_every}",
+        f"checkpoint.every_steps={max(args.probe_every, cell.steps // 4)}",
+        "data.task_args=" + json.dumps(targs),
+        *args.override,
+    ]
+    run_dir = Path(args.out) / "runs" / cell.name
+    task = get_task(TASK, seed=seed, **targs)
+    wall0, cpu0 = time.time(), time.process_time()
+    diverged = None
+    try:
+        res = train(
+            args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[AccuracyProbe(task, args.probe_samples)]
+        )
+    except NonFiniteLoss as e:  # a rate too high for this variant: a row that no sweep picks
+        diverged = str(e)
+    else:
+        if res.interrupted:
+            raise StudyError(f"{cell.name} was interrupted at step {res.final_step}. Fix: run the same command again")
+    if diverged is None:
+        opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=seed, progress=False)
+        scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
+    else:
+        scores = {"acc": None, "loss": None, "samples": 0}
+    curve = [(r["step"], r["probe/acc"]) for r in read_metrics(run_dir) if "probe/acc" in r]
+    final = scores["acc"] if scores["acc"] is not None else float("inf")
+    return {
+        "diverged": diverged,
+        "command": command_for(cell, args.recipe),
+        "recipe": args.recipe,
+        "overrides": overrides,
+        "task": TASK,
+        "task_args": targs,
+        "variant": cell.variant,
+        "seed": cell.seed,
+        "lr": cell.lr,
+        "steps": cell.steps,
+        "acc": scores["acc"],
+        "loss": scores["loss"],
+        "eval_samples": scores["samples"],
+        "curve": curve,
+        "step_90pct_of_final": first_step(curve, 0.9 * final),
+        "step_solved": first_step(curve, SOLVED),
+        "wall_s": round(time.time() - wall0, 1),
+        "cpu_s": round(time.process_time() - cpu0, 1),
+        "torch_threads": torch.get_num_threads(),
+        "stage": args.stage,
+    }
+
+
+def cells_for(args: argparse.Namespace, rows: list[dict], pairs: int, variant: str) -> list[Cell]:
+    """The cells this stage still needs for (pairs, variant), given the rows so far."""
+    base = dict(n_pairs=pairs, variant=variant, steps=args.steps, n_keys=args.keys, n_values=args.values)
+    if args.stage == "sweep":
+        best, swept = best_lr(rows, pairs, variant, args.steps)
+        rates = sorted(set(args.grid) | set(swept))
+        added = len(set(swept) - set(args.grid))
+        if best is not None and set(rates) == set(swept) and added < args.extend:
+            if best == min(swept):  # best at an edge: one more rate beyond it
+                rates.append(float(f"{best / 3:.3g}"))
+            elif best == max(swept):
+                rates.append(float(f"{best * 3:.3g}"))
+        return [Cell(lr=lr, seed=0, **base) for lr in rates]
+    if args.lr is not None:
+        lr = args.lr
+    else:
+        lr_pairs = args.lr_pairs or pairs
+        lr, swept = best_lr(rows, lr_pairs, variant, args.steps)
+        if lr is None:
+            raise StudyError(
+                f"no sweep rows for {variant} at {lr_pairs} pairs and {args.steps} steps. Fix: run --stage sweep "
+                f"--pairs {lr_pairs} first, or give --lr"
+            )
+        if lr in (min(swept), max(swept)) and len(swept) < len(args.grid) + args.extend:
+            raise StudyError(
+                f"{variant} at {lr_pairs} pairs: the best rate {lr:g} is at the edge of {swept}. Fix: run "
+                f"--stage sweep --pairs {lr_pairs} again to extend the grid"
+            )
+    seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+    return [Cell(lr=lr, seed=s, **base) for s in seeds]
+
+
+def run_stage(args: argparse.Namespace, log=print) -> int | None:
+    """Train every missing cell of the stage, one at a time; returns how many were trained (None: the
+    CPU budget is spent)."""
+    rows_path = Path(args.rows)
+    trained = 0
+    while True:  # a sweep may grow its grid after each round
+        rows = read_rows(rows_path)
+        done = {row_key(r) for r in rows}
+        todo = [c for p in args.pairs for v in args.variants for c in cells_for(args, rows, p, v)]
+        todo = [c for c in todo if c.key() not in done]
+        # seed-major: a stage the budget cuts short leaves every variant with the same seeds
+        todo.sort(key=lambda c: (c.n_pairs, c.seed, args.variants.index(c.variant), c.lr))
+        if not todo:
+            log(f"[{args.stage}] nothing left to train ({len(rows)} rows in {rows_path})")
+            return trained
+        spent = sum(r["cpu_s"] for r in rows)
+        if spent >= args.budget_cpu_h * 3600:
+            log(
+                f"[{args.stage}] CPU budget spent ({spent / 3600:.2f} h of {args.budget_cpu_h} h); {len(todo)} cells left"
+            )
+            return trained
+        cell = todo[0]
+        log(f"[{args.stage}] {cell.name}: training ({len(todo)} cells left, {spent / 3600:.2f} CPU-h spent)")
+        row = train_cell(cell, args)
+        append_row(rows_path, row)
+        trained += 1
+        acc = "diverged" if row["acc"] is None else f"{row['acc']:.3f}"
+        log(
+            f"[{args.stage}] {cell.name}: acc {acc}, solved at {row['step_solved']}, "
+            f"{row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU"
+        )
+
+
+# -- the table --------------------------------------------------------------------------------------
+
+
+def render(rows: list[dict]) -> str:
+    """Markdown: per (pairs, steps, variant) the rows at the rate with the most seeds (then the best
+    mean), mean ± std over seeds, how many solved, the baselines under each pair count; then the sweep."""
+    lines = [
+        "| pairs | variant | rate | steps | seeds | held-out accuracy (mean ± std) | per seed (%) | solved (≥ 90 %) | "
+        "median step solved |",
+        "|---:|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["acc"] is None:  # diverged: in the sweep's table only
+            continue
+        a = r["task_args"]
+        groups.setdefault((a["n_pairs"], a["n_keys"], a["n_values"], r["steps"], r["variant"], r["lr"]), []).append(r)
+    chosen: dict[tuple, dict[str, list[dict]]] = {}
+    for (*setting, variant, lr), rs in sorted(groups.items()):
+        score = (len(rs), Spread.of(r["acc"] for r in rs).mean)
+        cur = chosen.setdefault(tuple(setting), {}).get(variant)
+        if cur is None or score > (len(cur), Spread.of(r["acc"] for r in cur).mean):
+            chosen[tuple(setting)][variant] = rs
+    for (p, k, v, steps), per_variant in sorted(chosen.items()):
+        for variant in sorted(per_variant, key=list(VARIANTS).index):
+            rs = sorted(per_variant[variant], key=lambda r: r["seed"])
+            acc = Spread.of(r["acc"] for r in rs)
+            solved = sorted(r["step_solved"] for r in rs if r["step_solved"] is not None)
+            median = f"{solved[len(solved) // 2]}" if solved else "—"
+            per_seed = ", ".join(f"{100 * r['acc']:.1f}" for r in rs)
+            lines.append(
+                f"| {p} | {variant} | {rs[0]['lr']:g} | {steps} | {len(rs)} | {100 * acc.mean:.1f} ± "
+                f"{100 * acc.std:.1f} % | {per_seed} | {len(solved)}/{len(rs)} | {median} |"
+            )
+        lines += _baseline_lines(p, k, v)
+    sweep = sorted(
+        (r for r in rows if r["seed"] == 0),
+        key=lambda r: (r["task_args"]["n_pairs"], r["steps"], list(VARIANTS).index(r["variant"]), r["lr"]),
+    )
+    if sweep:
+        lines += ["", "Rate sweep (seed 0; final held-out accuracy and loss):", ""]
+        lines += [
+            "| pairs | variant | steps | rate | accuracy | loss | step solved |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in sweep:
+            solved = r["step_solved"] if r["step_solved"] is not None else "—"
+            acc, loss = ("diverged", "—") if r["acc"] is None else (f"{100 * r['acc']:.1f} %", f"{r['loss']:.3f}")
+            lines.append(
+                f"| {r['task_args']['n_pairs']} | {r['variant']} | {r['steps']} | {r['lr']:g} | {acc} | {loss} | {solved} |"
+            )
+    spent = sum(r["cpu_s"] for r in rows)
+    lines += [
+        "",
+        f"{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training (`python -m studies.retrieval --render`).",
+    ]
+    return "\n".join(lines)
+
+
+def _baseline_lines(p: int, k: int, v: int) -> list[str]:
+    return [
+        f"| {p} | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |",
+        f"| {p} | *in-context guess (most frequent context value, exact)* | | | | {100 * mode_guess_exact(p, v):.1f} % | | | |",
+    ]
+
+
+def render_page(page: Path, rows: list[dict]) -> bool:
+    """Replace the table between the page's markers; True if the page changed."""
+    text = page.read_text()
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise StudyError(f"{page} has no table markers. Fix: add the lines {TABLE_BEGIN} and {TABLE_END}")
+    head, rest = text.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    new = head + TABLE_BEGIN + "\n" + render(rows) + "\n" + TABLE_END + tail
+    page.write_text(new)
+    return new != text
+
+
+# -- CLI ------------------------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def run(args: argparse.Namespace) -> int:
+    for v in args.variants:
+        if v not in VARIANTS:
+            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+    if any(p < 1 or 2 * p + 4 > 64 for p in args.pairs):
+        raise StudyError(f"--pairs {args.pairs}: need 1 <= pairs <= 30 (the recipe's 64-token context). Fix: lower it")
+    if args.baselines:
+        for p in args.pairs:
+            b = baselines(p, args.keys, args.values, args.baseline_samples)
+            print(json.dumps({"n_pairs": p, "n_keys": args.keys, "n_values": args.values, **b}))
+        return 0
+    if args.render:
+        changed = render_page(Path(args.page), read_rows(Path(args.rows)))
+        print(f"{args.page}: {'updated' if changed else 'unchanged'}")
+        return 0
+    torch.set_num_threads(args.threads)
+    if args.stage != "all":
+        run_stage(args)
+    for stage, changes in PLAN if args.stage == "all" else ():
+        if run_stage(argparse.Namespace(**{**vars(args), "stage": stage, **changes})) is None:
+            break
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"this process: {usage.ru_utime + usage.ru_stime:.0f} s CPU")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = CliParser(
+        prog="python -m studies.retrieval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--stage", choices=("sweep", "seeds", "curve", "all"), default="sweep", help="all: the PLAN, in order"
+    )
+    ap.add_argument("--pairs", type=_ints, default=[16], help="comma-separated pair counts (default 16)")
+    ap.add_argument(
+        "--variants", type=lambda s: [v for v in s.split(",") if v], default=["standard", "frozen_qk", "mixit"]
+    )
+    ap.add_argument("--keys", type=int, default=32)
+    ap.add_argument("--values", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--grid", type=_floats, default=list(GRID), help="the sweep's rates")
+    ap.add_argument("--extend", type=int, default=2, help="rates the sweep may add beyond an edge")
+    ap.add_argument("--lr", type=float, default=None, help="seeds/curve: this rate instead of the sweep's best")
+    ap.add_argument(
+        "--lr-pairs", type=int, default=None, help="seeds/curve: the best rate of the sweep at this many pairs"
+    )
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seed-list", type=_ints, default=None, help="these seed indices instead of 0..--seeds-1")
+    ap.add_argument("--probe-every", type=int, default=100)
+    ap.add_argument("--probe-samples", type=int, default=256)
+    ap.add_argument("--eval-samples", type=int, default=2048)
+    ap.add_argument(
+        "--budget-cpu-h", type=float, default=4.0, help="stop training once the rows hold this many CPU-hours"
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--recipe", default=RECIPE)
+    ap.add_argument("--rows", default=ROWS)
+    ap.add_argument("--page", default=PAGE)
+    ap.add_argument("--out", default="outputs/retrieval", help="scratch run dirs")
+    ap.add_argument("--override", action="append", default=[], help="extra recipe override (tests)")
+    ap.add_argument("--baselines", action="store_true", help="print the baselines and exit")
+    ap.add_argument("--baseline-samples", type=int, default=20000)
+    ap.add_argument("--render", action="store_true", help="render the page's table from the rows and exit")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_cli(lambda: run(args), STUDY_ERRORS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""studies.retrieval: the baselines against the task's own generator, the study end to end at a
+tiny budget (sweep with its grid growing past an edge, seeds reusing the sweep's run, resuming from
+the rows, the CPU budget), and the page's table against the committed rows."""
+
+import re
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from data_pipeline.synthetic import get_task
+from studies.retrieval import (
+    PAGE,
+    ROWS,
+    TABLE_BEGIN,
+    TABLE_END,
+    bag_loss_exact,
+    best_lr,
+    context_guesses,
+    main,
+    mode_guess_exact,
+    read_rows,
+    render,
+    slot_guess_exact,
+)
+
+
+@pytest.mark.parametrize("n_pairs,n_values", [(4, 8), (6, 3)])
+def test_exact_guesses_match_the_generator(n_pairs, n_values):
+    task = get_task("kv_retrieval", seed=7, n_pairs=n_pairs, n_keys=8, n_values=n_values)
+    mc = context_guesses(task, 6000)
+    # per-example guesses lie in [0, 1]: the Monte Carlo standard error is below 0.0065
+    assert abs(mc["slot_guess_mc"] - slot_guess_exact(n_pairs, n_values)) < 0.026
+    assert abs(mc["mode_guess_mc"] - mode_guess_exact(n_pairs, n_values)) < 0.026
+    assert mc["bag_loss_mc"] == pytest.approx(bag_loss_exact(n_pairs, n_values), abs=0.05)
+
+
+def test_mode_guess_exact_against_enumeration():
+    """Every assignment of n values from V, counted: the float64 reference for the occupancy formula."""
+    n_pairs, n_values = 5, 3
+    per_n = []
+    for n in range(1, n_pairs + 1):
+        grids = np.stack(np.meshgrid(*[np.arange(n_values)] * n, indexing="ij"), -1).reshape(-1, n)
+        counts = np.stack([(grids == v).sum(1) for v in range(n_values)], 1)
+        per_n.append(float(np.mean(counts.max(1) / n)))
+    assert mode_guess_exact(n_pairs, n_values) == pytest.approx(np.mean(per_n), abs=1e-12)
+
+
+def _row(lr, acc, loss, seed=0):
+    return {
+        "task_args": {"n_pairs": 16},
+        "variant": "standard",
+        "lr": lr,
+        "seed": seed,
+        "steps": 10,
+        "acc": acc,
+        "loss": loss,
+    }
+
+
+def test_best_rate_by_accuracy_then_loss():
+    rows = [_row(1e-3, 0.5, 2.0), _row(3e-3, 0.5, 1.5), _row(3e-4, 0.4, 1.0), _row(3e-3, 0.9, 0.1, seed=1)]
+    assert best_lr(rows, 16, "standard", 10) == (3e-3, [3e-4, 1e-3, 3e-3])
+    assert best_lr(rows, 30, "standard", 10) == (None, [])
+    diverged = {**_row(9e-3, None, None), "curve": [], "step_solved": None, "cpu_s": 1.0}
+    assert best_lr([*rows, diverged], 16, "standard", 10) == (3e-3, [3e-4, 1e-3, 3e-3, 9e-3])
+    assert "| 16 | standard | 10 | 0.009 | diverged | — | — |" in render([diverged])
+
+
+def test_study_end_to_end_resumes_from_rows(tmp_path, capsys):
+    rows_path, page = tmp_path / "rows.jsonl", tmp_path / "page.md"
+    common = ["--pairs", "2", "--variants", "standard,mixit", "--steps", "6", "--probe-every", "3"]
+    common += [
+        "--probe-samples",
+        "32",
+        "--eval-samples",
+        "64",
+        "--rows",
+        str(rows_path),
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    assert main(["--stage", "sweep", "--grid", "1e-3,3e-3", "--extend", "1", *common]) == 0
+    rows = read_rows(rows_path)
+    for variant in ("standard", "mixit"):
+        mine = [r for r in rows if r["variant"] == variant]
+        rates = sorted(r["lr"] for r in mine)
+        assert len(rates) == 3 and {1e-3, 3e-3} < set(rates)  # the grid grew by one rate past an edge
+        extra = (set(rates) - {1e-3, 3e-3}).pop()
+        best_of_grid = max((r for r in mine if r["lr"] in (1e-3, 3e-3)), key=lambda r: (r["acc"], -r["loss"]))
+        assert extra == pytest.approx(best_of_grid["lr"] * (3 if best_of_grid["lr"] == 3e-3 else 1 / 3), rel=1e-2)
+    for r in rows:
+        assert r["steps"] == 6 and r["seed"] == 0 and r["task_args"]["n_pairs"] == 2
+        assert [s for s, _ in r["curve"]] == [3, 6] and 0.0 <= r["acc"] <= 1.0 and r["cpu_s"] >= 0
+        assert r["command"].startswith("python -m studies.retrieval") and f"--lr {r['lr']:g}" in r["command"]
+
+    seeds = ["--stage", "seeds", "--seeds", "2", "--extend", "1", "--grid", "1e-3,3e-3", *common]
+    assert main(seeds) == 0  # seed 0 is the sweep's run at the best rate: one new run per variant
+    rows = read_rows(rows_path)
+    assert len(rows) == 8 and sorted(r["seed"] for r in rows).count(1) == 2
+    before = rows_path.read_text()
+    capsys.readouterr()
+    assert main(seeds) == 0  # every cell has its row: nothing trains
+    assert rows_path.read_text() == before and "nothing left to train" in capsys.readouterr().out
+    assert main(["--stage", "curve", "--lr", "1e-3", "--budget-cpu-h", "0", *common]) == 0
+    assert rows_path.read_text() == before and not (tmp_path / "out" / "runs" / "p2-standard-lr0.001-s1-n6").exists()
+
+    page.write_text(f"# page\n\n{TABLE_BEGIN}\nold\n{TABLE_END}\nafter\n")
+    assert main(["--render", "--rows", str(rows_path), "--page", str(page)]) == 0
+    text = page.read_text()
+    for variant in ("standard", "mixit"):
+        line = next(x for x in text.splitlines() if x.startswith(f"| 2 | {variant} |"))
+        seed_accs = [100 * r["acc"] for r in rows if r["variant"] == variant and r["seed"] == 1]
+        assert "| 6 | 2 |" in line and f"{seed_accs[0]:.1f}" in line  # 6 steps, the best rate's two seeds
+    assert "*chance (1/32)* | | | | 3.1 %" in text and "after" in text and "old" not in text
+
+
+def test_page_table_is_rendered_from_the_committed_rows():
+    rows = read_rows(REPO / ROWS)
+    text = (REPO / PAGE).read_text()
+    table = re.search(re.escape(TABLE_BEGIN) + r"\n(.*)\n" + re.escape(TABLE_END), text, re.S).group(1)
+    assert table == (render(rows) if rows else "(no runs yet)"), "run: python -m studies.retrieval --render"
+    for r in rows:  # every row names the command that reproduces it
+        assert r["command"].startswith("python -m studies.retrieval")
