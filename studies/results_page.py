@@ -30,7 +30,10 @@ import yaml
 from common.cli import CliParser, print_error, run_cli
 from common.errors import StudyError
 
+from . import retrieval
+
 REPO = Path(__file__).resolve().parent.parent
+RETRIEVAL_PAIRS = [4, 8, 12, 16, 30]  # the pair counts docs/results/retrieval.md gives baselines for
 VARIANT_ORDER = ("standard", "frozen_qk", "mixit", "frozen_mlp")
 VARIANT_NAMES = {"standard": "standard", "frozen_qk": "frozen-QK", "mixit": "MixiT", "frozen_mlp": "frozen-MLP"}
 MARKER = re.compile(r"<!-- table:([\w-]+) -->\n(.*?)<!-- /table:\1 -->", re.S)
@@ -360,7 +363,37 @@ def ours_capacity(cells: list[Cell]) -> str:
     )
 
 
-OURS: dict[str, Callable[[list[Cell]], str]] = {"capacity": ours_capacity}
+def ours_retrieval(data_dir: Path) -> str:
+    """Per variant at each pair count: the held-out accuracy at its rate with the most seeds (then the best mean)."""
+    rows = [r for r in retrieval.read_rows(data_dir / "retrieval" / "runs.jsonl") if r["acc"] is not None]
+    best: dict[tuple[int, str], list[dict]] = {}
+    for key in {(r["task_args"]["n_pairs"], r["variant"], r["lr"]) for r in rows}:
+        rs = [r for r in rows if (r["task_args"]["n_pairs"], r["variant"], r["lr"]) == key]
+        cur = best.get(key[:2])
+        if cur is None or (len(rs), mean_std([r["acc"] for r in rs])[0]) > (
+            len(cur),
+            mean_std([r["acc"] for r in cur])[0],
+        ):
+            best[key[:2]] = rs
+    parts = []
+    for pairs in sorted({p for p, _ in best}):
+        cells = []
+        for v in VARIANT_ORDER:
+            rs = best.get((pairs, v))
+            if rs:
+                m, s = mean_std([100 * r["acc"] for r in rs])
+                cells.append(f"{VARIANT_NAMES[v]} {m:.1f} ± {s:.1f} % ({len(rs)} seed{'s' * (len(rs) > 1)})")
+            elif v != "frozen_mlp":
+                cells.append(f"{VARIANT_NAMES[v]} not yet trained")
+        g = 100 * retrieval.mode_guess_exact(pairs, 32)
+        parts.append(f"{pairs} pairs: " + ", ".join(cells) + f"; in-context guess {g:.1f} %")
+    return "; ".join(parts)
+
+
+OURS: dict[str, Callable[[list[Cell], Path], str]] = {
+    "capacity": lambda cells, _: ours_capacity(cells),
+    "retrieval": lambda _, data_dir: ours_retrieval(data_dir),
+}
 
 
 def table_summary(cells: list[Cell], data_dir: Path) -> str:
@@ -372,7 +405,7 @@ def table_summary(cells: list[Cell], data_dir: Path) -> str:
             raise StudyError(f"claims.csv: verdict {c['verdict']!r} is not one of {VERDICTS}. Fix: use one of them")
         if not c["ours"] and not c["verdict"].startswith("not measured"):
             raise StudyError(f"claims.csv: {c['claim']!r} has a verdict but no rows. Fix: 'not measured' or rows")
-        ours = OURS[c["ours"]](cells) if c["ours"] else "—"
+        ours = OURS[c["ours"]](cells, data_dir) if c["ours"] else "—"
         verdict = f"**{c['verdict']}**" + (f"; command: `{c['command']}`" if c["command"] else "")
         rows.append([c["claim"], c["paper"], c["where"], ours, verdict, c["page"]])
     return _table(["claim", "paper", "where in the paper", "ours (mean ± std)", "verdict", "section"], rows, 9)
@@ -395,6 +428,10 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
     "capacity-mixit-draws": table_capacity_mixit_draws,
     "capacity-frozen-mlp-rate": table_capacity_frozen_mlp_rate,
     "capacity-rows": table_capacity_commands,
+    "retrieval": lambda _, data_dir: (
+        retrieval.render(retrieval.read_rows(data_dir / "retrieval" / "runs.jsonl")) + "\n"
+    ),
+    "retrieval-baselines": lambda _, data_dir: retrieval.baselines_table(RETRIEVAL_PAIRS, 32, 32) + "\n",
 }
 
 

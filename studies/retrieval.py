@@ -37,16 +37,15 @@ import numpy as np
 import torch
 import yaml
 
-from data_pipeline.cli import CliParser, run_cli
+from common.cli import CliParser, run_cli
+from common.errors import NonFiniteLoss, StudyError
 from data_pipeline.synthetic import get_task
 from eval.run import EvalOptions, evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task
 from model import VARIANTS
-from pretrain.errors import NonFiniteLoss
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
-from .errors import STUDY_ERRORS, StudyError
 from .spread import Spread
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +63,7 @@ PLAN = (
     ("curve", {"pairs": [4, 8, 12], "variants": ["standard"], "seeds": 3, "lr_pairs": 16}),
     ("seeds", {"pairs": [30], "lr_pairs": 16}),
 )
-TABLE_BEGIN, TABLE_END = "<!-- retrieval table: begin -->", "<!-- retrieval table: end -->"
+TABLE_BEGIN, TABLE_END = "<!-- table:retrieval -->", "<!-- /table:retrieval -->"  # as studies.results_page
 
 
 @dataclass(frozen=True)
@@ -416,6 +415,21 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def baselines_table(pairs: list[int], n_keys: int, n_values: int) -> str:
+    """Markdown: chance and the exact context guesses (and the bag loss) per pair count; tests check the
+    exact formulas against the task's own generator by Monte Carlo and by full enumeration."""
+    lines = [
+        "| pairs (keys, values) | chance | slot guess, exact | mode guess (in-context guess G), exact | bag loss, nats |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for p in pairs:
+        lines.append(
+            f"| {p} ({n_keys}, {n_values}) | {100 / n_values:.1f} % | {100 * slot_guess_exact(p, n_values):.1f} % | "
+            f"{100 * mode_guess_exact(p, n_values):.1f} % | {bag_loss_exact(p, n_values):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def _baseline_lines(p: int, k: int, v: int) -> list[str]:
     return [
         f"| {p} | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |",
@@ -514,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_cli(lambda: run(args), STUDY_ERRORS)
+    return run_cli(lambda: run(args))
 
 
 if __name__ == "__main__":
