@@ -23,9 +23,7 @@ import json
 import math
 import re
 import shlex
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ from pretrain.config import load_recipe
 from pretrain.run_dir import read_config
 
 from .scaling_fit import PowerLawFit, fit_joint, fit_variants, held_out_check, plot_fits
-from .scaling_ladder import DONE, LADDER, branch_overrides, run_ladder, shape_overrides
+from .scaling_ladder import DONE, LADDER, branch_overrides, run_ladder, shape_overrides, train_once
 from .scaling_lr import lr_sweep
 
 __all__ = ["branch_overrides", "main"]
@@ -128,19 +126,11 @@ eval "set -- $ARGS"
         bar.set_postfix_str(p.name)
         if (run_dir / DONE).is_file():
             continue
-        cmd = [
-            sys.executable,
-            "-m",
-            "pretrain.train",
-            *train_args(args.recipe, p, run_dir, args.tokens, args.overrides),
-        ]
-        start = time.time()
-        proc = subprocess.run(cmd, cwd=REPO_ROOT)
-        if proc.returncode != 0:
+        if not train_once(
+            train_args(args.recipe, p, run_dir, args.tokens, args.overrides), run_dir, {"point": p.__dict__}
+        ):
             failed.append(p.name)
-            bar.write(f"[sweep] {p.name} failed (exit {proc.returncode}); re-run the sweep to resume it")
-            continue
-        (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start, "point": p.__dict__}))
+            bar.write(f"[sweep] {p.name} failed; re-run the sweep to resume it")
     if failed:
         print(f"[sweep] {len(failed)} point(s) failed: {', '.join(failed)}")
         return 1

@@ -222,24 +222,26 @@ def run_ladder(args) -> int:
             continue
         if run.stable_name in failed:
             continue
-        cmd = [
-            sys.executable,
-            "-m",
-            "pretrain.train",
-            *train_args(args.recipe, run, out, args.cooldown, args.overrides),
-        ]
-        print(f"[ladder] {run.name}: {shlex.join(cmd[3:])}", flush=True)
-        start = time.time()
-        if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+        targs = train_args(args.recipe, run, out, args.cooldown, args.overrides)
+        print(f"[ladder] {run.name}: {shlex.join(targs)}", flush=True)
+        if not train_once(targs, run_dir, {"run": run.__dict__}):
             failed.append(run.stable_name if run.branch_step is None else run.name)
             print(f"[ladder] {run.name} failed; re-run the same command to resume it", flush=True)
-            continue
-        (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start, "run": run.__dict__}))
     if failed:
         print(f"[ladder] {len(failed)} run(s) failed: {', '.join(failed)}")
         return 1
     print(f"[ladder] all {len(runs)} runs done; next: python -m studies.scaling collect --out {out}")
     return 0
+
+
+def train_once(train_args: list[str], run_dir: Path, record: dict) -> bool:
+    """Train one run as its own process (`python -m pretrain.train ARGS` from the repository) and, when it
+    finishes, mark `run_dir` done with its wall time and `record`; False when it failed (a re-run resumes it)."""
+    start = time.time()
+    if subprocess.run([sys.executable, "-m", "pretrain.train", *train_args], cwd=REPO_ROOT).returncode != 0:
+        return False
+    (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start, **record}))
+    return True
 
 
 def write_slurm(args, runs: list[LadderRun], out: Path) -> int:
