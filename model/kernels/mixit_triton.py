@@ -202,6 +202,18 @@ class Tiles(NamedTuple):
     num_stages: int
 
 
+def launch_meta(t: Tiles, n: int) -> dict[str, int]:
+    """The compile-time and launch keywords both kernels take for tile `t` over `n` rows."""
+    return dict(
+        BM=t.BM,
+        BN=t.BN,
+        BD=t.BD,
+        SWEEP_N=n if sweep_all_tiles() else 0,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+
+
 def tiles(dh: int, block: int) -> Tiles:
     """The tile both kernels launch with for head dim `dh` and the config's mixit_block_size.
 
@@ -248,12 +260,7 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
         DH=dh,
         IDENT=p.identity,
         CAUSAL=p.causal,
-        BM=t.BM,
-        BN=t.BN,
-        BD=t.BD,
-        SWEEP_N=n if sweep_all_tiles() else 0,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        **launch_meta(t, n),
     )
     return out
 
@@ -283,12 +290,7 @@ def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block:
         Hr,
         DH=dh,
         CAUSAL=p.causal,
-        BM=t.BM,
-        BN=t.BN,
-        BD=t.BD,
-        SWEEP_N=n if sweep_all_tiles() else 0,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        **launch_meta(t, n),
     )
     dg = drift[None, :, :n, None] * g
     if p.causal:
