@@ -21,7 +21,6 @@ import argparse
 import csv
 import json
 import math
-import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -29,20 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from common.cli import CliParser, run_cli
 from common.constants import REPO_ROOT
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
-from model import PRESETS, VARIANTS, ModelConfig, build_model, param_count
-from model.flops import flops_per_token
+from model import PRESETS, VARIANTS
 from pretrain.config import load_recipe
-from pretrain.run_dir import read_config
 
 from .scaling_fit import PowerLawFit, fit_joint, fit_variants, held_out_check, plot_fits
-from .scaling_ladder import DONE, LADDER, branch_overrides, run_ladder, shape_overrides, train_once
+from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
+from .scaling_runs import DONE, RowLog, collect_run, train_once
 
 __all__ = ["branch_overrides", "main"]
 
@@ -139,69 +136,14 @@ eval "set -- $ARGS"
 
 
 # ---- collect ------------------------------------------------------------------------------
-def collect_run(run_dir: Path) -> dict[str, Any] | None:
-    """One row per finished run: losses, sizes, tokens, FLOPs (schedule-aware), wall time."""
-
-    run, metrics_file = read_config(run_dir), run_dir / "metrics.jsonl"
-    if run is None or not metrics_file.is_file():
-        return None
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    if not rows:
-        return None
-    seq_len = int(run["train"]["seq_len"])
-    mcfg = ModelConfig.from_dict(run["model"])  # config.yaml records the resolved model
-    train_rows = [r for r in rows if r.get("loss") is not None]
-    val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
-    last = train_rows[-1] if train_rows else rows[-1]
-    tokens = int(last.get("tokens_seen", 0))
-    steps = int(last.get("step", 0))
-    tokens_per_step = tokens / steps if steps else 0.0
-    # FLOPs with the freeze schedule: each step costs the rate of the groups frozen at that step.
-    bounds = [0] + [b for b in mcfg.schedule_boundaries() if b < steps] + [steps]
-    flops = sum(
-        (b1 - b0) * tokens_per_step * flops_per_token(mcfg, seq_len, step=b0)["train"]
-        for b0, b1 in zip(bounds[:-1], bounds[1:])
-    )
-    counts = param_count(mcfg)
-    with torch.device("meta"):
-        trainable = sum(p.numel() for p in build_model(mcfg).parameters() if p.requires_grad)
-    done = run_dir / DONE
-    wall = json.loads(done.read_text())["seconds"] if done.is_file() else None
-    m = RUN_NAME.match(run_dir.name)
-    size = m.group("size") if m else "custom"
-    last_eval = next((r for r in reversed(rows) if r.get("val_loss") is not None), {})
-    per_set = {k: v for k, v in last_eval.items() if k.startswith("val_loss/")}
-    return {
-        "run": run_dir.name,
-        "variant": mcfg.variant,
-        "size": size,
-        "seed": run.get("seed"),
-        "params": counts["total"],
-        "non_embedding_params": counts["non_embedding"],
-        "trainable_params": trainable,
-        "steps": steps,
-        "tokens": tokens,
-        "flops": flops,
-        "final_train_loss": last.get("loss"),
-        "final_val_loss": val[-1][1] if val else None,
-        "best_val_loss": min(v for _, v in val) if val else None,
-        "wall_seconds": wall,
-        "finished": done.is_file(),
-        "lr": run["optim"]["lr"],
-        # a loss after a decay to min_lr; a stable-phase (constant-rate) loss is not a budget's loss
-        "cooled": run["optim"]["decay"] != "constant",
-        "branch_step": int(m.group("branch")) if m and m.group("branch") else None,
-        **per_set,
-    }
-
-
-RUN_NAME = re.compile(r"^(?P<variant>.+?)-(?P<size>[^-]+)-s(?P<seed>\d+)(?:-b(?P<branch>\d+))?$")
-
-
 def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """results.csv and results.md of every run under DIR/runs and, with --rows, every row of that log
+    (a run directory's own row wins over its logged one)."""
     out = Path(args.out)
     runs = sorted(p for p in (out / "runs").glob("*") if p.is_dir())
-    rows = [r for r in (collect_run(p) for p in runs) if r is not None]
+    by_name = {r["run"]: r for r in RowLog(args.rows).rows()}
+    by_name.update({r["run"]: r for r in (collect_run(p) for p in runs) if r is not None})
+    rows = sorted(by_name.values(), key=lambda r: r["run"])
     if not rows:
         raise StudyError(
             f"no runs with metrics under {out / 'runs'}. Fix: run `python -m studies.scaling sweep --out {out}` first"
@@ -383,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
     co = sub.add_parser("collect", help="tabulate the finished runs")
     co.add_argument("--out", required=True)
+    co.add_argument("--rows", default=None, help="a row log of ladder/lr-sweep: its runs count too")
     fi = sub.add_parser("fit", help="fit L(N) and L(C) per variant and plot")
     fi.add_argument("--out", required=True)
     fi.add_argument("--metric", default="final_val_loss", choices=["final_val_loss", "best_val_loss"])
@@ -404,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-sequences", default="", help="SIZE=B,...: global batch (sequences) per size; else the recipe's"
     )
     la.add_argument("--lr-from", default=None, help="lr.json of lr-sweep: a rate per variant and size")
+    la.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
+    la.add_argument("--rows", default=None, help="JSON-lines log: a row per finished run; runs in it are skipped")
     la.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
     la.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
     lr = sub.add_parser(
@@ -418,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     lr.add_argument("--budget", type=float, default=5.0, help="tokens per non-embedding parameter of each run")
     lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
     lr.add_argument("--out", required=True)
+    lr.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
+    lr.add_argument("--rows", default=None, help="JSON-lines log: a row per finished run; runs in it are skipped")
     lr.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
     args = ap.parse_args(argv)
 

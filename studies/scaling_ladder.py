@@ -17,9 +17,6 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +25,7 @@ from common.errors import StudyError
 from model import VARIANTS, ModelConfig, param_count
 from pretrain.config import load_recipe
 
-DONE = "sweep_done.json"
+from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, train_once
 
 # name -> model shape (intermediate = 3 x hidden, head dim 16, tied head): 27k .. 2.0M non-embedding
 # parameters of the standard variant, 75x; MixiT has ~15% fewer (no Q, K).
@@ -193,7 +190,8 @@ def per_size(spec: str | None, option: str) -> dict[str, int]:
 
 
 def run_ladder(args) -> int:
-    """Train every run of the plan in order (or write the Slurm scripts with --slurm)."""
+    """Train every run of the plan (or write the Slurm scripts with --slurm): each stable run and then
+    its branches in order, `--jobs` such chains side by side, each finished run a row in `--rows`."""
     seeds = {"*": args.seeds, **per_size(args.more_seeds, "--more-seeds")}
     batches = per_size(args.batch_sequences, "--batch-sequences")
     for size in args.sizes.split(","):
@@ -215,33 +213,37 @@ def run_ladder(args) -> int:
     (out / "ladder.json").write_text(json.dumps({**vars(args), "runs": [r.__dict__ for r in runs]}, indent=2))
     if args.slurm:
         return write_slurm(args, runs, out)
-    failed = []
+    log, threads = RowLog(args.rows), threads_per_job(args.jobs)
+    have = log.names()
+    chains: dict[str, list[LadderRun]] = {}
     for run in runs:
-        run_dir = out / "runs" / run.name
-        if (run_dir / DONE).is_file():
-            continue
-        if run.stable_name in failed:
-            continue
-        targs = train_args(args.recipe, run, out, args.cooldown, args.overrides)
-        print(f"[ladder] {run.name}: {shlex.join(targs)}", flush=True)
-        if not train_once(targs, run_dir, {"run": run.__dict__}):
-            failed.append(run.stable_name if run.branch_step is None else run.name)
-            print(f"[ladder] {run.name} failed; re-run the same command to resume it", flush=True)
+        chains.setdefault(run.stable_name, []).append(run)
+
+    def train_chain(chain: list[LadderRun]) -> list[str]:
+        """The stable run, then its branches; the stable run trains again only when a branch still needs
+        its checkpoints and they are gone; a failed stable run skips its branches."""
+        if all(r.name in have for r in chain):
+            return []
+        for run in chain:
+            run_dir = out / "runs" / run.name
+            if run.branch_step is not None and run.name in have:
+                continue
+            if not (run_dir / DONE).is_file():
+                targs = train_args(args.recipe, run, out, args.cooldown, args.overrides)
+                print(f"[ladder] {run.name}: {shlex.join(targs)}", flush=True)
+                if not train_once(targs, run_dir, {"run": run.__dict__}, threads):
+                    print(f"[ladder] {run.name} failed; re-run the same command to resume it", flush=True)
+                    return [run.name]
+            if run.name not in have and (row := collect_run(run_dir)) is not None:
+                log.append(row)
+        return []
+
+    failed = run_chains([lambda c=c: train_chain(c) for c in chains.values()], args.jobs)
     if failed:
         print(f"[ladder] {len(failed)} run(s) failed: {', '.join(failed)}")
         return 1
     print(f"[ladder] all {len(runs)} runs done; next: python -m studies.scaling collect --out {out}")
     return 0
-
-
-def train_once(train_args: list[str], run_dir: Path, record: dict) -> bool:
-    """Train one run as its own process (`python -m pretrain.train ARGS` from the repository) and, when it
-    finishes, mark `run_dir` done with its wall time and `record`; False when it failed (a re-run resumes it)."""
-    start = time.time()
-    if subprocess.run([sys.executable, "-m", "pretrain.train", *train_args], cwd=REPO_ROOT).returncode != 0:
-        return False
-    (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start, **record}))
-    return True
 
 
 def write_slurm(args, runs: list[LadderRun], out: Path) -> int:

@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from common.constants import REPO_ROOT
 from common.errors import StudyError
 from pretrain.config import load_recipe
-from pretrain.metrics import read_metrics
 
-from .scaling_ladder import DONE, LADDER, non_embedding_params, per_size, shape_overrides
+from .scaling_ladder import LADDER, non_embedding_params, per_size, shape_overrides
+from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, train_once
 
 
 def rate_name(variant: str, size: str, lr: float) -> str:
@@ -89,6 +85,8 @@ def rate_rule(best: dict[str, dict[str, float]]) -> dict[str, dict]:
 
 
 def lr_sweep(args) -> int:
+    """Train every grid point (`--jobs` side by side, each a row in `--rows`), then choose the rates
+    from the rows and write lr.json."""
     variants, sizes = args.variants.split(","), args.sizes.split(",")
     lrs = sorted(float(x) for x in args.lrs.split(","))
     points = [(v, s, lr) for s in sizes for v in variants for lr in lrs]
@@ -97,27 +95,34 @@ def lr_sweep(args) -> int:
         load_recipe(args.recipe, [*args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))])
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    failed = []
-    for v, s, lr in points:
+    log, threads = RowLog(args.rows), threads_per_job(args.jobs)
+    have = log.names()
+
+    def train_point(v: str, s: str, lr: float) -> list[str]:
         run_dir = out / "runs" / rate_name(v, s, lr)
-        if (run_dir / DONE).is_file():
-            continue
-        cmd = [sys.executable, "-m", "pretrain.train", "--recipe", args.recipe, "--run-dir", str(run_dir)]
-        cmd += ["--resume", "auto", *args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))]
-        start = time.time()
-        if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
-            failed.append(run_dir.name)
-            continue
-        (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start}))
+        if run_dir.name in have:
+            return []
+        if not (run_dir / DONE).is_file():
+            cmd = ["--recipe", args.recipe, "--run-dir", str(run_dir), "--resume", "auto", *args.overrides]
+            cmd += rate_overrides(v, s, lr, args.budget, batches.get(s))
+            if not train_once(cmd, run_dir, {"variant": v, "size": s, "lr": lr}, threads):
+                return [run_dir.name]
+        if (row := collect_run(run_dir)) is not None:
+            log.append({**row, "size": s, "budget": args.budget})
+        return []
+
+    failed = run_chains([lambda p=p: train_point(*p) for p in points], args.jobs)
     if failed:
         print(f"[lr-sweep] {len(failed)} run(s) failed: {', '.join(failed)}; re-run the same command to resume")
         return 1
+    found = {r["run"]: r for r in log.rows()}
+    found.update({r["run"]: r for r in (collect_run(out / "runs" / rate_name(*p)) for p in points) if r})
     losses = {}
     for v, s, lr in points:
-        evals = [r["val_loss"] for r in read_metrics(out / "runs" / rate_name(v, s, lr)) if "val_loss" in r]
-        if not evals:
+        loss = found.get(rate_name(v, s, lr), {}).get("final_val_loss")
+        if loss is None:
             raise StudyError(f"{rate_name(v, s, lr)} logged no val_loss. Fix: train.eval_every_steps > 0")
-        losses[(v, s, lr)] = evals[-1]
+        losses[(v, s, lr)] = loss
     rule = rate_rule(choose_rates(losses))
     (out / "lr.json").write_text(json.dumps(rule, indent=2))
     print(json.dumps({v: r["rates"] for v, r in rule.items()}, indent=2))

@@ -11,6 +11,7 @@ import pytest
 from common.errors import StudyError
 from studies.scaling import main
 from studies.scaling_ladder import LADDER, branch_steps, non_embedding_params, plan_ladder
+from studies.scaling_runs import collect_run
 
 LADDER_ARGS = [
     "ladder",
@@ -41,8 +42,9 @@ def test_ladder_sizes_span_the_plan():
 
 
 def test_ladder_trains_stable_runs_and_branches_then_fits(tmp_path):
-    out = tmp_path / "ladder"
-    assert main([*LADDER_ARGS, "--out", str(out), *OVERRIDES]) == 0
+    out, log = tmp_path / "ladder", tmp_path / "rows.jsonl"
+    args = [*LADDER_ARGS, "--jobs", "2", "--rows", str(log), "--out", str(out), *OVERRIDES]
+    assert main(args) == 0
     runs = sorted(p.name for p in (out / "runs").iterdir())
     # n27k: 0.02..0.08 x 26784 tokens / 256 per step / 1.5 -> steps 1, 3, 6; n90k: 4.7, 9.4, 18.8 -> 5, 10, 20
     assert runs == sorted(
@@ -60,8 +62,24 @@ def test_ladder_trains_stable_runs_and_branches_then_fits(tmp_path):
     metrics = (out / "runs" / "standard-n27k-s0-b6" / "metrics.jsonl").read_text()
     branch = [json.loads(line) for line in metrics.splitlines()]
     assert [r["step"] for r in branch] == [7, 8, 9] and "val_loss" in branch[-1]  # resumed at 6, 3 decay steps
-    assert main([*LADDER_ARGS, "--out", str(out), *OVERRIDES]) == 0  # everything done: nothing retrains
-    assert main(["collect", "--out", str(out)]) == 0
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(r["run"] for r in logged) == runs and all(r["cpu_seconds"] > 0 for r in logged)
+    assert main(args) == 0  # everything done: nothing retrains, nothing is logged twice
+    assert len(log.read_text().splitlines()) == 8
+    # the run directories are gone (another machine): the rows alone resume the study; a branch without
+    # a row retrains with its stable run (for the checkpoint), and only the rows it lacked are added
+    moved = tmp_path / "moved"
+    (out / "runs").rename(moved)
+    log.write_text("".join(json.dumps(r) + "\n" for r in logged if r["run"] != "standard-n27k-s0-b3"))
+    assert main(args) == 0
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["standard-n27k-s0", "standard-n27k-s0-b3"]
+    relogged = [json.loads(line)["run"] for line in log.read_text().splitlines()]
+    assert sorted(relogged) == runs
+    rerun = collect_run(out / "runs" / "standard-n27k-s0-b3")
+    before = next(r for r in logged if r["run"] == "standard-n27k-s0-b3")
+    assert rerun["final_val_loss"] == before["final_val_loss"]  # the same run, trained again
+    (out / "runs").rename(tmp_path / "again")
+    assert main(["collect", "--out", str(out), "--rows", str(log)]) == 0  # the rows alone make the table
     rows = list(csv.DictReader(open(out / "results.csv")))
     cooled = [r for r in rows if r["cooled"] == "True"]
     assert (

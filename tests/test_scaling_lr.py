@@ -9,6 +9,7 @@ import math
 import pytest
 
 from common.errors import StudyError
+from studies.scaling import main
 from studies.scaling_ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
 from studies.scaling_lr import choose_rates, rate_overrides, rate_rule
 
@@ -89,3 +90,22 @@ def test_ladder_uses_the_rule_and_sweep_runs_decay(tmp_path):
     over = rate_overrides("mixit", "n27k", 2e-3, 5.0, batch=8)
     assert "optim.decay=wsd" in over and f"train.max_tokens={5 * non_embedding_params('n27k')}" in over
     assert "train.global_batch_sequences=8" in over
+
+
+def test_lr_sweep_trains_the_grid_logs_rows_and_resumes_from_them(tmp_path):
+    """A real grid at one size (a rate too small to move, a good one, one too large), two runs side by
+    side; the rows alone (run directories gone) give the same lr.json without training again."""
+    out, log = tmp_path / "lr", tmp_path / "rows.jsonl"
+    args = ["lr-sweep", "--recipe", "recipes/tiny_cpu.yaml", "--variants", "standard", "--sizes", "n27k"]
+    args += ["--lrs", "1e-5,3e-3,0.5", "--budget", "0.3", "--jobs", "2", "--rows", str(log), "--out", str(out)]
+    args += ["optim.warmup_steps=1", "optim.min_lr=0", "train.eval_every_steps=1000", "logging.tensorboard=false"]
+    assert main(args) == 0
+    rule = json.loads((out / "lr.json").read_text())
+    assert rule["standard"]["best"] == {"n27k": 3e-3}
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(r["lr"] for r in rows) == [1e-5, 3e-3, 0.5] and {r["size"] for r in rows} == {"n27k"}
+    (out / "runs").rename(tmp_path / "gone")
+    (out / "lr.json").unlink()
+    assert main(args) == 0
+    assert json.loads((out / "lr.json").read_text()) == rule and not list((out / "runs").iterdir())
+    assert len(log.read_text().splitlines()) == 3

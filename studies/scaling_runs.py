@@ -1,0 +1,147 @@
+"""Running a scaling study's training processes: one process per run, K at a time, and a durable row
+per finished run.
+
+A run is `python -m pretrain.train ARGS` in its own process. A finished run gets `sweep_done.json`
+(wall and CPU seconds) in its directory and, with a row log, one JSON line of its results
+(`collect_run`) appended to that log, which outlives the run directories: a study resumes from its
+rows on a machine where the runs themselves are gone, and the rows are what a page cites.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.constants import REPO_ROOT
+from common.errors import StudyError
+from model import ModelConfig, build_model, param_count
+from model.flops import flops_per_token
+from pretrain.run_dir import read_config
+
+DONE = "sweep_done.json"
+RUN_NAME = re.compile(r"^(?P<variant>.+?)-(?P<size>[^-]+)-s(?P<seed>\d+)(?:-b(?P<branch>\d+))?$")
+
+
+def train_once(train_args: list[str], run_dir: Path, record: dict, threads: int | None = None) -> bool:
+    """Train one run as its own process and, when it finishes, mark `run_dir` done with its wall and
+    CPU seconds and `record`; False when it failed (a re-run resumes it). `threads`: its OMP threads."""
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", *train_args], cwd=REPO_ROOT, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, even with others running beside it
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        return False
+    cpu = usage.ru_utime + usage.ru_stime
+    (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start, "cpu_seconds": cpu, **record}))
+    return True
+
+
+def run_chains(chains: Sequence[Callable[[], list[str]]], jobs: int) -> list[str]:
+    """Run each chain (a callable that trains some runs in order and returns the names that failed)
+    with up to `jobs` chains at once; the names that failed, over all chains."""
+    if jobs < 1:
+        raise StudyError(f"--jobs {jobs} must be >= 1. Fix: e.g. --jobs 2 on a 2-core machine")
+    if jobs == 1:
+        return [name for chain in chains for name in chain()]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return [name for failed in pool.map(lambda chain: chain(), chains) for name in failed]
+
+
+def threads_per_job(jobs: int) -> int | None:
+    """OMP threads for each of `jobs` processes side by side (None: one process, leave it alone)."""
+    return None if jobs == 1 else max(1, (os.cpu_count() or 1) // jobs)
+
+
+class RowLog:
+    """A JSON-lines file of finished runs' rows (None: no log). Appends are whole lines under a lock,
+    so runs finishing side by side never interleave, and a killed study loses at most its unfinished runs."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+
+    def rows(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.is_file():
+            return []
+        try:
+            return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        except ValueError as e:
+            raise StudyError(f"{self.path}: not a JSON-lines row log ({e}). Fix: restore it from git") from None
+
+    def names(self) -> set[str]:
+        return {r["run"] for r in self.rows()}
+
+    def append(self, row: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def collect_run(run_dir: Path) -> dict[str, Any] | None:
+    """One row per finished run: losses, sizes, tokens, FLOPs (schedule-aware), wall and CPU time."""
+    run, metrics_file = read_config(run_dir), run_dir / "metrics.jsonl"
+    if run is None or not metrics_file.is_file():
+        return None
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    seq_len = int(run["train"]["seq_len"])
+    mcfg = ModelConfig.from_dict(run["model"])  # config.yaml records the resolved model
+    train_rows = [r for r in rows if r.get("loss") is not None]
+    val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
+    last = train_rows[-1] if train_rows else rows[-1]
+    tokens = int(last.get("tokens_seen", 0))
+    steps = int(last.get("step", 0))
+    tokens_per_step = tokens / steps if steps else 0.0
+    # FLOPs with the freeze schedule: each step costs the rate of the groups frozen at that step.
+    bounds = [0] + [b for b in mcfg.schedule_boundaries() if b < steps] + [steps]
+    flops = sum(
+        (b1 - b0) * tokens_per_step * flops_per_token(mcfg, seq_len, step=b0)["train"]
+        for b0, b1 in zip(bounds[:-1], bounds[1:])
+    )
+    counts = param_count(mcfg)
+    with torch.device("meta"):
+        trainable = sum(p.numel() for p in build_model(mcfg).parameters() if p.requires_grad)
+    done = run_dir / DONE
+    timing = json.loads(done.read_text()) if done.is_file() else {}
+    m = RUN_NAME.match(run_dir.name)
+    last_eval = next((r for r in reversed(rows) if r.get("val_loss") is not None), {})
+    per_set = {k: v for k, v in last_eval.items() if k.startswith("val_loss/")}
+    return {
+        "run": run_dir.name,
+        "variant": mcfg.variant,
+        "size": m.group("size") if m else "custom",
+        "seed": run.get("seed"),
+        "params": counts["total"],
+        "non_embedding_params": counts["non_embedding"],
+        "trainable_params": trainable,
+        "steps": steps,
+        "tokens": tokens,
+        "flops": flops,
+        "final_train_loss": last.get("loss"),
+        "final_val_loss": val[-1][1] if val else None,
+        "best_val_loss": min(v for _, v in val) if val else None,
+        "wall_seconds": timing.get("seconds"),
+        "cpu_seconds": timing.get("cpu_seconds"),
+        "finished": done.is_file(),
+        "lr": run["optim"]["lr"],
+        # a loss after a decay to min_lr; a stable-phase (constant-rate) loss is not a budget's loss
+        "cooled": run["optim"]["decay"] != "constant",
+        "branch_step": int(m.group("branch")) if m and m.group("branch") else None,
+        **per_set,
+    }
