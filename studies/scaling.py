@@ -36,7 +36,18 @@ from data_pipeline.progress import progress_bar
 from model import PRESETS, VARIANTS
 from pretrain.config import load_recipe
 
-from .scaling_fit import PowerLawFit, fit_joint, fit_variants, held_out_check, plot_fits
+from .scaling_fit import (
+    JointFit,
+    PowerLawFit,
+    fit_joint,
+    fit_variants,
+    flops_curve,
+    frontier,
+    frontier_gap,
+    held_out_check,
+    plot_fits,
+    plot_frontier,
+)
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
 from .scaling_runs import DONE, RowLog, collect_run, train_once
@@ -243,8 +254,10 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 md.append(f"| {v} | — | — | — | — | — | {f} |")
         md.append("")
-    report["joint"], joint_md = joint_fits(rows, args.param_kind, y, args.boot)
+    report["joint"], joint_md, joint = joint_fits(rows, args.param_kind, y, args.boot)
     md += joint_md
+    report["frontier"], frontier_md = frontier_gaps(rows, joint, args.param_kind, y, out / "gap_vs_flops.png")
+    md += frontier_md + same_shape_gaps(rows, y)
     (out / "fits.json").write_text(json.dumps(report, indent=2))
     (out / "fits.md").write_text("\n".join(md))
     print("\n".join(md))
@@ -268,10 +281,13 @@ def power_law_points(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     return list(first.values()), cooled
 
 
-def joint_fits(rows: list[dict[str, Any]], n_key: str, y: str, n_boot: int) -> tuple[dict[str, Any], list[str]]:
+def joint_fits(
+    rows: list[dict[str, Any]], n_key: str, y: str, n_boot: int
+) -> tuple[dict[str, Any], list[str], dict[str, JointFit]]:
     """Per variant: L(N, D) over the runs that ended on a decayed rate (branches, full schedules), its
     bootstrap intervals, and the held-out check (fit without the largest size, predict it)."""
     report: dict[str, Any] = {}
+    fits: dict[str, JointFit] = {}
     md = [
         f"### {y}: L(N, D) = E + A N^-alpha + B D^-beta (N = {n_key}, D = tokens; 90% bootstrap intervals)",
         "",
@@ -291,6 +307,7 @@ def joint_fits(rows: list[dict[str, Any]], n_key: str, y: str, n_boot: int) -> t
             report[variant] = {"error": str(e)}
             md.append(f"| {variant} | {e} |")
             continue
+        fits[variant] = fit
         entry: dict[str, Any] = {"fit": fit.to_dict()}
         try:
             entry["held_out"] = check = held_out_check(N, D, L)
@@ -306,7 +323,90 @@ def joint_fits(rows: list[dict[str, Any]], n_key: str, y: str, n_boot: int) -> t
             f"| {variant} | {cell.get('E', fit.E)} | {cell.get('A', fit.A)} | {cell.get('alpha', fit.alpha)} | "
             f"{cell.get('B', fit.B)} | {cell.get('beta', fit.beta)} | {fit.n_points} | {fit.rmse_log:.4f} | {held} |"
         )
+    return report, md + [""], fits
+
+
+def cooled_rows(rows: list[dict[str, Any]], variant: str, y: str) -> list[dict[str, Any]]:
+    return [
+        r for r in rows if r["variant"] == variant and str(r.get("cooled")) == "True" and isinstance(r.get(y), float)
+    ]
+
+
+def frontier_gaps(
+    rows: list[dict[str, Any]], fits: dict[str, JointFit], n_key: str, y: str, png: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """Each variant's compute-optimal frontier under its joint fit, in its own training FLOPs (frozen
+    weights' gradients excluded), and its gap to standard's at equal compute with 90% bootstrap bands,
+    over the compute range the ladder ran; a plot of both."""
+    if "standard" not in fits or len(fits) < 2:
+        return {}, ["(no frontier gap: it needs joint fits of standard and another variant)", ""]
+    curves, grids, spans = {}, {}, []
+    for v in fits:
+        pts = cooled_rows(rows, v, y)
+        N = np.array([float(r[n_key]) for r in pts])
+        curves[v] = flops_curve(N, [float(r["flops"]) / float(r["tokens"]) for r in pts])
+        grids[v] = np.geomspace(N.min(), N.max(), 240)
+        spans += [float(r["flops"]) for r in pts]
+    C = np.geomspace(min(spans), max(spans), 41)
+    report: dict[str, Any] = {}
+    for v in fits:
+        f = frontier({k: getattr(fits[v], k) for k in ("E", "A", "alpha", "B", "beta")}, curves[v], C, grids[v])
+        report[v] = {"frontier": {k: f[k].tolist() for k in f}}
+        if v != "standard":
+            g = frontier_gap(fits[v], fits["standard"], curves[v], curves["standard"], C, grids[v], grids["standard"])
+            report[v]["gap_to_standard"] = {k: g[k].tolist() for k in g}
+    plot_frontier(rows, report, y, png)
+    picks = [0, 10, 20, 30, 40]
+    md = [
+        "### Frontier gap to standard at equal training FLOPs (each variant's own FLOPs; 90% bootstrap band)",
+        "",
+        "| variant | " + " | ".join(f"C = {C[i]:.2e}" for i in picks) + " |",
+        "|---|" + "---|" * len(picks),
+    ]
+    for v, entry in report.items():
+        if "gap_to_standard" in entry:
+            g = entry["gap_to_standard"]
+            md.append(
+                f"| {v} | "
+                + " | ".join(f"{g['gap'][i]:+.3f} [{g['low'][i]:+.3f}, {g['high'][i]:+.3f}]" for i in picks)
+                + " |"
+            )
+    md.append("")
+    md.append("| variant | " + " | ".join(f"N* at C = {C[i]:.2e}" for i in picks) + " |")
+    md.append("|---|" + "---|" * len(picks))
+    for v, entry in report.items():
+        N, grid = entry["frontier"]["N"], grids[v]
+        edge = [" (edge)" if N[i] in (grid[0], grid[-1]) else "" for i in picks]
+        md.append(f"| {v} | " + " | ".join(f"{N[i]:,.0f}{e}" for i, e in zip(picks, edge)) + " |")
+    md.append("(edge: the optimum lies at the ladder's smallest or largest size, so it may lie beyond it.)")
     return report, md + [""]
+
+
+def same_shape_gaps(rows: list[dict[str, Any]], y: str) -> list[str]:
+    """The fit-free comparison: at each ladder shape and token budget, each variant's loss less
+    standard's (mean over seeds, with the seeds' spread), and its FLOPs as a fraction of standard's."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        if str(r.get("cooled")) == "True" and isinstance(r.get(y), float):
+            groups.setdefault((r["size"], int(float(r["tokens"])), r["variant"]), []).append(r)
+    md = [
+        f"### {y} at the same shape and tokens: variant less standard (mean ± std over seeds)",
+        "",
+        "| size | tokens | standard | variant | variant less standard | variant FLOPs / standard's | seeds |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for (size, tokens, v), rs in sorted(groups.items(), key=lambda kv: (float(kv[1][0]["flops"]), kv[0])):
+        base = groups.get((size, tokens, "standard"))
+        if v == "standard" or not base:
+            continue
+        ls, lb = [r[y] for r in rs], [r[y] for r in base]
+        spread = math.sqrt((np.var(ls, ddof=1) if len(ls) > 1 else 0) + (np.var(lb, ddof=1) if len(lb) > 1 else 0))
+        md.append(
+            f"| {size} | {tokens:,} | {np.mean(lb):.3f} | {v} | {np.mean(ls) - np.mean(lb):+.3f} ± {spread:.3f} | "
+            f"{np.mean([float(r['flops']) for r in rs]) / np.mean([float(r['flops']) for r in base]):.3f} | "
+            f"{len(ls)} / {len(lb)} |"
+        )
+    return md + [""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ points count less; with one seed all points weigh the same.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -188,13 +189,22 @@ class JointFit:
     n_points: int
     rmse_log: float  # root mean square of log(predicted / observed)
     intervals: dict[str, list[float]] = field(default_factory=dict)
+    samples: list[dict[str, float]] = field(default_factory=list, repr=False)  # the bootstrap refits
 
     def predict(self, N, D) -> np.ndarray:
-        N, D = np.asarray(N, dtype=float), np.asarray(D, dtype=float)
-        return self.E + self.A * N**-self.alpha + self.B * D**-self.beta
+        return predict_joint(_named_params(self), N, D)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "samples"}
+
+
+def _named_params(fit: JointFit) -> dict[str, float]:
+    return {k: getattr(fit, k) for k in JOINT_PARAMS}
+
+
+def predict_joint(params: dict[str, float], N, D) -> np.ndarray:
+    N, D = np.asarray(N, dtype=float), np.asarray(D, dtype=float)
+    return params["E"] + params["A"] * N ** -params["alpha"] + params["B"] * D ** -params["beta"]
 
 
 def _huber(r: np.ndarray, delta: float) -> np.ndarray:
@@ -310,6 +320,7 @@ def fit_joint(N, D, L, *, n_boot: int = 200, seed: int = 0, delta: float = HUBER
             starts = [theta, _linear_start(N[idx], D[idx], L[idx], _EXPONENTS[::2])]
             t, _ = _minimise(starts, logN[idx], logD[idx], logL[idx], delta)
             samples.append(_named(t))
+        fit.samples = samples
         tail = 50 * (1 - level)
         for k in JOINT_PARAMS:
             values = np.array([s[k] for s in samples])
@@ -351,3 +362,93 @@ def held_out_check(N, D, L, **fit_kwargs) -> dict:
         "max_abs_relative_error": float(np.max(np.abs(rel))),
         "fit_without_largest": fit.to_dict(),
     }
+
+
+# ---- the compute-optimal frontier in each variant's real FLOPs, and the gap between variants --------
+def flops_curve(N, flops_per_token) -> Callable[[np.ndarray], np.ndarray]:
+    """Training FLOPs per token as a function of N, through the ladder's own (N, FLOPs per token)
+    points: piecewise linear in log-log, the end segments extended. A frozen variant's points already
+    leave out the gradients it does not compute, so each variant gets its own curve."""
+    order = np.argsort(np.asarray(N, dtype=float))
+    logN = np.log(np.asarray(N, dtype=float)[order])
+    logf = np.log(np.asarray(flops_per_token, dtype=float)[order])
+    logN, first = np.unique(logN, return_index=True)
+    logf = logf[first]
+    if len(logN) < 2:
+        raise StudyError("a FLOPs-per-token curve needs >= 2 sizes. Fix: more sizes in the ladder")
+
+    def curve(x: np.ndarray) -> np.ndarray:
+        lx = np.log(np.asarray(x, dtype=float))
+        y = np.interp(lx, logN, logf)
+        lo_slope = (logf[1] - logf[0]) / (logN[1] - logN[0])
+        hi_slope = (logf[-1] - logf[-2]) / (logN[-1] - logN[-2])
+        y = np.where(lx < logN[0], logf[0] + lo_slope * (lx - logN[0]), y)
+        y = np.where(lx > logN[-1], logf[-1] + hi_slope * (lx - logN[-1]), y)
+        return np.exp(y)
+
+    return curve
+
+
+def frontier(params: dict[str, float], flops: Callable, C: np.ndarray, N_grid: np.ndarray) -> dict[str, np.ndarray]:
+    """For each compute budget C: the N on `N_grid` whose L(N, D = C / FLOPs-per-token(N)) is lowest,
+    with that D and L (the compute-optimal allocation under the fitted law)."""
+    C, N_grid = np.asarray(C, dtype=float), np.asarray(N_grid, dtype=float)
+    D = C[:, None] / flops(N_grid)[None, :]
+    L = predict_joint(params, N_grid[None, :], D)
+    best = np.argmin(L, axis=1)
+    rows = np.arange(len(C))
+    return {"C": C, "N": N_grid[best], "D": D[rows, best], "L": L[rows, best]}
+
+
+def frontier_gap(
+    fit: JointFit, base: JointFit, flops: Callable, base_flops: Callable, C, N_grid, base_N_grid, level: float = 0.9
+) -> dict[str, np.ndarray]:
+    """The frontier loss of `fit` less that of `base` at equal compute, and a `level` band from pairs of
+    their bootstrap refits (each variant's points were resampled on their own)."""
+    gap = (
+        frontier(_named_params(fit), flops, C, N_grid)["L"]
+        - frontier(_named_params(base), base_flops, C, base_N_grid)["L"]
+    )
+    pairs = list(zip(fit.samples, base.samples))
+    if not pairs:
+        return {"C": np.asarray(C, dtype=float), "gap": gap, "low": gap * np.nan, "high": gap * np.nan}
+    draws = np.array(
+        [frontier(a, flops, C, N_grid)["L"] - frontier(b, base_flops, C, base_N_grid)["L"] for a, b in pairs]
+    )
+    tail = 50 * (1 - level)
+    low, high = np.percentile(draws, tail, axis=0), np.percentile(draws, 100 - tail, axis=0)
+    return {"C": np.asarray(C, dtype=float), "gap": gap, "low": low, "high": high}
+
+
+def plot_frontier(rows: list[dict], report: dict, y_key: str, out_png: str | Path) -> Path:
+    """Left: every cooled run's loss against its training FLOPs and each variant's fitted frontier.
+    Right: each variant's frontier gap to standard at equal compute, with its band."""
+    import matplotlib  # deferred: heavy
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: heavy
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for i, (variant, entry) in enumerate(report.items()):
+        color = f"C{i}"
+        pts = [r for r in rows if r["variant"] == variant and str(r.get("cooled")) == "True" and r.get(y_key)]
+        left.plot([float(r["flops"]) for r in pts], [float(r[y_key]) for r in pts], "o", ms=4, color=color, alpha=0.7)
+        f = entry["frontier"]
+        left.plot(f["C"], f["L"], "-", color=color, label=f"{variant}: frontier of L(N, D)")
+        if "gap_to_standard" in entry:
+            g = entry["gap_to_standard"]
+            right.plot(g["C"], g["gap"], "-", color=color, label=f"{variant} less standard")
+            right.fill_between(g["C"], g["low"], g["high"], color=color, alpha=0.2)
+    right.axhline(0.0, color="k", lw=0.8)
+    for ax, ylabel in ((left, y_key.replace("_", " ")), (right, "frontier loss gap to standard")):
+        ax.set_xscale("log")
+        ax.set_xlabel("training FLOPs (each variant's own: frozen weights' gradients excluded)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png

@@ -1,10 +1,25 @@
 """Scaling fits recover known exponents from synthetic data; plots are written."""
 
+import csv
+import json
+
 import numpy as np
 import pytest
 
 from common.errors import StudyError
-from studies.scaling_fit import JOINT_PARAMS, fit_joint, fit_power_law, fit_variants, held_out_check, plot_fits
+from studies.scaling import main
+from studies.scaling_fit import (
+    JOINT_PARAMS,
+    JointFit,
+    fit_joint,
+    fit_power_law,
+    fit_variants,
+    flops_curve,
+    frontier,
+    frontier_gap,
+    held_out_check,
+    plot_fits,
+)
 
 
 def test_recovers_known_law_exactly():
@@ -89,3 +104,72 @@ def test_joint_fit_on_too_few_points_is_a_study_error():
     two_sizes = N <= np.unique(N)[1]
     with pytest.raises(StudyError, match="held-out check .* needs >= 2 other sizes"):
         held_out_check(N[two_sizes], D[two_sizes], L[two_sizes])
+
+
+def test_frontier_matches_the_closed_form_allocation():
+    """With C = 6 N D the optimum of E + A N^-a + B D^-b is N* = G (C/6)^(b/(a+b)), G = (aA/(bB))^(1/(a+b))."""
+    rng = np.random.default_rng()
+    E, A, a, B, b = 1.5, rng.uniform(20, 80), rng.uniform(0.25, 0.45), rng.uniform(200, 600), rng.uniform(0.25, 0.45)
+    params = dict(E=E, A=A, alpha=a, B=B, beta=b)
+    sizes = np.geomspace(1e4, 1e8, 7)
+    six_n = flops_curve(sizes, 6 * sizes)
+    probe = rng.uniform(1e3, 1e9, 5)  # inside the points and beyond both ends: a power law comes back exactly
+    assert six_n(probe) == pytest.approx(6 * probe, rel=1e-9)
+    C = np.geomspace(1e12, 1e15, 5)
+    grid = np.geomspace(1.0, 1e10, 8000)  # N* lies in [3.7, 1.1e9] over the drawn laws
+    got = frontier(params, six_n, C, grid)
+    G = (a * A / (b * B)) ** (1 / (a + b))
+    assert got["N"] == pytest.approx(G * (C / 6) ** (b / (a + b)), rel=0.01)
+    assert got["N"] * got["D"] * 6 == pytest.approx(C)
+    assert np.all(np.diff(got["L"]) < 0)
+
+
+def test_frontier_gap_of_a_shifted_law_is_the_shift_with_a_band():
+    base = JointFit(E=1.5, A=50.0, alpha=0.35, B=400.0, beta=0.3, n_points=9, rmse_log=0.0)
+    worse = JointFit(E=1.6, A=50.0, alpha=0.35, B=400.0, beta=0.3, n_points=9, rmse_log=0.0)
+    base.samples = [{**dict(E=1.5, A=50.0, alpha=0.35, B=400.0, beta=0.3), "E": e} for e in np.linspace(1.45, 1.55, 21)]
+    worse.samples = [dict(E=1.6, A=50.0, alpha=0.35, B=400.0, beta=0.3)] * 21
+    sizes = np.geomspace(1e4, 1e7, 5)
+    curve = flops_curve(sizes, 6 * sizes)
+    C = np.geomspace(1e11, 1e14, 4)
+    grid = np.geomspace(1e4, 1e7, 300)
+    gap = frontier_gap(worse, base, curve, curve, C, grid, grid)
+    assert gap["gap"] == pytest.approx(np.full(4, 0.1))
+    assert np.all(gap["low"] < 0.1) and np.all(gap["high"] > 0.1) and np.all(gap["low"] > 0.04)
+    assert "samples" not in base.to_dict()
+
+
+def test_fit_of_a_ladder_reports_frontier_gaps_and_same_shape_gaps(tmp_path):
+    """`fit` on a ladder's rows drawn from known laws: mixit's law is standard's plus 0.08 with 15% fewer
+    FLOPs per token, so its frontier gap at equal compute is below 0.08 and the same-shape gap is 0.08."""
+    rng = np.random.default_rng()
+    fields = ["run", "variant", "size", "seed", "non_embedding_params", "tokens", "flops", "final_val_loss"]
+    fields += ["best_val_loss", "params", "trainable_params", "cooled", "branch_step"]
+    rows = []
+    for size, n in (("a", 3e4), ("b", 1e5), ("c", 3e5), ("d", 1e6)):
+        for budget in (2.5, 5, 10, 20):
+            for variant, shift, cost in (("standard", 0.0, 1.0), ("mixit", 0.08, 0.85)):
+                tokens = budget * n
+                loss = 1.5 + shift + 30 * n**-0.33 + 60 * tokens**-0.3
+                loss *= 1 + 0.0002 * rng.standard_normal()
+                rows.append(
+                    dict(run=f"{variant}-{size}-s0-b{int(budget)}", variant=variant, size=size, seed=0)
+                    | dict(non_embedding_params=n, tokens=tokens, flops=6 * n * tokens * cost, final_val_loss=loss)
+                    | dict(best_val_loss=loss, params=n, trainable_params=n, cooled=True, branch_step=int(budget))
+                )
+    out = tmp_path / "ladder"
+    out.mkdir()
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main(["fit", "--out", str(out), "--boot", "20"]) == 0
+    report = json.loads((out / "fits.json").read_text())
+    gap = report["frontier"]["mixit"]["gap_to_standard"]
+    # cheaper FLOPs buy back part of the shift, most where compute is scarce (more tokens per FLOP)
+    assert all(g < 0.08 for g in gap["gap"]) and gap["gap"][0] < gap["gap"][-1]
+    assert all(lo <= g <= hi for lo, g, hi in zip(gap["low"], gap["gap"], gap["high"]))
+    md = (out / "fits.md").read_text()
+    assert "| a | 75,000 |" in md and "+0.080" in md and "0.850" in md
+    assert "30,000 (edge)" in md  # the smallest budgets' optimum lies at the smallest size: said so
+    assert (out / "gap_vs_flops.png").stat().st_size > 10_000
