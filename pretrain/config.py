@@ -1,7 +1,7 @@
 """The experiment recipe: one YAML file loaded into dataclasses, with dotted overrides.
 
 A recipe has the sections `model`, `data`, `train`, `optim`, `parallel`, `checkpoint`,
-`logging` (plus `name` and `seed`). Every key is checked: an unknown key is an error
+`logging`, `eval` (plus `name` and `seed`). Every key is checked: an unknown key is an error
 that names the closest valid key. Command-line overrides are `section.key=value`
 (values parsed as YAML, so `train.lr=3e-4`, `model.tie_embeddings=true`,
 `data.task_args.n_pairs=8` all work).
@@ -104,6 +104,17 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Downstream evaluations during training (pretrain/eval_tasks.py), run at the validation cadence
+    (`train.eval_every_steps` and the last step) and logged under `eval/...`."""
+
+    tasks: list[str] = field(default_factory=list)  # bits_per_byte | induction | exact_match:FILE.jsonl
+    induction_lengths: list[int] = field(default_factory=lambda: [16, 32, 64])  # repeated-segment lengths
+    n: int = 32  # induction sequences per length
+    batch_size: int = 8
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 1234
@@ -114,6 +125,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     task: str = "lm"  # lm | classification (pretrain/classification.py)
     classification: dict[str, Any] = field(default_factory=dict)  # num_labels, pooling, init_from
 
@@ -235,6 +247,7 @@ SECTIONS = {
     "parallel": ParallelConfig,
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
+    "eval": EvalConfig,
 }
 TOP_KEYS = ("name", "seed", "task", "classification", "model", "data") + tuple(SECTIONS)
 

@@ -7,8 +7,8 @@ A hook is any callable `(model, step) -> dict`. It is called every `train.eval_e
 plain model (not the DeepSpeed engine) in eval mode under `torch.no_grad()`, its full weights
 gathered under ZeRO-3; training mode is restored after. Rank 0 logs what the hooks return with
 that step's record: numbers to metrics.jsonl and TensorBoard, other JSON values (per-head
-lists) to metrics.jsonl only. This is how a study runs eval's probes during training while
-pretrain/ stays below eval/ (the study passes eval's functions in; pretrain never imports them).
+lists) to metrics.jsonl only. The recipe's `eval.tasks` become hooks the same way
+(pretrain/eval_tasks.py); a study passes its own probes in.
 Pipeline parallelism splits the model across ranks, so hooks are refused there.
 """
 

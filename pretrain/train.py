@@ -43,6 +43,7 @@ from .distributed import (
 from .dry_run import dry_run, print_config
 from .engine import Trainer
 from .engine_checkpoint import load as load_checkpoint
+from .eval_tasks import task_hooks
 from .hooks import TrainHook, check_hooks
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
@@ -70,7 +71,7 @@ def train(
     holds another run is refused unless resumed or `overwrite` (pretrain/run_dir.py). `hooks`:
     callables (model, step) -> metrics run at the validation cadence (pretrain/hooks.py)."""
     cfg = load_recipe(recipe, overrides)
-    hooks = check_hooks(hooks, cfg.train.eval_every_steps, cfg.parallel.pipeline_stages)
+    hooks = check_hooks([*(hooks or []), *task_hooks(cfg)], cfg.train.eval_every_steps, cfg.parallel.pipeline_stages)
     device = pick_device(cfg.train.device)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     plain = "RANK" not in os.environ

@@ -5,6 +5,7 @@ with `val_loss` pooled over their tokens, checked against the model evaluated by
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import numpy as np
@@ -16,6 +17,8 @@ from common.errors import DataError, RecipeError
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import ShardSet, read_manifest
 from data_pipeline.tokenizer import train_sentencepiece
+from eval.loading import load_tokenizer
+from eval.perplexity import perplexity, shard_stream
 from pretrain.train import train
 
 SOURCES = {  # three sources with different text, so their losses differ
@@ -129,3 +132,66 @@ def test_val_sets_refused_early(corpus, tmp_path):
     with pytest.raises(RecipeError, match="records tokenizer .* Fix: prepare the validation set"):
         train("recipes/tiny_cpu.yaml", [f"data={json.dumps(mismatch)}"], run_dir=tmp_path / "r2", resume="never")
     assert not (tmp_path / "r2" / "metrics.jsonl").exists()
+
+
+def test_eval_tasks_during_training_are_recipe_keys(corpus, tmp_path):
+    """`eval.tasks` runs bits per byte on every named set, the induction score and an exact-match file
+    at the validation cadence, logged under eval/ to metrics.jsonl and TensorBoard; the last step's
+    bits per byte are what eval's perplexity gives the saved model."""
+    root, tok, sets = corpus
+    prompts = tmp_path / "defs.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"noun verb {w}", "answer": " adj"}) + "\n" for w in SOURCES))
+    run = tmp_path / "run"
+    over = [
+        f"data={json.dumps({'source': str(root / 'train'), 'val_fraction': 0, 'val_sets': sets})}",
+        f"eval.tasks=[bits_per_byte, induction, 'exact_match:{prompts}']",
+        "eval.induction_lengths=[8]",
+        "eval.n=4",
+        "train.max_steps=4",
+        "train.eval_every_steps=2",
+        "checkpoint.every_steps=0",
+    ]
+    train("recipes/tiny_cpu.yaml", over, run_dir=run, resume="never")
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if "eval/bpb" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    last = evals[-1]
+    assert 0.0 <= last["eval/exact_match/defs/exact_match"] <= 1.0 and 0.0 <= last["eval/induction/acc"] <= 1.0
+    model, _ = load_for_eval(run)
+    model.eval()
+    tokenizer = load_tokenizer(str(tok))
+    bits, nbytes = 0.0, 0
+    for name, d in sets.items():
+        toks, n_bytes = shard_stream(d, tokenizer)
+        got = perplexity(model, toks, batch_size=8, n_bytes=n_bytes, progress=False)
+        assert last[f"eval/bpb/{name}"] == pytest.approx(got["bits_per_byte"], rel=1e-5), name
+        bits, nbytes = bits + got["loss"] * got["tokens"] / math.log(2), nbytes + n_bytes
+    assert last["eval/bpb"] == pytest.approx(bits / nbytes, rel=1e-5)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"))
+    ea.Reload()
+    assert [e.step for e in ea.Scalars("eval/bpb/code")] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    "tasks, data_keys, match",
+    [
+        ("[perplexity]", {}, "unknown task 'perplexity'"),
+        ("[bits_per_byte]", {"val_fraction": 0.1}, "data.val_sets names none"),
+        ("['exact_match:nope.jsonl']", {"val_fraction": 0.1}, "nope.jsonl"),
+    ],
+)
+def test_eval_tasks_refused_before_training(corpus, tmp_path, tasks, data_keys, match):
+    root, _, sets = corpus
+    data = {"source": str(root / "train"), "val_fraction": 0, "val_sets": sets, **data_keys}
+    if "val_fraction" in data_keys:
+        data.pop("val_sets")
+    with pytest.raises(RecipeError, match=match):
+        train(
+            "recipes/tiny_cpu.yaml",
+            [f"data={json.dumps(data)}", f"eval.tasks={tasks}", "train.eval_every_steps=2"],
+            run_dir=tmp_path / "r",
+            resume="never",
+        )
+    assert not (tmp_path / "r").exists()
