@@ -4,7 +4,8 @@
         --tokenizer TOK --out results.json
     python -m eval.run --run-dir runs/std --run-dir runs/mixit --tasks induction,kv_recall --out-dir report/
 
-Tasks: perplexity (needs --text FILE or --val-dir DIR), induction, kv_recall, passkey (needs a
+Tasks: perplexity (needs --text FILE or --val-dir DIR; --val-dir NAME=DIR repeated: one result per
+named set, e.g. per corpus source, and one pooled), induction, kv_recall, passkey (needs a
 tokenizer), mechanisms, icl (Olsson et al.'s in-context learning score: loss late in a context minus
 loss early, on --text FILE or --val-dir DIR, --n windows; eval/in_context.py),
 classification (a classifier's accuracy and loss on its run's validation data),
@@ -27,6 +28,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -64,6 +66,7 @@ class EvalOptions:
     tokenizer: Any = None  # dir, "bytes", a tokenizer object, or None: the checkpoint's own
     text: str | None = None  # perplexity on a text file
     val_dir: str | None = None  # perplexity on a prepared split (data_pipeline shards)
+    val_sets: dict[str, str] = field(default_factory=dict)  # named prepared splits: one result each, and pooled
     window: int | None = None  # tokens per perplexity window (default: max_seq_len)
     stride: int | None = None  # default: window (no overlap)
     max_tokens: int | None = None
@@ -138,11 +141,31 @@ def _token_stream(t: str, opts: EvalOptions, tok, info: dict[str, Any]):
 
 
 def _perplexity(model, info, tok, opts, t, prog):
+    if opts.val_sets:
+        return _perplexity_per_set(model, info, tok, opts, prog)
     toks, nbytes, src = _token_stream(t, opts, tok, info)
     if opts.max_tokens:
         toks = toks[: opts.max_tokens]
         nbytes = None if tok is None else len(tok.decode(list(toks[1:])).encode("utf-8"))
     return {**ppl.perplexity(model, toks, opts.window, opts.stride, opts.batch_size, nbytes, progress=prog), **src}
+
+
+def _perplexity_per_set(model, info, tok, opts, prog):
+    """Perplexity of each named set (as the trainer's `data.val_sets` report it), and pooled over their tokens."""
+    out: dict[str, Any] = {}
+    for name, directory in opts.val_sets.items():
+        toks, nbytes = ppl.shard_stream(directory, tok, opts.max_tokens, info.get("tokenizer_id"))
+        out[name] = {
+            **ppl.perplexity(model, toks, opts.window, opts.stride, opts.batch_size, nbytes, progress=prog),
+            "source": str(directory),
+            "bytes": nbytes,
+        }
+    tokens = sum(r["tokens"] for r in out.values())
+    nats = sum(r["loss"] * r["tokens"] for r in out.values())
+    nbytes = [r["bytes"] for r in out.values()]
+    pooled = {"loss": nats / tokens, "perplexity": math.exp(nats / tokens), "tokens": tokens}
+    pooled["bits_per_byte"] = nats / math.log(2) / sum(nbytes) if all(nbytes) else None
+    return {**out, "pooled": pooled}
 
 
 def _icl(model, info, tok, opts, t, prog):
@@ -337,6 +360,22 @@ def _floats(s: str) -> tuple[float, ...]:
     return tuple(float(x) for x in s.split(",") if x)
 
 
+def parse_val_dirs(entries: list[str]) -> tuple[str | None, dict[str, str]]:
+    """`--val-dir DIR` (one split) or `--val-dir NAME=DIR ...` (named sets) -> (DIR, {}) or (None, sets)."""
+    if not entries:
+        return None, {}
+    named = [e.partition("=") for e in entries]
+    if len(entries) == 1 and not named[0][1]:
+        return entries[0], {}
+    bad = [e for e, (name, eq, d) in zip(entries, named) if not (eq and name and d)]
+    if bad or len({n for n, _, _ in named}) < len(named):
+        raise EvalError(
+            f"--val-dir {entries}: several sets must each be NAME=DIR with distinct names. "
+            "Fix: e.g. --val-dir linux-doc=data/valid-linux-doc --val-dir gcide=data/valid-gcide"
+        )
+    return None, {name: d for name, _, d in named}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = CliParser(
         prog="python -m eval.run",
@@ -355,7 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenizer dir, or 'bytes' for the byte tokenizer (default: the one the checkpoint was trained with)",
     )
     ap.add_argument("--text", help="perplexity: a UTF-8 text file")
-    ap.add_argument("--val-dir", help="perplexity: a prepared split directory (manifest.json + shards)")
+    ap.add_argument(
+        "--val-dir",
+        action="append",
+        help="perplexity: a prepared split directory (manifest.json + shards), or NAME=DIR repeated: "
+        "one result per named set and one pooled over their tokens",
+    )
     ap.add_argument("--window", type=int)
     ap.add_argument("--stride", type=int)
     ap.add_argument("--max-tokens", type=int)
@@ -383,10 +427,12 @@ def run(a: argparse.Namespace) -> int:
     if limit is not None and limit >= 1:
         limit = int(limit)
     tasks = validate_tasks(a.tasks)
+    val_dir, val_sets = parse_val_dirs(a.val_dir or [])
     opts = EvalOptions(
         tokenizer=load_tokenizer(a.tokenizer),
         text=a.text,
-        val_dir=a.val_dir,
+        val_dir=val_dir,
+        val_sets=val_sets,
         window=a.window,
         stride=a.stride,
         max_tokens=a.max_tokens,

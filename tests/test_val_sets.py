@@ -19,6 +19,7 @@ from data_pipeline.shards import ShardSet, read_manifest
 from data_pipeline.tokenizer import train_sentencepiece
 from eval.loading import load_tokenizer
 from eval.perplexity import perplexity, shard_stream
+from eval.run import main as eval_main
 from pretrain.train import train
 
 SOURCES = {  # three sources with different text, so their losses differ
@@ -167,6 +168,19 @@ def test_eval_tasks_during_training_are_recipe_keys(corpus, tmp_path):
         assert last[f"eval/bpb/{name}"] == pytest.approx(got["bits_per_byte"], rel=1e-5), name
         bits, nbytes = bits + got["loss"] * got["tokens"] / math.log(2), nbytes + n_bytes
     assert last["eval/bpb"] == pytest.approx(bits / nbytes, rel=1e-5)
+    # eval.run: the same sets by name, one result each and one pooled over their tokens
+    named = [f"--val-dir={name}={d}" for name, d in sets.items()]
+    out = tmp_path / "ppl.json"
+    assert (
+        eval_main(["--checkpoint", str(run), "--tasks", "perplexity", *named, "--out", str(out), "--no-progress"]) == 0
+    )
+    res = json.loads(out.read_text())["tasks"]["perplexity"]
+    assert {k: v["bits_per_byte"] for k, v in res.items() if k != "pooled"} == pytest.approx(
+        {name: last[f"eval/bpb/{name}"] for name in sets}, rel=1e-5
+    )
+    assert res["pooled"]["bits_per_byte"] == pytest.approx(last["eval/bpb"], rel=1e-5)
+    mixed = [named[0], f"--val-dir={sets['code']}"]  # a named set beside an unnamed one
+    assert eval_main(["--checkpoint", str(run), "--tasks", "perplexity", *mixed]) == 2
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(run / "tb"))
