@@ -70,6 +70,13 @@ class LadderRun:
     checkpoint_every: int = 0
     lr: float | None = None  # None: the recipe's optim.lr
     batch: int | None = None  # global batch in sequences; None: the recipe's
+    tokens_per_step: int = 0
+
+    @property
+    def cost(self) -> float:
+        """Planning cost: the run's own steps' tokens times the size's parameters."""
+        steps = self.max_steps - (self.branch_step or 0)
+        return steps * self.tokens_per_step * non_embedding_params(self.size)
 
     @property
     def stable_name(self) -> str:
@@ -147,9 +154,10 @@ def plan_ladder(
         for variant in variants:
             lr = rates.get(variant, {}).get(size)
             for seed in range(seeds.get(size, seeds.get("*", 1))):
-                runs.append(LadderRun(variant, size, seed, steps[-1], None, every, lr, batch))
+                runs.append(LadderRun(variant, size, seed, steps[-1], None, every, lr, batch, tokens_per_step))
                 runs += [
-                    LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, lr, batch) for s in steps
+                    LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, lr, batch, tokens_per_step)
+                    for s in steps
                 ]
     for run in runs:
         load_recipe(recipe, [*overrides, *run.overrides(cooldown)])
@@ -238,7 +246,9 @@ def run_ladder(args) -> int:
                 log.append(row)
         return []
 
-    failed = run_chains([lambda c=c: train_chain(c) for c in chains.values()], args.jobs)
+    # side by side, the costliest chains first, so the workers finish close together
+    order = sorted(chains.values(), key=lambda c: -sum(r.cost for r in c)) if args.jobs > 1 else chains.values()
+    failed = run_chains([lambda c=c: train_chain(c) for c in order], args.jobs)
     if failed:
         print(f"[ladder] {len(failed)} run(s) failed: {', '.join(failed)}")
         return 1

@@ -71,6 +71,8 @@ def test_ladder_uses_the_rule_and_sweep_runs_decay(tmp_path):
         rates,
     )
     assert all(f"optim.lr={4e-3:.6g}" in r.overrides(0.5) for r in runs)
+    stable = {r.size: r for r in runs if r.branch_step is None}  # --jobs starts the costliest chains first
+    assert stable["n600k"].cost > stable["n27k"].cost > 0
     with pytest.raises(StudyError, match="no rates for"):
         plan_ladder(
             "recipes/tiny_cpu.yaml",
