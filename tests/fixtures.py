@@ -6,6 +6,7 @@ a deterministic generated corpus stands in, so the tests run anywhere.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from common.constants import free_port
+from data_pipeline.prepare import prepare
 from data_pipeline.tokenizer import train_sentencepiece
 
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
@@ -36,6 +38,38 @@ def corpus_lines(n_lines: int, split: str = "valid") -> list[str]:
             return lines[:n_lines]
     rng = random.Random(split)
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 120))) + " ." for _ in range(n_lines)]
+
+
+SOURCES = {  # three sources with different text, so their losses differ
+    "prose": "the of and to in a is that for it as was with be by on not he this are or his from at".split(),
+    "code": "def return self import class if else for in range print lambda yield None True False".split(),
+    "dict": "noun verb adj adv defn etym syn pl n v a Webster 1913 obs rare see".split(),
+}
+
+
+def write_source_corpus(path: Path, n_docs: int, seed: int) -> None:
+    """JSON lines {"id", "source", "text"} cycling through SOURCES, like the docs corpus."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(n_docs):
+            source = list(SOURCES)[i % 3]
+            lines = [" ".join(rng.choice(SOURCES[source]) for _ in range(rng.randint(4, 14))) for _ in range(6)]
+            f.write(json.dumps({"id": f"{source}/{i}", "source": source, "text": "\n".join(lines)}) + "\n")
+
+
+def source_corpus(root: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A small corpus of three sources as the scaling study prepares the docs corpus: a tokenizer trained
+    on train.jsonl, its shards, and one validation set per source -> (root, tokenizer dir, {source: dir})."""
+    write_source_corpus(root / "train.jsonl", 240, seed=1)
+    write_source_corpus(root / "valid.jsonl", 30, seed=2)
+    tok = root / "tok"
+    train_sentencepiece([str(root / "train.jsonl")], 320, tok, quiet=True)
+    prepare(root / "train.jsonl", tok, root / "train", progress=False)
+    sets = {}
+    for source in SOURCES:
+        sets[source] = str(root / f"valid-{source}")
+        prepare(root / "valid.jsonl", tok, sets[source], progress=False, where=[f"source={source}"])
+    return root, tok, sets
 
 
 def write_text(path: Path, lines: list[str]) -> Path:

@@ -7,6 +7,7 @@ import csv
 import json
 
 import pytest
+from fixtures import source_corpus
 
 from common.errors import StudyError
 from studies.scaling import main
@@ -42,8 +43,13 @@ def test_ladder_sizes_span_the_plan():
 
 
 def test_ladder_trains_stable_runs_and_branches_then_fits(tmp_path):
+    """The whole pipeline at a tiny budget: a corpus of three sources to a tokenizer, shards and one
+    validation set per source; the ladder (2 sizes, 1 variant, branches) with eval.tasks; rows; a fit."""
+    _, _, sets = source_corpus(tmp_path)
+    data = {"source": str(tmp_path / "train"), "val_fraction": 0, "val_sets": sets}
     out, log = tmp_path / "ladder", tmp_path / "rows.jsonl"
     args = [*LADDER_ARGS, "--jobs", "2", "--rows", str(log), "--out", str(out), *OVERRIDES]
+    args += [f"data={json.dumps(data)}", "eval.tasks=[bits_per_byte]"]
     assert main(args) == 0
     runs = sorted(p.name for p in (out / "runs").iterdir())
     # n27k: 0.02..0.08 x 26784 tokens / 256 per step / 1.5 -> steps 1, 3, 6; n90k: 4.7, 9.4, 18.8 -> 5, 10, 20
@@ -64,6 +70,8 @@ def test_ladder_trains_stable_runs_and_branches_then_fits(tmp_path):
     assert [r["step"] for r in branch] == [7, 8, 9] and "val_loss" in branch[-1]  # resumed at 6, 3 decay steps
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted(r["run"] for r in logged) == runs and all(r["cpu_seconds"] > 0 for r in logged)
+    assert all(r["val_loss/prose"] > 0 and r["val_loss/code"] != r["val_loss/dict"] for r in logged)
+    assert "eval/bpb/code" in branch[-1]
     assert main(args) == 0  # everything done: nothing retrains, nothing is logged twice
     assert len(log.read_text().splitlines()) == 8
     # the run directories are gone (another machine): the rows alone resume the study; a branch without

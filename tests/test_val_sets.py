@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import random
 
 import numpy as np
 import pytest
 import torch
+from fixtures import SOURCES, source_corpus
 
 from checkpoint import load_for_eval
 from common.errors import DataError, RecipeError
@@ -22,35 +22,10 @@ from eval.perplexity import perplexity, shard_stream
 from eval.run import main as eval_main
 from pretrain.train import train
 
-SOURCES = {  # three sources with different text, so their losses differ
-    "prose": "the of and to in a is that for it as was with be by on not he this are or his from at".split(),
-    "code": "def return self import class if else for in range print lambda yield None True False".split(),
-    "dict": "noun verb adj adv defn etym syn pl n v a Webster 1913 obs rare see".split(),
-}
-
-
-def write_corpus(path, n_docs: int, seed: int) -> None:
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for i in range(n_docs):
-            source = list(SOURCES)[i % 3]
-            lines = [" ".join(rng.choice(SOURCES[source]) for _ in range(rng.randint(4, 14))) for _ in range(6)]
-            f.write(json.dumps({"id": f"{source}/{i}", "source": source, "text": "\n".join(lines)}) + "\n")
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_corpus(root / "train.jsonl", 240, seed=1)
-    write_corpus(root / "valid.jsonl", 30, seed=2)
-    tok = root / "tok"
-    train_sentencepiece([str(root / "train.jsonl")], 320, tok, quiet=True)
-    prepare(root / "train.jsonl", tok, root / "train", progress=False)
-    sets = {}
-    for source in SOURCES:
-        sets[source] = str(root / f"valid-{source}")
-        prepare(root / "valid.jsonl", tok, sets[source], progress=False, where=[f"source={source}"])
-    return root, tok, sets
+    return source_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def test_tokenizer_from_jsonl_and_prepare_where(corpus):
