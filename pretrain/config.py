@@ -97,6 +97,8 @@ class LoggingConfig:
     progress_bar: str = "auto"  # auto (tty only) | on | off
     peak_tflops: float | None = None  # per-device peak for MFU; None -> measured, or a table (model/mfu.py)
     measure_peak: bool = False  # measure a matmul peak at start when peak_tflops is None
+    wandb: dict[str, Any] | None = None  # pretrain/trackers.py: project, group, name, tags, mode, entity
+    mlflow: dict[str, Any] | None = None  # pretrain/trackers.py: tracking_uri, experiment, group, name
 
     def __post_init__(self):
         if isinstance(self.progress_bar, bool):  # YAML reads an unquoted off/on as a boolean

@@ -1,4 +1,5 @@
-"""Throughput accounting and the three log sinks: metrics.jsonl, TensorBoard, console.
+"""Throughput accounting and the log sinks: metrics.jsonl, TensorBoard, console, and the recipe's
+trackers (W&B, MLflow: pretrain/trackers.py).
 
 FLOPs per token come from `model.flops.flops_per_token` (frozen weights' gradient work
 excluded, the freeze schedule applied). MFU and its peak follow model/mfu.py, the definition
@@ -47,11 +48,19 @@ class Logger:
     prints a console line (or, on a terminal with logging.progress_bar auto/on, updates a bar)."""
 
     def __init__(
-        self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: str, total_steps: int, start_step: int
+        self,
+        run_dir: Path,
+        enabled: bool,
+        tensorboard: bool,
+        progress_bar: str,
+        total_steps: int,
+        start_step: int,
+        trackers: list | None = None,
     ):
         self.enabled = enabled
         self.tb = None
         self.bar = None
+        self.trackers = list(trackers or [])  # pretrain/trackers.py: W&B, MLflow
         if not enabled:
             return
         self.path = run_dir / "metrics.jsonl"
@@ -90,6 +99,8 @@ class Logger:
             for k, v in rec.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(_tb_name(k), v, step)
+        for tracker in self.trackers:
+            tracker.log(rec)
         line = format_line(rec)
         if self.bar is not None:
             self.bar.n = step
@@ -102,6 +113,8 @@ class Logger:
             (self.bar.write if self.bar is not None else print)(text)
 
     def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
         if self.tb is not None:
             self.tb.flush()
             self.tb.close()

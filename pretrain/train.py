@@ -53,6 +53,7 @@ from .preemption import stop_on_signals
 from .resume import check_fits, check_layout, resume_point
 from .run_dir import check_run_dir, default_run_dir, resolved_config, write_config
 from .task_model import model_config
+from .trackers import build_trackers, check_trackers
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -71,6 +72,7 @@ def train(
     holds another run is refused unless resumed or `overwrite` (pretrain/run_dir.py). `hooks`:
     callables (model, step) -> metrics run at the validation cadence (pretrain/hooks.py)."""
     cfg = load_recipe(recipe, overrides)
+    check_trackers(cfg.logging)
     hooks = check_hooks([*(hooks or []), *task_hooks(cfg)], cfg.train.eval_every_steps, cfg.parallel.pipeline_stages)
     device = pick_device(cfg.train.device)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
@@ -141,9 +143,14 @@ def _train(
         load_checkpoint(trainer, point.tag_dir, point.universal, cfg.seed)
         loader.load_state_dict(point.state["loader"])
 
+    trackers = []
     if rank == 0:
-        write_config(run_dir, resolved_config(cfg, mcfg))
-    logger = Logger(run_dir, rank == 0, cfg.logging.tensorboard, cfg.logging.progress_bar, cfg.max_steps, point.step)
+        resolved = resolved_config(cfg, mcfg)
+        write_config(run_dir, resolved)
+        trackers = build_trackers(cfg.logging, run_dir, cfg.name, resolved)
+    logger = Logger(
+        run_dir, rank == 0, cfg.logging.tensorboard, cfg.logging.progress_bar, cfg.max_steps, point.step, trackers
+    )
     for note in point.notes:
         logger.message(note)
     if point.tag_dir is not None:

@@ -1,0 +1,194 @@
+"""Experiment trackers beside TensorBoard: Weights & Biases (`logging.wandb`) and MLflow (`logging.mlflow`).
+
+    logging:
+      wandb: {project: variants, group: scaling, name: std-n27k, tags: [cpu], mode: offline}
+      mlflow: {tracking_uri: file:./mlruns, experiment: variants, group: scaling}
+
+Rank 0 sends every numeric scalar of a metrics.jsonl record (loss, per-source validation, lr,
+tokens/s, MFU, grad norm, eval/...) at its step; the resolved recipe is the run's config. The
+tracked run's id is kept in RUN_DIR/trackers.json, so `--resume` continues the same tracked run.
+Neither package is needed to train: a recipe that asks for one without it installed is refused
+with one error line before any work. MLflow's local file store (`file:` URIs) is in maintenance
+mode in MLflow 3, which opens it only with MLFLOW_ALLOW_FILE_STORE=true; a `file:` URI sets that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.errors import RecipeError
+
+from .recipe_checks import check_types
+
+IDS = "trackers.json"
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class WandbSettings:
+    project: str
+    group: str | None = None  # studies set the study's name
+    name: str | None = None  # default: the recipe's name (a study's cell)
+    tags: list[str] = field(default_factory=list)
+    mode: str = "online"  # online | offline (files under RUN_DIR/wandb, `wandb sync` later) | disabled
+    entity: str | None = None
+
+
+@dataclass
+class MlflowSettings:
+    tracking_uri: str  # http(s)://server, databricks, or file:PATH (a local store)
+    experiment: str = "Default"
+    group: str | None = None  # a `group` tag on the run
+    name: str | None = None  # default: the recipe's name
+
+
+def parse_settings(cls, section: str, body: dict[str, Any] | None):
+    """A typed settings object from the recipe's mapping, or None when absent."""
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise RecipeError(f"{section}: must be a mapping, got {body!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(body) - names)
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [k for k in required if k not in body]
+    if unknown or missing:
+        what = f"unknown keys {unknown}" if unknown else f"missing {missing}"
+        raise RecipeError(f"{section}: {what}. Fix: use the keys {sorted(names)} ({', '.join(required)} required)")
+    settings = cls(**body)
+    check_types(section, settings)
+    return settings
+
+
+def _require(package: str, key: str):
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise RecipeError(
+            f"{key} is set but the {package} package is not installed. Fix: pip install {package} "
+            f"(or pip install -e .[tracking]), or remove {key} from the recipe"
+        ) from None
+
+
+def check_trackers(logging_cfg) -> None:
+    """Refuse bad tracker settings or a missing package before any work (every rank)."""
+    wb = parse_settings(WandbSettings, "logging.wandb", logging_cfg.wandb)
+    if wb is not None:
+        if wb.mode not in WANDB_MODES:
+            raise RecipeError(f"logging.wandb.mode must be one of {list(WANDB_MODES)}, got {wb.mode!r}")
+        _require("wandb", "logging.wandb")
+    if parse_settings(MlflowSettings, "logging.mlflow", logging_cfg.mlflow) is not None:
+        _require("mlflow", "logging.mlflow")
+
+
+def scalars(rec: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in rec.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _ids(run_dir: Path) -> dict[str, str]:
+    path = run_dir / IDS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _save_id(run_dir: Path, key: str, value: str) -> None:
+    ids = {**_ids(run_dir), key: value}
+    tmp = run_dir / (IDS + ".tmp")
+    tmp.write_text(json.dumps(ids, indent=2))
+    os.replace(tmp, run_dir / IDS)
+
+
+def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"optim": {"lr": 3e-3}} -> {"optim.lr": "0.003"} (MLflow parameters are flat strings)."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v)[:6000]
+    return out
+
+
+class WandbTracker:
+    def __init__(self, settings: WandbSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
+        wandb = _require("wandb", "logging.wandb")
+        run_id = _ids(run_dir).get("wandb") or uuid.uuid4().hex[:12]
+        _save_id(run_dir, "wandb", run_id)
+        self.run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            group=settings.group,
+            name=settings.name or run_name,
+            tags=settings.tags,
+            mode=settings.mode,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            config=config,
+        )
+
+    def log(self, rec: dict[str, Any]) -> None:
+        self.run.log(scalars(rec), step=int(rec["step"]))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    def __init__(self, settings: MlflowSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
+        if settings.tracking_uri.startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        mlflow = _require("mlflow", "logging.mlflow")
+        from mlflow.entities import Metric, Param  # deferred: heavy (mlflow)
+
+        self.Metric = Metric
+        self.client = mlflow.tracking.MlflowClient(settings.tracking_uri)
+        run_id = _ids(run_dir).get("mlflow")
+        if run_id is None:
+            exp = self.client.get_experiment_by_name(settings.experiment)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(settings.experiment)
+            tags = {"group": settings.group} if settings.group else {}
+            run_id = self.client.create_run(exp_id, run_name=settings.name or run_name, tags=tags).info.run_id
+            params = [Param(k, v) for k, v in flat_config(config).items()]
+            for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
+                self.client.log_batch(run_id, params=params[i : i + 100])
+            _save_id(run_dir, "mlflow", run_id)
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    def log(self, rec: dict[str, Any]) -> None:
+        step, now = int(rec["step"]), int(1000 * time.time())
+        metrics = [self.Metric(k, v, now, step) for k, v in scalars(rec).items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def build_trackers(logging_cfg, run_dir: Path, run_name: str, config: dict[str, Any]) -> list:
+    """The recipe's trackers (rank 0 only calls this)."""
+    out: list = []
+    wb = parse_settings(WandbSettings, "logging.wandb", logging_cfg.wandb)
+    if wb is not None:
+        out.append(WandbTracker(wb, run_dir, run_name, config))
+    ml = parse_settings(MlflowSettings, "logging.mlflow", logging_cfg.mlflow)
+    if ml is not None:
+        out.append(MlflowTracker(ml, run_dir, run_name, config))
+    return out

@@ -1,0 +1,115 @@
+"""W&B (offline: its run files read back) and MLflow (a local file store read back through its client)
+receive the scalars of metrics.jsonl at their steps and the resolved recipe; a resumed run continues
+the same tracked run; a recipe asking for a tracker that is not installed is one error line."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+
+import mlflow
+import pytest
+from wandb.proto import wandb_internal_pb2
+
+from common.errors import RecipeError
+from pretrain.train import train
+
+BASE = ["train.max_steps=4", "train.eval_every_steps=2", "checkpoint.every_steps=2", "logging.tensorboard=false"]
+
+
+def wandb_records(path):
+    """The protobuf records of a .wandb file: a 7-byte header, then LevelDB-log blocks of 32 KiB whose
+    chunks (7-byte header: crc, length, type 1 full / 2 first / 3 middle / 4 last) form the records."""
+    data, pos, block, buf, out = path.read_bytes(), 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == 0 and kind == 0:
+            break
+        buf += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(buf)
+            out.append(rec)
+            buf = b""
+    return out
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_wandb_offline_run_holds_the_scalars_and_resume_continues_it(tmp_path):
+    run = tmp_path / "run"
+    wb = {"project": "variants", "group": "study", "name": "cell", "tags": ["cpu"], "mode": "offline"}
+    train("recipes/tiny_cpu.yaml", [*BASE, f"logging.wandb={json.dumps(wb)}"], run_dir=run, resume="never")
+    run_id = json.loads((run / "trackers.json").read_text())["wandb"]
+    over = [*BASE, "train.max_steps=6", f"logging.wandb={json.dumps(wb)}"]
+    train("recipes/tiny_cpu.yaml", over, run_dir=run, resume="auto")
+    assert json.loads((run / "trackers.json").read_text())["wandb"] == run_id
+    files = sorted((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(files) == 2  # the first process and the resumed one: one run id
+    history, runs = {}, []
+    for f in files:
+        for rec in wandb_records(f):
+            kind = rec.WhichOneof("record_type")
+            if kind == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+                history.setdefault(items["_step"], {}).update(items)
+            elif kind == "run":
+                runs.append(rec.run)
+    logged = {r["step"]: r for r in metrics(run)}
+    assert sorted(history) == sorted(logged) == [1, 2, 3, 4, 5, 6]
+    for step, rec in logged.items():
+        assert history[step]["loss"] == pytest.approx(rec["loss"])
+        assert history[step]["lr"] == pytest.approx(rec["lr"])
+        if "val_loss" in rec:
+            assert history[step]["val_loss"] == pytest.approx(rec["val_loss"])
+    first = runs[0]
+    assert (first.run_id, first.project, first.run_group, first.display_name) == (run_id, "variants", "study", "cell")
+    assert list(first.tags) == ["cpu"]
+    config = {u.key: json.loads(u.value_json) for u in first.config.update}
+    assert config["optim"]["lr"] == 3e-3 and config["train"]["max_steps"] == 4  # the resolved recipe
+
+
+def test_mlflow_file_store_holds_the_scalars_params_and_resume_continues_it(tmp_path):
+    run, store = tmp_path / "run", (tmp_path / "mlruns").as_uri()
+    ml = {"tracking_uri": store, "experiment": "variants", "group": "study"}
+    train("recipes/tiny_cpu.yaml", [*BASE, f"logging.mlflow={json.dumps(ml)}"], run_dir=run, resume="never")
+    run_id = json.loads((run / "trackers.json").read_text())["mlflow"]
+    over = [*BASE, "train.max_steps=6", f"logging.mlflow={json.dumps(ml)}"]
+    train("recipes/tiny_cpu.yaml", over, run_dir=run, resume="auto")
+    assert json.loads((run / "trackers.json").read_text())["mlflow"] == run_id
+    client = mlflow.tracking.MlflowClient(store)
+    got = client.get_run(run_id)
+    assert got.info.status == "FINISHED" and got.data.tags["group"] == "study"
+    assert got.data.params["optim.lr"] == "0.003" and got.info.run_name == "tiny_cpu"
+    assert client.get_experiment(got.info.experiment_id).name == "variants"
+    logged = {r["step"]: r for r in metrics(run)}
+    loss = {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
+    assert loss == pytest.approx({s: r["loss"] for s, r in logged.items()})
+    val = {m.step: m.value for m in client.get_metric_history(run_id, "val_loss")}
+    assert val == pytest.approx({s: r["val_loss"] for s, r in logged.items() if "val_loss" in r})
+    assert sorted(val) == [2, 4, 6]
+
+
+@pytest.mark.parametrize(
+    "key, body, match",
+    [
+        ("wandb", {"project": "p"}, "the wandb package is not installed. Fix: pip install wandb"),
+        ("mlflow", {"tracking_uri": "file:/tmp/x"}, "the mlflow package is not installed. Fix: pip install mlflow"),
+        ("wandb", {"projekt": "p"}, r"logging.wandb: unknown keys \['projekt'\]"),
+        ("wandb", {"project": "p", "mode": "sometimes"}, "mode must be one of"),
+        ("mlflow", {"experiment": "e"}, r"missing \['tracking_uri'\]"),
+    ],
+)
+def test_tracker_settings_and_missing_packages_refused_before_work(tmp_path, monkeypatch, key, body, match):
+    if "not installed" in match:
+        monkeypatch.setitem(sys.modules, key, None)  # `import wandb` / `import mlflow` now fails
+    with pytest.raises(RecipeError, match=match):
+        train("recipes/tiny_cpu.yaml", [*BASE, f"logging.{key}={json.dumps(body)}"], run_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
