@@ -1,9 +1,9 @@
 """A learning rate per variant and size: a grid at the smaller sizes, and the rule that carries it on.
 
 Each (variant, size, rate) trains a short full schedule (wsd, so it ends at min_lr) of `budget`
-tokens per non-embedding parameter; the best rate of a (variant, size) is the one with the lowest
-final validation loss, and a best rate at either end of its grid is an error (the optimum may lie
-beyond it). The rule is a least-squares line of log(best rate) against log N per variant, evaluated
+tokens per non-embedding parameter; the best rate of a (variant, size) is the vertex of a parabola in
+log(lr) through its lowest final validation loss and the two neighbours, and a lowest loss at either
+end of its grid is an error (the optimum may lie beyond it). The rule is a least-squares line of log(best rate) against log N per variant, evaluated
 at every ladder size: frozen parts change the effective parametrisation, so variants get their own
 line. (A µP-style width rule would need µP's initialisation and per-layer rates, which the trainer
 does not have; the fitted line needs nothing but these runs.)
@@ -47,21 +47,34 @@ def rate_overrides(variant: str, size: str, lr: float, budget: float, batch: int
     ]
 
 
+def best_rate(grid: list[float], losses: list[float]) -> float:
+    """The vertex of the parabola in log(lr) through the grid's lowest loss and its two neighbours: a
+    noisy grid's lowest point jumps between neighbours on a flat bottom, the vertex moves little.
+    It lies between those neighbours; a lowest loss at either end of the grid has none (an error)."""
+    i = int(np.argmin(losses))
+    x = np.log(grid[i - 1 : i + 2])
+    a, b, _ = np.polyfit(x, losses[i - 1 : i + 2], 2)
+    vertex = -b / (2 * a) if a > 0 else x[1]
+    return float(math.exp(min(max(vertex, x[0]), x[2])))
+
+
 def choose_rates(losses: dict[tuple[str, str, float], float]) -> dict[str, dict[str, float]]:
-    """{(variant, size, lr): final loss} -> {variant: {size: best lr}}; a best rate at the edge of
-    its grid is a StudyError."""
+    """{(variant, size, lr): final loss} -> {variant: {size: best lr}} (`best_rate`); a lowest loss at the
+    edge of its grid is a StudyError."""
     best: dict[str, dict[str, float]] = {}
     for variant, size in sorted({(v, s) for v, s, _ in losses}):
         grid = sorted(lr for v, s, lr in losses if (v, s) == (variant, size))
         if len(grid) < 3:
             raise StudyError(f"{variant} at {size}: {len(grid)} rates; a best rate needs a grid of >= 3. Fix: --lrs")
-        lr = min(grid, key=lambda r: losses[(variant, size, r)])
-        if lr in (grid[0], grid[-1]):
+        values = [losses[(variant, size, r)] for r in grid]
+        lowest = grid[int(np.argmin(values))]
+        if lowest in (grid[0], grid[-1]):
             raise StudyError(
-                f"{variant} at {size}: the best rate {lr:g} is at the edge of the grid {[f'{g:g}' for g in grid]}, "
-                "so the optimum may lie beyond it. Fix: extend --lrs past it and run lr-sweep again"
+                f"{variant} at {size}: the lowest loss is at {lowest:g}, the edge of the grid "
+                f"{[f'{g:g}' for g in grid]}, so the optimum may lie beyond it. Fix: extend --lrs past it and run "
+                "lr-sweep again"
             )
-        best.setdefault(variant, {})[size] = lr
+        best.setdefault(variant, {})[size] = best_rate(grid, values)
     return best
 
 
