@@ -1,7 +1,7 @@
 """The experiment recipe: one YAML file loaded into dataclasses, with dotted overrides.
 
 A recipe has the sections `model`, `data`, `train`, `optim`, `parallel`, `checkpoint`,
-`logging`, `eval` (plus `name` and `seed`). Every key is checked: an unknown key is an error
+`logging`, `eval`, `profile` (plus `name` and `seed`). Every key is checked: an unknown key is an error
 that names the closest valid key. Command-line overrides are `section.key=value`
 (values parsed as YAML, so `train.lr=3e-4`, `model.tie_embeddings=true`,
 `data.task_args.n_pairs=8` all work).
@@ -28,6 +28,7 @@ from data_pipeline.config import DataSource, parse_data
 from data_pipeline.loader import build_loader, build_val_sets
 from model import ModelConfig
 
+from .profiling import check_profile
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
@@ -117,6 +118,17 @@ class EvalConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A torch profiler trace of some optimizer steps (pretrain/profiling.py)."""
+
+    steps: list[int] = field(default_factory=list)  # [start, end], 1-based, inclusive; [] profiles nothing
+    ranks: str = "0"  # "0" or "all"
+    record_shapes: bool = False
+    with_stack: bool = False
+    memory: bool = False  # CUDA memory snapshot of the same steps
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 1234
@@ -128,6 +140,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     task: str = "lm"  # lm | classification (pretrain/classification.py)
     classification: dict[str, Any] = field(default_factory=dict)  # num_labels, pooling, init_from
 
@@ -241,6 +254,7 @@ class RunConfig:
         if t.max_nan_skips < 0 or p.timeout_s <= 0:
             raise RecipeError("train.max_nan_skips must be >= 0 and parallel.timeout_s > 0")
         check_task(self)
+        check_profile(self.profile)
 
 
 SECTIONS = {
@@ -250,6 +264,7 @@ SECTIONS = {
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
     "eval": EvalConfig,
+    "profile": ProfileConfig,
 }
 TOP_KEYS = ("name", "seed", "task", "classification", "model", "data") + tuple(SECTIONS)
 

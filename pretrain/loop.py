@@ -28,6 +28,7 @@ from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
 from .nonfinite import NanGuard, loader_position, skip_marked_batches
 from .preemption import StopRequest
+from .profiling import StepProfiler
 from .resume import ResumePoint
 from .run_dir import resolved_config
 from .schedule import lr_at
@@ -81,6 +82,7 @@ class TrainingLoop:
         self.result = RunResult(run_dir=run_dir, resumed_from=resumed_from, final_step=self.start_step)
         self.resolved = resolved_config(cfg, self.mcfg)
         self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
+        self.profiler = StepProfiler(cfg.profile, run_dir, self.rank, self.device, logger.message)
 
     # -- what a checkpoint records besides the engine -----------------------------------------
     def trainer_state(self) -> dict[str, Any]:
@@ -220,6 +222,7 @@ class TrainingLoop:
                     f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine"
                 )
                 trainer.rebuild(self.step)
+            self.profiler.before(self.step + 1)
             t0 = time.perf_counter()
             skip_marked_batches(self.loader, self.guard)
             position = loader_position(self.loader)
@@ -237,6 +240,7 @@ class TrainingLoop:
             self.step += 1
             self.tokens_seen += cfg.tokens_per_step
             result.losses[self.step] = loss
+            self.profiler.after(self.step)
             self._log(loss, lr, grad_norm, dt)
             # Preemption and time-based saves: every rank must agree before anyone saves.
             stop_now, minutes_due = self._save_requests(stop, flags)
@@ -255,6 +259,7 @@ class TrainingLoop:
                 result.last_checkpoint = self.save()
             elif result.resumed_from is not None and self.step == self.start_step:
                 result.last_checkpoint = result.resumed_from
+        self.profiler.close()
         result.final_step = self.step
         result.tokens_seen = self.tokens_seen
         return result

@@ -1,0 +1,81 @@
+"""Profiling as recipe keys: a torch profiler trace of chosen optimizer steps, and a CUDA memory snapshot.
+
+    profile:
+      steps: [5, 7]         # optimizer steps 5 to 7 (1-based, inclusive)
+      ranks: "0"            # "0" (rank 0) or "all" (one trace per rank)
+      record_shapes: true   # input shapes of every op
+      with_stack: false     # Python stacks (large traces)
+      memory: true          # CUDA: torch.cuda.memory snapshot of those steps (pytorch.org/memory_viz)
+
+Writes RUN_DIR/profile/rank<R>.steps<A>-<B>.pt.trace.json (Chrome trace format: chrome://tracing,
+Perfetto, or TensorBoard's PyTorch profiler plugin, which reads *.pt.trace.json) and, with memory on
+CUDA, rank<R>.steps<A>-<B>.memory.pickle. On a CPU run `memory` says so once and the run goes on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from common.errors import RecipeError
+
+
+def check_profile(profile) -> None:
+    steps = profile.steps
+    if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1]):
+        raise RecipeError(f"profile.steps must be [start, end] with 1 <= start <= end, got {steps}. Fix: e.g. [5, 7]")
+    if profile.ranks not in ("0", "all"):
+        raise RecipeError(f'profile.ranks must be "0" or "all", got {profile.ranks!r}')
+
+
+class StepProfiler:
+    """Starts the torch profiler before optimizer step `start` and writes its trace after step `end`."""
+
+    def __init__(self, profile, run_dir: Path, rank: int, device: torch.device, message):
+        self.cfg, self.rank, self.device, self.message = profile, rank, device, message
+        self.on = bool(profile.steps) and (profile.ranks == "all" or rank == 0)
+        self.out = Path(run_dir) / "profile"
+        self.prof = None
+        self.memory = False
+
+    def before(self, step: int) -> None:
+        """Called before optimizer step `step` (1-based) runs."""
+        if not self.on or step != self.cfg.steps[0] or self.prof is not None:
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        if self.cfg.memory:
+            if self.device.type == "cuda":
+                torch.cuda.memory._record_memory_history(max_entries=200_000)
+                self.memory = True
+            else:
+                self.message(
+                    f"profile.memory: a memory snapshot is CUDA-only and this run is on {self.device.type}; "
+                    "the trace is still written"
+                )
+        self.prof = torch.profiler.profile(
+            activities=activities, record_shapes=self.cfg.record_shapes, with_stack=self.cfg.with_stack
+        )
+        self.prof.__enter__()
+
+    def after(self, step: int) -> None:
+        """Called after optimizer step `step` finished; the last profiled step writes the files."""
+        if self.prof is not None and step >= self.cfg.steps[1]:
+            self.close()
+
+    def close(self) -> None:
+        """Stop and write what was recorded (also when the run ends inside the window)."""
+        if self.prof is None:
+            return
+        self.prof.__exit__(None, None, None)
+        self.out.mkdir(parents=True, exist_ok=True)
+        stem = self.out / f"rank{self.rank}.steps{self.cfg.steps[0]}-{self.cfg.steps[1]}"
+        self.prof.export_chrome_trace(f"{stem}.pt.trace.json")
+        self.prof = None
+        if self.memory:
+            torch.cuda.memory._dump_snapshot(f"{stem}.memory.pickle")
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.memory = False
+        self.message(f"profile: wrote {stem}.pt.trace.json")
