@@ -12,6 +12,7 @@ from typing import Any
 
 from common.errors import DataError
 
+from .foreign import check_foreign, is_foreign
 from .synthetic import TASKS
 
 VERIFY_MODES = ("full", "size")
@@ -160,6 +161,8 @@ class DataConfig:
     retry_backoff_s: float = 1.0
     prefetch: int = 2
     val_sets: dict[str, str] | None = None
+    eos_id: int | None = None  # megatron:/olmo: sources (data_pipeline/foreign.py): the end-of-document token
+    token_dtype: str | None = None  # olmo: raw arrays without a .npy header: uint16 | uint32
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -213,10 +216,13 @@ class DataConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise DataError(f"DataConfig.{name} must be an int >= {lo}, got {v!r}")
         check_val_sets(self.val_sets, self.source)
+        paths = [e["path"] for e in self.mixture] if self.source == "mixture" else [self.source]
+        for path in filter(is_foreign, paths):
+            check_foreign(path, self.vocab_size, self.eos_id, self.token_dtype)
 
     @property
     def kind(self) -> str:
-        """``"synthetic"``, ``"mixture"`` or ``"shards"``."""
+        """``"synthetic"``, ``"mixture"`` or ``"shards"`` (also megatron:/olmo: token files)."""
         if self.source.startswith("synthetic:"):
             return "synthetic"
         if self.source == "mixture":

@@ -33,6 +33,7 @@ from common.errors import DataError
 
 from .classification import ClassificationLoader
 from .config import ClassifyData, DataConfig, DataSource, TextData
+from .foreign import ForeignShards, is_foreign
 from .order import MixtureSchedule, Permutation, derive_key
 from .shards import ShardSet, read_manifest, verify_shards
 from .storage import is_remote, local_path, open_shards
@@ -68,7 +69,12 @@ class ShardSource:
         verify_record: str | os.PathLike | None = None,
         whole: bool = False,
     ):
-        if is_remote(directory):
+        if is_foreign(directory):  # megatron:PREFIX or olmo:FILES, read in place (data_pipeline/foreign.py)
+            tok = load_tokenizer(cfg.tokenizer).identity if cfg.tokenizer else None
+            self.shards = ForeignShards(directory, cfg.vocab_size, cfg.eos_id, cfg.token_dtype, tok)
+            self.dir = directory
+            manifest, sha = self.shards.manifest, self.shards.fingerprint
+        elif is_remote(directory):
             # Remote: manifest first; sizes are checked per shard on first touch and sha256 when a
             # shard is cached whole (hashing at start would download the corpus on every rank).
             self.shards = open_shards(directory, **remote_options(cfg))
