@@ -107,8 +107,14 @@ class ByteTokenizer:
 BYTE_TOKENIZER = ByteTokenizer()
 
 
+TIKTOKEN_FILE = "tokenizer.tiktoken"
+EOT = "<|endoftext|>"
+# The pre-tokenizer split Llama 3 uses with its tiktoken file (meta-llama/llama3 tokenizer.py).
+TIKTOKEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
 class Tokenizer:
-    """Common face of a SentencePiece or HF tokenizer.
+    """Common face of a SentencePiece, HF or tiktoken tokenizer.
 
     Attributes: ``identity`` (e.g. ``"sp:3fa2...")``, ``vocab_size``, ``eos_id``, ``bos_id``,
     ``pad_id`` (may equal ``eos_id`` when the tokenizer has none), ``path``, ``kind``.
@@ -119,6 +125,12 @@ class Tokenizer:
         p = Path(self.path)
         self._sp = None
         self._hf = None
+        self._tt = None
+        if p.is_dir() and (p / TIKTOKEN_FILE).is_file():
+            p = p / TIKTOKEN_FILE
+        if p.is_file() and p.suffix == ".tiktoken":
+            self._load_tiktoken(p)
+            return
         if p.is_file() and p.suffix == ".model":
             p = p.parent
             self.path = str(p)
@@ -180,6 +192,33 @@ class Tokenizer:
                 "data_pipeline.tokenizer train', or with tokenizer.json/tokenizer_config.json of a HuggingFace tokenizer"
             )
 
+    def _load_tiktoken(self, path: Path) -> None:
+        """A tiktoken BPE file (lines of base64 token and rank, as Llama 3 and OpenAI ship them): the
+        ranks are the ids, `EOT` is added after them as the end-of-document token, and text is split by
+        the Llama 3 / cl100k pre-tokenizer pattern (a BPE file does not record its pattern)."""
+        try:
+            import tiktoken  # deferred: optional (pip install tiktoken)
+            from tiktoken.load import load_tiktoken_bpe  # deferred: optional
+        except ImportError:
+            raise DataError(
+                f"{path} is a tiktoken BPE file and tiktoken is not installed. Fix: pip install tiktoken"
+            ) from None
+
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: not a tiktoken BPE file ({e}). Fix: lines of '<base64 token> <rank>'") from None
+        self.kind = "tiktoken"
+        self.eos_id = self.pad_id = len(ranks)
+        self.bos_id = -1
+        self._tt = tiktoken.Encoding(
+            name=path.stem, pat_str=TIKTOKEN_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: self.eos_id}
+        )
+        self.vocab_size = self._tt.n_vocab
+        h = hashlib.sha256(TIKTOKEN_PATTERN.encode() + b"\0" + EOT.encode() + b"\0")
+        self.identity = "tiktoken:" + _sha256_file(path, h).hexdigest()[:16]
+        self.path = str(path)
+
     def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         """Token ids of each text, without BOS/EOS (the shard writer appends EOS).
 
@@ -188,6 +227,8 @@ class Tokenizer:
         """
         if self._sp is not None:
             return self._sp.encode(texts, out_type=int, num_threads=num_threads)
+        if self._tt is not None:
+            return self._tt.encode_ordinary_batch(texts, num_threads=num_threads)
         return self._hf(texts, add_special_tokens=False)["input_ids"]
 
     def encode(self, text: str) -> list[int]:
@@ -197,6 +238,8 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         if self._sp is not None:
             return self._sp.decode(ids)
+        if self._tt is not None:
+            return self._tt.decode([i for i in ids if i != self.eos_id])
         return self._hf.decode(ids)
 
     def __repr__(self) -> str:

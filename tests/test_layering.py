@@ -31,6 +31,9 @@ HEAVY = (
     "gcsfs",
     "aiohttp",
     "eval.lm_eval_adapter",
+    "mlflow",
+    "wandb",
+    "tiktoken",
 )  # imports lm_eval at its top
 
 
