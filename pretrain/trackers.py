@@ -78,8 +78,8 @@ def _require(package: str, key: str):
         return importlib.import_module(package)
     except ImportError:
         raise RecipeError(
-            f"{key} is set but the {package} package is not installed. Fix: pip install {package} "
-            f"(or pip install -e .[tracking]), or remove {key} from the recipe"
+            f"{key} is set but the {package} package is not installed. Fix: pip install {package}, "
+            f"or remove {key} from the recipe"
         ) from None
 
 
