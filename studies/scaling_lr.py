@@ -3,10 +3,11 @@
 Each (variant, size, rate) trains a short full schedule (wsd, so it ends at min_lr) of `budget`
 tokens per non-embedding parameter; the best rate of a (variant, size) is the vertex of a parabola in
 log(lr) through its lowest final validation loss and the two neighbours, and a lowest loss at either
-end of its grid is an error (the optimum may lie beyond it). The rule is a least-squares line of log(best rate) against log N per variant, evaluated
-at every ladder size: frozen parts change the effective parametrisation, so variants get their own
-line. (A µP-style width rule would need µP's initialisation and per-layer rates, which the trainer
-does not have; the fitted line needs nothing but these runs.)
+end of its grid is an error (the optimum may lie beyond it). The rule is a least-squares fit of
+log(best rate) against log N with one slope shared by the variants and an intercept of each
+(`rate_rule`), evaluated at every ladder size: frozen parts change the effective parametrisation, so
+variants get their own rates. (A µP-style width rule would need µP's initialisation and per-layer
+rates, which the trainer does not have; the fitted line needs nothing but these runs.)
 """
 
 from __future__ import annotations
@@ -79,22 +80,29 @@ def choose_rates(losses: dict[tuple[str, str, float], float]) -> dict[str, dict[
 
 
 def rate_rule(best: dict[str, dict[str, float]]) -> dict[str, dict]:
-    """Per variant: log(lr*) = intercept + slope * log N through the best rates, and the rate it gives at
-    every ladder size (with one size: that rate everywhere, slope 0)."""
-    out = {}
-    for variant, by_size in best.items():
-        logN = np.log([non_embedding_params(s, variant) for s in by_size])
-        loglr = np.log(list(by_size.values()))
-        slope, intercept = np.polyfit(logN, loglr, 1) if len(by_size) > 1 else (0.0, float(loglr[0]))
-        out[variant] = {
-            "slope": float(slope),
-            "intercept": float(intercept),
-            "best": by_size,
-            "rates": {
-                s: float(math.exp(intercept + slope * math.log(non_embedding_params(s, variant)))) for s in LADDER
-            },
+    """log(lr*) = intercept_variant + slope * log N, least squares through every variant's best rates
+    with one slope shared by the variants and an intercept of each (variants keep their own rates),
+    and the rate it gives at every ladder size. Three noisy best rates per variant do not determine a
+    slope each (their lines would cross within the ladder); pooled they do, and the shared exponent is
+    the width rule's question (1/width is N^-0.5 at a fixed depth-to-width ratio). With one size: that
+    rate everywhere, slope 0."""
+    variants = sorted(best)
+    points = [(v, math.log(non_embedding_params(s, v)), math.log(lr)) for v in variants for s, lr in best[v].items()]
+    if len({x for _, x, _ in points}) < 2:
+        slope, intercepts = 0.0, {v: float(np.mean([y for u, _, y in points if u == v])) for v in variants}
+    else:
+        X = np.array([[x] + [float(v == u) for u in variants] for v, x, _ in points])
+        coef = np.linalg.lstsq(X, np.array([y for *_, y in points]), rcond=None)[0]
+        slope, intercepts = float(coef[0]), {v: float(c) for v, c in zip(variants, coef[1:])}
+    return {
+        v: {
+            "slope": slope,
+            "intercept": intercepts[v],
+            "best": best[v],
+            "rates": {s: float(math.exp(intercepts[v] + slope * math.log(non_embedding_params(s, v)))) for s in LADDER},
         }
-    return out
+        for v in variants
+    }
 
 
 def lr_sweep(args) -> int:
