@@ -1,7 +1,7 @@
 """`text:PATH` sources: UTF-8 text files read by the byte tokenizer, with no preparation step.
 
 For quick runs on raw text (WikiText-2, a lab's own file of prompts and answers). PATH is a file
-or a directory of `*.txt` files (sorted); a relative PATH that does not exist is taken relative to
+(a .jsonl file: each record's "text", as in data/sample/) or a directory of `*.txt` files (sorted); a relative PATH that does not exist is taken relative to
 the repository. The `data` keys besides `source` and `seed`:
 
     val_fraction: 0.05      the held-out tail: of the bytes (documents: stream) or of the lines (documents: lines)
@@ -28,6 +28,7 @@ earlier versions did, so older runs resume unchanged.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,33 @@ def text_files(source: str) -> list[Path]:
     return files
 
 
+def jsonl_texts(f: Path, field: str = "text") -> list[str]:
+    """The `field` of every record of a JSON-lines file (the docs corpus's and data/sample's format)."""
+    out = []
+    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            out.append(rec[field] if isinstance(rec[field], str) else None)
+        except (ValueError, KeyError, TypeError):
+            out.append(None)
+        if out[-1] is None:
+            raise DataError(
+                f'{f}:{n}: expected a JSON object with a string "{field}". Fix: one {{"{field}": ...}} per line'
+            )
+    return out
+
+
+def file_bytes(f: Path) -> bytes:
+    """A text file's bytes, or a .jsonl file's texts joined by blank lines."""
+    if f.suffix == ".jsonl":
+        return "\n\n".join(jsonl_texts(f)).encode("utf-8")
+    return f.read_bytes()
+
+
 def _read_checked(f: Path) -> bytes:
-    raw = f.read_bytes()
+    raw = file_bytes(f)
     at = raw.find(b"\xff")
     if at >= 0:
         raise DataError(
@@ -68,9 +94,14 @@ def _read_checked(f: Path) -> bytes:
 
 
 def read_documents(files: list[Path]) -> list[bytes]:
-    """Every non-blank line of the files as one document (without its newline or a trailing CR)."""
+    """Every non-blank line of the files as one document (without its newline or a trailing CR); of a
+    .jsonl file, every record's text."""
     docs = []
     for f in files:
+        if f.suffix == ".jsonl":
+            _read_checked(f)  # the 0xFF check
+            docs += [t.encode("utf-8") for t in jsonl_texts(f) if t.strip()]
+            continue
         for line in _read_checked(f).split(b"\n"):
             line = line.rstrip(b"\r")
             if line.strip():

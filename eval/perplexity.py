@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from common.errors import EvalError
 from data_pipeline.progress import progress_bar
 from data_pipeline.storage import open_shards  # a local directory or an fsspec URL (s3://, https://, ...)
+from data_pipeline.text import file_bytes
 
 from . import distributed as D
 
@@ -62,7 +63,7 @@ def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[l
         raise EvalError(f"text file {p} does not exist")
     if tokenizer is None:
         raise EvalError("perplexity on a text file needs a tokenizer (--tokenizer DIR or --tokenizer bytes)")
-    return text_stream(p.read_text(encoding="utf-8"), tokenizer, prefix_eos)
+    return text_stream(file_bytes(p).decode("utf-8"), tokenizer, prefix_eos)  # a .jsonl file: its texts
 
 
 def shard_stream(

@@ -3,6 +3,8 @@ document boundaries, and the one byte tokenizer every layer uses."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from data_pipeline.classification import ClassificationLoader
 from data_pipeline.config import parse_data
 from data_pipeline.text import TextLoader, pack_windows
 from data_pipeline.tokenizer import BYTE_TOKENIZER, load_tokenizer
+from eval.perplexity import file_stream
 
 LINES = [
     "cat=meow",
@@ -166,3 +169,23 @@ def test_classification_uses_the_same_byte_tokenizer_and_keeps_pad_zero(tmp_path
     ld = ClassificationLoader(parse_data({"source": f"classify:{f}", "tokenizer": "bytes"}), "train", 8, 4)
     assert (ld.tokenizer_id, ld.vocab_size, ld.pad_id) == ("bytes", 256, 0)
     assert ld.input_ids[0].tolist() == [*"hé".encode(), ord("y"), 0, 0, 0, 0]  # NUL dropped, 0-padded
+
+
+def test_jsonl_records_are_the_text(tmp_path):
+    """A .jsonl file (data/sample's format): the stream is its texts joined by blank lines; as
+    documents, every record (newlines and all) is one document ending in EOS; eval's --text reads it too."""
+    texts = ["first doc\nwith two lines", "second", "   ", "third one"]
+    f = tmp_path / "docs.jsonl"
+    f.write_text("".join(json.dumps({"id": i, "source": "x", "text": t}) + "\n" for i, t in enumerate(texts)))
+    stream = _loader(f, val_fraction=0.0)
+    assert bytes(stream.tokens.tolist()) == "\n\n".join(texts).encode()
+    docs = _loader(f, documents="lines", val_fraction=0.0)
+    eos = BYTE_TOKENIZER.eos_id
+    assert docs.tokens.tolist() == [
+        t for d in ("first doc\nwith two lines", "second", "third one") for t in [*d.encode(), eos]
+    ]
+    toks, n_bytes = file_stream(f, BYTE_TOKENIZER)
+    assert n_bytes == len("\n\n".join(texts).encode())
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\n')
+    with pytest.raises(DataError, match=r'bad.jsonl:1: expected a JSON object with a string "text"'):
+        _loader(tmp_path / "bad.jsonl")
