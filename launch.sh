@@ -7,7 +7,12 @@
 #   ./launch.sh --slurm                        -- TRAIN_ARGS   inside a SLURM allocation: srun, rendezvous from SLURM_*
 #   ./launch.sh --no-ssh --hostfile F --node-rank R --master-addr A [--cpu|--gpus N] -- TRAIN_ARGS
 #                                                              every node started by hand / by a scheduler
-# Launcher options: --master-addr A, --master-port P, --dry-print (print the command, do not run it).
+# Launcher options: --master-addr A, --master-port P, --dry-print (print the command, do not run it),
+# --max-restarts N [--restart-backoff S]: when the job exits non-zero (a rank crashed, was killed or timed
+# out; the launcher then stops every rank), relaunch it with --resume auto, up to N times, waiting S, 2S,
+# 4S ... seconds (default 10); each restart goes to RUN_DIR/restarts.jsonl and the metrics' `restarts`.
+# Never retried: bad input (exit 2), a stop this launcher was asked for (SIGTERM/SIGINT), and a failure
+# with the same exit code at the same step as the last one (it would only repeat).
 # Without --master-port: a free port of this machine (--cpu/--gpus, --hostfile over ssh), a port derived
 # from SLURM_JOB_ID (--slurm, or --no-ssh inside a Slurm job), else 29500 (--no-ssh: every node must agree).
 # TRAIN_ARGS go to `python -m pretrain.train` (e.g. --recipe recipes/tiny_cpu.yaml train.max_steps=10).
@@ -18,6 +23,7 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-$PWD/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 mode="" n="" hostfile="" node_rank="" master_addr="" master_port="" no_ssh=0 dry=0 slurm_task=0
+max_restarts=0 restart_backoff=10
 
 usage() { sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
@@ -31,6 +37,8 @@ while [ $# -gt 0 ]; do
     --master-addr) master_addr="$2"; shift 2 ;;
     --master-port) master_port="$2"; shift 2 ;;
     --dry-print) dry=1; shift ;;
+    --max-restarts) max_restarts="$2"; shift 2 ;;
+    --restart-backoff) restart_backoff="$2"; shift 2 ;;
     --_slurm-task) slurm_task=1; shift ;;
     -h|--help) usage 0 ;;
     --) shift; break ;;
@@ -38,6 +46,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 train_args=("$@")
+[[ "$max_restarts" =~ ^[0-9]+$ && "$restart_backoff" =~ ^[0-9]+$ ]] || {
+  echo "error: --max-restarts '$max_restarts' and --restart-backoff '$restart_backoff' must be whole numbers. Fix: e.g. --max-restarts 3 --restart-backoff 10" >&2
+  exit 2
+}
 
 # GPUs this node shows: nvidia-smi's list, narrowed by CUDA_VISIBLE_DEVICES where that is set.
 visible_gpus() {
@@ -52,19 +64,45 @@ visible_gpus() {
 
 # Run the command in its own process group and forward SIGTERM/SIGINT to all of it, so every
 # rank sees a preemption signal and writes a checkpoint (pretrain.train saves on SIGTERM/SIGINT).
+# With --max-restarts, a failed job is relaunched (--resume auto) as the header says.
 run() {
   printf '+'; printf ' %q' "$@"; printf '\n'
   [ "$dry" = 1 ] && exit 0
   export PRETRAIN_LAUNCHER="$HOSTNAME $$"   # ranks on this host stop if this shell dies (pretrain/orphan.py)
-  set -m
-  "$@" &
-  child=$!
-  set +m
-  trap 'kill -TERM -- -"$child" 2>/dev/null' TERM INT
-  rc=0
-  wait "$child" || rc=$?
-  while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
-  exit "$rc"
+  local attempt=0 last="" rc step run_dir="" delay
+  if [ "$max_restarts" -gt 0 ]; then
+    run_dir=$("$PY" -m pretrain.train "${train_args[@]}" --print-run-dir) || exit 2
+  fi
+  stopping=0
+  trap 'stopping=1; kill -TERM -- -"$child" 2>/dev/null' TERM INT
+  while :; do
+    set -m
+    "$@" &
+    child=$!
+    set +m
+    rc=0
+    wait "$child" || rc=$?
+    while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
+    if [ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$stopping" = 1 ] || [ "$max_restarts" = 0 ]; then exit "$rc"; fi
+    step=$(grep -o '"step": [0-9]*' "$run_dir/metrics.jsonl" 2>/dev/null | tail -n1 | grep -o '[0-9]*$' || true)
+    step=${step:-0}
+    if [ "$attempt" -ge "$max_restarts" ]; then
+      echo "error: the run failed (exit $rc after step $step) and --max-restarts $max_restarts are used up. Fix: find the cause in the log above, then run the same command again (it resumes)" >&2
+      exit "$rc"
+    fi
+    if [ "$rc:$step" = "$last" ]; then
+      echo "error: the run failed the same way twice (exit $rc after step $step), so another restart would repeat it. Fix: find the cause in the log above (a bad batch, a full disk, a broken node), then run the same command again" >&2
+      exit "$rc"
+    fi
+    last="$rc:$step"
+    attempt=$((attempt + 1))
+    delay=$(( restart_backoff * (1 << (attempt - 1)) ))
+    printf '{"restart": %d, "exit_code": %d, "after_step": %d, "time": %d}\n' "$attempt" "$rc" "$step" "$(date +%s)" >> "$run_dir/restarts.jsonl"
+    echo "[launch] the job exited with $rc after step $step; restart $attempt of $max_restarts in ${delay}s (--resume auto)" >&2
+    sleep "$delay"
+    [ "$stopping" = 1 ] && exit "$rc"
+    set -- "$@" --resume auto
+  done
 }
 
 # Rendezvous ports. Within one Slurm job every node computes the same one; concurrent jobs on a node

@@ -10,6 +10,9 @@
   check stands between that batch and the weights. Not under pipeline parallelism (there the
   loss exists only on the last stage; its guard checks the gradients anyway).
 - `"nan_ranks": [r, ...]`: poison only on these ranks (default: all), to show that ranks agree.
+- `"kill_steps": [n, ...]`, `"kill_rank": r`: rank r (default 0) kills itself with SIGKILL right after
+  optimizer step n, once per step and run dir (a marker file remembers it, so the restarted run
+  passes step n): what a crashed or OOM-killed rank looks like to the launcher.
 - `"save_pause_s": s`, `"save_pause_steps": [n, ...]`: sleep `s` seconds inside the checkpoint
   save of step `n` (every save if no steps are given), after DeepSpeed has written its files and
   before the checkpoint is marked complete (a window to SIGKILL mid-save).
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -78,6 +83,22 @@ def poison_loss(loss: torch.Tensor, batch_index: int | None) -> torch.Tensor:
             raise ValueError(f"{ENV}: nan_grad_batches needs the loss itself (not under pipeline parallelism)")
         return _NanBackward.apply(loss)
     return loss
+
+
+def step_killer() -> Callable[[int, Path, int], None] | None:
+    """`kill_after_step` when the fault spec lists kill steps, else None (read once by the loop)."""
+    return kill_after_step if spec().get("kill_steps") else None
+
+
+def kill_after_step(step: int, run_dir: Path, rank: int) -> None:
+    s = spec()
+    if step not in s["kill_steps"] or rank != s.get("kill_rank", 0):
+        return
+    marker = Path(run_dir) / f".fault_killed_step{step}"
+    if marker.exists():
+        return
+    marker.touch()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def pause(point: str, step: int) -> None:

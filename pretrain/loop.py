@@ -22,7 +22,7 @@ from checkpoint import tags
 from common.errors import NonFiniteLoss
 from model.mfu import mfu
 
-from . import engine_checkpoint
+from . import engine_checkpoint, faults
 from .engine import Trainer
 from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
@@ -30,7 +30,7 @@ from .nonfinite import NanGuard, loader_position, skip_marked_batches
 from .preemption import StopRequest
 from .profiling import StepProfiler
 from .resume import ResumePoint
-from .run_dir import resolved_config
+from .run_dir import resolved_config, restart_count
 from .schedule import lr_at
 
 
@@ -83,6 +83,8 @@ class TrainingLoop:
         self.resolved = resolved_config(cfg, self.mcfg)
         self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
         self.profiler = StepProfiler(cfg.profile, run_dir, self.rank, self.device, logger.message)
+        self.killer = faults.step_killer()  # None unless PRETRAIN_FAULTS asks (the reliability tests)
+        self.restarts = restart_count(run_dir)  # launch.sh --max-restarts records each one
 
     # -- what a checkpoint records besides the engine -----------------------------------------
     def trainer_state(self) -> dict[str, Any]:
@@ -187,6 +189,8 @@ class TrainingLoop:
     def _log(self, loss: float, lr: float, grad_norm: float | None, dt: float) -> None:
         cfg, step = self.cfg, self.step
         rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "tokens_seen": self.tokens_seen}
+        if self.restarts:
+            rec["restarts"] = self.restarts
         do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == cfg.max_steps)
         if do_eval:
             rec.update(self.evaluate())
@@ -242,6 +246,8 @@ class TrainingLoop:
             result.losses[self.step] = loss
             self.profiler.after(self.step)
             self._log(loss, lr, grad_norm, dt)
+            if self.killer is not None:
+                self.killer(self.step, self.run_dir, self.rank)
             # Preemption and time-based saves: every rank must agree before anyone saves.
             stop_now, minutes_due = self._save_requests(stop, flags)
             if stop_now:

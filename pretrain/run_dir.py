@@ -139,3 +139,12 @@ def read_config(run_dir: str | Path) -> dict[str, Any] | None:
     except (OSError, yaml.YAMLError):
         return None
     return cfg if isinstance(cfg, dict) else None
+
+
+RESTARTS = "restarts.jsonl"  # launch.sh --max-restarts appends one line per restart
+
+
+def restart_count(run_dir: Path) -> int:
+    """How many times launch.sh restarted this run (its restarts.jsonl lines)."""
+    path = Path(run_dir) / RESTARTS
+    return len(path.read_text().splitlines()) if path.is_file() else 0

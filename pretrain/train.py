@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", required=True, help="recipes/X.yaml")
     ap.add_argument("--dry-run", action="store_true", help="validate and print the plan; train nothing")
     ap.add_argument("--print-config", action="store_true", help="print the resolved recipe (YAML); train nothing")
+    ap.add_argument("--print-run-dir", action="store_true", help="print the run directory; train nothing")
     ap.add_argument("--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)")
     ap.add_argument("--resume", default="auto", help="auto (latest complete checkpoint), never, or a path")
     ap.add_argument("--run-dir", default=None, help="default: runs/<name>")
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.print_config:
             print_config(load_recipe(args.recipe, args.overrides))
+            return 0
+        if args.print_run_dir:  # launch.sh --max-restarts: where the run records its restarts
+            print(args.run_dir or default_run_dir(load_recipe(args.recipe, args.overrides)))
             return 0
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)
