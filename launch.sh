@@ -13,6 +13,8 @@
 # 4S ... seconds (default 10); each restart goes to RUN_DIR/restarts.jsonl and the metrics' `restarts`.
 # Never retried: bad input (exit 2), a stop this launcher was asked for (SIGTERM/SIGINT), and a failure
 # with the same exit code at the same step as the last one (it would only repeat).
+# SIGUSR1 (Slurm's `--signal=B:USR1@300` to a batch script that execs this launcher): every rank
+# checkpoints, then `scontrol requeue $SLURM_JOB_ID`; the requeued job resumes where it stopped.
 # Without --master-port: a free port of this machine (--cpu/--gpus, --hostfile over ssh), a port derived
 # from SLURM_JOB_ID (--slurm, or --no-ssh inside a Slurm job), else 29500 (--no-ssh: every node must agree).
 # TRAIN_ARGS go to `python -m pretrain.train` (e.g. --recipe recipes/tiny_cpu.yaml train.max_steps=10).
@@ -73,8 +75,11 @@ run() {
   if [ "$max_restarts" -gt 0 ]; then
     run_dir=$("$PY" -m pretrain.train "${train_args[@]}" --print-run-dir) || exit 2
   fi
-  stopping=0
+  stopping=0 requeue=0
   trap 'stopping=1; kill -TERM -- -"$child" 2>/dev/null' TERM INT
+  # Slurm's warning before the time limit (sbatch --signal=B:USR1@SECONDS, the batch script exec'ing this
+  # launcher): every rank checkpoints as on SIGTERM, then the job is requeued and resumes (--resume auto).
+  trap 'stopping=1 requeue=1; kill -TERM -- -"$child" 2>/dev/null' USR1
   while :; do
     set -m
     "$@" &
@@ -83,6 +88,11 @@ run() {
     rc=0
     wait "$child" || rc=$?
     while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
+    if [ "$requeue" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+      echo "[launch] time limit near: checkpointed (exit $rc); requeueing Slurm job $SLURM_JOB_ID" >&2
+      scontrol requeue "$SLURM_JOB_ID"
+      exit 0
+    fi
     if [ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$stopping" = 1 ] || [ "$max_restarts" = 0 ]; then exit "$rc"; fi
     step=$(grep -o '"step": [0-9]*' "$run_dir/metrics.jsonl" 2>/dev/null | tail -n1 | grep -o '[0-9]*$' || true)
     step=${step:-0}

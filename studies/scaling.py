@@ -50,7 +50,7 @@ from .scaling_fit import (
 )
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
-from .scaling_runs import DONE, RowLog, collect_run, train_once
+from .scaling_runs import DONE, SLURM_REQUEUE, RowLog, collect_run, train_once
 
 __all__ = ["branch_overrides", "main"]
 
@@ -118,12 +118,14 @@ def sweep(args: argparse.Namespace) -> int:
 #SBATCH --job-name=scaling-sweep
 #SBATCH --array=0-{len(points) - 1}
 #SBATCH --output={out.resolve()}/runs/slurm-%A_%a.out
-# Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one point.
+{chr(10).join("#SBATCH " + o for o in SLURM_REQUEUE)}
+# Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one point; near its time
+# limit it checkpoints and requeues itself, and the requeued task resumes (launch.sh).
 set -euo pipefail
 cd {REPO_ROOT}
 ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {(out / "points.txt").resolve()})
 eval "set -- $ARGS"
-./launch.sh --slurm -- "$@"
+exec ./launch.sh --slurm -- "$@"
 """)
         print(f"wrote {script} ({len(points)} points); submit with: sbatch {script}")
         return 0

@@ -25,7 +25,7 @@ from common.errors import StudyError
 from model import VARIANTS, ModelConfig, param_count
 from pretrain.config import load_recipe
 
-from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, train_once
+from .scaling_runs import DONE, SLURM_REQUEUE, RowLog, collect_run, run_chains, threads_per_job, train_once
 
 # name -> model shape (intermediate = 3 x hidden, head dim 16, tied head): 27k .. 2.0M non-embedding
 # parameters of the standard variant, 75x; MixiT has ~15% fewer (no Q, K).
@@ -267,12 +267,14 @@ def write_slurm(args, runs: list[LadderRun], out: Path) -> int:
 #SBATCH --job-name=ladder-stable
 #SBATCH --array=0-{len(stable) - 1}
 #SBATCH --output={out.resolve()}/runs/slurm-%A_%a.out
-# Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one stable run.
+{chr(10).join("#SBATCH " + o for o in SLURM_REQUEUE)}
+# Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one stable run; near its
+# time limit it checkpoints and requeues itself, and the requeued task resumes (launch.sh).
 set -euo pipefail
 cd {REPO_ROOT}
 ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {(out / "stable.txt").resolve()})
 eval "set -- $ARGS"
-./launch.sh --slurm -- "$@"
+exec ./launch.sh --slurm -- "$@"
 """)
     submit = [
         "#!/bin/bash",
@@ -282,11 +284,12 @@ eval "set -- $ARGS"
     ]
     for r in runs:
         if r.branch_step is not None:
-            cmd = shlex.join(
+            cmd = "exec " + shlex.join(
                 ["./launch.sh", "--slurm", "--", *train_args(args.recipe, r, out, args.cooldown, args.overrides)]
             )
             submit.append(
-                f"sbatch --job-name={r.name} --dependency=afterok:${{STABLE}}_{index[r.stable_name]} "
+                f"sbatch --job-name={r.name} {' '.join(SLURM_REQUEUE)} "
+                f"--dependency=afterok:${{STABLE}}_{index[r.stable_name]} "
                 f"--output={out.resolve()}/runs/slurm-{r.name}.out --wrap {shlex.quote(cmd)}"
             )
     (out / "submit.sh").write_text("\n".join(submit) + "\n")

@@ -30,6 +30,10 @@ from model.flops import flops_per_token
 from pretrain.run_dir import read_config
 
 DONE = "sweep_done.json"
+# What every Slurm job the studies write asks for: a USR1 five minutes before the time limit to the batch
+# shell, which has exec'd launch.sh, so every rank checkpoints and the job is requeued (launch.sh), and
+# the requeued job's log appended to its first one.
+SLURM_REQUEUE = ("--signal=B:USR1@300", "--requeue", "--open-mode=append")
 RUN_NAME = re.compile(r"^(?P<variant>.+?)-(?P<size>[^-]+)-s(?P<seed>\d+)(?:-b(?P<branch>\d+))?$")
 
 
