@@ -105,6 +105,25 @@ def rate_rule(best: dict[str, dict[str, float]]) -> dict[str, dict]:
     }
 
 
+def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict]) -> str:
+    """Markdown: final validation loss of every grid point (the lowest of each row in bold), the best
+    rate (the parabola's vertex), and the rule's rate at every ladder size."""
+    grid = sorted({lr for *_, lr in losses})
+    lines = [
+        "| variant | size | " + " | ".join(f"{lr:g}" for lr in grid) + " | best rate |",
+        "|---|---|" + "---:|" * (len(grid) + 1),
+    ]
+    for variant, size in sorted({(v, s) for v, s, _ in losses}, key=lambda k: (k[0], non_embedding_params(k[1]))):
+        row = {lr: losses.get((variant, size, lr)) for lr in grid}
+        low = min(v for v in row.values() if v is not None)
+        cells = ["—" if v is None else (f"**{v:.3f}**" if v == low else f"{v:.3f}") for v in row.values()]
+        lines.append(f"| {variant} | {size} | " + " | ".join(cells) + f" | {rule[variant]['best'][size]:.2e} |")
+    lines += ["", "| variant | slope | " + " | ".join(LADDER) + " |", "|---|---:|" + "---:|" * len(LADDER)]
+    for variant, r in sorted(rule.items()):
+        lines.append(f"| {variant} | {r['slope']:.3f} | " + " | ".join(f"{r['rates'][s]:.2e}" for s in LADDER) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def lr_sweep(args) -> int:
     """Train every grid point (`--jobs` side by side, each a row in `--rows`), then choose the rates
     from the rows and write lr.json."""
@@ -146,6 +165,9 @@ def lr_sweep(args) -> int:
         losses[(v, s, lr)] = loss
     rule = rate_rule(choose_rates(losses))
     (out / "lr.json").write_text(json.dumps(rule, indent=2))
+    (out / "lr.md").write_text(lr_table(losses, rule))
     print(json.dumps({v: r["rates"] for v, r in rule.items()}, indent=2))
-    print(f"wrote {out / 'lr.json'}; use it with: python -m studies.scaling ladder --lr-from {out / 'lr.json'} ...")
+    print(
+        f"wrote {out / 'lr.json'} and {out / 'lr.md'}; use it with: python -m studies.scaling ladder --lr-from {out / 'lr.json'} ..."
+    )
     return 0

@@ -114,4 +114,5 @@ def test_lr_sweep_trains_the_grid_logs_rows_and_resumes_from_them(tmp_path):
     (out / "lr.json").unlink()
     assert main(args) == 0
     assert json.loads((out / "lr.json").read_text()) == rule and not list((out / "runs").iterdir())
+    assert "| standard | n27k |" in (out / "lr.md").read_text()
     assert len(log.read_text().splitlines()) == 3
