@@ -219,6 +219,30 @@ class Tokenizer:
         self.identity = "tiktoken:" + _sha256_file(path, h).hexdigest()[:16]
         self.path = str(path)
 
+    def hf_tokenizer(self):
+        """This tokenizer as a transformers tokenizer (for an exported model that `AutoTokenizer` and
+        lm-eval's `hf` model load), or None where there is no faithful one (tiktoken: none is built here).
+        A SentencePiece model goes through transformers' Llama conversion (legacy, no BOS/EOS added):
+        the same ids as SentencePiece on ordinary text, but a run of spaces may split differently."""
+        if self._hf is not None:
+            return self._hf
+        if self._sp is None:
+            return None
+        from transformers import LlamaTokenizer  # deferred: heavy (transformers)
+
+        piece = self._sp.id_to_piece
+        bos = {"bos_token": piece(self.bos_id)} if self.bos_id >= 0 else {}
+        return LlamaTokenizer.from_pretrained(
+            self.path,
+            legacy=True,
+            add_bos_token=False,
+            add_eos_token=False,
+            eos_token=piece(self.eos_id),
+            pad_token=piece(self.pad_id),
+            unk_token=piece(self._sp.unk_id()),
+            **bos,
+        )
+
     def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         """Token ids of each text, without BOS/EOS (the shard writer appends EOS).
 

@@ -15,21 +15,37 @@ from pathlib import Path
 
 from checkpoint import load_for_eval
 from common.cli import CliParser, run_cli
+from eval.loading import load_checkpoint, run_tokenizer
 from model.io import save_native
 
 
 def export(checkpoint: str | Path, out: str | Path, fmt: str = "native") -> Path:
-    model, meta = load_for_eval(checkpoint)
     out = Path(out)
     if fmt == "native":
+        model, meta = load_for_eval(checkpoint)
         return save_native(model, out, meta)
     if fmt == "hf":
         from model.hf import export_hf  # deferred: heavy (transformers)
 
+        model, info = load_checkpoint(checkpoint)
         export_hf(model, out)
-        (out / "trainer_meta.json").write_text(json.dumps(meta, indent=1, default=str))
+        (out / "trainer_meta.json").write_text(json.dumps(info["meta"], indent=1, default=str))
+        export_tokenizer(info, out)
         return out
     raise ValueError(f"--format must be native or hf, got {fmt!r}")
+
+
+def export_tokenizer(info: dict, out: Path) -> None:
+    """The run's tokenizer beside the weights, so `AutoTokenizer` and lm-eval's `hf` model load the
+    directory alone; said plainly where the run's tokenizer has no transformers form."""
+    tok = run_tokenizer(info)
+    hf = tok.hf_tokenizer() if tok is not None and hasattr(tok, "hf_tokenizer") else None
+    if hf is None:
+        kind = "none found" if tok is None else getattr(tok, "kind", "bytes")
+        print(f"no tokenizer exported (the run's tokenizer: {kind}); load a tokenizer yourself to use the export with AutoTokenizer or lm-eval")
+        return
+    hf.save_pretrained(out)
+    print(f"wrote the run's tokenizer ({tok.kind}, {tok.identity}) beside the weights")
 
 
 def main(argv: list[str] | None = None) -> int:
