@@ -19,6 +19,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -331,7 +333,9 @@ def test_the_documented_journey_runs(scratch):
         if not rule.run:
             continue
         tokens = rule.budget(shlex.split(cmd))
+        t0 = time.monotonic()
         out = _bash(scratch, tokens)
+        print(f"[readme] {time.monotonic() - t0:6.1f} s  {cmd[:110]}", file=sys.__stderr__, flush=True)
         assert out.returncode == 0, (
             f"{doc}: `{cmd}` (run as `{_join(tokens)}`) failed:\n{(out.stdout + out.stderr)[-4000:]}"
         )
