@@ -42,7 +42,7 @@ def export_tokenizer(info: dict, out: Path) -> None:
     hf = tok.hf_tokenizer() if tok is not None and hasattr(tok, "hf_tokenizer") else None
     if hf is None:
         kind = "none found" if tok is None else getattr(tok, "kind", "bytes")
-        print(f"no tokenizer exported (the run's tokenizer: {kind}); load a tokenizer yourself to use the export with AutoTokenizer or lm-eval")
+        print(f"no tokenizer exported (the run's tokenizer: {kind} has no transformers form)")
         return
     hf.save_pretrained(out)
     print(f"wrote the run's tokenizer ({tok.kind}, {tok.identity}) beside the weights")
