@@ -19,7 +19,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,7 +326,7 @@ def test_doc_commands_parse_blocks_continuations_comments_and_chains():
     assert doc_commands(text) == ["a --b 'c d'", "e f", "g *.txt"]
 
 
-def test_the_documented_journey_runs(scratch):
+def test_the_documented_journey_runs(scratch, capsys):
     for doc, cmd in _all_commands():
         rule = rule_for(cmd)
         if not rule.run:
@@ -335,7 +334,8 @@ def test_the_documented_journey_runs(scratch):
         tokens = rule.budget(shlex.split(cmd))
         t0 = time.monotonic()
         out = _bash(scratch, tokens)
-        print(f"[readme] {time.monotonic() - t0:6.1f} s  {cmd[:110]}", file=sys.__stderr__, flush=True)
+        with capsys.disabled():  # to the terminal, also where output is captured
+            print(f"[readme] {time.monotonic() - t0:6.1f} s  {cmd[:110]}", flush=True)
         assert out.returncode == 0, (
             f"{doc}: `{cmd}` (run as `{_join(tokens)}`) failed:\n{(out.stdout + out.stderr)[-4000:]}"
         )
