@@ -158,11 +158,21 @@ def plot_fits(
                 alpha=0.8,
                 label=f"{variant}: {fit.E:.2f} + {fit.A:.3g}·x^-{fit.alpha:.2f}",
             )
+    _style(ax, xlabel, y_key.replace("_", " "))
+    return _save(fig, out_png)
+
+
+def _style(ax, xlabel: str, ylabel: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(y_key.replace("_", " "))
+    ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def _save(fig, out_png: str | Path) -> Path:
+    import matplotlib.pyplot as plt  # deferred: heavy
+
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
@@ -440,15 +450,7 @@ def plot_frontier(rows: list[dict], report: dict, y_key: str, out_png: str | Pat
             right.plot(g["C"], g["gap"], "-", color=color, label=f"{variant} less standard")
             right.fill_between(g["C"], g["low"], g["high"], color=color, alpha=0.2)
     right.axhline(0.0, color="k", lw=0.8)
+    xlabel = "training FLOPs (each variant's own: frozen weights' gradients excluded)"
     for ax, ylabel in ((left, y_key.replace("_", " ")), (right, "frontier loss gap to standard")):
-        ax.set_xscale("log")
-        ax.set_xlabel("training FLOPs (each variant's own: frozen weights' gradients excluded)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+        _style(ax, xlabel, ylabel)
+    return _save(fig, out_png)

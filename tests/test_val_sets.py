@@ -61,20 +61,18 @@ def _set_loss(model, directory: str, seq_len: int) -> tuple[float, int]:
     return float(ce), n * seq_len
 
 
+def train_on_sets(root, sets, run, extra: list[str]) -> list[dict]:
+    """4 steps on the corpus's shards with its per-source sets, evaluated every 2; the metrics records."""
+    data = {"source": str(root / "train"), "val_fraction": 0, "val_sets": sets}
+    over = [f"data={json.dumps(data)}", "train.max_steps=4", "train.eval_every_steps=2", "checkpoint.every_steps=0"]
+    train("recipes/tiny_cpu.yaml", [*over, *extra], run_dir=run, resume="never")
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_trainer_reports_loss_per_named_set_and_pooled(corpus, tmp_path):
     root, tok, sets = corpus
     run = tmp_path / "run"
-    over = [
-        "model.variant=standard",
-        f"data={json.dumps({'source': str(root / 'train'), 'val_fraction': 0, 'val_sets': sets})}",
-        "train.max_steps=4",
-        "train.eval_every_steps=2",
-        "train.eval_batches=100",
-        "checkpoint.every_steps=0",
-        "logging.tensorboard=true",
-    ]
-    train("recipes/tiny_cpu.yaml", over, run_dir=run, resume="never")
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = train_on_sets(root, sets, run, ["model.variant=standard", "train.eval_batches=100"])
     evals = [r for r in recs if "val_loss" in r]
     assert [r["step"] for r in evals] == [2, 4]
     last = evals[-1]
@@ -118,17 +116,12 @@ def test_eval_tasks_during_training_are_recipe_keys(corpus, tmp_path):
     prompts = tmp_path / "defs.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"noun verb {w}", "answer": " adj"}) + "\n" for w in SOURCES))
     run = tmp_path / "run"
-    over = [
-        f"data={json.dumps({'source': str(root / 'train'), 'val_fraction': 0, 'val_sets': sets})}",
+    tasks = [
         f"eval.tasks=[bits_per_byte, induction, 'exact_match:{prompts}']",
         "eval.induction_lengths=[8]",
         "eval.n=4",
-        "train.max_steps=4",
-        "train.eval_every_steps=2",
-        "checkpoint.every_steps=0",
     ]
-    train("recipes/tiny_cpu.yaml", over, run_dir=run, resume="never")
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = train_on_sets(root, sets, run, tasks)
     evals = [r for r in recs if "eval/bpb" in r]
     assert [r["step"] for r in evals] == [2, 4]
     last = evals[-1]
