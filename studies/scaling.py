@@ -263,7 +263,10 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     (out / "fits.json").write_text(json.dumps(report, indent=2))
     (out / "fits.md").write_text("\n".join(md))
     print("\n".join(md))
-    print(f"wrote {out / 'fits.json'}, {out / 'fits.md'}, {out / 'loss_vs_params.png'}, {out / 'loss_vs_flops.png'}")
+    pngs = ", ".join(
+        str(out / p) for p in ("loss_vs_params.png", "loss_vs_flops.png", "gap_vs_flops.png") if (out / p).is_file()
+    )
+    print(f"wrote {out / 'fits.json'}, {out / 'fits.md'}, {pngs}")
     return report
 
 
