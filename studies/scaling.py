@@ -345,9 +345,10 @@ def frontier_gaps(
     over the compute range the ladder ran; a plot of both."""
     if "standard" not in fits or len(fits) < 2:
         return {}, ["(no frontier gap: it needs joint fits of standard and another variant)", ""]
-    curves, grids, spans = {}, {}, []
+    curves, grids, spans, max_tokens = {}, {}, [], {}
     for v in fits:
         pts = cooled_rows(rows, v, y)
+        max_tokens[v] = max(float(r["tokens"]) for r in pts)
         N = np.array([float(r[n_key]) for r in pts])
         curves[v] = flops_curve(N, [float(r["flops"]) / float(r["tokens"]) for r in pts])
         grids[v] = np.geomspace(N.min(), N.max(), 240)
@@ -377,13 +378,22 @@ def frontier_gaps(
                 + " |"
             )
     md.append("")
-    md.append("| variant | " + " | ".join(f"N* at C = {C[i]:.2e}" for i in picks) + " |")
+    md.append("| variant | " + " | ".join(f"N* / D* at C = {C[i]:.2e}" for i in picks) + " |")
     md.append("|---|" + "---|" * len(picks))
     for v, entry in report.items():
-        N, grid = entry["frontier"]["N"], grids[v]
-        edge = [" (edge)" if N[i] in (grid[0], grid[-1]) else "" for i in picks]
-        md.append(f"| {v} | " + " | ".join(f"{N[i]:,.0f}{e}" for i, e in zip(picks, edge)) + " |")
-    md.append("(edge: the optimum lies at the ladder's smallest or largest size, so it may lie beyond it.)")
+        N, D, grid = entry["frontier"]["N"], entry["frontier"]["D"], grids[v]
+        cells = [
+            f"{N[i]:,.0f} / {D[i]:.2g}"
+            + (" (edge)" if N[i] in (grid[0], grid[-1]) else "")
+            + (" (D beyond the data)" if D[i] > max_tokens[v] else "")
+            for i in picks
+        ]
+        md.append(f"| {v} | " + " | ".join(cells) + " |")
+    md.append(
+        "(N* / D*: the frontier's size and tokens. edge: the optimum lies at the ladder's smallest or largest "
+        "size, so it may lie beyond it; D beyond the data: more tokens than any run of that variant saw, so "
+        "the law is extrapolated there.)"
+    )
     return report, md + [""]
 
 

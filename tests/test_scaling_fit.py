@@ -171,5 +171,5 @@ def test_fit_of_a_ladder_reports_frontier_gaps_and_same_shape_gaps(tmp_path):
     assert all(lo <= g <= hi for lo, g, hi in zip(gap["low"], gap["gap"], gap["high"]))
     md = (out / "fits.md").read_text()
     assert "| a | 75,000 |" in md and "+0.080" in md and "0.850" in md
-    assert "30,000 (edge)" in md  # the smallest budgets' optimum lies at the smallest size: said so
+    assert "30,000 /" in md and "(edge)" in md  # the smallest budgets' optimum lies at the smallest size: said so
     assert (out / "gap_vs_flops.png").stat().st_size > 10_000
