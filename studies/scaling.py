@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from common.cli import CliParser, run_cli
-from common.constants import REPO_ROOT
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from model import PRESETS, VARIANTS
@@ -50,7 +49,7 @@ from .scaling_fit import (
 )
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
-from .scaling_runs import DONE, SLURM_REQUEUE, RowLog, collect_run, train_once
+from .scaling_runs import DONE, RowLog, collect_run, train_once, write_array_script
 
 __all__ = ["branch_overrides", "main"]
 
@@ -112,21 +111,8 @@ def sweep(args: argparse.Namespace) -> int:
         lines = [
             shlex.join(train_args(args.recipe, p, out / "runs" / p.name, args.tokens, args.overrides)) for p in points
         ]
-        (out / "points.txt").write_text("\n".join(lines) + "\n")
         script = out / "sweep.sbatch"
-        script.write_text(f"""#!/bin/bash
-#SBATCH --job-name=scaling-sweep
-#SBATCH --array=0-{len(points) - 1}
-#SBATCH --output={out.resolve()}/runs/slurm-%A_%a.out
-{chr(10).join("#SBATCH " + o for o in SLURM_REQUEUE)}
-# Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one point; near its time
-# limit it checkpoints and requeues itself, and the requeued task resumes (launch.sh).
-set -euo pipefail
-cd {REPO_ROOT}
-ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {(out / "points.txt").resolve()})
-eval "set -- $ARGS"
-exec ./launch.sh --slurm -- "$@"
-""")
+        write_array_script(script, "scaling-sweep", lines, out / "points.txt", "point")
         print(f"wrote {script} ({len(points)} points); submit with: sbatch {script}")
         return 0
     failed = []

@@ -25,7 +25,16 @@ from common.errors import StudyError
 from model import VARIANTS, ModelConfig, param_count
 from pretrain.config import load_recipe
 
-from .scaling_runs import DONE, SLURM_REQUEUE, RowLog, collect_run, run_chains, threads_per_job, train_once
+from .scaling_runs import (
+    DONE,
+    SLURM_REQUEUE,
+    RowLog,
+    collect_run,
+    run_chains,
+    threads_per_job,
+    train_once,
+    write_array_script,
+)
 
 # name -> model shape (intermediate = 3 x hidden, head dim 16, tied head): 27k .. 2.0M non-embedding
 # parameters of the standard variant, 75x; MixiT has ~15% fewer (no Q, K).
@@ -262,20 +271,7 @@ def write_slurm(args, runs: list[LadderRun], out: Path) -> int:
     stable = [r for r in runs if r.branch_step is None]
     index = {r.name: i for i, r in enumerate(stable)}
     lines = [shlex.join(train_args(args.recipe, r, out, args.cooldown, args.overrides)) for r in stable]
-    (out / "stable.txt").write_text("\n".join(lines) + "\n")
-    (out / "ladder.sbatch").write_text(f"""#!/bin/bash
-#SBATCH --job-name=ladder-stable
-#SBATCH --array=0-{len(stable) - 1}
-#SBATCH --output={out.resolve()}/runs/slurm-%A_%a.out
-{chr(10).join("#SBATCH " + o for o in SLURM_REQUEUE)}
-# Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one stable run; near its
-# time limit it checkpoints and requeues itself, and the requeued task resumes (launch.sh).
-set -euo pipefail
-cd {REPO_ROOT}
-ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {(out / "stable.txt").resolve()})
-eval "set -- $ARGS"
-exec ./launch.sh --slurm -- "$@"
-""")
+    write_array_script(out / "ladder.sbatch", "ladder-stable", lines, out / "stable.txt", "stable run")
     submit = [
         "#!/bin/bash",
         "set -euo pipefail",

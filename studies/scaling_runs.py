@@ -37,6 +37,26 @@ SLURM_REQUEUE = ("--signal=B:USR1@300", "--requeue", "--open-mode=append")
 RUN_NAME = re.compile(r"^(?P<variant>.+?)-(?P<size>[^-]+)-s(?P<seed>\d+)(?:-b(?P<branch>\d+))?$")
 
 
+def write_array_script(script: Path, job_name: str, arg_lines: list[str], args_file: Path, what: str) -> None:
+    """A Slurm array job, one task per line of `args_file` (training arguments for `launch.sh --slurm`),
+    which checkpoints and requeues itself near its time limit."""
+    args_file.write_text("\n".join(arg_lines) + "\n")
+    out = script.parent.resolve()
+    script.write_text(f"""#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --array=0-{len(arg_lines) - 1}
+#SBATCH --output={out}/runs/slurm-%A_%a.out
+{chr(10).join("#SBATCH " + o for o in SLURM_REQUEUE)}
+# Adjust --nodes/--gpus-per-node/--time for your cluster. Each array task trains one {what}; near its
+# time limit it checkpoints and requeues itself, and the requeued task resumes (launch.sh).
+set -euo pipefail
+cd {REPO_ROOT}
+ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {args_file.resolve()})
+eval "set -- $ARGS"
+exec ./launch.sh --slurm -- "$@"
+""")
+
+
 def train_once(train_args: list[str], run_dir: Path, record: dict, threads: int | None = None) -> bool:
     """Train one run as its own process and, when it finishes, mark `run_dir` done with its wall and
     CPU seconds and `record`; False when it failed (a re-run resumes it). `threads`: its OMP threads."""
