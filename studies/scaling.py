@@ -49,7 +49,7 @@ from .scaling_fit import (
 )
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
-from .scaling_runs import DONE, RowLog, collect_run, train_once, write_array_script
+from .scaling_runs import DONE, RowLog, collect_run, tracker_overrides, train_once, write_array_script
 
 __all__ = ["branch_overrides", "main"]
 
@@ -93,6 +93,7 @@ def sweep(args: argparse.Namespace) -> int:
     for p in points:  # a bad recipe or override fails here, before any point trains
         load_recipe(args.recipe, [*p.overrides(args.tokens), *args.overrides])
     out = Path(args.out)
+    args.overrides += tracker_overrides(args.recipe, args.overrides, f"sweep:{out.name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(
         json.dumps(

@@ -32,6 +32,7 @@ from .scaling_runs import (
     collect_run,
     run_chains,
     threads_per_job,
+    tracker_overrides,
     train_once,
     write_array_script,
 )
@@ -226,6 +227,7 @@ def run_ladder(args) -> int:
         batches,
     )
     out = Path(args.out)
+    args.overrides += tracker_overrides(args.recipe, args.overrides, f"ladder:{out.name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "ladder.json").write_text(json.dumps({**vars(args), "runs": [r.__dict__ for r in runs]}, indent=2))
     if args.slurm:

@@ -22,7 +22,7 @@ from common.errors import StudyError
 from pretrain.config import load_recipe
 
 from .scaling_ladder import LADDER, non_embedding_params, per_size, shape_overrides
-from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, train_once
+from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
 
 
 def rate_name(variant: str, size: str, lr: float) -> str:
@@ -134,6 +134,7 @@ def lr_sweep(args) -> int:
     for v, s, lr in points:  # a bad recipe, size or override fails here, before anything trains
         load_recipe(args.recipe, [*args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))])
     out = Path(args.out)
+    args.overrides += tracker_overrides(args.recipe, args.overrides, f"lr-sweep:{out.name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     log, threads = RowLog(args.rows), threads_per_job(args.jobs)
     have = log.names()

@@ -27,6 +27,7 @@ from common.constants import REPO_ROOT
 from common.errors import StudyError
 from model import ModelConfig, build_model, param_count
 from model.flops import flops_per_token
+from pretrain.config import load_recipe
 from pretrain.run_dir import read_config
 
 DONE = "sweep_done.json"
@@ -55,6 +56,17 @@ ARGS=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {args_file.resolve()})
 eval "set -- $ARGS"
 exec ./launch.sh --slurm -- "$@"
 """)
+
+
+def tracker_overrides(recipe: str, overrides: list[str], group: str) -> list[str]:
+    """A study's runs as one group in the trackers its recipe asks for: `group` (the study) where the
+    recipe sets none. Each run is named after its cell already (`name=CELL`, the trackers' default name)."""
+    logging = load_recipe(recipe, overrides).logging
+    return [
+        f"logging.{key}.group={group}"
+        for key in ("wandb", "mlflow")
+        if getattr(logging, key) is not None and not getattr(logging, key).get("group")
+    ]
 
 
 def train_once(train_args: list[str], run_dir: Path, record: dict, threads: int | None = None) -> bool:

@@ -2,7 +2,9 @@
 
 import csv
 import json
+import shlex
 
+from pretrain.config import load_recipe
 from studies.scaling import main
 
 
@@ -74,3 +76,19 @@ def test_slurm_array_script(tmp_path):
     lines = (out / "points.txt").read_text().splitlines()
     assert len(lines) == 6 and all("train.max_tokens=100000" in l and "--resume auto" in l for l in lines)
     assert not (out / "runs" / "standard-tiny-s0" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_study_runs_are_one_tracker_group_each_named_after_its_cell(tmp_path):
+    out = tmp_path / "study"
+    wandb = 'logging.wandb={"project": "variants", "mode": "offline"}'
+    mlflow = 'logging.mlflow={"tracking_uri": "file:./mlruns", "group": "mine"}'
+    args = ["sweep", "--recipe", "recipes/tiny_cpu.yaml", "--variants", "standard,mixit", "--sizes", "tiny"]
+    assert main([*args, "--tokens", "1000", "--out", str(out), "--slurm", wandb, mlflow]) == 0
+    lines = (out / "points.txt").read_text().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        argv = shlex.split(line)
+        cfg = load_recipe(argv[argv.index("--recipe") + 1], argv[argv.index("auto") + 1 :])
+        assert cfg.logging.wandb["group"] == "sweep:study"  # the study, where the recipe sets no group
+        assert cfg.logging.mlflow["group"] == "mine"  # a recipe's own group is kept
+        assert cfg.name in {"standard-tiny-s0", "mixit-tiny-s0"}  # the cell: each tracker's run name
