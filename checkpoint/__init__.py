@@ -1,7 +1,7 @@
 """The checkpoint layer: every format this repository reads or writes, below both the trainer
 and the evaluation harness.
 
-- `tags`: trainer tag dirs (DeepSpeed files for ZeRO 0-3 and pipeline layer files, frozen
+- `tag_format`: training tag dirs (DeepSpeed files for ZeRO 0-3 and pipeline layer files, frozen
   tensors as safetensors, RNG states), the `COMPLETE` marker (fsynced files, listed with
   their sizes and checksums, verified on resume), `latest`, retention;
 - `pickle_scan`: the scan that refuses a pickle importing code, and weights-only loading of

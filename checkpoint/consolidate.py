@@ -19,7 +19,7 @@ from data_pipeline.config import parse_data
 from model import ModelConfig, Transformer
 from model.classifier import DEFAULT_POOLING, SequenceClassifier
 
-from . import tags
+from . import tag_format
 from .pickle_scan import guarded_torch_load, safe_torch_load, verify_checkpoint_dir
 
 
@@ -50,7 +50,7 @@ def layer_key_map(model: Transformer) -> list[dict[str, str]]:
 def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """(ModelConfig, full state dict in the trained module's names, trainer state) of a tag dir."""
     tag_dir = Path(tag_dir)
-    state = tags.read_state(tag_dir)
+    state = tag_format.read_state(tag_dir)
     verify_checkpoint_dir(tag_dir)  # zero_to_fp32 below unpickles in full: scan first
     mcfg = ModelConfig.from_dict(state["model_config"])
     dtype = _module_dtype(state)
@@ -81,7 +81,7 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
             sd = {k: v.to(dtype) for k, v in full.items()}
         else:
             sd = dict(states["module"])
-    sd.update(tags.load_frozen(tag_dir))  # frozen tensors verbatim, own dtype
+    sd.update(tag_format.load_frozen(tag_dir))  # frozen tensors verbatim, own dtype
     if mcfg.tie_embeddings:
         sd.pop("lm_head.weight", None)
     return mcfg, sd, state
@@ -141,7 +141,7 @@ def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device =
 def model_from_checkpoint(tag_dir: str | Path, device: str | torch.device = "cpu"):
     """(model, meta) of a complete tag dir: a Transformer, or a SequenceClassifier for classification runs."""
     tag_dir = Path(tag_dir)
-    if is_classification_state(tags.read_state(tag_dir)):
+    if is_classification_state(tag_format.read_state(tag_dir)):
         return classifier_from_checkpoint(tag_dir, device)
     mcfg, sd, state = consolidated_state_dict(tag_dir)
     model = Transformer(mcfg)

@@ -1,7 +1,7 @@
 """Load any checkpoint this repository writes, for evaluation, export or fine-tuning.
 
 Accepted paths: a native dir (model.safetensors + config.json, model/io.py), a trainer tag
-dir (checkpoint/tags.py; any ZeRO stage or pipeline layout), a run dir (its latest complete
+dir (checkpoint/tag_format.py; any ZeRO stage or pipeline layout), a run dir (its latest complete
 checkpoint), or a HuggingFace dir (safetensors only, never remote code).
 """
 
@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from common.errors import CorruptCheckpoint
 from model import io as mio
 
-from . import tags
+from . import tag_format
 from .consolidate import model_from_checkpoint
 
 _STEP_RE = re.compile(r"(\d+)")
@@ -65,22 +65,22 @@ def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module
         meta = dict(meta)
         meta.setdefault("variant", model.cfg.variant)
         return model, meta
-    if tags.is_complete(p):
-        problems = tags.verify(p)
+    if tag_format.is_complete(p):
+        problems = tag_format.verify(p)
         if problems:
             raise FileNotFoundError(
-                f"{p} fails verification against its {tags.COMPLETE} marker ({'; '.join(problems[:3])}); "
+                f"{p} fails verification against its {tag_format.COMPLETE} marker ({'; '.join(problems[:3])}); "
                 "use an earlier checkpoint"
             )
         return model_from_checkpoint(p, device)
-    if (p / tags.STATE).is_file():
+    if (p / tag_format.STATE).is_file():
         raise FileNotFoundError(
-            f"{p} is an incomplete checkpoint (no {tags.COMPLETE} marker: the save was "
+            f"{p} is an incomplete checkpoint (no {tag_format.COMPLETE} marker: the save was "
             "interrupted); use an earlier checkpoint"
         )
     if (p / "checkpoints").is_dir() or p.name == "checkpoints":
         run = p if (p / "checkpoints").is_dir() else p.parent
-        latest, notes = tags.newest_good_checkpoint(run)
+        latest, notes = tag_format.newest_good_checkpoint(run)
         if latest is None:
             raise FileNotFoundError(
                 f"run dir {run} has no intact complete checkpoint under checkpoints/"
@@ -98,7 +98,7 @@ def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module
         return model, meta
     raise FileNotFoundError(
         f"no checkpoint at {p}: expected a native dir (model.safetensors + config.json), an HF "
-        f"dir (config.json + *.safetensors), a checkpoint tag dir ({tags.STATE} + {tags.COMPLETE}) "
+        f"dir (config.json + *.safetensors), a checkpoint tag dir ({tag_format.STATE} + {tag_format.COMPLETE}) "
         "or a run dir with checkpoints/"
     )
 
@@ -107,7 +107,7 @@ def run_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """Every checkpoint of a run as (step, path), oldest first: its complete trainer tag dirs, or
     (for runs whose checkpoints/ holds exports) native and HF dirs, stepped by their meta or name."""
     run_dir = Path(run_dir)
-    found = tags.list_checkpoints(run_dir)
+    found = tag_format.list_checkpoints(run_dir)
     if found:
         return found
     ck = run_dir / "checkpoints"

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from checkpoint import tags
+from checkpoint import tag_format
 from common.errors import RecipeError
 
 # NCCL's failure behaviour, stated rather than left to torch's defaults (launch.sh exports the same;
@@ -119,7 +119,7 @@ def collective_failure(exc: BaseException) -> bool:
 
 
 def rank_failure_message(exc: BaseException, timeout_s: float, run_dir: Path) -> str:
-    latest = tags.latest_checkpoint(run_dir)
+    latest = tag_format.latest_checkpoint(run_dir)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
         f"a collective operation failed or waited more than parallel.timeout_s={timeout_s:g}s: another rank "

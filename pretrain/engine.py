@@ -55,7 +55,7 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
     return groups
 
 
-class Trainer:
+class ModelEngine:
     """Holds the model, the DeepSpeed engine and the per-step logic for one layout."""
 
     def __init__(self, cfg: RunConfig, mcfg, layout: Layout, device: torch.device):

@@ -1,4 +1,4 @@
-"""Writing and reading the engine's checkpoints (the tag-dir format is checkpoint/tags.py).
+"""Writing and reading the engine's checkpoints (the tag-dir format is checkpoint/tag_format.py).
 
 A save is collective: every rank writes its DeepSpeed files, the data-parallel rank 0 of each
 pipeline stage its frozen tensors, every rank its RNG state, and fsyncs what it wrote; only
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from checkpoint import tags
+from checkpoint import tag_format
 from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
 from common.errors import CheckpointWriteFailed
 
@@ -75,7 +75,7 @@ class _RankWrites:
                 del engine._copy_recovery_script
 
     def fsync(self) -> None:
-        self.run(lambda: [tags.fsync_path(p) for p in dict.fromkeys(self.paths)])
+        self.run(lambda: [tag_format.fsync_path(p) for p in dict.fromkeys(self.paths)])
 
 
 def _free_space(path: Path) -> str:
@@ -101,14 +101,14 @@ def _agree(writes: _RankWrites, tag_dir: Path, run_dir: Path, device: torch.devi
     errors: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, writes.error)
     if dist.get_rank() == 0:
-        tags.discard(tag_dir)  # every rank has stopped writing into it
+        tag_format.discard(tag_dir)  # every rank has stopped writing into it
     dist.barrier()
     raise write_failed([(r, e) for r, e in enumerate(errors) if e is not None], tag_dir, run_dir)
 
 
 def write_failed(errors: list[tuple[int, str]], tag_dir: Path, run_dir: Path) -> CheckpointWriteFailed:
     """What failed, what is still good, and what to do."""
-    latest = tags.latest_checkpoint(run_dir)
+    latest = tag_format.latest_checkpoint(run_dir)
     which = "; ".join(f"rank {r}: {e}" for r, e in errors[:4])
     return CheckpointWriteFailed(
         f"could not write checkpoint {tag_dir.name} ({which}); "
@@ -118,52 +118,52 @@ def write_failed(errors: list[tuple[int, str]], tag_dir: Path, run_dir: Path) ->
     )
 
 
-def save(trainer, run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
+def save(model_engine, run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
     """Collective: write, fsync and mark complete the checkpoint of `step` (raises
     CheckpointWriteFailed on every rank when any rank could not write)."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO  # deferred: heavy (deepspeed)
 
-    root = tags.ckpt_root(run_dir)
-    tag = tags.tag_for(step)
+    root = tag_format.ckpt_root(run_dir)
+    tag = tag_format.tag_for(step)
     tag_dir = root / tag
-    rank, device = dist.get_rank(), trainer.device
+    rank, device = dist.get_rank(), model_engine.device
     prepare = _RankWrites(root)
     if rank == 0 and tag_dir.exists():
-        prepare.run(lambda: tags.discard(tag_dir))  # rewriting a tag: start from an empty dir
+        prepare.run(lambda: tag_format.discard(tag_dir))  # rewriting a tag: start from an empty dir
     _agree(prepare, tag_dir, run_dir, device)
     writes = _RankWrites(root)
-    with writes.engine_writes(trainer.engine):
-        trainer.engine.save_checkpoint(
+    with writes.engine_writes(model_engine.engine):
+        model_engine.engine.save_checkpoint(
             str(root),
             tag=tag,
             client_state={UNIVERSAL_CHECKPOINT_INFO: {}, "trainer_state": trainer_state},
             save_latest=False,
         )
-    frozen = trainer.frozen_tensors()  # collective under ZeRO-3: every rank takes part
-    stage = trainer.engine.stage_id if trainer.pipe else 0
-    if trainer.dp_rank == 0:
-        writes.run(lambda: tags.save_frozen(tag_dir, stage, frozen), tag_dir / f"frozen-stage{stage}.safetensors")
-    writes.run(lambda: tags.save_rng(tag_dir, rank), tag_dir / "rng" / f"rank{rank}.pt")
+    frozen = model_engine.frozen_tensors()  # collective under ZeRO-3: every rank takes part
+    stage = model_engine.engine.stage_id if model_engine.pipe else 0
+    if model_engine.dp_rank == 0:
+        writes.run(lambda: tag_format.save_frozen(tag_dir, stage, frozen), tag_dir / f"frozen-stage{stage}.safetensors")
+    writes.run(lambda: tag_format.save_rng(tag_dir, rank), tag_dir / "rng" / f"rank{rank}.pt")
     writes.fsync()  # this rank's files reach the disk before the marker can exist
     faults.pause("save", step)
     _agree(writes, tag_dir, run_dir, device)
     done = _RankWrites(root)
     if rank == 0:
-        done.run(lambda: tags.finalize(run_dir, tag_dir, trainer_state, keep_last))
+        done.run(lambda: tag_format.finalize(run_dir, tag_dir, trainer_state, keep_last))
     _agree(done, tag_dir, run_dir, device)
     return tag_dir
 
 
-def load(trainer, tag_dir: Path, universal: bool, seed: int) -> None:
+def load(model_engine, tag_dir: Path, universal: bool, seed: int) -> None:
     """Weights, optimizer, frozen tensors and this rank's RNG (re-seeded from `seed` when the
     checkpoint has none for this rank, e.g. a universal checkpoint)."""
     verify_checkpoint_dir(tag_dir)  # refuse a crafted file before DeepSpeed reads any
     with guarded_torch_load():  # and DeepSpeed unpickles only what was scanned, weights-only
-        path, _ = trainer.engine.load_checkpoint(
+        path, _ = model_engine.engine.load_checkpoint(
             str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
         )
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
-    trainer.restore_frozen(tags.load_frozen(tag_dir))
-    if not tags.load_rng(tag_dir, dist.get_rank()):
+    model_engine.restore_frozen(tag_format.load_frozen(tag_dir))
+    if not tag_format.load_rng(tag_dir, dist.get_rank()):
         torch.manual_seed(seed + dist.get_rank())

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from checkpoint import tags
+from checkpoint import tag_format
 from common.errors import NonFiniteLoss
 from model.mfu import mfu
 
 from . import engine_checkpoint, faults
-from .engine import Trainer
+from .engine import ModelEngine
 from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
 from .nonfinite import NanGuard, loader_position, skip_marked_batches
@@ -55,12 +55,12 @@ class RunResult:
 
 class TrainingLoop:
     """One run's loop over optimizer steps from the resume point's step to `cfg.max_steps`. The engine
-    (`Trainer`) carries the recipe, the model config and the layout; the resume point, the state to
+    (`ModelEngine`) carries the recipe, the model config and the layout; the resume point, the state to
     continue from."""
 
     def __init__(
         self,
-        trainer: Trainer,
+        model_engine: ModelEngine,
         loader,
         logger: Logger,
         run_dir: Path,
@@ -68,10 +68,10 @@ class TrainingLoop:
         peak: tuple[float | None, str],
         hooks: list[TrainHook] | None = None,
     ):
-        cfg, state, resumed_from = trainer.cfg, point.state, point.tag_dir
-        self.cfg, self.mcfg, self.layout, self.trainer = cfg, trainer.mcfg, trainer.layout, trainer
+        cfg, state, resumed_from = model_engine.cfg, point.state, point.tag_dir
+        self.cfg, self.mcfg, self.layout, self.model_engine = cfg, model_engine.mcfg, model_engine.layout, model_engine
         self.loader, self.logger, self.run_dir = loader, logger, run_dir
-        self.device = trainer.device
+        self.device = model_engine.device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.tokenizer_id, self.peak = getattr(loader, "tokenizer_id", None), peak  # (TFLOP/s, source): model/mfu.py
         self.hooks = list(hooks or [])
@@ -92,7 +92,7 @@ class TrainingLoop:
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
-            "trainable_step": self.trainer.trainable_step,
+            "trainable_step": self.model_engine.trainable_step,
             "loader": self.loader.state_dict(),
             "tokenizer_id": self.tokenizer_id,
             "variant": self.mcfg.variant,
@@ -112,14 +112,14 @@ class TrainingLoop:
         """Collective. A failed write (e.g. no space left) raises CheckpointWriteFailed on every
         rank after the partial checkpoint is removed; the last complete one stays."""
         path = engine_checkpoint.save(
-            self.trainer, self.run_dir, self.step, self.trainer_state(), self.cfg.checkpoint.keep_last
+            self.model_engine, self.run_dir, self.step, self.trainer_state(), self.cfg.checkpoint.keep_last
         )
         self.last_save = time.monotonic()
         return path
 
     def rollback(self) -> None:
         """Reload the last intact checkpoint (weights, optimizer, data position)."""
-        tag_dir, notes = tags.newest_good_checkpoint(self.run_dir)
+        tag_dir, notes = tag_format.newest_good_checkpoint(self.run_dir)
         for note in notes:
             self.logger.message(note)
         if tag_dir is None:
@@ -128,12 +128,12 @@ class TrainingLoop:
                 f"{self.run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
                 "or train.nan_policy=skip"
             )
-        st = tags.read_state(tag_dir)
+        st = tag_format.read_state(tag_dir)
         if self.mcfg.frozen_groups_at(int(st["trainable_step"])) != self.mcfg.frozen_groups_at(
-            self.trainer.trainable_step
+            self.model_engine.trainable_step
         ):
-            self.trainer.rebuild(int(st["trainable_step"]))
-        engine_checkpoint.load(self.trainer, tag_dir, False, self.cfg.seed)
+            self.model_engine.rebuild(int(st["trainable_step"]))
+        engine_checkpoint.load(self.model_engine, tag_dir, False, self.cfg.seed)
         self.loader.load_state_dict(st["loader"])
         self.step, self.tokens_seen = int(st["step"]), int(st["tokens_seen"])
         self.logger.truncate_after(self.step)
@@ -145,14 +145,15 @@ class TrainingLoop:
         cfg = self.cfg
         if self._val_sets is None:
             self._val_sets = (
-                cfg.val_sets(self.trainer.dp_rank, self.layout.data_parallel, self.run_dir, self.tokenizer_id) or {}
+                cfg.val_sets(self.model_engine.dp_rank, self.layout.data_parallel, self.run_dir, self.tokenizer_id)
+                or {}
             )
         if not self._val_sets:
-            val = cfg.loader("val", self.trainer.dp_rank, self.layout.data_parallel, verify_record=self.run_dir)
-            return {"val_loss": self.trainer.eval_loss(iter(val), cfg.train.eval_batches)}
+            val = cfg.loader("val", self.model_engine.dp_rank, self.layout.data_parallel, verify_record=self.run_dir)
+            return {"val_loss": self.model_engine.eval_loss(iter(val), cfg.train.eval_batches)}
         out, ce_all, n_all = {"val_loss": math.nan}, 0.0, 0.0
         for name, loader in self._val_sets.items():
-            ce, n = self.trainer.eval_sums(loader.iter_epoch(), cfg.train.eval_batches)
+            ce, n = self.model_engine.eval_sums(loader.iter_epoch(), cfg.train.eval_batches)
             out[f"val_loss/{name}"] = ce / max(n, 1.0)
             ce_all, n_all = ce_all + ce, n_all + n
         out["val_loss"] = ce_all / max(n_all, 1.0)
@@ -196,7 +197,12 @@ class TrainingLoop:
             rec.update(self.evaluate())
             self.result.val_losses[step] = rec["val_loss"]
             rec.update(
-                run_hooks(self.hooks, self.trainer.model, step, self.trainer.gathered(self.trainer.model.parameters()))
+                run_hooks(
+                    self.hooks,
+                    self.model_engine.model,
+                    step,
+                    self.model_engine.gathered(self.model_engine.model.parameters()),
+                )
             )
         if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
             fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
@@ -216,26 +222,26 @@ class TrainingLoop:
         return bool(flags[0].item()), bool(flags[1].item())
 
     def run(self, stop: StopRequest, stop_after_steps: int | None = None) -> RunResult:
-        cfg, trainer, result = self.cfg, self.trainer, self.result
+        cfg, model_engine, result = self.cfg, self.model_engine, self.result
         flags = torch.zeros(2, device=self.device)
         self.last_save = time.monotonic()  # the start (or the checkpoint resumed from) counts as a save
         while self.step < cfg.max_steps:
-            if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(trainer.trainable_step):
+            if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(model_engine.trainable_step):
                 self.logger.message(
                     f"after step {self.step}: the freeze schedule changes the trainable set to "
                     f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine"
                 )
-                trainer.rebuild(self.step)
+                model_engine.rebuild(self.step)
             self.profiler.before(self.step + 1)
             t0 = time.perf_counter()
             skip_marked_batches(self.loader, self.guard)
             position = loader_position(self.loader)
-            trainer.batch_index = None if position is None else position // cfg.global_batch_size
+            model_engine.batch_index = None if position is None else position // cfg.global_batch_size
             batch = next(self.loader)
             lr = lr_at(cfg, self.step)
-            trainer.set_lr(lr)
-            loss, grad_norm = trainer.train_step(batch)
-            if trainer.nonfinite:
+            model_engine.set_lr(lr)
+            loss, grad_norm = model_engine.train_step(batch)
+            if model_engine.nonfinite:
                 self._on_nonfinite(loss, grad_norm, position)
                 continue
             if self.device.type == "cuda":

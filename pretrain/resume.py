@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint import tags
+from checkpoint import tag_format
 from common.errors import RecipeError
 from model import ModelConfig
 from model.io import check_compatible
@@ -41,10 +41,10 @@ def resume_point(cfg: RunConfig, run_dir: Path, resume: str | None, overwrite: b
     """`--resume auto|never|PATH` -> the checkpoint to continue from (none with `--overwrite`): the
     newest whose files match its marker; newer ones that do not are passed over, with a note."""
     try:
-        tag_dir, notes = (None, []) if overwrite else tags.resolve_resume(resume, run_dir)
+        tag_dir, notes = (None, []) if overwrite else tag_format.resolve_resume(resume, run_dir)
     except FileNotFoundError as e:
         raise RecipeError(str(e)) from None
-    state = tags.read_state(tag_dir) if tag_dir is not None else {}
+    state = tag_format.read_state(tag_dir) if tag_dir is not None else {}
     return ResumePoint(tag_dir, state, bool(cfg.checkpoint.load_universal or state.get("universal")), notes)
 
 

@@ -41,7 +41,7 @@ from .distributed import (
     shutdown_distributed,
 )
 from .dry_run import dry_run, print_config
-from .engine import Trainer
+from .engine import ModelEngine
 from .engine_checkpoint import load as load_checkpoint
 from .eval_tasks import task_hooks
 from .hooks import TrainHook, check_hooks
@@ -136,11 +136,11 @@ def _train(
     dist.barrier()
     check_layout(point, layout, run_dir)
 
-    trainer = Trainer(cfg, mcfg, layout, device)
-    trainer.build(point.trainable_step, load_universal=point.universal)
-    loader = cfg.loader("train", trainer.dp_rank, layout.data_parallel, verify_record=run_dir)
+    model_engine = ModelEngine(cfg, mcfg, layout, device)
+    model_engine.build(point.trainable_step, load_universal=point.universal)
+    loader = cfg.loader("train", model_engine.dp_rank, layout.data_parallel, verify_record=run_dir)
     if point.tag_dir is not None:
-        load_checkpoint(trainer, point.tag_dir, point.universal, cfg.seed)
+        load_checkpoint(model_engine, point.tag_dir, point.universal, cfg.seed)
         loader.load_state_dict(point.state["loader"])
 
     trackers = []
@@ -157,11 +157,11 @@ def _train(
         logger.truncate_after(point.step)
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")
     logger.message(f"layout: {layout.describe()}")
-    logger.message(residency(trainer.model, device))
+    logger.message(residency(model_engine.model, device))
     peak = peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
     if peak[0]:
         logger.message(f"MFU peak: {peak[0]:.1f} TFLOP/s per device ({peak[1]})")
-    loop = TrainingLoop(trainer, loader, logger, run_dir, point, peak, hooks)
+    loop = TrainingLoop(model_engine, loader, logger, run_dir, point, peak, hooks)
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:
             result = loop.run(stop, stop_after_steps)
@@ -169,7 +169,7 @@ def _train(
         raise RunStopped(str(e)) from e
     finally:
         logger.close()
-    trainer.engine.destroy()
+    model_engine.engine.destroy()
     return result
 
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from checkpoint.pickle_scan import verify_checkpoint_dir
 from common.cli import CliParser, run_cli
 from common.constants import REPO_ROOT

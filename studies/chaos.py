@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from checkpoint import tags
+from checkpoint import tag_format
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = "recipes/tiny_cpu.yaml"
@@ -153,13 +153,13 @@ def _last_step(run_dir: Path, since: float) -> int:
 def _saving(run_dir: Path, since: float) -> Path | None:
     """A tag dir written since `since` that has no COMPLETE marker yet: a checkpoint is being written
     (a partial dir left by an earlier kill is older, and is not one)."""
-    root = tags.ckpt_root(run_dir)
+    root = tag_format.ckpt_root(run_dir)
     for d in root.iterdir() if root.is_dir() else ():
         try:
             fresh = d.stat().st_mtime >= since
         except FileNotFoundError:
             continue
-        if tags.TAG_RE.match(d.name) and fresh and not (d / tags.COMPLETE).exists():
+        if tag_format.TAG_RE.match(d.name) and fresh and not (d / tag_format.COMPLETE).exists():
             return d
     return None
 
@@ -221,8 +221,8 @@ def chaos_run(
     res.max_abs_loss_diff = max((abs(got[s] - ref[s]) for s in common), default=float("inf"))
     if len(common) < steps:
         res.max_abs_loss_diff = float("inf")
-    root = tags.ckpt_root(run)
-    res.incomplete_dirs = sorted(d.name for d in root.iterdir() if d.is_dir() and not tags.is_complete(d))
+    root = tag_format.ckpt_root(run)
+    res.incomplete_dirs = sorted(d.name for d in root.iterdir() if d.is_dir() and not tag_format.is_complete(d))
     res.seconds = round(time.time() - t0, 1)
     (out / "chaos.json").write_text(json.dumps({**asdict(res), "ok": res.ok}, indent=1) + "\n")
     return res

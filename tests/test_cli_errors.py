@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from model import build_model, preset
 from model.io import save_native
 from pretrain.train import train

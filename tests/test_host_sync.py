@@ -35,7 +35,7 @@ def _reads_per_step(monkeypatch, tmp_path, micro: int, ds_config: str) -> list[i
 
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, counting(name))
-    original_step = engine.Trainer.train_step
+    original_step = engine.ModelEngine.train_step
 
     def counted_step(self, batch):
         counts.append(0)
@@ -45,7 +45,7 @@ def _reads_per_step(monkeypatch, tmp_path, micro: int, ds_config: str) -> list[i
         finally:
             active[0] = False
 
-    monkeypatch.setattr(engine.Trainer, "train_step", counted_step)
+    monkeypatch.setattr(engine.ModelEngine, "train_step", counted_step)
     over = [
         "train.max_steps=3",
         "train.eval_every_steps=0",

@@ -26,7 +26,7 @@ from typing import Callable
 
 import pytest
 
-from checkpoint import tags
+from checkpoint import tag_format
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/TRAINING.md")
@@ -91,8 +91,8 @@ def _recipe_run_dir(root: Path, tokens: list[str]) -> Path:
 
 def _trained(root: Path, out: str, tokens: list[str]) -> None:
     run = _recipe_run_dir(root, tokens)
-    latest = tags.latest_checkpoint(run)
-    assert latest is not None and tags.read_state(latest)["step"] == 4, f"{run}: no complete checkpoint at step 4"
+    latest = tag_format.latest_checkpoint(run)
+    assert latest is not None and tag_format.read_state(latest)["step"] == 4, f"{run}: no complete checkpoint at step 4"
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
 
 

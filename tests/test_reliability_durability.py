@@ -14,7 +14,7 @@ import pytest
 from conftest import read_losses
 
 from checkpoint import load_for_eval
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from common.errors import RecipeError
 from pretrain.train import train
 

@@ -20,7 +20,7 @@ from conftest import REPO, free_port, read_losses, run_ranks, start_ranks, wait_
 from fixtures import corpus_lines, make_tokenizer, write_text
 
 from checkpoint import load_for_eval
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from common.errors import CheckpointWriteFailed, DataError, NonFiniteLoss
 from data_pipeline import prepare as prep
 from pretrain import faults

@@ -14,10 +14,10 @@ import sys
 import pytest
 from conftest import REPO
 
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from common.errors import RecipeError
 from pretrain.config import load_recipe
-from pretrain.engine import Trainer
+from pretrain.engine import ModelEngine
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"
@@ -39,7 +39,7 @@ def no_engine(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the engine was built before the error")
 
-    monkeypatch.setattr(Trainer, "build", boom)
+    monkeypatch.setattr(ModelEngine, "build", boom)
 
 
 @pytest.mark.parametrize(

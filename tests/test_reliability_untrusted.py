@@ -18,7 +18,7 @@ import torch
 from conftest import REPO
 
 from checkpoint import load_for_eval, pickle_scan
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from checkpoint.pickle_scan import safe_torch_load, scan_pickle
 from common.errors import RecipeError, UnsafeCheckpoint
 from pretrain import universal

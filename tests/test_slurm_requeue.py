@@ -14,7 +14,7 @@ import time
 
 from conftest import REPO, read_losses
 
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from studies.scaling import main
 
 SRUN = """#!/bin/bash

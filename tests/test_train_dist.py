@@ -11,7 +11,7 @@ import torch
 from conftest import fault_seed, read_losses, run_ranks, start_ranks, wait_for_steps
 
 from checkpoint import load_for_eval
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from pretrain.train import train
 from pretrain.universal import to_universal
 

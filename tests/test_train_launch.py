@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, free_port, read_losses
 
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 

@@ -16,7 +16,7 @@ from fixtures import (
     write_text,
 )
 
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from data_pipeline import loader as loader_mod
 from data_pipeline import shards as shard_mod
 from data_pipeline.prepare import prepare

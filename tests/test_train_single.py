@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, fault_seed, read_losses
 
 from checkpoint import load_for_eval
-from checkpoint import tags as ckpt
+from checkpoint import tag_format as ckpt
 from common.errors import RecipeError
 from data_pipeline.config import parse_data
 from data_pipeline.text import TextLoader
@@ -180,18 +180,18 @@ def test_doc_ids_reach_the_model_in_training(tmp_path):
 
 @pytest.mark.parametrize("zero", ["zero0", "zero1"])
 def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
-    from pretrain.engine import Trainer
+    from pretrain.engine import ModelEngine
     from pretrain.freeze_transitions import optimizer_snapshot
 
     captured = {}
-    orig = Trainer.rebuild
+    orig = ModelEngine.rebuild
 
     def spy(self, step):
         captured["before"] = optimizer_snapshot(self)
         orig(self, step)
         captured["after"] = optimizer_snapshot(self)
 
-    monkeypatch.setattr(Trainer, "rebuild", spy)
+    monkeypatch.setattr(ModelEngine, "rebuild", spy)
     train(
         RECIPE,
         FAST
@@ -218,16 +218,16 @@ def test_adam_moments_carry_over_a_freeze_boundary(zero, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("zero, fused", [("zero0", True), ("zero2", True), ("zero1", False)])
 def test_engine_optimizer_is_torch_adamw_with_the_configured_kernel(zero, fused, tmp_path, monkeypatch):
-    from pretrain.engine import Trainer
+    from pretrain.engine import ModelEngine
 
     seen = []
-    orig = Trainer.build
+    orig = ModelEngine.build
 
     def spy(self, *a, **k):
         orig(self, *a, **k)
         seen.append(self.inner_optimizer)
 
-    monkeypatch.setattr(Trainer, "build", spy)
+    monkeypatch.setattr(ModelEngine, "build", spy)
     train(
         RECIPE,
         FAST

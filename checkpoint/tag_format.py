@@ -1,4 +1,4 @@
-"""Trainer checkpoint directories: what a tag dir holds and when it counts as complete.
+"""Training checkpoint directories: what a tag dir holds and when it counts as complete.
 
 Both the trainer (which writes them) and the evaluation side (which reads them) stand on
 this module; it knows nothing of either.
