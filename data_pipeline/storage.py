@@ -249,17 +249,25 @@ class ShardCache:
         return data
 
     def put(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise DataError(
-                f"cannot write the shard cache file {path} ({e}). Fix: free space there, lower "
-                "data.cache_max_gb, or point data.cache_dir at another node-local disk"
-            ) from e
+        for attempt in range(3):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+            try:
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+                break
+            except FileNotFoundError:
+                # another process promoted this shard to a whole file and dropped its blocks' directory
+                # between our mkdir and our write: make it again
+                tmp.unlink(missing_ok=True)
+                if attempt == 2:
+                    raise
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                raise DataError(
+                    f"cannot write the shard cache file {path} ({e}). Fix: free space there, lower "
+                    "data.cache_max_gb, or point data.cache_dir at another node-local disk"
+                ) from e
         self._written += len(data)
         if self._written > self.max_bytes // 16:
             self.evict()

@@ -36,7 +36,7 @@ from data_pipeline import DataConfig
 from data_pipeline.loader import build_loader
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import ShardSet
-from data_pipeline.storage import RemoteShardSet
+from data_pipeline.storage import RemoteShardSet, ShardCache
 from eval.perplexity import shard_stream
 
 REPO = Path(__file__).resolve().parents[1]
@@ -342,3 +342,21 @@ def test_missing_credentials_is_not_retried(served, tmp_path, monkeypatch):
             )
         )
     assert time.monotonic() - t0 < 10
+
+
+def test_cache_write_survives_its_block_dir_dropped_by_another_process(tmp_path, monkeypatch):
+    """A rank that promotes a shard to a whole file drops the shard's block dir; a rank writing a block
+    there at that moment writes it again (it once reported this as a full disk)."""
+    cache = ShardCache(tmp_path, "ns", 1 << 30)
+    target = cache.block_path("shard_00000", 0)
+    real_write, raced = Path.write_bytes, []
+
+    def write_after_the_drop(self, data):
+        if not raced:
+            raced.append(self)
+            cache.drop_blocks("shard_00000")  # between put's mkdir and its write
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_after_the_drop)
+    cache.put(target, b"block")
+    assert raced and target.read_bytes() == b"block"
