@@ -233,9 +233,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_rng(tag_dir: Path, rank: int) -> None:
+def rng_file(tag_dir: Path, rank: int) -> Path:
+    return tag_dir / "rng" / f"rank{rank}.pt"
+
+
+def save_rng(tag_dir: Path, rank: int, state: dict[str, Any] | None = None) -> None:
+    """This process's RNG states now (or `state`, taken earlier) as `rng/rank<R>.pt`."""
     (tag_dir / "rng").mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), tag_dir / "rng" / f"rank{rank}.pt")
+    torch.save(rng_state() if state is None else state, rng_file(tag_dir, rank))
 
 
 def load_rng(tag_dir: Path, rank: int) -> bool:
@@ -246,9 +251,13 @@ def load_rng(tag_dir: Path, rank: int) -> bool:
     return True
 
 
+def frozen_file(tag_dir: Path, stage: int) -> Path:
+    return tag_dir / f"frozen-stage{stage}.safetensors"
+
+
 def save_frozen(tag_dir: Path, stage: int, tensors: dict[str, torch.Tensor]) -> None:
     tag_dir.mkdir(parents=True, exist_ok=True)
-    path = tag_dir / f"frozen-stage{stage}.safetensors"
+    path = frozen_file(tag_dir, stage)
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
     os.replace(tmp, path)

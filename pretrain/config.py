@@ -89,6 +89,7 @@ class CheckpointConfig:
     save_final: bool = True
     save_on_signal: bool = True
     load_universal: bool = False  # resume from a universal checkpoint (pretrain.universal)
+    background: bool = False  # write, fsync and mark saves on a writer thread (pretrain/checkpoint_writer.py)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
 from common.errors import CheckpointWriteFailed
 
 from . import faults
+from .checkpoint_writer import CheckpointWriter, SaveTiming
 
 
 class _RankWrites:
@@ -58,11 +60,24 @@ class _RankWrites:
         self.paths += [str(p) for p in paths]
 
     @contextlib.contextmanager
-    def engine_writes(self, engine) -> Iterator[None]:
+    def engine_writes(self, engine, deferred: list[Callable[[], None]] | None = None) -> Iterator[None]:
         """Route DeepSpeed's writes during `save_checkpoint` through `run`: its checkpoint engine's
-        `save` (model, optimizer and pipeline layer files) and the recovery-script copy."""
+        `save` (model, optimizer and pipeline layer files) and the recovery-script copy. With
+        `deferred`, each state dict is copied into host memory now (DeepSpeed's own
+        `clone_tensors_for_torch_save`: the live optimizer state moves on with training) and its
+        write appended there instead of done."""
+        from deepspeed.checkpoint.utils import clone_tensors_for_torch_save  # deferred: heavy (deepspeed)
+
         ce = engine.checkpoint_engine
-        real_save = ce.save
+        if deferred is None:
+            real_save = ce.save
+        else:
+            zipfile = getattr(ce, "zipfile_serialization", False)  # as DeepSpeed's torch engine writes it
+
+            def real_save(state_dict, path):
+                snapshot = clone_tensors_for_torch_save(state_dict)
+                deferred.append(lambda: torch.save(snapshot, path, _use_new_zipfile_serialization=zipfile))
+
         ce.save = lambda state_dict, path: self.run(lambda: real_save(state_dict, path), path)
         real_copy = getattr(engine, "_copy_recovery_script", None)
         if real_copy is not None:
@@ -91,18 +106,18 @@ def _free_space(path: Path) -> str:
     return "unknown"
 
 
-def _agree(writes: _RankWrites, tag_dir: Path, run_dir: Path, device: torch.device) -> None:
-    """Collective: returns when every rank's writes succeeded; otherwise every rank raises the
-    same CheckpointWriteFailed after rank 0 has removed the partial tag dir."""
+def _agree(writes: _RankWrites, tag_dir: Path, run_dir: Path, device: torch.device, group=None) -> None:
+    """Collective (over `group`, default: every rank's): returns when every rank's writes succeeded;
+    otherwise every rank raises the same CheckpointWriteFailed after rank 0 has removed the partial tag dir."""
     failed = torch.tensor([0.0 if writes.error is None else 1.0], device=device)
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
     if not failed.item():
         return
     errors: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, writes.error)
+    dist.all_gather_object(errors, writes.error, group=group)
     if dist.get_rank() == 0:
         tag_format.discard(tag_dir)  # every rank has stopped writing into it
-    dist.barrier()
+    dist.barrier(group=group)
     raise write_failed([(r, e) for r, e in enumerate(errors) if e is not None], tag_dir, run_dir)
 
 
@@ -118,40 +133,75 @@ def write_failed(errors: list[tuple[int, str]], tag_dir: Path, run_dir: Path) ->
     )
 
 
-def save(model_engine, run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
+def save(
+    model_engine,
+    run_dir: Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    keep_last: int,
+    writer: CheckpointWriter | None = None,
+    timing: SaveTiming | None = None,
+) -> Path:
     """Collective: write, fsync and mark complete the checkpoint of `step` (raises
-    CheckpointWriteFailed on every rank when any rank could not write)."""
+    CheckpointWriteFailed on every rank when any rank could not write). With `writer`, the files are
+    serialised into memory here and written, fsynced and marked by the writer's thread
+    (pretrain/checkpoint_writer.py), which sets `timing.complete_s` when the tag is complete."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO  # deferred: heavy (deepspeed)
 
+    started = time.perf_counter()
     root = tag_format.ckpt_root(run_dir)
-    tag = tag_format.tag_for(step)
-    tag_dir = root / tag
+    tag_dir = root / tag_format.tag_for(step)
     rank, device = dist.get_rank(), model_engine.device
     prepare = _RankWrites(root)
     if rank == 0 and tag_dir.exists():
         prepare.run(lambda: tag_format.discard(tag_dir))  # rewriting a tag: start from an empty dir
     _agree(prepare, tag_dir, run_dir, device)
     writes = _RankWrites(root)
-    with writes.engine_writes(model_engine.engine):
+    deferred: list[Callable[[], None]] | None = None if writer is None else []
+    with writes.engine_writes(model_engine.engine, deferred):
         model_engine.engine.save_checkpoint(
             str(root),
-            tag=tag,
+            tag=tag_dir.name,
             client_state={UNIVERSAL_CHECKPOINT_INFO: {}, "trainer_state": trainer_state},
             save_latest=False,
         )
     frozen = model_engine.frozen_tensors()  # collective under ZeRO-3: every rank takes part
     stage = model_engine.engine.stage_id if model_engine.pipe else 0
+    frozen_path, rng_path = tag_format.frozen_file(tag_dir, stage), tag_format.rng_file(tag_dir, rank)
+    if deferred is None:
+        if model_engine.dp_rank == 0:
+            writes.run(lambda: tag_format.save_frozen(tag_dir, stage, frozen), frozen_path)
+        writes.run(lambda: tag_format.save_rng(tag_dir, rank), rng_path)
+        _commit(writes, run_dir, tag_dir, step, trainer_state, keep_last, device)
+        if timing is not None:
+            timing.complete_s = time.perf_counter() - started
+        return tag_dir
     if model_engine.dp_rank == 0:
-        writes.run(lambda: tag_format.save_frozen(tag_dir, stage, frozen), tag_dir / f"frozen-stage{stage}.safetensors")
-    writes.run(lambda: tag_format.save_rng(tag_dir, rank), tag_dir / "rng" / f"rank{rank}.pt")
+        frozen = {k: v.detach().to("cpu", copy=True) for k, v in frozen.items()}
+        writes.run(lambda: deferred.append(lambda: tag_format.save_frozen(tag_dir, stage, frozen)), frozen_path)
+    rng = tag_format.rng_state()
+    writes.run(lambda: deferred.append(lambda: tag_format.save_rng(tag_dir, rank, rng)), rng_path)
+    cpu = torch.device("cpu")  # the writer's group is gloo
+    writer.submit(
+        lambda: _commit(writes, run_dir, tag_dir, step, trainer_state, keep_last, cpu, deferred, writer.group),
+        timing or SaveTiming(step, 0.0),
+        started,
+    )
+    return tag_dir
+
+
+def _commit(writes, run_dir, tag_dir, step, trainer_state, keep_last, device, deferred=(), group=None) -> None:
+    """Collective over `group`: do the `deferred` writes, fsync this rank's files, agree that every
+    rank's are on disk, then rank 0 marks the tag complete and moves `latest`."""
+    for write in deferred:
+        writes.run(write)
     writes.fsync()  # this rank's files reach the disk before the marker can exist
     faults.pause("save", step)
-    _agree(writes, tag_dir, run_dir, device)
-    done = _RankWrites(root)
-    if rank == 0:
+    _agree(writes, tag_dir, run_dir, device, group)
+    done = _RankWrites(tag_format.ckpt_root(run_dir))
+    if dist.get_rank() == 0:
         done.run(lambda: tag_format.finalize(run_dir, tag_dir, trainer_state, keep_last))
-    _agree(done, tag_dir, run_dir, device)
-    return tag_dir
+    _agree(done, tag_dir, run_dir, device, group)
 
 
 def load(model_engine, tag_dir: Path, universal: bool, seed: int) -> None:

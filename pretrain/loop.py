@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import tag_format
-from common.errors import NonFiniteLoss
+from common.errors import NonFiniteLoss, RunStopped, UserError
 from model.mfu import mfu
 
 from . import engine_checkpoint, faults
+from .checkpoint_writer import CheckpointWriter, SaveTiming
 from .engine import ModelEngine
 from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
@@ -51,6 +52,7 @@ class RunResult:
     last_checkpoint: Path | None = None
     resumed_from: Path | None = None
     interrupted: bool = False
+    saves: list[SaveTiming] = field(default_factory=list)  # each save's blocked and until-complete seconds
 
 
 class TrainingLoop:
@@ -85,6 +87,7 @@ class TrainingLoop:
         self.profiler = StepProfiler(cfg.profile, run_dir, self.rank, self.device, logger.message)
         self.killer = faults.step_killer()  # None unless PRETRAIN_FAULTS asks (the reliability tests)
         self.restarts = restart_count(run_dir)  # launch.sh --max-restarts records each one
+        self.writer = CheckpointWriter() if cfg.checkpoint.background else None
 
     # -- what a checkpoint records besides the engine -----------------------------------------
     def trainer_state(self) -> dict[str, Any]:
@@ -110,15 +113,31 @@ class TrainingLoop:
 
     def save(self) -> Path:
         """Collective. A failed write (e.g. no space left) raises CheckpointWriteFailed on every
-        rank after the partial checkpoint is removed; the last complete one stays."""
+        rank after the partial checkpoint is removed; the last complete one stays. With
+        `checkpoint.background`, the save before it is waited for (its failure raised here) and this
+        one is written while training goes on (pretrain/checkpoint_writer.py)."""
+        started = time.perf_counter()
+        if self.writer is not None:
+            self.writer.wait()
+        timing = SaveTiming(self.step, 0.0)
         path = engine_checkpoint.save(
-            self.model_engine, self.run_dir, self.step, self.trainer_state(), self.cfg.checkpoint.keep_last
+            self.model_engine,
+            self.run_dir,
+            self.step,
+            self.trainer_state(),
+            self.cfg.checkpoint.keep_last,
+            self.writer,
+            timing,
         )
+        timing.blocked_s = time.perf_counter() - started
+        self.result.saves.append(timing)
         self.last_save = time.monotonic()
         return path
 
     def rollback(self) -> None:
         """Reload the last intact checkpoint (weights, optimizer, data position)."""
+        if self.writer is not None:
+            self.writer.wait()  # a save in flight is complete (or abandoned) before choosing one
         tag_dir, notes = tag_format.newest_good_checkpoint(self.run_dir)
         for note in notes:
             self.logger.message(note)
@@ -222,6 +241,17 @@ class TrainingLoop:
         return bool(flags[0].item()), bool(flags[1].item())
 
     def run(self, stop: StopRequest, stop_after_steps: int | None = None) -> RunResult:
+        try:
+            self._steps(stop, stop_after_steps)
+        except (UserError, RunStopped):
+            if self.writer is not None:  # every rank stops at this step: their writers finish together
+                self.writer.wait(raise_error=False)
+            raise
+        if self.writer is not None:
+            self.writer.wait()  # the last checkpoint is complete (or its failure raised) before the run returns
+        return self.result
+
+    def _steps(self, stop: StopRequest, stop_after_steps: int | None) -> None:
         cfg, model_engine, result = self.cfg, self.model_engine, self.result
         flags = torch.zeros(2, device=self.device)
         self.last_save = time.monotonic()  # the start (or the checkpoint resumed from) counts as a save
@@ -274,4 +304,3 @@ class TrainingLoop:
         self.profiler.close()
         result.final_step = self.step
         result.tokens_seen = self.tokens_seen
-        return result

@@ -174,14 +174,24 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
 
 
 def chaos_run(
-    layout: str, steps: int, kills: int, seed: int, out: Path, every: int = 5, timeout: float = 900, say=print
+    layout: str,
+    steps: int,
+    kills: int,
+    seed: int,
+    out: Path,
+    every: int = 5,
+    timeout: float = 900,
+    say=print,
+    background: bool = False,
 ) -> ChaosResult:
-    """Reference run, then the killed-and-resumed run; compare their loss sequences."""
+    """Reference run, then the killed-and-resumed run; compare their loss sequences. `background`:
+    checkpoints are written on the writer thread (`checkpoint.background`), so a mid-save kill
+    strikes while training goes on."""
     t0 = time.time()
     rng = random.Random(seed)
     out = Path(out) / layout
     out.mkdir(parents=True, exist_ok=True)
-    over = _overrides(layout, steps, every)
+    over = [*_overrides(layout, steps, every), f"checkpoint.background={str(background).lower()}"]
     res = ChaosResult(layout, seed, steps)
     say(f"[chaos] layout {layout}, {steps} steps, {kills} kills, seed {seed} (replay: --seed {seed})")
     for d in (out / "reference", out / "chaos"):
@@ -256,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=5, help="checkpoint every N steps")
     ap.add_argument("--seed", type=int, default=None, help="kill moments (default: random, printed)")
     ap.add_argument("--out", default="runs/chaos")
+    ap.add_argument("--background-saves", action="store_true", help="checkpoint.background=true")
     a = ap.parse_args(argv)
     if a.kills < 1 or a.steps < a.kills + 3:
         print(
@@ -265,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
     layouts = list(LAYOUTS) if a.layout == "all" else [a.layout]
     try:
-        results = [chaos_run(lay, a.steps, a.kills, seed, Path(a.out), a.every) for lay in layouts]
+        results = [
+            chaos_run(lay, a.steps, a.kills, seed, Path(a.out), a.every, background=a.background_saves)
+            for lay in layouts
+        ]
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(
             f"error: {e} (seed {seed}). Fix: read the run's log under {a.out}; replay with --seed {seed}",

@@ -230,12 +230,15 @@ def du(path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def test_disk_full_during_checkpoint_stops_clearly_and_keeps_the_last_good(tmp_path, small_tmpfs):
+@pytest.mark.parametrize("background", [False, True])
+def test_disk_full_during_checkpoint_stops_clearly_and_keeps_the_last_good(tmp_path, small_tmpfs, background):
     # The run dir is on a small tmpfs: a full disk makes torch.save raise RuntimeError (not
-    # OSError), safetensors SafetensorError, Python writes OSError: what a real run meets.
+    # OSError), safetensors SafetensorError, Python writes OSError: what a real run meets. A background
+    # save that fails raises where the run next waits for it (the save of step 8), with the same message.
+    over = [*OVER, f"checkpoint.background={str(background).lower()}"]
     fs = small_tmpfs(tmp_path / "fs", 64 * MiB)
     run = fs.path / "run"
-    first = train(RECIPE, OVER, run_dir=run, resume="never", stop_after_steps=3)  # checkpoint of step 3
+    first = train(RECIPE, over, run_dir=run, resume="never", stop_after_steps=3)  # checkpoint of step 3
     assert first.last_checkpoint.name == ckpt.tag_for(3)
     fs.resize(fs.used() + du(first.last_checkpoint) // 2)  # room for half a checkpoint more
     with pytest.raises(
@@ -244,21 +247,23 @@ def test_disk_full_during_checkpoint_stops_clearly_and_keeps_the_last_good(tmp_p
         r"free on that filesystem\).*step_00000003 is untouched.*"
         r"Fix: free space.*--resume auto",
     ):
-        train(RECIPE, OVER, run_dir=run, resume="auto")
+        train(RECIPE, over, run_dir=run, resume="auto")
     assert not (run / "checkpoints" / ckpt.tag_for(6)).exists()  # the partial files were removed
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [3] and ckpt.verify(ckpt.latest_checkpoint(run)) == []
     assert weights_finite(ckpt.latest_checkpoint(run))
     fs.resize(64 * MiB)  # space freed: the run continues from step 3
-    resumed = train(RECIPE, OVER, run_dir=run, resume="auto")
+    resumed = train(RECIPE, over, run_dir=run, resume="auto")
     assert resumed.resumed_from.name == ckpt.tag_for(3) and resumed.final_step == 8
-    ref = train(RECIPE, OVER, run_dir=tmp_path / "ref", resume="never")
+    ref = train(RECIPE, over, run_dir=tmp_path / "ref", resume="never")
     assert read_losses(run) == ref.losses  # bitwise, as if the disk had never filled
 
 
-def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_path, small_tmpfs):
+@pytest.mark.parametrize("background", [False, True])
+def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_path, small_tmpfs, background):
     fs = small_tmpfs(tmp_path / "fs", 64 * MiB)
     run = fs.path / "run"
     args = ["--recipe", RECIPE, "--run-dir", str(run), *OVER, "parallel.ds_config=zero1", "parallel.timeout_s=900"]
+    args.append(f"checkpoint.background={str(background).lower()}")
     run_ranks([*args, "train.max_steps=3"])  # a complete checkpoint of step 3
     fs.resize(fs.used() + du(run / "checkpoints" / ckpt.tag_for(3)) // 2)
     t0 = time.time()

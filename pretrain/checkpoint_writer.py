@@ -1,0 +1,69 @@
+"""Checkpoints written off the step's path (`checkpoint.background: true`).
+
+The step is blocked only while a save serialises this rank's files into host memory (DeepSpeed's
+state dicts, the frozen tensors and the RNG states as bytes; on a GPU this is the copy to the host).
+A writer thread then writes and fsyncs them, and the ranks agree over a gloo process group of their
+own (so training's collectives on the default group go on beside it) that every rank's files are on
+disk; only then does rank 0 mark the tag COMPLETE and move `latest`. That is the protocol of a
+synchronous save (pretrain/engine_checkpoint.py), run later: a kill during the background write
+leaves a tag without its marker, which `--resume auto` passes over, as after a kill during a
+synchronous write. At most one save is in flight: the next save, a rollback and the end of the run
+wait for it, and a failed background write (a full disk) raises its CheckpointWriteFailed there,
+on every rank at the same step.
+
+DeepSpeed's own decoupled checkpoint engine commits each rank's files on its own, without a moment
+at which every rank's files are known to be on disk, so it cannot move `latest` as this run's
+guarantees require; this writer keeps the marker protocol and only moves it off the step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+
+@dataclass
+class SaveTiming:
+    """One save: how long the step was blocked, and how long until the tag was marked complete."""
+
+    step: int
+    blocked_s: float
+    complete_s: float | None = None  # None while a background write is in flight
+
+
+class CheckpointWriter:
+    """One background save at a time, its commit (write, fsync, agree, mark) on a thread of its own."""
+
+    def __init__(self):
+        # Collective: every rank creates it at the same point (the loop's construction).
+        self.group = dist.new_group(backend="gloo")
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, commit: Callable[[], None], timing: SaveTiming, started: float) -> None:
+        """Run `commit` in the background; `timing.complete_s` is set when it has finished."""
+        if self._thread is not None:
+            raise RuntimeError("a background save is still in flight; wait() for it first")
+
+        def body() -> None:
+            try:
+                commit()
+                timing.complete_s = time.perf_counter() - started
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread at wait()
+                self._error = e
+
+        self._thread = threading.Thread(target=body, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self, raise_error: bool = True) -> None:
+        """Block until the save in flight is on disk and marked (or abandoned); raise its failure."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None and raise_error:
+            raise error
