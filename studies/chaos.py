@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from checkpoint import tag_format
+from common.constants import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = "recipes/tiny_cpu.yaml"
@@ -56,12 +56,6 @@ class ChaosResult:
         return self.equal_steps == self.steps and not self.incomplete_dirs and self.max_abs_loss_diff == 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _overrides(layout: str, steps: int, every: int) -> list[str]:
     return [
         *LAYOUTS[layout],
@@ -77,7 +71,7 @@ def _overrides(layout: str, steps: int, every: int) -> list[str]:
 
 
 def _start(run_dir: Path, over: list[str], log, pause: bool) -> list[subprocess.Popen]:
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(2):
         env = dict(

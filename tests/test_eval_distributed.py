@@ -1,21 +1,14 @@
 """Data-parallel eval on CPU: 2 real processes (gloo) give the same numbers as 1 process."""
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from common.constants import free_port
 from eval import distributed as D
 from eval.perplexity import perplexity
 from model import build_model, preset
 from model.io import load_native, save_native
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, ck, ids, out):
@@ -40,7 +33,7 @@ def test_two_processes_equal_one(tmp_path):
     single = perplexity(model, ids, window=24, stride=10, batch_size=2, progress=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path / "ck"), ids, q), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path / "ck"), ids, q), nprocs=2, join=True)
     multi = q.get(timeout=30)
     assert multi == single  # bit-identical: same batches, reduced in window order
 

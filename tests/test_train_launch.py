@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, free_port, read_losses
 
 from checkpoint import tag_format as ckpt
+from studies.chaos_long import processes_mentioning
 
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 
@@ -348,21 +349,6 @@ def test_slurm_port_is_a_function_of_the_job():
     )
 
 
-def _processes_mentioning(text: str) -> dict[int, str]:
-    """pid -> command line of every live process whose command line contains `text`."""
-    found = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = next((ln for ln in (d / "status").read_text().splitlines() if ln.startswith("State:")), "")
-            except OSError:
-                continue
-            if text in cmd and "zombie" not in state:
-                found[int(d.name)] = cmd
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads live processes from /proc")
 @pytest.mark.parametrize("victim", ["launch.sh group", "per-node launcher"])
 def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, victim):
@@ -402,7 +388,7 @@ def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, vic
             time.sleep(0.1)
         ranks = {
             p
-            for p, cmd in _processes_mentioning(str(run)).items()
+            for p, cmd in processes_mentioning(str(run)).items()
             if "-m pretrain.train" in cmd and "deepspeed.launcher" not in cmd
         }
         assert len(ranks) == 2
@@ -410,15 +396,15 @@ def test_sigkill_of_a_launcher_stops_every_rank_after_a_checkpoint(tmp_path, vic
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         else:
-            [launcher] = [p for p, cmd in _processes_mentioning(str(run)).items() if "deepspeed.launcher.launch" in cmd]
+            [launcher] = [p for p, cmd in processes_mentioning(str(run)).items() if "deepspeed.launcher.launch" in cmd]
             os.kill(launcher, signal.SIGKILL)
         deadline = time.time() + 60
-        while time.time() < deadline and _processes_mentioning(str(run)):
+        while time.time() < deadline and processes_mentioning(str(run)):
             time.sleep(0.2)
-        left = _processes_mentioning(str(run))
+        left = processes_mentioning(str(run))
         assert not left, f"still running 60 s after the launcher died: {left}"
     finally:
-        for pid in _processes_mentioning(str(run)):  # only what this test started (its unique run dir)
+        for pid in processes_mentioning(str(run)):  # only what this test started (its unique run dir)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
