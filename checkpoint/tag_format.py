@@ -28,7 +28,6 @@ our tags is ignored.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.constants import file_sha256
 from common.errors import UnsafeCheckpoint
 
 from .pickle_scan import safe_torch_load
@@ -156,14 +156,6 @@ def atomic_write(path: Path, text: str) -> None:
     fsync_path(path.parent)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_list(tag_dir: Path) -> dict[str, dict[str, Any]]:
     """Every file of a tag dir but the marker: relative path -> bytes (and sha256 when small)."""
     out: dict[str, dict[str, Any]] = {}
@@ -173,7 +165,7 @@ def file_list(tag_dir: Path) -> dict[str, dict[str, Any]]:
             continue
         entry: dict[str, Any] = {"bytes": f.stat().st_size}
         if entry["bytes"] <= CHECKSUM_MAX_BYTES:
-            entry["sha256"] = sha256_file(f)
+            entry["sha256"] = file_sha256(f).hexdigest()
         out[rel] = entry
     return out
 
@@ -213,7 +205,7 @@ def verify(tag_dir: str | os.PathLike) -> list[str]:
             problems.append(f"{rel} is missing")
         elif f.stat().st_size != entry.get("bytes"):
             problems.append(f"{rel} has {f.stat().st_size} bytes, the marker lists {entry.get('bytes')}")
-        elif "sha256" in entry and sha256_file(f) != entry["sha256"]:
+        elif "sha256" in entry and file_sha256(f).hexdigest() != entry["sha256"]:
             problems.append(f"{rel} fails its sha256 check")
     return problems
 

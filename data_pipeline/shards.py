@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.constants import file_sha256
 from common.errors import DataError
 
 MANIFEST = "manifest.json"
@@ -37,14 +38,6 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 
 def shard_name(i: int) -> str:
     return f"shard_{i:05d}"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -90,7 +83,7 @@ def write_shard(out: Path, index: int, tokens: np.ndarray, offsets: np.ndarray, 
         "num_docs": int(len(offsets) - 1),
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
-        "idx_sha256": sha256_file(idx_path),
+        "idx_sha256": file_sha256(idx_path).hexdigest(),
     }
 
 
@@ -196,11 +189,11 @@ def _verify_contents(d: Path, manifest: dict) -> None:
     dtype, vocab = np.dtype(manifest["dtype"]), int(manifest["vocab_size"])
     for s in manifest["shards"]:
         bin_path, idx_path = d / f"{s['name']}.bin", d / f"{s['name']}.idx"
-        if sha256_file(bin_path) != s["sha256"]:
+        if file_sha256(bin_path).hexdigest() != s["sha256"]:
             raise DataError(
                 f"shard {bin_path} fails its sha256 check against {d / MANIFEST} (corrupted bytes); {FIX_SHARDS}"
             )
-        if "idx_sha256" in s and sha256_file(idx_path) != s["idx_sha256"]:
+        if "idx_sha256" in s and file_sha256(idx_path).hexdigest() != s["idx_sha256"]:
             raise DataError(f"document index {idx_path} fails its sha256 check against {d / MANIFEST}; {FIX_SHARDS}")
         check_token_range(bin_path, dtype, vocab, str(bin_path))
         check_offsets(np.load(idx_path, mmap_mode="r"), s, str(idx_path))

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from common.cli import CliParser, run_cli
+from common.constants import file_sha256
 from common.errors import DataError
 
 SP_MODEL = "tokenizer.model"
@@ -40,14 +41,6 @@ HF_FILES = (
     "tokenizer.model",
     "spiece.model",
 )
-
-
-def _sha256_file(path: Path, h=None):
-    h = h or hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h
 
 
 _PROBES = ("Hello, World!  12345 \u00e9\u4e2d\n\ttabs", " leading space", "UPPER lower 3.14")
@@ -166,7 +159,7 @@ class Tokenizer:
             for name in HF_FILES:
                 if (p / name).is_file():
                     h.update(name.encode() + b"\0")
-                    _sha256_file(p / name, h)
+                    file_sha256(p / name, h)
             self.identity = "hf:" + h.hexdigest()[:16]
             self.vocab_size = int(len(self._hf))
             eos = self._hf.eos_token_id
@@ -216,7 +209,7 @@ class Tokenizer:
         )
         self.vocab_size = self._tt.n_vocab
         h = hashlib.sha256(TIKTOKEN_PATTERN.encode() + b"\0" + EOT.encode() + b"\0")
-        self.identity = "tiktoken:" + _sha256_file(path, h).hexdigest()[:16]
+        self.identity = "tiktoken:" + file_sha256(path, h).hexdigest()[:16]
         self.path = str(path)
 
     def hf_tokenizer(self):

@@ -95,15 +95,6 @@ def make_tokenizer(out: Path, vocab_size: int = 400, n_lines: int = 1500) -> Pat
 # pyproject.toml, so a clean checkout has them without system packages.
 
 
-def http_app(argv: list[str]):
-    """`python -m aiohttp.web -H 127.0.0.1 -P PORT fixtures:http_app ROOT`: serve ROOT."""
-    from aiohttp import web  # deferred: only the test server needs it
-
-    app = web.Application()
-    app.router.add_static("/", argv[0], show_index=True)
-    return app
-
-
 class LoopbackServer:
     """A server process on 127.0.0.1 that can be stopped and started again on the same port."""
 
@@ -167,7 +158,7 @@ def http_server(root: str | Path, port: int | None = None) -> LoopbackServer:
             "127.0.0.1",
             "-P",
             str(p),
-            "fixtures:http_app",
+            "studies.chaos_long:http_app",
             str(root),
         ],
         port,

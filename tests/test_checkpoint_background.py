@@ -14,20 +14,13 @@ import time
 
 import pytest
 from conftest import REPO, read_losses
+from test_reliability_durability import OVER, RECIPE
 
 from checkpoint import tag_format as ckpt
 from common.errors import RecipeError
 from pretrain import faults
 from pretrain.train import train
 
-RECIPE = "recipes/tiny_cpu.yaml"
-OVER = [
-    "train.eval_every_steps=0",
-    "logging.tensorboard=false",
-    "train.max_steps=8",
-    "checkpoint.every_steps=3",
-    "checkpoint.keep_last=0",
-]
 PAUSE_S = 1.5
 
 
