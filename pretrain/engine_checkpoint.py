@@ -20,6 +20,7 @@ weights-only from the same open file that was scanned (`guarded_torch_load`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -143,8 +144,8 @@ def save(
     timing: SaveTiming | None = None,
 ) -> Path:
     """Collective: write, fsync and mark complete the checkpoint of `step` (raises
-    CheckpointWriteFailed on every rank when any rank could not write). With `writer`, the files are
-    serialised into memory here and written, fsynced and marked by the writer's thread
+    CheckpointWriteFailed on every rank when any rank could not write). With `writer`, the state is
+    copied into host memory here and written, fsynced and marked by the writer's thread
     (pretrain/checkpoint_writer.py), which sets `timing.complete_s` when the tag is complete."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO  # deferred: heavy (deepspeed)
 
@@ -179,7 +180,7 @@ def save(
     if model_engine.dp_rank == 0:
         frozen = {k: v.detach().to("cpu", copy=True) for k, v in frozen.items()}
         writes.run(lambda: deferred.append(lambda: tag_format.save_frozen(tag_dir, stage, frozen)), frozen_path)
-    rng = tag_format.rng_state()
+    rng, trainer_state = tag_format.rng_state(), copy.deepcopy(trainer_state)  # as they are at this step
     writes.run(lambda: deferred.append(lambda: tag_format.save_rng(tag_dir, rank, rng)), rng_path)
     cpu = torch.device("cpu")  # the writer's group is gloo
     writer.submit(
