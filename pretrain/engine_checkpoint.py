@@ -66,7 +66,8 @@ class _RankWrites:
         `save` (model, optimizer and pipeline layer files) and the recovery-script copy. With
         `deferred`, each state dict is copied into host memory now (DeepSpeed's own
         `clone_tensors_for_torch_save`: the live optimizer state moves on with training) and its
-        write appended there instead of done."""
+        write appended there instead of done; DeepSpeed's own copy of the files it would copy for
+        `torch.save` is turned off meanwhile (`preserves_storage_sharing`), so each tensor is copied once."""
         from deepspeed.checkpoint.utils import clone_tensors_for_torch_save  # deferred: heavy (deepspeed)
 
         ce = engine.checkpoint_engine
@@ -79,6 +80,7 @@ class _RankWrites:
                 snapshot = clone_tensors_for_torch_save(state_dict)
                 deferred.append(lambda: torch.save(snapshot, path, _use_new_zipfile_serialization=zipfile))
 
+            ce.preserves_storage_sharing = lambda: False
         ce.save = lambda state_dict, path: self.run(lambda: real_save(state_dict, path), path)
         real_copy = getattr(engine, "_copy_recovery_script", None)
         if real_copy is not None:
@@ -87,6 +89,8 @@ class _RankWrites:
             yield
         finally:
             del ce.save
+            if deferred is not None:
+                del ce.preserves_storage_sharing
             if real_copy is not None:
                 del engine._copy_recovery_script
 
