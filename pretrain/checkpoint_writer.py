@@ -18,10 +18,12 @@ guarantees require; this writer keeps the marker protocol and only moves it off 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
@@ -36,34 +38,41 @@ class SaveTiming:
 
 
 class CheckpointWriter:
-    """One background save at a time, its commit (write, fsync, agree, mark) on a thread of its own."""
+    """One background save at a time, its commit (write, fsync, agree, mark) on a thread of its own that
+    lives as long as the run (a new thread per save would cost the step its start-up)."""
 
     def __init__(self):
         # Collective: every rank creates it at the same point (the loop's construction).
         self.group = dist.new_group(backend="gloo")
-        self._thread: threading.Thread | None = None
+        # the host copies of the last save, reused by the next one (engine_checkpoint.copy_to_host):
+        # safe because a save starts only after the one before it has been written
+        self.staging: dict[str, Any] = {}
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
         self._error: BaseException | None = None
+        threading.Thread(target=self._work, name="checkpoint-writer", daemon=True).start()
 
-    def submit(self, commit: Callable[[], None], timing: SaveTiming, started: float) -> None:
-        """Run `commit` in the background; `timing.complete_s` is set when it has finished."""
-        if self._thread is not None:
-            raise RuntimeError("a background save is still in flight; wait() for it first")
-
-        def body() -> None:
+    def _work(self) -> None:
+        while True:
+            commit, timing, started = self._jobs.get()
             try:
                 commit()
                 timing.complete_s = time.perf_counter() - started
             except BaseException as e:  # noqa: BLE001 - handed to the main thread at wait()
                 self._error = e
+            self._idle.set()
 
-        self._thread = threading.Thread(target=body, name="checkpoint-writer", daemon=True)
-        self._thread.start()
+    def submit(self, commit: Callable[[], None], timing: SaveTiming, started: float) -> None:
+        """Run `commit` in the background; `timing.complete_s` is set when it has finished."""
+        if not self._idle.is_set():
+            raise RuntimeError("a background save is still in flight; wait() for it first")
+        self._idle.clear()
+        self._jobs.put((commit, timing, started))
 
     def wait(self, raise_error: bool = True) -> None:
         """Block until the save in flight is on disk and marked (or abandoned); raise its failure."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._idle.wait()
         error, self._error = self._error, None
         if error is not None and raise_error:
             raise error
