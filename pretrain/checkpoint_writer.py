@@ -1,8 +1,8 @@
 """Checkpoints written off the step's path (`checkpoint.background: true`).
 
-The step is blocked only while a save serialises this rank's files into host memory (DeepSpeed's
-state dicts, the frozen tensors and the RNG states as bytes; on a GPU this is the copy to the host).
-A writer thread then writes and fsyncs them, and the ranks agree over a gloo process group of their
+The step is blocked only while a save copies this rank's state into host memory (DeepSpeed's state
+dicts and the frozen tensors into the tensors of the previous save's copy, and the RNG states; on a
+GPU this is the copy to the host). A writer thread then writes and fsyncs the files, and the ranks agree over a gloo process group of their
 own (so training's collectives on the default group go on beside it) that every rank's files are on
 disk; only then does rank 0 mark the tag COMPLETE and move `latest`. That is the protocol of a
 synchronous save (pretrain/engine_checkpoint.py), run later: a kill during the background write

@@ -123,7 +123,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def _losses(run_dir: Path) -> dict[int, float]:
+def step_losses(run_dir: Path) -> dict[int, float]:
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -132,7 +132,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def _last_step(run_dir: Path, since: float) -> int:
+def last_logged_step(run_dir: Path, since: float) -> int:
     """The last step logged by a process started at `since` (an older metrics file says nothing)."""
     m = run_dir / "metrics.jsonl"
     if not m.is_file() or m.stat().st_mtime < since:
@@ -192,7 +192,7 @@ def chaos_run(
         shutil.rmtree(d, ignore_errors=True)
     with open(out / "reference.log", "w") as log:
         _wait_all(_start(out / "reference", over, log, pause=False), timeout)
-    ref = _losses(out / "reference")
+    ref = step_losses(out / "reference")
     plan = sorted(rng.sample(range(2, steps - 1), kills))  # steps after which to strike
     mid_save = set(rng.sample(range(kills), kills // 2))  # these wait for a save in flight
     run = out / "chaos"
@@ -204,13 +204,15 @@ def chaos_run(
             deadline = time.time() + timeout
             hit = None
             while time.time() < deadline and all(p.poll() is None for p in procs):
-                if _last_step(run, since) >= at and (i not in mid_save or (hit := _saving(run, since)) is not None):
+                if last_logged_step(run, since) >= at and (
+                    i not in mid_save or (hit := _saving(run, since)) is not None
+                ):
                     break
                 time.sleep(0.02)
             if any(p.poll() is not None for p in procs):
                 _kill(procs)
                 raise RuntimeError(f"the run ended before kill {i + 1} (at step {at}); see {out / 'chaos.log'}")
-            step = _last_step(run, since)
+            step = last_logged_step(run, since)
             _kill(procs)
             res.kills.append({"at_step": step, "during_save": hit is not None, "tag": hit.name if hit else None})
             say(
@@ -219,7 +221,7 @@ def chaos_run(
             )
         _wait_all(_start(run, over, log, pause=False), timeout)
         res.restarts += 1
-    got = _losses(run)
+    got = step_losses(run)
     common = [s for s in range(1, steps + 1) if s in got and s in ref]
     res.equal_steps = sum(got[s] == ref[s] for s in common)
     res.max_abs_loss_diff = max((abs(got[s] - ref[s]) for s in common), default=float("inf"))

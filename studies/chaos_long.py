@@ -35,7 +35,7 @@ from pathlib import Path
 from checkpoint import tag_format
 from common.constants import REPO_ROOT, free_port
 
-from .chaos import _last_step, _losses
+from .chaos import last_logged_step, step_losses
 
 RANKS = 4
 EVERY = 25  # checkpoint every N steps
@@ -213,13 +213,13 @@ def long_chaos_run(steps: int, seed: int, out: Path, timeout: float = 3600, say=
             for kind, at in faults:
                 since = time.time() - 0.01
                 # a step logged since the last fault (a recovery may have gone past `at`), every rank up
-                while _last_step(run, since) < at or len(ranks := _ranks(run)) < RANKS:
+                while last_logged_step(run, since) < at or len(ranks := _ranks(run)) < RANKS:
                     if proc.poll() is not None or time.time() > deadline:
                         raise RuntimeError(
                             f"the run ended before the {kind} fault at step {at}; see {out / 'chaos.log'}"
                         )
                     time.sleep(0.05)
-                step, before = _last_step(run, since), _restarts(run)
+                step, before = last_logged_step(run, since), _restarts(run)
                 fault = {"kind": kind, "at_step": step}
                 if kind == "rank":
                     victim = rng.choice(ranks)
@@ -253,7 +253,7 @@ def long_chaos_run(steps: int, seed: int, out: Path, timeout: float = 3600, say=
                 say(f"[chaos-long] {fault}")
             if proc.wait(max(1.0, deadline - time.time())) != 0:
                 raise RuntimeError(f"the chaos run ended with exit {proc.returncode}; see {out / 'chaos.log'}")
-        ref, got = _losses(out / "reference"), _losses(run)
+        ref, got = step_losses(out / "reference"), step_losses(run)
         common = [s for s in range(1, steps + 1) if s in got and s in ref]
         res.equal_steps = sum(got[s] == ref[s] for s in common)
         if len(common) == steps:
