@@ -59,8 +59,7 @@ def backbone_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig | Non
     if not s["init_from"]:
         return None
     base = _pretrained(s["init_from"]).cfg.to_dict()
-    explicit = {k: v for k, v in cfg.model.items() if k != "preset"}
-    mcfg = ModelConfig.from_dict({**base, **explicit})
+    mcfg = ModelConfig.from_dict({**base, **cfg.model.fields})
     if vocab_size is not None and mcfg.vocab_size < vocab_size:
         raise RecipeError(
             f"classification.init_from={s['init_from']}: the checkpoint's vocabulary {mcfg.vocab_size} "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,10 @@ from common.constants import REPO_ROOT
 from common.errors import RecipeError
 from data_pipeline.config import DataSource, parse_data
 from data_pipeline.loader import build_loader, build_val_sets
-from model import ModelConfig
+from model import PRESETS, ModelConfig, preset
 
 from .profiling import check_profile
-from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types
+from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types, check_value
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
 DECAYS = ("cosine", "linear", "constant", "wsd")
@@ -62,7 +63,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 0
-    decay: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay, pretrain/schedule.py)
+    decay: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay, pretrain/loop.py lr_at)
     decay_steps: int | None = None  # cosine/linear: None -> max_steps - warmup_steps
     decay_fraction: float = 0.2  # wsd: the last share of max_steps that decays (1-sqrt) to min_lr
     decay_start: int | None = None  # wsd: the first decaying step; None -> max_steps * (1 - decay_fraction)
@@ -130,10 +131,53 @@ class ProfileConfig:
 
 
 @dataclass
+class ModelSection:
+    """The recipe's `model` section: a preset of the size ladder (model/config.py) and the ModelConfig
+    fields the recipe sets over it, names and types checked at load. The ModelConfig itself is made
+    when the data's vocabulary is known (pretrain/task_model.py): an unset vocab_size takes the data's,
+    and a classifier's pretrained backbone takes only the fields set here."""
+
+    preset: str = "tiny"
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> "ModelSection":
+        d = dict(d)
+        name = d.pop("preset", "tiny")
+        if name not in PRESETS:
+            close = difflib.get_close_matches(str(name), PRESETS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise RecipeError(f"model.preset: unknown preset {name!r}. Fix: {hint}choose one of {list(PRESETS)}")
+        hints = typing.get_type_hints(ModelConfig)
+        for k, v in d.items():
+            if k not in hints:
+                raise _unknown("model.", k, set(hints) | {"preset"})
+            default = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == k)
+            check_value(f"model.{k}", v, hints[k], default)
+        return cls(name, d)
+
+    @property
+    def variant(self) -> str:
+        return self.fields.get("variant", "standard")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as a recipe writes it."""
+        return {"preset": self.preset, **copy.deepcopy(self.fields)}
+
+    def check(self, seq_len: int) -> None:
+        """The values together make a model (heads divide the width, ...): checked at load with a stand-in
+        vocabulary where the data gives it, so a bad shape is one error line before any data is read."""
+        fields = {"max_seq_len": seq_len, **self.fields}
+        if fields.get("vocab_size", PRESETS[self.preset].get("vocab_size")) is None:
+            fields["vocab_size"] = 256
+        preset(self.preset, **fields)
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 1234
-    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    model: ModelSection = field(default_factory=ModelSection)
     data: DataSource | None = None  # data_pipeline.config.parse_data: shards, mixture, synthetic, text or classify
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -166,7 +210,7 @@ class RunConfig:
         return -(-t.max_tokens // self.tokens_per_step)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "model": self.model.to_dict()}
 
     def loader(self, split: str, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None):
         """This rank's batches of the recipe's data. `verify_record`: a directory all ranks share (the run
@@ -256,6 +300,8 @@ class RunConfig:
             raise RecipeError("train.max_nan_skips must be >= 0 and parallel.timeout_s > 0")
         check_task(self)
         check_profile(self.profile)
+        if not (self.task == "classification" and self.classification.get("init_from")):
+            self.model.check(t.seq_len)  # a pretrained backbone gives the fields the section leaves unset
 
 
 SECTIONS = {
@@ -308,10 +354,6 @@ def _unknown(where: str, key: str, valid) -> RecipeError:
     return RecipeError(f"{where}{key}: unknown key. Fix: {hint}")
 
 
-def model_keys() -> set[str]:
-    return {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}
-
-
 def from_dict(d: dict[str, Any]) -> RunConfig:
     """Build a RunConfig from a plain mapping; unknown keys are errors with close matches."""
     d = copy.deepcopy(d or {})
@@ -329,10 +371,8 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
             if not isinstance(d[sec], dict):
                 raise RecipeError(f"{sec}: must be a mapping, got {d[sec]!r}")
             kwargs[sec] = d[sec]
-    mk = model_keys()
-    for k in kwargs.get("model", {}):
-        if k not in mk:
-            raise _unknown("model.", k, mk)
+    if "model" in kwargs:
+        kwargs["model"] = ModelSection.parse(kwargs["model"])
     for sec, cls in SECTIONS.items():
         if sec not in d:
             continue

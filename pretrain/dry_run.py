@@ -22,7 +22,7 @@ from .task_model import model_config
 def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, str]:
     """(the model a run of `cfg` would build, where its vocabulary comes from) without training: the
     vocabulary is the recipe's, else the data's, else the preset's when the data is not readable here."""
-    vocab = cfg.model.get("vocab_size")
+    vocab = cfg.model.fields.get("vocab_size")
     vocab_note = ""
     if vocab is None:
         try:

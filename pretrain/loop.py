@@ -4,7 +4,14 @@ logging, checkpoints (every N steps and every M minutes), preemption, and the no
 
 Whether to save is decided collectively after every step: one all-reduce carries the stop
 request (a signal on any rank) and whether `checkpoint.every_minutes` have passed since the
-last save by rank 0's clock, so every rank enters the (collective) save at the same step."""
+last save by rank 0's clock, so every rank enters the (collective) save at the same step.
+
+The learning rate (`lr_at`): linear warmup, then cosine, linear, constant or warmup-stable-decay.
+`wsd` holds the peak rate after warmup and decays only at the end, so one stable run serves every
+token budget: a cooldown branch resumes its checkpoint at step S with `optim.decay_start=S` and a
+larger `train.max_steps`. The decay is 1-sqrt (Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+Training Beyond Fixed Training Durations": it matches cosine at every budget, linear falls short),
+and reaches min_lr at the last step."""
 
 from __future__ import annotations
 
@@ -24,22 +31,43 @@ from model.mfu import mfu
 
 from . import engine_checkpoint, faults
 from .checkpoint_writer import CheckpointWriter, SaveTiming
+from .config import RunConfig
 from .engine import ModelEngine
 from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
-from .nonfinite import NanGuard, loader_position, skip_marked_batches
+from .nonfinite import NanGuard, describe_nonfinite, loader_position, skip_marked_batches
 from .preemption import StopRequest
 from .profiling import StepProfiler
 from .resume import ResumePoint
 from .run_dir import resolved_config, restart_count
-from .schedule import lr_at
 
 
-def describe_nonfinite(loss: float, grad_norm: float | None) -> str:
-    """'non-finite loss (nan)' or, when the loss was finite, 'non-finite gradient norm (...)'."""
-    if not math.isfinite(loss):
-        return f"non-finite loss ({loss})"
-    return f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
+def wsd_decay_start(cfg: RunConfig) -> int:
+    """The first step of the wsd decay: `optim.decay_start`, else the last `decay_fraction` of max_steps."""
+    o = cfg.optim
+    if o.decay_start is not None:
+        return o.decay_start
+    return max(o.warmup_steps, cfg.max_steps - round(o.decay_fraction * cfg.max_steps))
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr."""
+    o = cfg.optim
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    if o.decay == "constant":
+        return o.lr
+    if o.decay == "wsd":
+        start = wsd_decay_start(cfg)
+        if step < start:
+            return o.lr
+        progress = min(1.0, (step - start + 1) / max(1, cfg.max_steps - start))
+        return o.min_lr + (o.lr - o.min_lr) * (1.0 - math.sqrt(progress))
+    span = o.decay_steps if o.decay_steps is not None else max(1, cfg.max_steps - o.warmup_steps)
+    progress = min(1.0, (step - o.warmup_steps) / max(1, span))
+    if o.decay == "linear":
+        return o.lr - (o.lr - o.min_lr) * progress
+    return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 @dataclass

@@ -16,10 +16,19 @@ events stop the run.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
 from common.errors import NonFiniteLoss
+
+
+def describe_nonfinite(loss: float, grad_norm: float | None) -> str:
+    """'non-finite loss (nan)' or, when the loss was finite, 'non-finite gradient norm (...)'."""
+    if not math.isfinite(loss):
+        return f"non-finite loss ({loss})"
+    return f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
 
 
 class StepGate:

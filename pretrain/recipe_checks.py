@@ -49,20 +49,19 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+def check_value(key: str, v: Any, tp: Any, default: Any = dataclasses.MISSING) -> None:
+    """`v` has the declared type `tp` (ints for floats are fine), else one error naming `key`."""
+    if not _type_ok(v, tp):
+        want = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+        fix = f". Fix: e.g. {key}={default!r}" if default is not dataclasses.MISSING else ""
+        raise RecipeError(f"{key}={v!r} has type {type(v).__name__}; expected {want}{fix}")
+
+
 def check_types(section: str, obj: Any) -> None:
-    """Every field of a recipe dataclass holds a value of its declared type (ints for floats are fine)."""
+    """Every field of a recipe dataclass holds a value of its declared type."""
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        tp = hints.get(f.name, Any)
-        if not _type_ok(v, tp):
-            want = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-            raise RecipeError(
-                f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}. "
-                f"Fix: e.g. {section}.{f.name}={f.default!r}"
-                if f.default is not dataclasses.MISSING
-                else f"{section}.{f.name}={v!r} has type {type(v).__name__}; expected {want}"
-            )
+        check_value(f"{section}.{f.name}", getattr(obj, f.name), hints.get(f.name, Any), f.default)
 
 
 def check_name(name: Any) -> None:

@@ -20,8 +20,7 @@ def model_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig:
         mcfg = classification.backbone_config(cfg, vocab_size)
         if mcfg is not None:
             return mcfg
-    m = dict(cfg.model)
-    name = m.pop("preset", "tiny")
+    m, name = dict(cfg.model.fields), cfg.model.preset
     # An explicit vocabulary (the recipe's model.vocab_size, else the preset's own, e.g. 1b's
     # 128,256) is kept, so the model trained is the one named (a byte-level `text:` source must
     # not shrink it to 256); `model.vocab_size: null` or a preset without one takes the data's.

@@ -12,7 +12,7 @@ import pytest
 from conftest import read_losses
 
 from pretrain.config import load_recipe
-from pretrain.schedule import lr_at
+from pretrain.loop import lr_at
 from pretrain.train import train
 from studies.scaling import branch_overrides
 

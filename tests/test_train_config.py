@@ -9,12 +9,12 @@ import pytest
 import yaml
 
 from common.constants import REPO_ROOT
-from common.errors import RecipeError
+from common.errors import RecipeError, UserError
 from data_pipeline.config import VAL_FRACTION, parse_data
 from pretrain.config import load_recipe
 from pretrain.dry_run import dry_run
 from pretrain.layout import build_ds_config, plan_layout
-from pretrain.schedule import lr_at
+from pretrain.loop import lr_at
 from pretrain.train import main
 
 RECIPE = "recipes/tiny_cpu.yaml"
@@ -25,7 +25,7 @@ def test_recipes_load_and_overrides_apply():
         RECIPE,
         ["train.lr=1e-3", "model.variant=frozen_qk", "data.task_args.n_pairs=4", "train.global_batch_sequences=16"],
     )
-    assert cfg.optim.lr == 1e-3 and cfg.model["variant"] == "frozen_qk"
+    assert cfg.optim.lr == 1e-3 and cfg.model.variant == "frozen_qk"
     assert cfg.data.task_args == {"n_pairs": 4} and cfg.global_batch_size == 16
     assert load_recipe("recipes/wikitext2_cpu.yaml").data.source.startswith("text:")
 
@@ -43,6 +43,25 @@ def test_recipes_load_and_overrides_apply():
 def test_unknown_keys_name_close_matches(override, hint):
     with pytest.raises(RecipeError, match=hint):
         load_recipe(RECIPE, [override])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.hidden_size=abc", "model.hidden_size='abc' has type str; expected int"),
+        ("model.num_heads=5", "not divisible by num_heads=5"),
+        ("model.preset=xxs", "did you mean 'xs'"),
+        ("model.rope_scaling=3", "model.rope_scaling=3 has type int"),
+    ],
+)
+def test_the_model_section_is_typed_and_checked_at_load(override, message):
+    """The model section's names, types and shape are refused when the recipe loads, before any data is read;
+    what loads keeps exactly the keys the recipe set (the rest come from the preset and the data)."""
+    with pytest.raises(UserError, match=message):
+        load_recipe(RECIPE, [override])
+    section = load_recipe(RECIPE, ["model.variant=mixit"]).model
+    assert section.variant == "mixit" and section.to_dict()["preset"] == section.preset
+    assert load_recipe(RECIPE, [f"model={json.dumps(section.to_dict())}"]).model == section
 
 
 def test_batch_size_in_tokens_or_sequences():
