@@ -4,6 +4,8 @@
     python -m studies.induction --out outputs/induction --layers 3 --seeds 1      # add 3-layer runs to the same figure
     python -m studies.induction --recipe recipes/induction_copy.yaml --out outputs/induction_copy --seeds 3
     python -m studies.induction --smoke --out /tmp/induction                       # seconds: the pipeline only
+    python -m studies.induction --recipe recipes/induction_docs.yaml --out outputs/induction_docs --seeds 2 \
+        --rows docs/data/induction/runs.jsonl      # the docs corpus (prepared shards), one data row per run
 
 Trains `standard`, `frozen_qk` and `mixit` models on WikiText-2 (recipes/induction_wikitext2.yaml, a
 256-token context) tokenized by a byte-fallback BPE of --vocab-size pieces that the study trains on
@@ -21,10 +23,13 @@ The held-out text is the tail `data.val_fraction` of the stream, never trained o
 A recipe with a synthetic source (recipes/induction_copy.yaml: random tokens with a span copied at a
 varying distance, where only an induction head predicts the copy) trains on that task instead, with
 the random-token probes only (its symbols are the probe's tokens; there is no text to probe).
+A recipe with a shard source (recipes/induction_docs.yaml) trains on it as it is; with `val_fraction: 0`
+the probes read the first of its `data.val_sets`.
 All of it lands in each run's metrics.jsonl (and TensorBoard). The study then plots every run against
 step on one figure (OUT/induction.png) and writes OUT/induction.md: per (variant, layers) the final
 values as mean ± std over seeds, and the largest drop of the ICL score between two evaluations (the
-phase change, where there is one). Seed i trains with the recipe's seed + i and MixiT matrices of
+phase change, where there is one). `--rows FILE` also writes one JSON row per finished run (its
+command, seed, rate and every evaluation's scalars): docs/results/induction.md is rendered from them. Seed i trains with the recipe's seed + i and MixiT matrices of
 seed i; run dirs are OUT/runs/<variant>-L<layers>-s<i>. Re-running resumes and skips finished runs;
 the report covers every finished run under OUT/runs.
 """
@@ -96,6 +101,25 @@ METRICS = {
     ),
 }
 DROP_KEY = {"text": "probe/icl_score", "copy": "probe/repeat_random_loss"}
+# what a data row keeps of each evaluation (studies.induction --rows)
+EVAL_KEYS = {
+    "step",
+    "tokens_seen",
+    "val_loss",
+    "probe/source",
+    "probe/induction_score",
+    "probe/prev_token_score",
+    "probe/repeat_random_acc",
+    "probe/repeat_random_loss",
+    "probe/induction_score_text",
+    "probe/prev_token_score_text",
+    "probe/repeat_text_acc",
+    "probe/repeat_text_loss",
+    "probe/repeat_text_first_loss",
+    "probe/icl_score",
+    "probe/icl_early_loss",
+    "probe/icl_late_loss",
+}
 
 
 def text_halves(tokens, n: int, L: int) -> list[list[int]]:
@@ -271,8 +295,8 @@ def data_kind(source: str) -> str:
 
 
 def held_out(cfg) -> tuple[Any, tuple[int, int]]:
-    """(the held-out token stream: the tail the trainer validates on, the probes' token range).
-    Synthetic data has no held-out text: (None, the task's symbols)."""
+    """(the held-out token stream: the tail the trainer validates on, or the first of `data.val_sets`
+    where no tail is held out; the probes' token range). Synthetic data has none: (None, its symbols)."""
     source = cfg.data.source
     if data_kind(source) == "copy":
         task = get_task(source, seed=cfg.seed, **cfg.data.task_args)
@@ -280,9 +304,14 @@ def held_out(cfg) -> tuple[Any, tuple[int, int]]:
     if source.startswith(TEXT_PREFIX):
         return TextLoader(cfg.data, "val", cfg.train.seq_len, 1).tokens, PRINTABLE
     shards = open_shards(source)
+    vocab = (FIRST_PIECE, int(shards.manifest["vocab_size"]))
+    val_sets = cfg.data.val_sets or {}
+    if not cfg.data.val_fraction and val_sets:  # no tail held out: the first named validation set
+        probe = open_shards(next(iter(val_sets.values())))
+        return probe.read(0, probe.num_tokens), vocab
     total = shards.num_tokens
     n_val = int(total * cfg.data.val_fraction)  # as data_pipeline.loader holds it out
-    return shards.read(total - n_val, total), (FIRST_PIECE, int(shards.manifest["vocab_size"]))
+    return shards.read(total - n_val, total), vocab
 
 
 def train_cell(recipe: str, overrides: list[str], run_dir: Path, log=print) -> None:
@@ -312,8 +341,83 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "layers": int(cfg["model"]["num_layers"]),
         "seed": int(cfg["seed"]),
         "kind": data_kind(cfg["data"]["source"]),
+        "lr": float(cfg["optim"]["lr"]),
+        "recipe": cfg["name"],
         "rows": [r for r in rows if "probe/induction_score" in r],
     }
+
+
+def study_row(run: dict[str, Any], command: str) -> dict[str, Any]:
+    """One data row per run (docs/data/induction/runs.jsonl): what trained it and, per evaluation, the
+    held-out losses and the probes' scalar scores (the per-head lists stay in the run's metrics)."""
+    evals = [{k: v for k, v in r.items() if k in EVAL_KEYS or k.startswith("val_loss/")} for r in run["rows"]]
+    return {
+        "command": command,
+        "run": run["name"],
+        "recipe": run["recipe"],
+        "variant": run["variant"],
+        "layers": run["layers"],
+        "seed": run["seed"],
+        "lr": run["lr"],
+        "kind": run["kind"],
+        "steps": evals[-1]["step"] if evals else 0,
+        "evals": evals,
+    }
+
+
+def run_of_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The `read_run` shape of a data row, so `summarize` and `table` render rows as they render runs."""
+    return {
+        **{k: row[k] for k in ("variant", "layers", "seed", "kind", "lr")},
+        "name": row["run"],
+        "rows": row["evals"],
+    }
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace the rows of the same (command, run) and keep the others: re-running a study updates its rows."""
+    fresh = {(r["command"], r["run"]) for r in rows}
+    kept = [r for r in read_rows(path) if (r["command"], r["run"]) not in fresh]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept + rows))
+
+
+def curve_table(runs: list[dict[str, Any]], key: str, fmt: str = "{:.2f}") -> str:
+    """`key` against step: one row per (variant, layers), mean ± std over seeds at each evaluated step
+    every seed reached (at most 8 steps, evenly spaced, the last included)."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        cells.setdefault((r["variant"], r["layers"]), []).append(r)
+    steps = sorted(set.intersection(*({e["step"] for e in r["rows"] if key in e} for r in runs)))
+    steps = [steps[round(i * (len(steps) - 1) / 7)] for i in range(8)] if len(steps) > 8 else steps
+    steps = sorted(set(steps))
+    lines = ["| variant | layers | seeds | " + " | ".join(f"step {s}" for s in steps) + " |"]
+    lines.append("|---|---:|---:|" + "---:|" * len(steps))
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    for (variant, layers), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], order.get(kv[0][0], 99))):
+        at = [Spread.of([next(e[key] for e in r["rows"] if e["step"] == s) for r in rs]).format(fmt) for s in steps]
+        lines.append(f"| {variant} | {layers} | {len(rs)} | " + " | ".join(at) + " |")
+    return "\n".join(lines)
+
+
+def render_rows(rows: list[dict[str, Any]]) -> str:
+    """Markdown from data rows: the final values per (variant, layers), then the induction score on
+    repeated held-out text and the held-out loss against step."""
+    runs = [run_of_row(r) for r in rows]
+    if not runs:
+        return "(no rows yet)\n"
+    text = table(summarize(runs)) + "\n"
+    if runs[0]["kind"] == "text":
+        text += "\nInduction score on repeated held-out text (max head) against step:\n\n"
+        text += curve_table(runs, "probe/induction_score_text") + "\n"
+        text += "\nIn-context learning score (loss at token ~250 minus at ~25, nats) against step:\n\n"
+        text += curve_table(runs, "probe/icl_score") + "\n"
+        text += "\nHeld-out loss (nats/token) against step:\n\n" + curve_table(runs, "val_loss", "{:.3f}") + "\n"
+    return text
 
 
 def largest_drop(rows: list[dict[str, Any]], key: str) -> tuple[float, int]:
@@ -475,7 +579,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         default=0,
     )
     data = {
-        "text": "on WikiText-2, 256-token context",
+        "text": f"on {runs[0]['recipe']}'s text",
         "copy": "on random tokens with a span copied (synthetic:copy_span)",
     }[kind]
     layers = "-".join(str(n) for n in sorted({r["layers"] for r in runs}))
@@ -488,8 +592,14 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def finished_runs(out: Path) -> list[dict[str, Any]]:
+    runs_dir = out / "runs"
+    dirs = sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []
+    return [read_run(d) for d in dirs if (d / "study_done").is_file()]
+
+
 def report(out: Path) -> tuple[str, Path]:
-    runs = [read_run(d) for d in sorted((out / "runs").iterdir()) if (d / "study_done").is_file()]
+    runs = finished_runs(out)
     if not runs:
         raise StudyError(f"no finished runs under {out / 'runs'}. Fix: run the study without --report-only first")
     kinds = {r["kind"] for r in runs}
@@ -517,6 +627,20 @@ def _ints(text: str) -> list[int]:
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: need positive integers")
     return vals
+
+
+def _without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """`argv` without the given flags (and a value that follows a flag taking one): the command
+    a row records is the one that re-measures it, whatever wrote the rows."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x.split("=")[0] in flags:
+            skip = x == "--rows"
+        else:
+            out.append(x)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -560,6 +684,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: the pipeline only")
     ap.add_argument("--report-only", action="store_true", help="train nothing; redraw the figure and table")
+    ap.add_argument(
+        "--rows",
+        type=Path,
+        help="also write one data row per finished run here (JSONL; replaces this command's rows, keeps others)",
+    )
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every run")
     a = ap.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
@@ -571,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
             if v not in VARIANTS:
                 raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
         nonlocal overrides
-        if not a.bytes and data_kind(load_recipe(a.recipe, overrides).data.source) == "text":
+        if not a.bytes and load_recipe(a.recipe, overrides).data.source.startswith(TEXT_PREFIX):
             overrides = (
                 prepare_bpe(
                     a.recipe,
@@ -596,6 +725,10 @@ def main(argv: list[str] | None = None) -> int:
                 if not (run_dir / "study_done").is_file():
                     train_cell(a.recipe, overrides + cell_overrides(base_seed, v, L, i), run_dir)
         text, png = report(out)
+        if a.rows:
+            argv_ = [x for x in (sys.argv[1:] if argv is None else argv)]
+            command = " ".join(["python -m studies.induction", *_without_flags(argv_, ("--rows", "--report-only"))])
+            write_rows(a.rows, [study_row(r, command) for r in finished_runs(out)])
         print(text)
         print(f"plot: {png}   table: {out / 'induction.md'}   ({time.time() - t0:.0f} s)")
 

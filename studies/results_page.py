@@ -9,7 +9,9 @@ A table sits in docs/RESULTS.md or docs/results/*.md between `<!-- table:NAME --
 as `python -m studies.capacity --gather` wrote it (one row per cell: variant, width, steps, seed index,
 the recipe and its overrides, bits, accuracy, loss), `docs/data/claims.csv` (the summary: the paper's
 claims, where the paper states them, the verdict, the command that measures them) and
-`docs/data/rows_lost.csv` (results whose rows were not kept, with the command that re-measures them).
+`docs/data/rows_lost.csv` (results whose rows were not kept, with the command that re-measures them),
+`docs/data/retrieval/runs.jsonl` and `docs/data/induction/runs.jsonl` (one row per run, as the studies'
+`--rows` write them).
 Means and sample standard deviations over seeds are computed here. The check also fails on a
 markdown table outside any marker pair, so a hand-typed table cannot slip in.
 """
@@ -25,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from common.cli import CliParser, print_error, run_cli
 from common.errors import StudyError
+from pretrain.config import load_recipe
 
-from . import retrieval
+from . import induction, retrieval
 
 REPO = Path(__file__).resolve().parent.parent
 RETRIEVAL_PAIRS = [4, 8, 12, 16, 30]  # the pair counts docs/results/retrieval.md gives baselines for
@@ -91,10 +92,9 @@ def read_capacity(data_dir: Path, repo: Path = REPO) -> list[Cell]:
             for r in rows:
                 over, recipe = list(r["overrides"]), r["recipe"]
                 if recipe not in recipes:
-                    recipes[recipe] = yaml.safe_load((repo / recipe).read_text())
-                base = recipes[recipe]
-                seed = _override(over, "seed")
-                weights = int(seed) - int(base["seed"]) if seed is not None else int(r["seed_index"])
+                    recipes[recipe] = load_recipe(repo / recipe).seed
+                run = load_recipe(repo / recipe, over)
+                weights = run.seed - recipes[recipe] if _override(over, "seed") else int(r["seed_index"])
                 cells.append(
                     Cell(
                         study=path.parent.name,
@@ -102,9 +102,9 @@ def read_capacity(data_dir: Path, repo: Path = REPO) -> list[Cell]:
                         width=int(r["width"]),
                         steps=int(r["steps"]),
                         weights_seed=weights,
-                        matrices_seed=int(_override(over, "model.mixit_seed") or 0),
-                        lr=float(_override(over, "optim.lr") or base["optim"]["lr"]),
-                        min_lr=float(_override(over, "optim.min_lr") or base["optim"]["min_lr"]),
+                        matrices_seed=int(run.model.fields.get("mixit_seed", 0)),
+                        lr=run.optim.lr,
+                        min_lr=run.optim.min_lr,
                         bits_per_trainable_param=float(r["bits_per_trainable_param"]),
                         bits=float(r["bits"]),
                         acc=float(r["acc"]),
@@ -390,7 +390,31 @@ def ours_retrieval(data_dir: Path) -> str:
     return "; ".join(parts)
 
 
+def ours_induction(data_dir: Path) -> str:
+    """Per variant, the last evaluation's max-head induction score on repeated held-out text and the
+    ICL score, mean ± std over seeds."""
+    rows = induction.read_rows(data_dir / "induction" / "runs.jsonl")
+    if not rows:
+        return "not yet trained"
+    parts = []
+    for v in VARIANT_ORDER:
+        rs = [r for r in rows if r["variant"] == v and r["evals"]]
+        if not rs:
+            continue
+        ind = mean_std([r["evals"][-1]["probe/induction_score_text"] for r in rs])
+        icl = mean_std([r["evals"][-1]["probe/icl_score"] for r in rs])
+        fixed = " (its fixed map)" if v == "mixit" else ""
+        parts.append(
+            f"{VARIANT_NAMES[v]} induction score {ind[0]:.2f} ± {ind[1]:.2f}{fixed}, ICL score {icl[0]:.2f} ± "
+            f"{icl[1]:.2f} ({len(rs)} seeds)"
+        )
+    layers = sorted({r["layers"] for r in rows})
+    steps = sorted({r["steps"] for r in rows})
+    return "; ".join(parts) + f"; {'/'.join(map(str, layers))} layers, step {'/'.join(map(str, steps))}"
+
+
 OURS: dict[str, Callable[[list[Cell], Path], str]] = {
+    "induction": lambda _, data_dir: ours_induction(data_dir),
     "capacity": lambda cells, _: ours_capacity(cells),
     "retrieval": lambda _, data_dir: ours_retrieval(data_dir),
 }
@@ -431,6 +455,7 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
     "retrieval": lambda _, data_dir: (
         retrieval.render(retrieval.read_rows(data_dir / "retrieval" / "runs.jsonl")) + "\n"
     ),
+    "induction": lambda _, data_dir: induction.render_rows(induction.read_rows(data_dir / "induction" / "runs.jsonl")),
     "retrieval-baselines": lambda _, data_dir: retrieval.baselines_table(RETRIEVAL_PAIRS, 32, 32) + "\n",
 }
 

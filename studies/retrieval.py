@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from common.cli import CliParser, run_cli
 from common.errors import NonFiniteLoss, StudyError
@@ -43,6 +42,7 @@ from data_pipeline.synthetic import get_task
 from eval.run import EvalOptions, evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task
 from model import VARIANTS
+from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
@@ -96,7 +96,7 @@ def task_args(cell: Cell) -> dict:
 
 
 def recipe_seed(recipe: str) -> int:
-    return int(yaml.safe_load((REPO_ROOT / recipe).read_text()).get("seed", 1234))
+    return load_recipe(recipe).seed
 
 
 # -- baselines --------------------------------------------------------------------------------------
