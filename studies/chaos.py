@@ -28,9 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from checkpoint import tag_format
-from common.constants import free_port
+from common.constants import REPO_ROOT, free_port
 
-REPO = Path(__file__).resolve().parent.parent
 RECIPE = "recipes/tiny_cpu.yaml"
 LAYOUTS = {
     "zero3": ["parallel.ds_config=zero3"],
@@ -85,7 +84,7 @@ def _start(run_dir: Path, over: list[str], log, pause: bool) -> list[subprocess.
             MASTER_PORT=str(port),
             DS_ACCELERATOR="cpu",
             OMP_NUM_THREADS="1",
-            PYTHONPATH=str(REPO),
+            PYTHONPATH=str(REPO_ROOT),
         )
         if pause:
             env["PRETRAIN_FAULTS"] = json.dumps({"save_pause_s": SAVE_PAUSE_S})
@@ -103,7 +102,7 @@ def _start(run_dir: Path, over: list[str], log, pause: bool) -> list[subprocess.
                     "auto",
                     *over,
                 ],
-                cwd=REPO,
+                cwd=REPO_ROOT,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Callable
 
 from common.cli import CliParser, print_error, run_cli
+from common.constants import REPO_ROOT
 from common.errors import StudyError
 from pretrain.config import load_recipe
 
 from . import induction, retrieval
 
-REPO = Path(__file__).resolve().parent.parent
 RETRIEVAL_PAIRS = [4, 8, 12, 16, 30]  # the pair counts docs/results/retrieval.md gives baselines for
 VARIANT_ORDER = ("standard", "frozen_qk", "mixit", "frozen_mlp")
 VARIANT_NAMES = {"standard": "standard", "frozen_qk": "frozen-QK", "mixit": "MixiT", "frozen_mlp": "frozen-MLP"}
@@ -82,7 +82,7 @@ def study_command(recipe: str, row: dict, overrides: list[str], study: str) -> s
     ).strip()
 
 
-def read_capacity(data_dir: Path, repo: Path = REPO) -> list[Cell]:
+def read_capacity(data_dir: Path, repo: Path = REPO_ROOT) -> list[Cell]:
     """Every row of every docs/data/capacity_*/capacity.json, with its seeds and rates resolved from the
     recipe and the row's overrides."""
     cells, recipes = [], {}
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m studies.results_page", description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=["render"])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page disagrees with its rows")
-    ap.add_argument("--root", type=Path, default=REPO, help="the repository whose docs/ to render")
+    ap.add_argument("--root", type=Path, default=REPO_ROOT, help="the repository whose docs/ to render")
     a = ap.parse_args(argv)
 
     def body() -> int:

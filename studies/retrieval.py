@@ -48,7 +48,6 @@ from pretrain.train import train
 
 from .spread import Spread
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/retrieval_kv.yaml"
 ROWS = "docs/data/retrieval/runs.jsonl"
 PAGE = "docs/results/retrieval.md"
