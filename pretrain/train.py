@@ -9,7 +9,7 @@ same thing as a Python function (world size 1 in-process, or inside a launched p
 
 A run, in order (each step in its own module):
   the recipe (config.py) -> the process group (distributed.py) -> where to resume from (resume.py)
-  -> the data, whose vocabulary sizes the model (data.py, task_model.py) -> the layout (layout.py)
+  -> the data, whose vocabulary sizes the model (config.py's cfg.loader, task_model.py) -> the layout (layout.py)
   -> the run dir it owns (run_dir.py) -> the engine (engine.py) -> the loop (loop.py: steps,
   checkpoints through engine_checkpoint.py, preemption.py, nonfinite.py, freeze_transitions.py;
   a caller's probes through hooks.py).

@@ -10,8 +10,8 @@ as `python -m studies.capacity --gather` wrote it (one row per cell: variant, wi
 the recipe and its overrides, bits, accuracy, loss), `docs/data/claims.csv` (the summary: the paper's
 claims, where the paper states them, the verdict, the command that measures them) and
 `docs/data/rows_lost.csv` (results whose rows were not kept, with the command that re-measures them),
-`docs/data/retrieval/runs.jsonl` and `docs/data/induction/runs.jsonl` (one row per run, as the studies'
-`--rows` write them).
+`docs/data/retrieval/runs.jsonl`, `docs/data/arithmetic/runs.jsonl` and `docs/data/induction/runs.jsonl`
+(one row per run, as the studies write them).
 Means and sample standard deviations over seeds are computed here. The check also fails on a
 markdown table outside any marker pair, so a hand-typed table cannot slip in.
 """
@@ -32,7 +32,7 @@ from common.constants import REPO_ROOT
 from common.errors import StudyError
 from pretrain.config import load_recipe
 
-from . import induction, retrieval
+from . import arithmetic, induction, retrieval
 
 RETRIEVAL_PAIRS = [4, 8, 12, 16, 30]  # the pair counts docs/results/retrieval.md gives baselines for
 VARIANT_ORDER = ("standard", "frozen_qk", "mixit", "frozen_mlp")
@@ -375,6 +375,8 @@ def ours_retrieval(data_dir: Path) -> str:
             mean_std([r["acc"] for r in cur])[0],
         ):
             best[key[:2]] = rs
+    # pair counts the plan trains every variant at (the learning curve trains standard only)
+    every_variant = {p for _, changes in retrieval.PLAN if "variants" not in changes for p in changes["pairs"]}
     parts = []
     for pairs in sorted({p for p, _ in best}):
         cells = []
@@ -383,7 +385,7 @@ def ours_retrieval(data_dir: Path) -> str:
             if rs:
                 m, s = mean_std([100 * r["acc"] for r in rs])
                 cells.append(f"{VARIANT_NAMES[v]} {m:.1f} ± {s:.1f} % ({len(rs)} seed{'s' * (len(rs) > 1)})")
-            elif v != "frozen_mlp":
+            elif v != "frozen_mlp" and pairs in every_variant:
                 cells.append(f"{VARIANT_NAMES[v]} not yet trained")
         g = 100 * retrieval.mode_guess_exact(pairs, 32)
         parts.append(f"{pairs} pairs: " + ", ".join(cells) + f"; in-context guess {g:.1f} %")
@@ -413,7 +415,27 @@ def ours_induction(data_dir: Path) -> str:
     return "; ".join(parts) + f"; {'/'.join(map(str, layers))} layers, step {'/'.join(map(str, steps))}"
 
 
+def ours_arithmetic(data_dir: Path) -> str:
+    """Per digit count, each variant's held-out exact match (mean ± std over seeds) and how many seeds solved it."""
+    rows = arithmetic.read_rows(data_dir / "arithmetic" / "runs.jsonl")
+    if not rows:
+        return "not yet trained"
+    parts = []
+    for digits in sorted({r["task_args"]["n_digits"] for r in rows}):
+        cells = []
+        for v in VARIANT_ORDER:
+            rs = [r for r in rows if r["task_args"]["n_digits"] == digits and r["variant"] == v]
+            if rs:
+                m, s = mean_std([100 * r["exact_match"] for r in rs])
+                solved = sum(r["step_solved"] is not None for r in rs)
+                cells.append(f"{VARIANT_NAMES[v]} {m:.1f} ± {s:.1f} % ({solved}/{len(rs)} seeds solve it)")
+        steps = "/".join(str(x) for x in sorted({r["steps"] for r in rows if r["task_args"]["n_digits"] == digits}))
+        parts.append(f"{digits} digits, {steps} steps: " + ", ".join(cells))
+    return "exact match; " + "; ".join(parts)
+
+
 OURS: dict[str, Callable[[list[Cell], Path], str]] = {
+    "arithmetic": lambda _, data_dir: ours_arithmetic(data_dir),
     "induction": lambda _, data_dir: ours_induction(data_dir),
     "capacity": lambda cells, _: ours_capacity(cells),
     "retrieval": lambda _, data_dir: ours_retrieval(data_dir),
@@ -454,6 +476,9 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
     "capacity-rows": table_capacity_commands,
     "retrieval": lambda _, data_dir: (
         retrieval.render(retrieval.read_rows(data_dir / "retrieval" / "runs.jsonl")) + "\n"
+    ),
+    "arithmetic": lambda _, data_dir: (
+        arithmetic.render(arithmetic.read_rows(data_dir / "arithmetic" / "runs.jsonl")) + "\n"
     ),
     "induction": lambda _, data_dir: induction.render_rows(induction.read_rows(data_dir / "induction" / "runs.jsonl")),
     "retrieval-baselines": lambda _, data_dir: retrieval.baselines_table(RETRIEVAL_PAIRS, 32, 32) + "\n",

@@ -1,0 +1,204 @@
+"""Multi-digit addition, the paper's other half: does MixiT match standard where nothing is retrieved?
+
+    python -m studies.arithmetic --digits 2,3 --seeds 5      # 2 tasks x 3 variants x 5 seeds, one row per run
+    python -m studies.arithmetic --render                    # the table from the rows, nothing trained
+    python -m studies.results_page render                    # docs/results/arithmetic.md from the same rows
+
+Trains recipes/paper_addition.yaml (reversed decimal addition in the paper's format, `rev(a)+rev(b)=rev(a+b)
+<eos>`, the sum and <eos> scored) at each --digits, standard / frozen_qk / mixit, every variant at the
+recipe's rate, one run at a time in this process, with a hook (pretrain/hooks.py) scoring held-out exact
+match (every answer token right) every --probe-every steps; the final checkpoint is scored on
+--eval-samples held-out sums (eval/run.py). Each finished run appends one row to --rows (JSONL): the command,
+n_digits, variant, seed, rate, steps, final token accuracy and exact match, the curve, the first probed
+step at >= 90 % exact match (`step_solved`, None: not within the budget), wall and CPU seconds. A run whose
+row exists is skipped, so the command resumes from the committed rows; run dirs under --out are scratch.
+Seed i trains with the recipe's seed + i (init, data order, the held-out draw) and MixiT matrices of seed i.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common.cli import CliParser, run_cli
+from common.errors import StudyError
+from data_pipeline.synthetic import get_task
+from eval.run import EvalOptions, evaluate_checkpoint
+from eval.synthetic_tasks import evaluate_task
+from model import VARIANTS
+from pretrain.config import load_recipe
+from pretrain.metrics import read_metrics
+from pretrain.train import train
+
+from .retrieval import append_row, first_step, read_rows
+from .spread import Spread
+
+RECIPE = "recipes/paper_addition.yaml"
+ROWS = "docs/data/arithmetic/runs.jsonl"
+TASK = "addition"
+SOLVED = 0.9  # held-out exact match that counts as solved
+DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit")
+
+
+class ExactMatchProbe:
+    """Training hook: held-out exact match and token accuracy on the answer, from the evaluation code."""
+
+    def __init__(self, task, samples: int):
+        self.task, self.samples = task, samples
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict:
+        res = evaluate_task(model, self.task, n=self.samples, split="test", progress=False)
+        return {"probe/exact_match": res["exact_match"], "probe/acc": res["acc"], "probe/loss": res["loss"]}
+
+
+def run_name(digits: int, variant: str, seed: int, steps: int) -> str:
+    return f"d{digits}-{variant}-s{seed}-n{steps}"
+
+
+def row_key(r: dict) -> tuple:
+    return (r["task_args"]["n_digits"], r["variant"], r["seed"], r["steps"], r["lr"])
+
+
+def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) -> dict:
+    """Train one run (resuming a partial run dir), score its final checkpoint, and return its row."""
+    base = load_recipe(args.recipe)
+    targs = {"n_digits": digits}
+    seq_len = get_task(TASK, **targs).max_len
+    overrides = [
+        f"model.variant={variant}",
+        f"model.mixit_seed={seed}",
+        f"seed={base.seed + seed}",
+        f"train.max_steps={args.steps}",
+        f"train.seq_len={seq_len}",
+        f"model.max_seq_len={seq_len}",
+        f"train.eval_every_steps={args.probe_every}",
+        f"checkpoint.every_steps={max(args.probe_every, args.steps // 4)}",
+        "data.task_args=" + json.dumps(targs),
+        *args.override,
+    ]
+    lr = load_recipe(args.recipe, overrides).optim.lr
+    run_dir = Path(args.out) / "runs" / run_name(digits, variant, seed, args.steps)
+    task = get_task(TASK, seed=base.seed + seed, **targs)
+    wall0, cpu0 = time.time(), time.process_time()
+    res = train(
+        args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[ExactMatchProbe(task, args.probe_samples)]
+    )
+    if res.interrupted:
+        raise StudyError(f"{run_dir.name} was interrupted at step {res.final_step}. Fix: run the same command again")
+    opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=base.seed + seed, progress=False)
+    scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
+    curve = [(r["step"], r["probe/exact_match"]) for r in read_metrics(run_dir) if "probe/exact_match" in r]
+    command = (
+        f"python -m studies.arithmetic --digits {digits} --variants {variant} --seed-list {seed} --steps {args.steps}"
+    )
+    return {
+        "command": command + (f" --recipe {args.recipe}" if args.recipe != RECIPE else ""),
+        "recipe": args.recipe,
+        "overrides": overrides,
+        "task": TASK,
+        "task_args": targs,
+        "variant": variant,
+        "seed": seed,
+        "lr": lr,
+        "steps": args.steps,
+        "acc": scores["acc"],
+        "exact_match": scores["exact_match"],
+        "loss": scores["loss"],
+        "eval_samples": scores["samples"],
+        "curve": curve,
+        "step_solved": first_step(curve, SOLVED),
+        "wall_s": round(time.time() - wall0, 1),
+        "cpu_s": round(time.process_time() - cpu0, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def render(rows: list[dict]) -> str:
+    """Markdown: per (digits, steps, variant), exact match and token accuracy as mean ± std over seeds,
+    every seed's exact match, how many solved it and the step each one did."""
+    lines = [
+        "| digits | variant | rate | steps | seeds | exact match (mean ± std) | per seed (%) | token accuracy | "
+        "solved (≥ 90 %) | step solved, per seed |",
+        "|---:|---|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["task_args"]["n_digits"], r["steps"], r["variant"], r["lr"]), []).append(r)
+    order = list(VARIANTS)
+    for (digits, steps, variant, lr), rs in sorted(groups.items(), key=lambda kv: (*kv[0][:2], order.index(kv[0][2]))):
+        rs = sorted(rs, key=lambda r: r["seed"])
+        exact, acc = Spread.of(r["exact_match"] for r in rs), Spread.of(r["acc"] for r in rs)
+        solved = [r["step_solved"] for r in rs]
+        per_seed = ", ".join(f"{100 * r['exact_match']:.1f}" for r in rs)
+        steps_solved = ", ".join("—" if x is None else str(x) for x in solved)
+        lines.append(
+            f"| {digits} | {variant} | {lr:g} | {steps} | {len(rs)} | {100 * exact.mean:.1f} ± {100 * exact.std:.1f} % | "
+            f"{per_seed} | {100 * acc.mean:.1f} ± {100 * acc.std:.1f} % | "
+            f"{sum(s is not None for s in solved)}/{len(rs)} | {steps_solved} |"
+        )
+    spent = sum(r["cpu_s"] for r in rows)
+    lines += ["", f"{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training."]
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = CliParser(
+        prog="python -m studies.arithmetic",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    ap.add_argument("--recipe", default=RECIPE)
+    ap.add_argument("--digits", type=_ints, default=[2, 3], help="comma-separated operand lengths")
+    ap.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=list(DEFAULT_VARIANTS))
+    ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+    ap.add_argument("--seed-list", type=_ints, help="exactly these seed indices (overrides --seeds)")
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--probe-every", type=int, default=100, help="steps between held-out exact-match probes")
+    ap.add_argument("--probe-samples", type=int, default=256)
+    ap.add_argument("--eval-samples", type=int, default=2000, help="held-out sums the final checkpoint is scored on")
+    ap.add_argument("--rows", default=ROWS)
+    ap.add_argument("--out", default="outputs/arithmetic", help="scratch run dirs")
+    ap.add_argument("--render", action="store_true", help="train nothing; print the table of the rows")
+    ap.add_argument("--override", action="append", default=[], help="a recipe override for every run (repeatable)")
+    args = ap.parse_args(argv)
+
+    def body() -> int:
+        for v in args.variants:
+            if v not in VARIANTS:
+                raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+        for d in args.digits:
+            get_task(TASK, n_digits=d)  # an impossible length is one error line before any training
+        rows_path = Path(args.rows)
+        if not args.render:
+            seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+            lr = {v: load_recipe(args.recipe, [f"model.variant={v}", *args.override]).optim.lr for v in args.variants}
+            todo = [(d, v, s) for d in args.digits for s in seeds for v in args.variants]  # seed-major
+            for d, v, s in todo:
+                done = {row_key(r) for r in read_rows(rows_path)}
+                if (d, v, s, args.steps, lr[v]) in done:
+                    continue
+                print(f"[arithmetic] {run_name(d, v, s, args.steps)}: training")
+                row = train_run(d, v, s, args)
+                append_row(rows_path, row)
+                print(
+                    f"[arithmetic] {run_name(d, v, s, args.steps)}: exact match {row['exact_match']:.3f}, "
+                    f"solved at {row['step_solved']}, {row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU"
+                )
+        print(render(read_rows(rows_path)))
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
