@@ -35,7 +35,8 @@ from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
-from .retrieval import append_row, first_step, read_rows
+from .retrieval import first_step
+from .rows import append_row, read_rows
 from .spread import Spread
 
 RECIPE = "recipes/paper_addition.yaml"

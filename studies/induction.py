@@ -63,6 +63,7 @@ from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config
 from pretrain.train import train
 
+from .rows import replace_rows
 from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
@@ -372,18 +373,6 @@ def run_of_row(row: dict[str, Any]) -> dict[str, Any]:
         "name": row["run"],
         "rows": row["evals"],
     }
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-
-
-def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Replace the rows of the same (command, run) and keep the others: re-running a study updates its rows."""
-    fresh = {(r["command"], r["run"]) for r in rows}
-    kept = [r for r in read_rows(path) if (r["command"], r["run"]) not in fresh]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept + rows))
 
 
 def curve_table(runs: list[dict[str, Any]], key: str, fmt: str = "{:.2f}") -> str:
@@ -728,7 +717,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.rows:
             argv_ = [x for x in (sys.argv[1:] if argv is None else argv)]
             command = " ".join(["python -m studies.induction", *_without_flags(argv_, ("--rows", "--report-only"))])
-            write_rows(a.rows, [study_row(r, command) for r in finished_runs(out)])
+            # re-running a study replaces its rows (same command and run) and keeps the others
+            replace_rows(
+                a.rows, [study_row(r, command) for r in finished_runs(out)], lambda r: (r["command"], r["run"])
+            )
         print(text)
         print(f"plot: {png}   table: {out / 'induction.md'}   ({time.time() - t0:.0f} s)")
 

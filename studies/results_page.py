@@ -33,6 +33,7 @@ from common.errors import StudyError
 from pretrain.config import load_recipe
 
 from . import arithmetic, induction, retrieval
+from .rows import read_rows
 
 RETRIEVAL_PAIRS = [4, 8, 12, 16, 30]  # the pair counts docs/results/retrieval.md gives baselines for
 VARIANT_ORDER = ("standard", "frozen_qk", "mixit", "frozen_mlp")
@@ -365,7 +366,7 @@ def ours_capacity(cells: list[Cell]) -> str:
 
 def ours_retrieval(data_dir: Path) -> str:
     """Per variant at each pair count: the held-out accuracy at its rate with the most seeds (then the best mean)."""
-    rows = [r for r in retrieval.read_rows(data_dir / "retrieval" / "runs.jsonl") if r["acc"] is not None]
+    rows = [r for r in read_rows(data_dir / "retrieval" / "runs.jsonl") if r["acc"] is not None]
     best: dict[tuple[int, str], list[dict]] = {}
     for key in {(r["task_args"]["n_pairs"], r["variant"], r["lr"]) for r in rows}:
         rs = [r for r in rows if (r["task_args"]["n_pairs"], r["variant"], r["lr"]) == key]
@@ -395,7 +396,7 @@ def ours_retrieval(data_dir: Path) -> str:
 def ours_induction(data_dir: Path) -> str:
     """Per variant, the last evaluation's max-head induction score on repeated held-out text and the
     ICL score, mean ± std over seeds."""
-    rows = induction.read_rows(data_dir / "induction" / "runs.jsonl")
+    rows = read_rows(data_dir / "induction" / "runs.jsonl")
     if not rows:
         return "not yet trained"
     parts = []
@@ -417,7 +418,7 @@ def ours_induction(data_dir: Path) -> str:
 
 def ours_arithmetic(data_dir: Path) -> str:
     """Per digit count, each variant's held-out exact match (mean ± std over seeds) and how many seeds solved it."""
-    rows = arithmetic.read_rows(data_dir / "arithmetic" / "runs.jsonl")
+    rows = read_rows(data_dir / "arithmetic" / "runs.jsonl")
     if not rows:
         return "not yet trained"
     parts = []
@@ -474,13 +475,9 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
     "capacity-mixit-draws": table_capacity_mixit_draws,
     "capacity-frozen-mlp-rate": table_capacity_frozen_mlp_rate,
     "capacity-rows": table_capacity_commands,
-    "retrieval": lambda _, data_dir: (
-        retrieval.render(retrieval.read_rows(data_dir / "retrieval" / "runs.jsonl")) + "\n"
-    ),
-    "arithmetic": lambda _, data_dir: (
-        arithmetic.render(arithmetic.read_rows(data_dir / "arithmetic" / "runs.jsonl")) + "\n"
-    ),
-    "induction": lambda _, data_dir: induction.render_rows(induction.read_rows(data_dir / "induction" / "runs.jsonl")),
+    "retrieval": lambda _, data_dir: retrieval.render(read_rows(data_dir / "retrieval" / "runs.jsonl")) + "\n",
+    "arithmetic": lambda _, data_dir: arithmetic.render(read_rows(data_dir / "arithmetic" / "runs.jsonl")) + "\n",
+    "induction": lambda _, data_dir: induction.render_rows(read_rows(data_dir / "induction" / "runs.jsonl")),
     "retrieval-baselines": lambda _, data_dir: retrieval.baselines_table(RETRIEVAL_PAIRS, 32, 32) + "\n",
 }
 

@@ -46,6 +46,7 @@ from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
+from .rows import append_row, read_rows
 from .spread import Spread
 
 RECIPE = "recipes/retrieval_kv.yaml"
@@ -169,18 +170,6 @@ def baselines(n_pairs: int, n_keys: int, n_values: int, samples: int = 20000, se
 
 
 # -- rows -------------------------------------------------------------------------------------------
-
-
-def read_rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def append_row(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
 
 
 def first_step(curve: list[tuple[int, float]], threshold: float) -> int | None:

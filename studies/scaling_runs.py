@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,8 @@ from model import ModelConfig, build_model, param_count
 from model.flops import flops_per_token
 from pretrain.config import load_recipe
 from pretrain.run_dir import read_config
+
+from .rows import append_row, read_rows
 
 DONE = "sweep_done.json"
 # What every Slurm job the studies write asks for: a USR1 five minutes before the time limit to the batch
@@ -101,31 +102,20 @@ def threads_per_job(jobs: int) -> int | None:
 
 
 class RowLog:
-    """A JSON-lines file of finished runs' rows (None: no log). Appends are whole lines under a lock,
-    so runs finishing side by side never interleave, and a killed study loses at most its unfinished runs."""
+    """A JSON-lines file of finished runs' rows (studies/rows.py), or None: no log."""
 
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path else None
-        self._lock = threading.Lock()
 
     def rows(self) -> list[dict[str, Any]]:
-        if self.path is None or not self.path.is_file():
-            return []
-        try:
-            return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        except ValueError as e:
-            raise StudyError(f"{self.path}: not a JSON-lines row log ({e}). Fix: restore it from git") from None
+        return read_rows(self.path) if self.path is not None else []
 
     def names(self) -> set[str]:
         return {r["run"] for r in self.rows()}
 
     def append(self, row: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:
-                f.write(json.dumps(row, sort_keys=True) + "\n")
+        if self.path is not None:
+            append_row(self.path, row)
 
 
 def collect_run(run_dir: Path) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ import torch
 
 from model import build_model, preset
 from studies import induction, packed
+from studies.rows import read_rows
 
 
 def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
@@ -50,17 +51,12 @@ def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
     full = (data / "bpe400_repeat0.5x400.txt").read_text()
     assert full.endswith(held) and full.count("\n") > held.count("\n")
     # one data row per run, every evaluation in it; the rows render the table the study wrote
-    data_rows = induction.read_rows(tmp_path / "rows.jsonl")
+    data_rows = read_rows(tmp_path / "rows.jsonl")
     assert sorted(r["run"] for r in data_rows) == ["mixit-L2-s0", "standard-L2-s0"]
     assert [e["step"] for e in data_rows[0]["evals"]] == [2, 4]
     assert "--rows" not in data_rows[0]["command"] and "--smoke" in data_rows[0]["command"]
     rendered = induction.render_rows(data_rows)
     assert md.strip() in rendered and "| standard | 2 | 1 | " in rendered.split("against step")[1]
-    # a second write of the same command replaces its rows and keeps another command's
-    other = {**data_rows[0], "command": "python -m studies.induction --out elsewhere"}
-    induction.write_rows(tmp_path / "rows.jsonl", [other])
-    induction.write_rows(tmp_path / "rows.jsonl", data_rows)
-    assert len(induction.read_rows(tmp_path / "rows.jsonl")) == 3
 
 
 def test_induction_study_on_synthetic_copies_probes_random_tokens_only(tmp_path):
