@@ -152,6 +152,8 @@ class ModelSection:
         for k, v in d.items():
             if k not in hints:
                 raise _unknown("model.", k, set(hints) | {"preset"})
+            if k == "vocab_size" and v is None:  # null: the data's vocabulary, even over a preset's own
+                continue
             default = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == k)
             check_value(f"model.{k}", v, hints[k], default)
         return cls(name, d)
@@ -168,7 +170,7 @@ class ModelSection:
         """The values together make a model (heads divide the width, ...): checked at load with a stand-in
         vocabulary where the data gives it, so a bad shape is one error line before any data is read."""
         fields = {"max_seq_len": seq_len, **self.fields}
-        if fields.get("vocab_size", PRESETS[self.preset].get("vocab_size")) is None:
+        if fields.get("vocab_size", PRESETS[self.preset].get("vocab_size")) is None:  # the data gives it
             fields["vocab_size"] = 256
         preset(self.preset, **fields)
 

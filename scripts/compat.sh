@@ -3,11 +3,11 @@
 # the code is known to run on versions other than the development environment's.
 #   scripts/compat.sh device    the lent GPU image: Python 3.12, torch 2.11.0, triton 3.6.0,
 #                               transformers 5.17.0, numpy 2.5.2 (everything else: the newest release)
-#   scripts/compat.sh lowest    Python 3.10 and the lower bounds pyproject.toml claims for torch, deepspeed,
+#   scripts/compat.sh lowest    Python 3.11 (requires-python) and the lower bounds pyproject.toml claims for torch, deepspeed,
 #                               transformers, numpy, safetensors, sentencepiece, pinned exactly
 #   scripts/compat.sh NAME --setup-only        build the environment, run nothing
 #   scripts/compat.sh NAME -x tests/test_mixit.py   extra arguments go to pytest
-# PYTHON=/path/to/python3.X picks the interpreter (default: python3.12 / python3.10 on PATH).
+# PYTHON=/path/to/python3.X picks the interpreter (default: python3.12 / python3.11 on PATH).
 # The environment lives in COMPAT_DIR (default /tmp/trainable-parts-compat/NAME) and is reused by the
 # next call. Not part of CI: the first call downloads a full torch (several GB with its CUDA
 # libraries; it runs on a CPU all the same) and the suite takes 10-20 minutes. docs/TRAINING.md
@@ -18,7 +18,7 @@ name=${1:-}
 [ $# -gt 0 ] && shift
 case "$name" in
   device) python_version=3.12 ;;
-  lowest) python_version=3.10 ;;
+  lowest) python_version=3.11 ;;
   *)
     echo "error: unknown version set '${name}'. Fix: scripts/compat.sh device|lowest [pytest args]" >&2
     exit 2
