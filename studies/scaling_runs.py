@@ -27,6 +27,7 @@ from common.errors import StudyError
 from model import ModelConfig, build_model, param_count
 from model.flops import flops_per_token
 from pretrain.config import load_recipe
+from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config
 
 from .rows import append_row, read_rows
@@ -123,7 +124,7 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
     run, metrics_file = read_config(run_dir), run_dir / "metrics.jsonl"
     if run is None or not metrics_file.is_file():
         return None
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    rows = read_metrics(run_dir)
     if not rows:
         return None
     seq_len = int(run["train"]["seq_len"])
