@@ -18,9 +18,11 @@ Seed i trains with the recipe's seed + i (init, data order, the held-out draw) a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -57,12 +59,19 @@ class ExactMatchProbe:
         return {"probe/exact_match": res["exact_match"], "probe/acc": res["acc"], "probe/loss": res["loss"]}
 
 
-def run_name(digits: int, variant: str, seed: int, steps: int) -> str:
-    return f"d{digits}-{variant}-s{seed}-n{steps}"
+def run_name(digits: int, variant: str, seed: int, steps: int, extra: Sequence[str] = ()) -> str:
+    """The run dir's name; an arm with overrides of its own gets their hash, so it never resumes another's run."""
+    tag = "-" + hashlib.sha256("\n".join(extra).encode()).hexdigest()[:8] if extra else ""
+    return f"d{digits}-{variant}{tag}-s{seed}-n{steps}"
 
 
 def row_key(r: dict) -> tuple:
-    return (r["task_args"]["n_digits"], r["variant"], r["seed"], r["steps"], r["lr"])
+    return (r["task_args"]["n_digits"], r["variant"], r["seed"], r["steps"], r["lr"], tuple(r.get("extra", ())))
+
+
+def arm(r: dict) -> str:
+    """The variant and the overrides every run of its command added (--override), as the table names it."""
+    return r["variant"] + "".join(f" {o}" for o in r.get("extra", ()))
 
 
 def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) -> dict:
@@ -83,7 +92,7 @@ def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) ->
         *args.override,
     ]
     lr = load_recipe(args.recipe, overrides).optim.lr
-    run_dir = Path(args.out) / "runs" / run_name(digits, variant, seed, args.steps)
+    run_dir = Path(args.out) / "runs" / run_name(digits, variant, seed, args.steps, args.override)
     task = get_task(TASK, seed=base.seed + seed, **targs)
     wall0, cpu0 = time.time(), time.process_time()
     res = train(
@@ -98,7 +107,10 @@ def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) ->
         f"python -m studies.arithmetic --digits {digits} --variants {variant} --seed-list {seed} --steps {args.steps}"
     )
     return {
-        "command": command + (f" --recipe {args.recipe}" if args.recipe != RECIPE else ""),
+        "command": command
+        + "".join(f" --override {o}" for o in args.override)
+        + (f" --recipe {args.recipe}" if args.recipe != RECIPE else ""),
+        "extra": list(args.override),
         "recipe": args.recipe,
         "overrides": overrides,
         "task": TASK,
@@ -129,9 +141,11 @@ def render(rows: list[dict]) -> str:
     ]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["task_args"]["n_digits"], r["steps"], r["variant"], r["lr"]), []).append(r)
+        groups.setdefault((r["task_args"]["n_digits"], r["steps"], arm(r), r["lr"]), []).append(r)
     order = list(VARIANTS)
-    for (digits, steps, variant, lr), rs in sorted(groups.items(), key=lambda kv: (*kv[0][:2], order.index(kv[0][2]))):
+    for (digits, steps, variant, lr), rs in sorted(
+        groups.items(), key=lambda kv: (*kv[0][:2], order.index(kv[0][2].split()[0]), kv[0][2])
+    ):
         rs = sorted(rs, key=lambda r: r["seed"])
         exact, acc = Spread.of(r["exact_match"] for r in rs), Spread.of(r["acc"] for r in rs)
         solved = [r["step_solved"] for r in rs]
@@ -186,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             todo = [(d, v, s) for d in args.digits for s in seeds for v in args.variants]  # seed-major
             for d, v, s in todo:
                 done = {row_key(r) for r in read_rows(rows_path)}
-                if (d, v, s, args.steps, lr[v]) in done:
+                if (d, v, s, args.steps, lr[v], tuple(args.override)) in done:
                     continue
-                print(f"[arithmetic] {run_name(d, v, s, args.steps)}: training")
+                print(f"[arithmetic] {run_name(d, v, s, args.steps, args.override)}: training")
                 row = train_run(d, v, s, args)
                 append_row(rows_path, row)
                 print(
-                    f"[arithmetic] {run_name(d, v, s, args.steps)}: exact match {row['exact_match']:.3f}, "
+                    f"[arithmetic] {run_name(d, v, s, args.steps, args.override)}: exact match {row['exact_match']:.3f}, "
                     f"solved at {row['step_solved']}, {row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU"
                 )
         print(render(read_rows(rows_path)))

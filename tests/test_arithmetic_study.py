@@ -36,6 +36,13 @@ def test_study_writes_one_row_per_run_and_resumes_from_the_rows(tmp_path, capsys
     assert table in out
     line = next(x for x in table.splitlines() if x.startswith("| 2 | mixit |"))
     assert "| 6 | 2 |" in line and f"{100 * rows[-1]['exact_match']:.1f}" in table
+    # an arm with an override of its own is another row (not "done" by the plain runs) and another table line
+    arm = [*args[:3], "mixit", "--seeds", "1", *args[6:], "--override", "model.mixit_residual_scale=0.5"]
+    assert main(arm) == 0
+    rows = read_rows(rows_path)
+    assert len(rows) == 5 and rows[-1]["extra"] == ["model.mixit_residual_scale=0.5"]
+    assert "model.mixit_residual_scale=0.5" in rows[-1]["overrides"] and "--override" in rows[-1]["command"]
+    assert "| 2 | mixit model.mixit_residual_scale=0.5 | 0.003 | 6 | 1 |" in render(rows)
 
 
 def test_an_impossible_length_is_one_error_line(tmp_path, capsys):
