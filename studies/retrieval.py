@@ -380,7 +380,7 @@ def render(rows: list[dict]) -> str:
             )
         lines += _baseline_lines(p, k, v)
     sweep = sorted(
-        (r for r in rows if r["seed"] == 0),
+        (r for r in rows if r["seed"] == 0 and r.get("stage") != "curve"),
         key=lambda r: (r["task_args"]["n_pairs"], r["steps"], list(VARIANTS).index(r["variant"]), r["lr"]),
     )
     if sweep:
@@ -395,12 +395,60 @@ def render(rows: list[dict]) -> str:
             lines.append(
                 f"| {r['task_args']['n_pairs']} | {r['variant']} | {r['steps']} | {r['lr']:g} | {acc} | {loss} | {solved} |"
             )
+    lines += time_to_solve(rows)
     spent = sum(r["cpu_s"] for r in rows)
     lines += [
         "",
         f"{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training (`python -m studies.retrieval --render`).",
     ]
     return "\n".join(lines)
+
+
+def time_to_solve(rows: list[dict], variant: str = "standard") -> list[str]:
+    """Markdown lines: `variant`'s step solved against the number of pairs (every seed, at the rate with
+    the most seeds), and where at least two pair counts were solved in every seed, the power law
+    step = a * pairs^b fitted to their medians (least squares in log-log) and its extrapolation to the
+    pair counts not solved: the budget a setting needs, not a measurement of it."""
+    by_pairs: dict[int, list[dict]] = {}
+    for r in rows:
+        if r["variant"] == variant and r["acc"] is not None:
+            by_pairs.setdefault(r["task_args"]["n_pairs"], []).append(r)
+    if len(by_pairs) < 2:
+        return []
+    lines = [
+        "",
+        f"Time to solve against pairs ({variant}; the step each seed first reached {SOLVED:.0%} held-out accuracy):",
+        "",
+        "| pairs | steps trained | seeds | solved | step solved, per seed | median |",
+        "|---:|---:|---:|---:|---|---:|",
+    ]
+    medians = {}
+    for p, rs in sorted(by_pairs.items()):
+        lr = max({r["lr"] for r in rs}, key=lambda x: sum(r["lr"] == x for r in rs))
+        rs = sorted((r for r in rs if r["lr"] == lr), key=lambda r: r["seed"])
+        steps = [r["step_solved"] for r in rs]
+        solved = sorted(x for x in steps if x is not None)
+        median = solved[len(solved) // 2] if len(solved) == len(rs) else None
+        if median is not None:
+            medians[p] = median
+        cells = ", ".join("—" if x is None else str(x) for x in steps)
+        lines.append(
+            f"| {p} | {rs[0]['steps']} | {len(rs)} | {len(solved)}/{len(rs)} | {cells} | {median if median else '—'} |"
+        )
+    if len(medians) >= 2:
+        x, y = np.log(list(medians)), np.log(list(medians.values()))
+        b, log_a = np.polyfit(x, y, 1)
+        guesses = []
+        for p in (p for p in sorted(by_pairs) if p not in medians):
+            predicted, trained = math.exp(log_a) * p**b, max(r["steps"] for r in by_pairs[p])
+            verdict = "below the steps trained there, so the fit understates the growth" if predicted < trained else ""
+            guesses.append(f"{p} pairs ~{predicted:,.0f} steps" + (f" ({verdict})" if verdict else ""))
+        lines += [
+            "",
+            f"Fit to the medians of {', '.join(str(p) for p in medians)} pairs: step ≈ {math.exp(log_a):.0f} · pairs^{b:.2f}"
+            + (f"; extrapolated: {'; '.join(guesses)}." if guesses else "."),
+        ]
+    return lines
 
 
 def baselines_table(pairs: list[int], n_keys: int, n_values: int) -> str:

@@ -22,6 +22,7 @@ from studies.retrieval import (
     read_rows,
     render,
     slot_guess_exact,
+    time_to_solve,
 )
 
 
@@ -122,3 +123,19 @@ def test_page_table_is_rendered_from_the_committed_rows():
     assert table == (render(rows) if rows else "(no runs yet)"), "run: python -m studies.retrieval --render"
     for r in rows:  # every row names the command that reproduces it
         assert r["command"].startswith("python -m studies.retrieval")
+
+
+def test_time_to_solve_fits_a_power_law_to_the_solved_medians_and_extrapolates():
+    """Rows whose medians follow step = 25 * pairs^2 exactly: the fit recovers it; a pair count whose seeds
+    never solved it gets the extrapolated budget, flagged where the steps trained there already exceed it."""
+    rows = []
+    for pairs, seeds in ((4, (400, 300, 500)), (8, (1600, 1500, 1700)), (16, (None, None))):
+        for i, step in enumerate(seeds):
+            rows.append({**_row(3e-4, 0.3 if step is None else 1.0, 1.0, seed=i), "step_solved": step})
+            rows[-1]["task_args"] = {"n_pairs": pairs}
+            rows[-1]["steps"] = 3000
+    lines = "\n".join(time_to_solve(rows))
+    assert "| 4 | 3000 | 3 | 3/3 | 400, 300, 500 | 400 |" in lines and "| 16 | 3000 | 2 | 0/2 | —, — | — |" in lines
+    assert "step ≈ 25 · pairs^2.00" in lines and "16 pairs ~6,400 steps." in lines  # more than the 3000 trained
+    rows[-1]["steps"] = rows[-2]["steps"] = 8000
+    assert "16 pairs ~6,400 steps (below the steps trained there" in "\n".join(time_to_solve(rows))
