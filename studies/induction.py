@@ -402,7 +402,7 @@ def render_rows(rows: list[dict[str, Any]]) -> str:
     text = table(summarize(runs)) + "\n"
     if runs[0]["kind"] == "text":
         text += "\nInduction score on repeated held-out text (max head) against step:\n\n"
-        text += curve_table(runs, "probe/induction_score_text") + "\n"
+        text += curve_table(runs, "probe/induction_score_text", "{:.3f}") + "\n"
         text += "\nIn-context learning score (loss at token ~250 minus at ~25, nats) against step:\n\n"
         text += curve_table(runs, "probe/icl_score") + "\n"
         text += "\nHeld-out loss (nats/token) against step:\n\n" + curve_table(runs, "val_loss", "{:.3f}") + "\n"

@@ -394,8 +394,8 @@ def ours_retrieval(data_dir: Path) -> str:
 
 
 def ours_induction(data_dir: Path) -> str:
-    """Per variant, the last evaluation's max-head induction score on repeated held-out text and the
-    ICL score, mean ± std over seeds."""
+    """Per variant, the last evaluation's best-head induction and previous-token scores on held-out text,
+    mean ± std over seeds."""
     rows = read_rows(data_dir / "induction" / "runs.jsonl")
     if not rows:
         return "not yet trained"
@@ -405,11 +405,11 @@ def ours_induction(data_dir: Path) -> str:
         if not rs:
             continue
         ind = mean_std([r["evals"][-1]["probe/induction_score_text"] for r in rs])
-        icl = mean_std([r["evals"][-1]["probe/icl_score"] for r in rs])
+        prev = mean_std([r["evals"][-1]["probe/prev_token_score_text"] for r in rs])
         fixed = " (its fixed map)" if v == "mixit" else ""
         parts.append(
-            f"{VARIANT_NAMES[v]} induction score {ind[0]:.2f} ± {ind[1]:.2f}{fixed}, ICL score {icl[0]:.2f} ± "
-            f"{icl[1]:.2f} ({len(rs)} seeds)"
+            f"{VARIANT_NAMES[v]} induction score {ind[0]:.3f} ± {ind[1]:.3f}, previous-token score "
+            f"{prev[0]:.2f} ± {prev[1]:.2f}{fixed} ({len(rs)} seeds)"
         )
     layers = sorted({r["layers"] for r in rows})
     steps = sorted({r["steps"] for r in rows})
