@@ -51,7 +51,7 @@ class TrainConfig:
     init_seed: int | None = None  # model init seed; None -> top-level seed
     eval_every_steps: int = 0  # 0: no periodic validation
     eval_batches: int = 4  # validation batches (of global_batch_sequences) per evaluation
-    nan_policy: str = "stop"  # non-finite loss: skip | stop | rollback (pretrain/nonfinite.py)
+    nan_policy: str = "stop"  # non-finite loss: skip | stop | rollback (pretrain/loop.py)
     max_nan_skips: int = 5  # more non-finite steps than this in one process stop the run
 
 

@@ -10,6 +10,15 @@ when ranks hold different numbers of scored tokens).
 Freezing: the engine (and so the optimizer, gradient buffers and all-reduce) covers only the
 parameters with requires_grad at the current step; `rebuild` applies a new trainable set
 (pretrain/freeze_transitions.py carries the Adam moments across).
+
+Non-finite values never reach the weights: a non-finite loss is detected after the forward and
+before the boundary `engine.step()` (every rank agrees through an all-reduce), and `StepGate` then
+makes the wrapped inner optimizer skip its update. A NaN can also appear in the gradients alone (a
+backward that overflows while the loss is finite): on every layout the gate checks the norm of the
+gradients it is about to apply (after DeepSpeed's reduction and clipping, over every rank) and skips
+the update when it is not finite; where DeepSpeed's ZeRO optimizer finds the overflow first and skips
+the step itself, it reports an infinite norm, which is treated the same way. So a NaN never reaches the
+weights or the Adam moments; what happens next is the loop's `train.nan_policy` (pretrain/loop.py).
 """
 
 from __future__ import annotations
@@ -27,7 +36,6 @@ from common.errors import RecipeError
 from . import faults, freeze_transitions
 from .config import RunConfig
 from .layout import Layout, build_ds_config
-from .nonfinite import any_rank, install_step_gate
 from .parallelize import build_local
 
 
@@ -53,6 +61,73 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
             "and model.freeze_schedule"
         )
     return groups
+
+
+class StepGate:
+    """Wraps the innermost optimizer's `step` so that one optimizer step's update can be skipped.
+
+    DeepSpeed calls the inner (torch) optimizer on every rank after gradient reduction and
+    clipping (once per optimizer step, or once per parameter sub-group under ZeRO-3); skipping
+    it leaves the fp32 master weights, the moments and the Adam step count untouched (ZeRO
+    copies the unchanged master weights back to the model). `begin(skip)` opens an optimizer
+    step; at its first inner call the gate decides for the whole step: skip when asked to
+    (a non-finite loss) or when the norm of the gradients it holds, over every rank, is not
+    finite (under ZeRO-3 that is the first sub-group's; ZeRO-3 checks the global norm itself
+    before any inner call). `end()` says whether the update was skipped."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.skip = False
+        self.decided = False
+        self._step = optimizer.step
+        optimizer.step = self.step
+
+    def _grad_norm_finite(self) -> bool:
+        """Is the norm of the gradients this optimizer holds, summed over every rank, finite?
+        (A NaN or inf anywhere makes it so; one all-reduce and one host sync.)"""
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        dev = next((p.device for g in self.optimizer.param_groups for p in g["params"]), torch.device("cpu"))
+        sq = torch.zeros((), device=dev, dtype=torch.float32)
+        if grads:
+            norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+            sq = norms.pow(2).sum()
+        if dist.is_initialized():
+            dist.all_reduce(sq)
+        return bool(torch.isfinite(sq).item())
+
+    def begin(self, skip: bool = False) -> None:
+        self.skip, self.decided = skip, False
+
+    def end(self) -> bool:
+        """True when the optimizer step since `begin` skipped its update."""
+        skipped = self.skip and self.decided
+        self.skip, self.decided = False, False
+        return skipped
+
+    def step(self, *args, **kwargs):
+        if not self.decided:
+            self.skip = self.skip or not self._grad_norm_finite()
+            self.decided = True
+        if self.skip:
+            return None
+        return self._step(*args, **kwargs)
+
+
+def install_step_gate(engine) -> StepGate:
+    """Gate the innermost optimizer of a DeepSpeed engine."""
+    opt = engine.optimizer
+    return StepGate(getattr(opt, "optimizer", opt))
+
+
+def any_rank(flag: bool | torch.Tensor, device: torch.device, group=None) -> bool:
+    """True on every rank when `flag` (a bool, or a one-element tensor on the device) is true on any rank."""
+    if isinstance(flag, torch.Tensor):
+        t = flag.detach().reshape(1).to(device=device, dtype=torch.float32)
+    else:
+        t = torch.tensor([1.0 if flag else 0.0], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
 
 
 class ModelEngine:

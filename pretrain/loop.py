@@ -1,6 +1,11 @@
 """The training loop: steps, periodic validation (and the caller's hooks, pretrain/hooks.py) and
-logging, checkpoints (every N steps and every M minutes), preemption, and the non-finite policy
-(skip, stop, rollback).
+logging, checkpoints (every N steps and every M minutes), preemption, and the non-finite policy.
+
+A step whose loss or gradient norm was not finite has had its update skipped by the engine's step
+gate (pretrain/engine.py); `train.nan_policy` decides what happens next (`NanGuard`): `skip` (drop
+the batch, log it), `stop` (raise `NonFiniteLoss` naming the step and the batch), `rollback` (reload
+the last complete checkpoint and step over the offending batch). More than `train.max_nan_skips`
+events stop the run.
 
 Whether to save is decided collectively after every step: one all-reduce carries the stop
 request (a signal on any rank) and whether `checkpoint.every_minutes` have passed since the
@@ -35,11 +40,72 @@ from .config import RunConfig
 from .engine import ModelEngine
 from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
-from .nonfinite import NanGuard, describe_nonfinite, loader_position, skip_marked_batches
 from .preemption import StopRequest
 from .profiling import StepProfiler
 from .resume import ResumePoint
 from .run_dir import resolved_config, restart_count
+
+
+def describe_nonfinite(loss: float, grad_norm: float | None) -> str:
+    """'non-finite loss (nan)' or, when the loss was finite, 'non-finite gradient norm (...)'."""
+    if not math.isfinite(loss):
+        return f"non-finite loss ({loss})"
+    return f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
+
+
+class NanGuard:
+    """Applies `train.nan_policy` to a step whose loss or gradient norm was not finite (its update was skipped)."""
+
+    def __init__(self, policy: str, max_events: int, skipped: list[int] | None = None):
+        self.policy, self.max_events = policy, max_events
+        self.skip_positions: set[int] = set(int(p) for p in (skipped or []))
+        self.events = 0
+
+    def on_nonfinite(self, step: int, position: int | None, batch_size: int, what: str) -> str:
+        """`what` says what was not finite (e.g. 'non-finite loss (nan)'). Returns 'skip' or
+        'rollback'; raises NonFiniteLoss for 'stop' or too many events."""
+        self.events += 1
+        where = (
+            f"optimizer step {step + 1} (batch of global samples [{position}, {position + batch_size}) "
+            f"of the data order)"
+            if position is not None
+            else f"optimizer step {step + 1}"
+        )
+        if self.policy == "stop":
+            raise NonFiniteLoss(
+                f"{what} at {where}; the update was not applied and nothing was saved after it. "
+                "Fix: lower optim.lr or raise optim.warmup_steps, check the data at that position, or set "
+                "train.nan_policy=skip|rollback to step over such batches; then --resume auto"
+            )
+        if self.events > self.max_events:
+            raise NonFiniteLoss(
+                f"{what} at {where}: {self.events} non-finite steps in this process, more than "
+                f"train.max_nan_skips={self.max_events}; stopping (the model diverges or the data is broken). "
+                "Fix: lower optim.lr, check the data, or resume from an earlier checkpoint with --resume PATH"
+            )
+        if position is not None:
+            self.skip_positions.add(int(position))
+        return self.policy
+
+
+def loader_position(loader) -> int | None:
+    """Global index of the first sample of the loader's next batch (None if it does not say)."""
+    try:
+        return int(loader.state_dict()["samples_seen"])
+    except Exception:  # noqa: BLE001 - a loader without a position still trains; skips are then by step
+        return None
+
+
+def skip_marked_batches(loader, guard: NanGuard) -> int:
+    """Advance the loader past batches that a rollback marked as offending; returns how many."""
+    n = 0
+    while guard.skip_positions:
+        pos = loader_position(loader)
+        if pos is None or pos not in guard.skip_positions:
+            break
+        next(loader)
+        n += 1
+    return n
 
 
 def wsd_decay_start(cfg: RunConfig) -> int:

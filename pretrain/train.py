@@ -11,7 +11,7 @@ A run, in order (each step in its own module):
   the recipe (config.py) -> the process group (distributed.py) -> where to resume from (resume.py)
   -> the data, whose vocabulary sizes the model (config.py's cfg.loader, task_model.py) -> the layout (layout.py)
   -> the run dir it owns (run_dir.py) -> the engine (engine.py) -> the loop (loop.py: steps,
-  checkpoints through engine_checkpoint.py, preemption.py, nonfinite.py, freeze_transitions.py;
+  checkpoints through engine_checkpoint.py, preemption.py, freeze_transitions.py;
   a caller's probes through hooks.py).
 """
 
