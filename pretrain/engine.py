@@ -24,6 +24,7 @@ weights or the Adam moments; what happens next is the loop's `train.nan_policy` 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from typing import Any
 
@@ -79,12 +80,13 @@ class StepGate:
         self.optimizer = optimizer
         self.skip = False
         self.decided = False
+        self.norm: float | None = None  # the gradient norm checked in the current step (None: not checked)
         self._step = optimizer.step
         optimizer.step = self.step
 
-    def _grad_norm_finite(self) -> bool:
-        """Is the norm of the gradients this optimizer holds, summed over every rank, finite?
-        (A NaN or inf anywhere makes it so; one all-reduce and one host sync.)"""
+    def _grad_norm(self) -> float:
+        """The norm of the gradients this optimizer holds, over every rank (a NaN or inf anywhere
+        makes it non-finite; one all-reduce and one host sync)."""
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         dev = next((p.device for g in self.optimizer.param_groups for p in g["params"]), torch.device("cpu"))
         sq = torch.zeros((), device=dev, dtype=torch.float32)
@@ -93,10 +95,10 @@ class StepGate:
             sq = norms.pow(2).sum()
         if dist.is_initialized():
             dist.all_reduce(sq)
-        return bool(torch.isfinite(sq).item())
+        return float(sq.sqrt())
 
     def begin(self, skip: bool = False) -> None:
-        self.skip, self.decided = skip, False
+        self.skip, self.decided, self.norm = skip, False, None
 
     def end(self) -> bool:
         """True when the optimizer step since `begin` skipped its update."""
@@ -106,7 +108,8 @@ class StepGate:
 
     def step(self, *args, **kwargs):
         if not self.decided:
-            self.skip = self.skip or not self._grad_norm_finite()
+            self.norm = self._grad_norm()
+            self.skip = self.skip or not math.isfinite(self.norm)
             self.decided = True
         if self.skip:
             return None
@@ -153,7 +156,9 @@ class ModelEngine:
 
         seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
         model, module = build_local(self.cfg, self.mcfg, self.layout, self.device, self.ds_config, seed, step, state)
-        ds_config = dict(self.ds_config)
+        ds_config = copy.deepcopy(
+            self.ds_config
+        )  # DeepSpeed pops keys of the nested dicts it is given (0.18: optimizer.params)
         if load_universal:
             ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
         engine, _, _, _ = deepspeed.initialize(
@@ -312,6 +317,8 @@ class ModelEngine:
             loss = float(total / n_tokens)
         gn = self.engine.get_global_grad_norm()
         gn = float(gn) if gn is not None else (None if self.pipe else own_norm)
+        if skipped and self.gate.norm is not None and not math.isfinite(self.gate.norm):
+            gn = self.gate.norm  # the norm the gate refused (some DeepSpeed versions report the last applied one)
         # DeepSpeed's ZeRO optimizers skip a step whose gradient norm overflows before the gate
         # sees it, and report an infinite norm (the same on every rank).
         self.nonfinite = skipped or not math.isfinite(loss) or (gn is not None and not math.isfinite(gn))

@@ -19,6 +19,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,7 +261,7 @@ def scratch(tmp_path_factory) -> Path:
         if (REPO / f).is_file():
             (root / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, root / f)
-    (root / ".venv").symlink_to(REPO / ".venv")
+    (root / ".venv").symlink_to(sys.prefix)  # the environment running the tests (.venv, or a compat set's)
     wt = top / "shared" / "data" / "wikitext-2"
     wt.mkdir(parents=True)
     for i, split in enumerate(("valid", "test")):
