@@ -318,7 +318,7 @@ class ModelEngine:
         gn = self.engine.get_global_grad_norm()
         gn = float(gn) if gn is not None else (None if self.pipe else own_norm)
         if skipped and self.gate.norm is not None and not math.isfinite(self.gate.norm):
-            gn = self.gate.norm  # the norm the gate refused (some DeepSpeed versions report the last applied one)
+            gn = self.gate.norm  # the norm the gate refused (DeepSpeed 0.18-0.19.6 report a finite one)
         # DeepSpeed's ZeRO optimizers skip a step whose gradient norm overflows before the gate
         # sees it, and report an infinite norm (the same on every rank).
         self.nonfinite = skipped or not math.isfinite(loss) or (gn is not None and not math.isfinite(gn))
