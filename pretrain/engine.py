@@ -156,9 +156,8 @@ class ModelEngine:
 
         seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
         model, module = build_local(self.cfg, self.mcfg, self.layout, self.device, self.ds_config, seed, step, state)
-        ds_config = copy.deepcopy(
-            self.ds_config
-        )  # DeepSpeed pops keys of the nested dicts it is given (0.18: optimizer.params)
+        # DeepSpeed pops keys of the nested dicts it is given (0.18: optimizer.params): a copy per engine
+        ds_config = copy.deepcopy(self.ds_config)
         if load_universal:
             ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
         engine, _, _, _ = deepspeed.initialize(
@@ -317,10 +316,11 @@ class ModelEngine:
             loss = float(total / n_tokens)
         gn = self.engine.get_global_grad_norm()
         gn = float(gn) if gn is not None else (None if self.pipe else own_norm)
+        # A step the gate refused logs the norm it refused (DeepSpeed 0.18.0-0.19.6 were seen to report a
+        # finite one). DeepSpeed's ZeRO optimizers that skip an overflowing step before the gate sees it
+        # report an infinite norm (the same on every rank).
         if skipped and self.gate.norm is not None and not math.isfinite(self.gate.norm):
-            gn = self.gate.norm  # the norm the gate refused (DeepSpeed 0.18-0.19.6 report a finite one)
-        # DeepSpeed's ZeRO optimizers skip a step whose gradient norm overflows before the gate
-        # sees it, and report an infinite norm (the same on every rank).
+            gn = self.gate.norm
         self.nonfinite = skipped or not math.isfinite(loss) or (gn is not None and not math.isfinite(gn))
         return loss, gn
 
