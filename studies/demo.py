@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from common.cli import CliParser, run_cli
-from common.constants import REPO_ROOT
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from eval.run import EvalOptions, evaluate_checkpoint
@@ -41,6 +40,7 @@ from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 
+from .scaling_runs import DONE, run_chains, threads_per_job, train_once
 from .spread import Spread
 
 
@@ -121,19 +121,6 @@ def _recipe_seed(task: DemoTask) -> int:
     return load_recipe(task.recipe).seed
 
 
-def _steps_done(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return 0
-    step = 0
-    for line in metrics.read_text().splitlines():
-        try:
-            step = max(step, int(json.loads(line).get("step", 0)))
-        except (json.JSONDecodeError, ValueError):
-            pass
-    return step
-
-
 def _max_steps(task: DemoTask, scale: float) -> int:
     return max(1, int(load_recipe(task.recipe).max_steps * scale))
 
@@ -141,80 +128,68 @@ def _max_steps(task: DemoTask, scale: float) -> int:
 def train_all(
     out: Path, tasks, variants: list[str], scale: float, parallel: int, seeds: int = 1
 ) -> dict[tuple[str, str, int], Path]:
-    """Train every (task, variant, seed index) as its own process, `parallel` at a time, with one progress bar."""
-
+    """Train every (task, variant, seed index) as its own process, `parallel` at a time (the studies'
+    launcher, studies/scaling_runs.py), with one progress bar over their steps."""
     jobs = [(t, v, i) for i in range(seeds) for t in tasks for v in variants]
     total = {(t.name, v): _max_steps(t, scale) for t in tasks for v in variants}
-    pending = [(t, v, i) for t, v, i in jobs if not (_run_dir(out, t, v, i) / "demo_done").is_file()]
-    running: list[tuple[DemoTask, str, int, subprocess.Popen, object]] = []
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1" if parallel > 1 else os.environ.get("OMP_NUM_THREADS", "2"),
-        "PYTHONUNBUFFERED": "1",
-    }
+    running: set[str] = set()
+    threads = threads_per_job(parallel)
+
+    def train_job(task: DemoTask, variant: str, i: int) -> list[str]:
+        run_dir = _run_dir(out, task, variant, i)
+        if (run_dir / DONE).is_file():
+            return []
+        run_dir.mkdir(parents=True, exist_ok=True)
+        args = ["--recipe", task.recipe, "--run-dir", str(run_dir), "--resume", "auto"]
+        args += [f"model.variant={variant}", f"train.max_steps={total[(task.name, variant)]}"]
+        if i:  # a new draw of everything random: init, data order, the task, MixiT's fixed matrices
+            args += [f"seed={_recipe_seed(task) + i}", f"model.mixit_seed={i}"]
+        label = f"{task.name}/{variant}" + (f"/s{i}" if i else "")
+        running.add(label)
+        ok = train_once(args, run_dir, {"task": task.name, "variant": variant}, threads, log=run_dir / "train.log")
+        running.discard(label)
+        return [] if ok else [f"{label} (see {run_dir / 'train.log'})"]
+
     bar = progress_bar(
-        total=sum(total[(t.name, v)] for t, v, _ in jobs),
-        desc="training",
-        unit="step",
-        dynamic_ncols=True,
-        mininterval=2.0,
+        total=sum(total[(t.name, v)] for t, v, _ in jobs), desc="training", unit="step", dynamic_ncols=True
     )
+    finished = threading.Event()
 
     def refresh() -> None:
         bar.n = sum(min(_steps_done(_run_dir(out, t, v, i)), total[(t.name, v)]) for t, v, i in jobs)
-        bar.set_postfix_str(", ".join(f"{t.name}/{v}" + (f"/s{i}" if i else "") for t, v, i, _, _ in running) or "done")
+        bar.set_postfix_str(", ".join(sorted(running)) or "done")
 
-    failed = []
-    while pending or running:
-        while pending and len(running) < parallel:
-            task, variant, i = pending.pop(0)
-            run_dir = _run_dir(out, task, variant, i)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            log = open(run_dir / "train.log", "a")
-            cmd = [
-                sys.executable,
-                "-m",
-                "pretrain.train",
-                "--recipe",
-                task.recipe,
-                "--run-dir",
-                str(run_dir),
-                "--resume",
-                "auto",
-                f"model.variant={variant}",
-                f"train.max_steps={total[(task.name, variant)]}",
-            ]
-            if i:  # a new draw of everything random: init, data order, the task, MixiT's fixed matrices
-                cmd += [f"seed={_recipe_seed(task) + i}", f"model.mixit_seed={i}"]
-            running.append(
-                (
-                    task,
-                    variant,
-                    i,
-                    subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
-                    log,
-                )
-            )
-        time.sleep(1.0)
-        for item in list(running):
-            task, variant, i, proc, log = item
-            if proc.poll() is None:
-                continue
-            running.remove(item)
-            log.close()
-            run_dir = _run_dir(out, task, variant, i)
-            if proc.returncode == 0:
-                (run_dir / "demo_done").write_text("ok\n")
-            else:
-                failed.append(f"{task.name}/{variant}/seed {i} (exit {proc.returncode}; see {run_dir / 'train.log'})")
+    def watch() -> None:
+        while not finished.wait(2.0):
+            refresh()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        failed = run_chains([lambda job=job: train_job(*job) for job in jobs], parallel)
+    finally:
+        finished.set()
+        watcher.join()
         refresh()
-    bar.close()
+        bar.close()
     if failed:
         raise StudyError(
             "training failed for " + "; ".join(failed) + ". Fix: read the log named, correct the "
             "cause and run the same command again (finished runs are kept)"
         )
     return {(t.name, v, i): _run_dir(out, t, v, i) for t, v, i in jobs}
+
+
+def _steps_done(run_dir: Path) -> int:
+    """The last step in a run's metrics.jsonl, which its process may be writing (a torn line is skipped)."""
+    metrics = run_dir / "metrics.jsonl"
+    step = 0
+    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+        try:
+            step = max(step, int(json.loads(line).get("step", 0)))
+        except (json.JSONDecodeError, ValueError):
+            pass
+    return step
 
 
 def _final_val_loss(run_dir: Path) -> float:

@@ -9,6 +9,7 @@ rows on a machine where the runs themselves are gone, and the rows are what a pa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -71,13 +72,23 @@ def tracker_overrides(recipe: str, overrides: list[str], group: str) -> list[str
     ]
 
 
-def train_once(train_args: list[str], run_dir: Path, record: dict, threads: int | None = None) -> bool:
+def train_once(
+    train_args: list[str], run_dir: Path, record: dict, threads: int | None = None, log: Path | None = None
+) -> bool:
     """Train one run as its own process and, when it finishes, mark `run_dir` done with its wall and
-    CPU seconds and `record`; False when it failed (a re-run resumes it). `threads`: its OMP threads."""
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    CPU seconds and `record`; False when it failed (a re-run resumes it). `threads`: its OMP threads;
+    `log`: a file its output is appended to (default: this process's output)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     start = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain.train", *train_args], cwd=REPO_ROOT, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, even with others running beside it
+    with open(log, "a") if log else contextlib.nullcontext() as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pretrain.train", *train_args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, even with others running beside it
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         return False

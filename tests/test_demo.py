@@ -12,6 +12,7 @@ import yaml
 from conftest import REPO
 
 from studies.demo import CONTEXT_GUESS, KV, MODADD, aggregate, main, table, verdict
+from studies.scaling_runs import DONE
 from studies.spread import Spread
 
 
@@ -58,7 +59,7 @@ def test_demo_end_to_end_small(tmp_path, capsys):
         "modular_addition-mixit",
         "modular_addition-standard",
     ]
-    assert all((out / "runs" / r / "demo_done").is_file() for r in runs)
+    assert all((out / "runs" / r / DONE).is_file() for r in runs)
     assert (
         main(["--out", str(out), "--variants", "standard,mixit", "--steps-scale", "0.01", "--eval-samples", "32"]) == 0
     )  # finished runs are skipped, not retrained
