@@ -138,3 +138,9 @@ def small_tmpfs(tmp_path):
     yield mount
     for where in reversed(mounted):
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first, the README journey (the longest) first of all: with two workers the
+    long tests start early instead of running alone at the end."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, "test_readme.py" not in item.nodeid))
