@@ -1,4 +1,4 @@
-"""launch.sh --max-restarts with real processes: a ZeRO-3 rank killed at three random steps, and the run
+"""launch.sh --max-restarts with real processes: a ZeRO-3 rank killed at two random steps, and the run
 finishes by itself with the uninterrupted run's losses; a failure that repeats at the same step stops
 with one error line; bad input (exit 2) is never retried."""
 
@@ -30,7 +30,7 @@ def launch(run, *opts, faults=None, extra=()):
 
 
 def test_a_killed_rank_restarts_and_the_losses_equal_the_uninterrupted_run(tmp_path):
-    kills = sorted(random.sample(range(2, STEPS), 3))
+    kills = sorted(random.sample(range(2, STEPS), 2))
     healed = launch(
         tmp_path / "healed",
         "--max-restarts",
@@ -41,13 +41,13 @@ def test_a_killed_rank_restarts_and_the_losses_equal_the_uninterrupted_run(tmp_p
     )
     assert healed.returncode == 0, healed.stderr[-3000:]
     restarts = [json.loads(line) for line in (tmp_path / "healed" / "restarts.jsonl").read_text().splitlines()]
-    assert [r["restart"] for r in restarts] == [1, 2, 3] and [r["after_step"] for r in restarts] == kills
-    assert healed.stderr.count("[launch] the job exited with") == 3
+    assert [r["restart"] for r in restarts] == [1, 2] and [r["after_step"] for r in restarts] == kills
+    assert healed.stderr.count("[launch] the job exited with") == 2
     plain = launch(tmp_path / "plain")
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert read_losses(tmp_path / "healed") == read_losses(tmp_path / "plain")  # bitwise, every step
     last = json.loads((tmp_path / "healed" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["step"] == STEPS and last["restarts"] == 3
+    assert last["step"] == STEPS and last["restarts"] == 2
 
 
 def test_the_same_failure_twice_stops_and_bad_input_is_not_retried(tmp_path):
