@@ -55,6 +55,13 @@ def headline(metric: str) -> bool:
     )
 
 
+def markdown_table(header: list[str], rows: Iterable[Iterable[Any]], right_from: int | None = None) -> str:
+    """A markdown table, one line per row (no final newline); columns from `right_from` on are
+    right-aligned (numbers), the rest left-aligned."""
+    align = ["---" if right_from is None or i < right_from else "---:" for i in range(len(header))]
+    return "\n".join("| " + " | ".join(str(c) for c in line) + " |" for line in [header, align, *rows])
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return ""
@@ -68,10 +75,9 @@ def write_table(
 ) -> list[str]:
     metrics = sorted({k for r in rows for k in r if k not in INFO_COLS and (all_metrics or headline(k))})
     cols = list(INFO_COLS) + metrics
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    md = markdown_table(cols, ([_fmt(r.get(c)) for c in cols] for r in rows))
     Path(md_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(md_path).write_text("\n".join(md) + "\n")
+    Path(md_path).write_text(md + "\n")
     if csv_path is not None:
         with open(csv_path, "w", newline="") as f:
             w = csv.DictWriter(

@@ -54,6 +54,7 @@ from checkpoint import load_for_eval
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.synthetic import get_task
+from eval.report import markdown_table
 from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
@@ -218,13 +219,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         cells.setdefault((r["variant"], r["width"]), []).append(r)
     seeds = max(len(rs) for rs in cells.values())
-    out = [
-        "| variant | width | params (trainable / total) | data bits | "
-        + ("seeds | " if seeds > 1 else "")
-        + "acc | bits | bits / trainable param | bits / param | loss drop, last 20% of steps | "
-        "max bits/trainable (over widths) | paper bits/param |",
-        "|---|---|---|---|" + ("---|" if seeds > 1 else "") + "---|---|---|---|---|---|---|",
-    ]
+    header = ["variant", "width", "params (trainable / total)", "data bits", *(["seeds"] if seeds > 1 else [])]
+    header += ["acc", "bits", "bits / trainable param", "bits / param", "loss drop, last 20% of steps"]
+    header += ["max bits/trainable (over widths)", "paper bits/param"]
+    out = []
     best: dict[str, float] = {}
     for (v, _), rs in cells.items():
         best[v] = max(best.get(v, 0.0), Spread.of([r["bits_per_trainable_param"] for r in rs]).mean)
@@ -237,13 +235,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 
         drop = col("loss_drop_last_20pct", "{:.3f}") if all("loss_drop_last_20pct" in r for r in rs) else "-"
         out.append(
-            f"| {v} | {w} | {r0['params_trainable']:,} / {r0['params_total']:,} | {r0['data_bits']:,.0f} | "
-            + (f"{len(rs)} | " if seeds > 1 else "")
-            + f"{col('acc', '{:.3f}')} | {col('bits', '{:,.0f}')} | {col('bits_per_trainable_param', '{:.3f}')} | "
-            f"{col('bits_per_param', '{:.3f}')} | {drop} | {best[v]:.3f} | "
-            f"{paper if paper is not None else '-'} |"
+            [v, w, f"{r0['params_trainable']:,} / {r0['params_total']:,}", f"{r0['data_bits']:,.0f}"]
+            + ([len(rs)] if seeds > 1 else [])
+            + [col("acc", "{:.3f}"), col("bits", "{:,.0f}"), col("bits_per_trainable_param", "{:.3f}")]
+            + [col("bits_per_param", "{:.3f}"), drop, f"{best[v]:.3f}", paper if paper is not None else "-"]
         )
-    return "\n".join(out)
+    return markdown_table(header, out)
 
 
 def training_losses(run_dir: Path) -> list[tuple[int, float]]:

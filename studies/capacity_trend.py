@@ -23,6 +23,7 @@ from typing import Any
 
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
+from eval.report import markdown_table
 
 from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, finished_cells
 from .spread import Spread
@@ -68,42 +69,31 @@ def gain_per_doubling(per: dict[int, Spread]) -> float | None:
 
 def table(trend: dict[str, dict[int, Spread]]) -> str:
     lengths = sorted({s for per in trend.values() for s in per})
-    head = " | ".join(f"{s:,} steps" for s in lengths)
-    out = [
-        f"| variant | {head} | gain per doubling (last two) | paper |",
-        "|---|" + "---:|" * len(lengths) + "---:|---:|",
-    ]
+    head = [f"{s:,} steps" for s in lengths]
+    rows = []
     for v in sorted(trend, key=_order):
-        per = trend[v]
-        cells = " | ".join(f"{per[s].format()} ({len(per[s].values)})" if s in per else "-" for s in lengths)
-        g = gain_per_doubling(per)
-        out.append(f"| {v} | {cells} | {'-' if g is None else f'{g:+.3f}'} | {PAPER_BITS_PER_PARAM.get(v, '-')} |")
+        per, g = trend[v], gain_per_doubling(trend[v])
+        cells = [f"{per[s].format()} ({len(per[s].values)})" if s in per else "-" for s in lengths]
+        rows.append([v, *cells, "-" if g is None else f"{g:+.3f}", PAPER_BITS_PER_PARAM.get(v, "-")])
+    out = markdown_table(["variant", *head, "gain per doubling (last two)", "paper"], rows, right_from=1)
     if "standard" in trend:
-        std = trend["standard"]
-        out.append("")
-        out.append(f"| fraction of standard | {head} | paper |")
-        out.append("|---|" + "---:|" * len(lengths) + "---:|")
+        std, rows = trend["standard"], []
         for v in sorted(trend, key=_order):
-            cells = " | ".join(
-                f"{trend[v][s].mean / std[s].mean:.2f}" if s in trend[v] and s in std else "-" for s in lengths
-            )
+            cells = [f"{trend[v][s].mean / std[s].mean:.2f}" if s in trend[v] and s in std else "-" for s in lengths]
             paper = PAPER_BITS_PER_PARAM.get(v)
-            ref = f"{paper / PAPER_BITS_PER_PARAM['standard']:.2f}" if paper else "-"
-            out.append(f"| {v} | {cells} | {ref} |")
-    return "\n".join(out)
+            rows.append([v, *cells, f"{paper / PAPER_BITS_PER_PARAM['standard']:.2f}" if paper else "-"])
+        out += "\n\n" + markdown_table(["fraction of standard", *head, "paper"], rows, right_from=1)
+    return out
 
 
 def loss_table(losses: dict[str, dict[int, Spread]]) -> str:
     """The final training loss per variant and length: where more steps no longer lower it, the cell is
     as trained as this schedule makes it."""
     lengths = sorted({s for per in losses.values() for s in per})
-    out = [
-        "| final training loss | " + " | ".join(f"{s:,} steps" for s in lengths) + " |",
-        "|---|" + "---:|" * len(lengths),
+    rows = [
+        [v, *(losses[v][s].format() if s in losses[v] else "-" for s in lengths)] for v in sorted(losses, key=_order)
     ]
-    for v in sorted(losses, key=_order):
-        out.append(f"| {v} | " + " | ".join(losses[v][s].format() if s in losses[v] else "-" for s in lengths) + " |")
-    return "\n".join(out)
+    return markdown_table(["final training loss", *(f"{s:,} steps" for s in lengths)], rows, right_from=1)
 
 
 def plot(trend: dict[str, dict[int, Spread]], out: Path, width: int) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from checkpoint import tag_format
 from common.constants import REPO_ROOT, free_port
+from eval.report import markdown_table
 
 RECIPE = "recipes/tiny_cpu.yaml"
 LAYOUTS = {
@@ -234,18 +235,20 @@ def chaos_run(
 
 
 def table(results: list[ChaosResult]) -> str:
-    lines = [
-        "| layout | steps | kills (mid-save) | restarts | losses equal to the uninterrupted run | max abs diff | "
-        "incomplete checkpoint dirs | seed | wall |",
-        "|---|---|---|---|---|---|---|---|---|",
+    header = ["layout", "steps", "kills (mid-save)", "restarts", "losses equal to the uninterrupted run"]
+    header += ["max abs diff", "incomplete checkpoint dirs", "seed", "wall"]
+    rows = [
+        [r.layout, r.steps, f"{len(r.kills)} ({sum(k['during_save'] for k in r.kills)})", r.restarts]
+        + [
+            f"{r.equal_steps}/{r.steps}",
+            f"{r.max_abs_loss_diff:.2e}",
+            len(r.incomplete_dirs),
+            r.seed,
+            f"{r.seconds:.0f} s",
+        ]
+        for r in results
     ]
-    for r in results:
-        mid = sum(k["during_save"] for k in r.kills)
-        lines.append(
-            f"| {r.layout} | {r.steps} | {len(r.kills)} ({mid}) | {r.restarts} | {r.equal_steps}/{r.steps} | "
-            f"{r.max_abs_loss_diff:.2e} | {len(r.incomplete_dirs)} | {r.seed} | {r.seconds:.0f} s |"
-        )
-    return "\n".join(lines)
+    return markdown_table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from checkpoint import tag_format
 from common.constants import REPO_ROOT, free_port
+from eval.report import markdown_table
 
 from .chaos import last_logged_step, step_losses
 
@@ -278,16 +279,11 @@ def long_chaos_run(steps: int, seed: int, out: Path, timeout: float = 3600, say=
 
 def table(r: LongChaosResult) -> str:
     kinds = ", ".join(f"{f['kind']}@{f['at_step']}" for f in r.faults)
-    return "\n".join(
-        [
-            "| steps | ranks | faults (kind@step) | launches | restarts by launch.sh | losses equal | max abs diff "
-            "| incomplete checkpoint dirs | leftover processes | seed | wall |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-            f"| {r.steps} | {RANKS} | {kinds} | {r.launches} | {r.restarts} | {r.equal_steps}/{r.steps} | "
-            f"{r.max_abs_loss_diff:.2e} | {len(r.incomplete_dirs)} | {len(r.leftover_processes)} | {r.seed} | "
-            f"{r.seconds:.0f} s |",
-        ]
-    )
+    header = ["steps", "ranks", "faults (kind@step)", "launches", "restarts by launch.sh", "losses equal"]
+    header += ["max abs diff", "incomplete checkpoint dirs", "leftover processes", "seed", "wall"]
+    row = [r.steps, RANKS, kinds, r.launches, r.restarts, f"{r.equal_steps}/{r.steps}", f"{r.max_abs_loss_diff:.2e}"]
+    row += [len(r.incomplete_dirs), len(r.leftover_processes), r.seed, f"{r.seconds:.0f} s"]
+    return markdown_table(header, [row])
 
 
 def main(argv: list[str] | None = None) -> int:

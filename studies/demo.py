@@ -35,6 +35,7 @@ import torch
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
+from eval.report import markdown_table
 from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
 from pretrain.config import load_recipe
@@ -270,17 +271,15 @@ def _cell(task: DemoTask, value: float | Spread) -> str:
 
 def table(acc: dict[tuple[str, str], float | Spread], tasks, variants: list[str]) -> str:
     """Tasks as rows (ours | paper per variant): reads well for 2 tasks and for 7."""
-    lines = [
-        "| task | " + " | ".join(f"{v} | paper" for v in variants) + " | chance |",
-        "|---|" + "---:|---:|" * len(variants) + "---:|",
-    ]
+    header = ["task", *(h for v in variants for h in (v, "paper")), "chance"]
+    rows = []
     for t in tasks:
-        cells = [f"{_cell(t, acc[(t.name, v)])} | {PAPER.get(t.name, {}).get(v, '—')}" for v in variants]
         chance = "—" if t.is_text else f"{t.chance:.1%}"
         if t.name == RETRIEVAL:
             chance += f" ({CONTEXT_GUESS:.0%} guessing a value seen in context)"
-        lines.append(f"| {t.label} | " + " | ".join(cells) + f" | {chance} |")
-    return "\n".join(lines)
+        cells = [c for v in variants for c in (_cell(t, acc[(t.name, v)]), PAPER.get(t.name, {}).get(v, "—"))]
+        rows.append([t.label, *cells, chance])
+    return markdown_table(header, rows, right_from=1)
 
 
 def plot(

@@ -56,6 +56,7 @@ from data_pipeline.text import TextLoader, read_documents, text_files
 from data_pipeline.tokenizer import train_sentencepiece
 from eval.in_context import icl_score
 from eval.mechanisms import mechanism_scores
+from eval.report import markdown_table
 from eval.retrieval import induction, repeated
 from model import VARIANTS
 from pretrain.config import load_recipe
@@ -503,14 +504,10 @@ COLUMNS = {
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of `summarize`'s rows (all of one kind of data)."""
     columns = COLUMNS[rows[0]["kind"] if rows else "text"]
-    lines = [
-        "| variant | layers | seeds | step | " + " | ".join(h for h, _ in columns) + " |",
-        "|---" * (4 + len(columns)) + "|",
-    ]
-    for r in rows:
-        cells = [r["variant"], r["layers"], r["seeds"], r["step"]] + [cell(r) for _, cell in columns]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
+    header = ["variant", "layers", "seeds", "step", *(h for h, _ in columns)]
+    return markdown_table(
+        header, ([r["variant"], r["layers"], r["seeds"], r["step"], *(cell(r) for _, cell in columns)] for r in rows)
+    )
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> Path:

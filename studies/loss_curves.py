@@ -20,6 +20,7 @@ from pathlib import Path
 
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
+from eval.report import markdown_table
 from pretrain.run_dir import read_config
 
 from .capacity import loss_drop, training_losses
@@ -60,19 +61,14 @@ def binned(points: list[tuple[int, float]], n: int) -> list[tuple[int, float]]:
 
 
 def table(runs: list[tuple[str, list[tuple[int, float]], int | None]]) -> str:
-    out = [
-        "| run | steps logged / scheduled | "
-        + " | ".join(f"tenth {i}" for i in range(1, 11))
-        + " | drop over the last fifth |",
-        "|---|---:|" + "---:|" * 11,
-    ]
+    header = ["run", "steps logged / scheduled", *(f"tenth {i}" for i in range(1, 11)), "drop over the last fifth"]
+    rows = []
     for label, points, max_steps in runs:
         tenths = range_means(points, 10)
-        cells = " | ".join(f"{tenths[i]:.3f}" if i in tenths else "-" for i in range(10))
+        cells = [f"{tenths[i]:.3f}" if i in tenths else "-" for i in range(10)]
         sched = f"{max_steps:,}" if max_steps else "?"
-        drop = loss_drop(dict(points))
-        out.append(f"| {label} | {points[-1][0]:,} / {sched} | {cells} | {drop:.3f} |")
-    return "\n".join(out)
+        rows.append([label, f"{points[-1][0]:,} / {sched}", *cells, f"{loss_drop(dict(points)):.3f}"])
+    return markdown_table(header, rows, right_from=1)
 
 
 def plot(runs, out: Path, points: int, fraction: bool) -> Path:

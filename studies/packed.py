@@ -49,6 +49,7 @@ from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from data_pipeline.text import eos_document_ids
 from data_pipeline.tokenizer import BYTE_TOKENIZER
+from eval.report import markdown_table
 from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.train import train
@@ -197,11 +198,8 @@ def run_cell(
 
 
 def table(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts) -> str:
-    lines = [
-        "| layout | variant | seeds | acc, example alone at position 0 | acc, mean over every offset | "
-        "acc, mean over offsets 0, 4, 8, ... |",
-        "|---|---|---|---|---|---|",
-    ]
+    header = ["layout", "variant", "seeds", "acc, example alone at position 0", "acc, mean over every offset"]
+    rows = []
     for layout in layouts:
         for v in variants:
             rs = results.get((layout, v), [])
@@ -211,8 +209,8 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layout
                 Spread.of([r[k] for r in rs]).format("{:.1%}") if rs[0][k] is not None else "— (4-token context)"
                 for k in ("offset0", "all_offsets", "slots_4k")
             ]
-            lines.append(f"| {layout} | {v} | {len(rs)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows.append([layout, v, len(rs), *cells])
+    return markdown_table([*header, "acc, mean over offsets 0, 4, 8, ..."], rows)
 
 
 def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts, path: Path) -> Path:

@@ -30,6 +30,7 @@ from typing import Callable
 from common.cli import CliParser, print_error, run_cli
 from common.constants import REPO_ROOT
 from common.errors import StudyError
+from eval.report import markdown_table
 from pretrain.config import load_recipe
 
 from . import arithmetic, induction, retrieval
@@ -158,9 +159,8 @@ def steps_name(steps: int) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]], right_from: int = 1) -> str:
-    align = ["---" if i < right_from else "---:" for i in range(len(header))]
-    lines = [header, align] + rows
-    return "".join("| " + " | ".join(line) + " |\n" for line in lines)
+    """A page's table: numbers right-aligned from column `right_from`, a newline after every line."""
+    return markdown_table(header, rows, right_from) + "\n"
 
 
 # ---- capacity tables --------------------------------------------------------------------------------
