@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from .report import new_figure, save_figure
+
 
 def _scores(P: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor]:
     """P: (..., t, t) with t = 2L -> (prev_token, induction) of shape (...)."""
@@ -111,15 +113,8 @@ def mechanism_scores(
 
 def save_heatmap(maps: torch.Tensor, prev: torch.Tensor, ind: torch.Tensor, path: str | Path, title: str = "") -> Path:
     """Row 0: per-head score grids; below: each layer's read maps, one panel per head."""
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
     layers, heads = maps.shape[:2]
-    fig, axes = plt.subplots(
-        layers + 1, max(heads, 2), figsize=(2.2 * max(heads, 2), 2.2 * (layers + 1)), squeeze=False
-    )
+    fig, axes = new_figure(layers + 1, max(heads, 2), figsize=(2.2 * max(heads, 2), 2.2 * (layers + 1)), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for k, (name, s) in enumerate((("previous-token", prev), ("induction", ind))):
@@ -140,8 +135,4 @@ def save_heatmap(maps: torch.Tensor, prev: torch.Tensor, ind: torch.Tensor, path
             ax.set_yticks([])
     fig.suptitle(title + "  (row i reads column j)", fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=80)

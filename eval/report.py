@@ -1,5 +1,7 @@
 """Reports over many evaluated checkpoints: flat metric names, markdown/CSV tables,
-TensorBoard scalars against the training step, and PNG plots (one line per run/variant)."""
+TensorBoard scalars against the training step, and PNG plots (one line per run/variant).
+`markdown_table`, `new_figure` and `save_figure` are the table and figure helpers of every
+report and study."""
 
 from __future__ import annotations
 
@@ -62,6 +64,28 @@ def markdown_table(header: list[str], rows: Iterable[Iterable[Any]], right_from:
     return "\n".join("| " + " | ".join(str(c) for c in line) + " |" for line in [header, align, *rows])
 
 
+def new_figure(*args: Any, **kwargs: Any):
+    """`plt.subplots(...)` on the file-only Agg backend. matplotlib is slow to import, so it is imported
+    here, when a plot is drawn, and nowhere else."""
+    import matplotlib  # deferred: heavy
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: heavy
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 90) -> Path:
+    """Write `fig` to `path` (PNG; its directory made) and free it."""
+    import matplotlib.pyplot as plt  # deferred: heavy (imported already by new_figure)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return ""
@@ -113,11 +137,6 @@ def _safe(name: str) -> str:
 
 def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[str] | None = None) -> list[Path]:
     """One PNG per metric vs step; one line per run, labelled by variant (and run when ambiguous)."""
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = metrics or sorted({k for r in rows for k in r if k not in INFO_COLS and headline(k)})
@@ -128,28 +147,23 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[
     variants = [rs[0].get("variant") for rs in runs.values()]
     paths = []
     for m in metrics:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        drew = False
+        series = []
         for (run, rs), variant in zip(runs.items(), variants):
             pts = sorted((r["step"], r[m]) for r in rs if isinstance(r.get(m), (int, float)))
-            if not pts:
-                continue
-            label = variant if variants.count(variant) == 1 else f"{variant} ({run})"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-            drew = True
-        if not drew:
-            plt.close(fig)
+            if pts:
+                series.append((variant if variants.count(variant) == 1 else f"{variant} ({run})", pts))
+        if not series:
             continue
+        fig, ax = new_figure(figsize=(5, 3.5))
+        for label, pts in series:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.set_xlabel("training step")
         ax.set_ylabel(m)
         ax.set_title(m, fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        p = out_dir / f"{_safe(m)}.png"
-        fig.savefig(p, dpi=80)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(save_figure(fig, out_dir / f"{_safe(m)}.png", dpi=80))
     return paths
 
 

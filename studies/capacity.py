@@ -54,7 +54,7 @@ from checkpoint import load_for_eval
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.synthetic import get_task
-from eval.report import markdown_table
+from eval.report import markdown_table, new_figure, save_figure
 from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
@@ -252,16 +252,11 @@ def training_losses(run_dir: Path) -> list[tuple[int, float]]:
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     """Left: every cell's training loss against step (one color per variant, one line style per width).
     Right: bits per trainable parameter against width, mean and every seed, the paper's value dashed."""
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     widths = sorted({r["width"] for r in rows})
     color = {v: f"C{i}" for i, v in enumerate(DEFAULT_VARIANTS)}
     style = dict(zip(widths, ("-", "--", ":", "-.") * len(widths)))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (left, right) = new_figure(1, 2, figsize=(13, 5))
     labelled = set()
     for r in rows:
         pts = training_losses(cell_dir(out_dir, r["variant"], r["width"], r.get("seed_index", 0)))
@@ -291,8 +286,7 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     right.legend(fontsize=8)
     fig.tight_layout()
     path = Path(out_dir) / "capacity.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
     return path
 
 

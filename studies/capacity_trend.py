@@ -23,7 +23,7 @@ from typing import Any
 
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
-from eval.report import markdown_table
+from eval.report import markdown_table, new_figure, save_figure
 
 from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, finished_cells
 from .spread import Spread
@@ -97,12 +97,7 @@ def loss_table(losses: dict[str, dict[int, Spread]]) -> str:
 
 
 def plot(trend: dict[str, dict[int, Spread]], out: Path, width: int) -> Path:
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (left, right) = new_figure(1, 2, figsize=(13, 5))
     std = trend.get("standard", {})
     for v in sorted(trend, key=_order):
         per, color = trend[v], f"C{_order(v)}"
@@ -126,9 +121,7 @@ def plot(trend: dict[str, dict[int, Spread]], out: Path, width: int) -> Path:
     right.set_ylabel("fraction of standard's bits / trainable parameter")
     right.set_title("each variant relative to standard (dashed: the paper's ratios)", fontsize=10)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    save_figure(fig, out, dpi=90)
     return out
 
 

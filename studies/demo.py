@@ -35,7 +35,7 @@ import torch
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
-from eval.report import markdown_table
+from eval.report import markdown_table, new_figure, save_figure
 from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
 from pretrain.config import load_recipe
@@ -287,15 +287,10 @@ def plot(
 ) -> Path:
     """Accuracy bars (mean over seeds, std as the error bar, each seed a dot) and training-loss curves
     (one line per seed)."""
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
     bars = [t for t in tasks if not t.is_text]
     n_cols = min(4, 1 + len(tasks))  # the paper suite's 8 panels in two rows of 4
     n_rows = -(-(1 + len(tasks)) // n_cols)
-    fig, grid = plt.subplots(n_rows, n_cols, figsize=(4.5 * n_cols, 4.2 * n_rows), squeeze=False)
+    fig, grid = new_figure(n_rows, n_cols, figsize=(4.5 * n_cols, 4.2 * n_rows), squeeze=False)
     axes = list(grid.flat)
     for ax in axes[1 + len(tasks) :]:
         ax.axis("off")
@@ -337,8 +332,7 @@ def plot(
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "demo.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 

@@ -56,7 +56,7 @@ from data_pipeline.text import TextLoader, read_documents, text_files
 from data_pipeline.tokenizer import train_sentencepiece
 from eval.in_context import icl_score
 from eval.mechanisms import mechanism_scores
-from eval.report import markdown_table
+from eval.report import markdown_table, new_figure, save_figure
 from eval.retrieval import induction, repeated
 from model import VARIANTS
 from pretrain.config import load_recipe
@@ -513,11 +513,6 @@ def table(rows: list[dict[str, Any]]) -> str:
 def plot(runs: list[dict[str, Any]], path: Path) -> Path:
     """One panel per metric of the data's kind against step, one color per variant, solid 2 layers /
     dashed 3: one line per run (seed)."""
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
     titles = {
         "probe/induction_score_text": "induction score, repeated held-out text (max head)",
         "probe/induction_score": "induction score, repeated random tokens (max head)",
@@ -533,7 +528,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
     if kind == "copy":
         titles["val_loss"] = "held-out loss on the copies (nats/token)"
     metrics = METRICS[kind]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig, axes = new_figure(2, 3, figsize=(15, 8))
     for ax in axes.flat[len(metrics) :]:
         ax.set_axis_off()
     color = {v: f"C{i}" for i, v in enumerate(DEFAULT_VARIANTS)}
@@ -573,8 +568,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         f"{layers} layer models {data}, probes at every evaluation (one line per run; up to {seeds} seeds)", fontsize=11
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
     return path
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
-from eval.report import markdown_table
+from eval.report import markdown_table, new_figure, save_figure
 from pretrain.run_dir import read_config
 
 from .capacity import loss_drop, training_losses
@@ -72,12 +72,7 @@ def table(runs: list[tuple[str, list[tuple[int, float]], int | None]]) -> str:
 
 
 def plot(runs, out: Path, points: int, fraction: bool) -> Path:
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = new_figure(figsize=(9, 5))
     for label, pts, max_steps in runs:
         xs, ys = zip(*binned(pts, points))
         if fraction:
@@ -88,9 +83,7 @@ def plot(runs, out: Path, points: int, fraction: bool) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    save_figure(fig, out, dpi=90)
     return out
 
 

@@ -49,7 +49,7 @@ from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from data_pipeline.text import eos_document_ids
 from data_pipeline.tokenizer import BYTE_TOKENIZER
-from eval.report import markdown_table
+from eval.report import markdown_table, new_figure, save_figure
 from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.train import train
@@ -214,12 +214,7 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layout
 
 
 def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts, path: Path) -> Path:
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
-    fig, axes = plt.subplots(1, len(layouts), figsize=(5 * len(layouts), 3.8), squeeze=False)
+    fig, axes = new_figure(1, len(layouts), figsize=(5 * len(layouts), 3.8), squeeze=False)
     for ax, layout in zip(axes[0], layouts):
         for i, v in enumerate(variants):
             for j, r in enumerate(results.get((layout, v), [])):
@@ -238,8 +233,7 @@ def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts
         "modular addition (p = 31) as bytes: held-out accuracy vs where the example sits (dotted: chance)", fontsize=10
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
     return path
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import StudyError
+from eval.report import new_figure, save_figure
 
 
 @dataclass
@@ -138,12 +139,7 @@ def plot_fits(
     rows: list[dict], fits: dict[str, PowerLawFit | str], x_key: str, y_key: str, out_png: str | Path, xlabel: str
 ) -> Path:
     """Points (mean +- std over seeds) and fitted curves, one colour per variant, log x axis."""
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = new_figure(figsize=(6.4, 4.4))
     for i, (variant, agg) in enumerate(aggregate_seeds(rows, x_key, y_key).items()):
         color = f"C{i}"
         ax.errorbar(agg["x"], agg["mean"], yerr=agg["std"], fmt="o", color=color, capsize=3, label=variant)
@@ -171,14 +167,8 @@ def _style(ax, xlabel: str, ylabel: str) -> None:
 
 
 def _save(fig, out_png: str | Path) -> Path:
-    import matplotlib.pyplot as plt  # deferred: heavy
-
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=120)
 
 
 # ---- the joint law L(N, D) = E + A N^-alpha + B D^-beta (Chinchilla's approach 3) ----------------
@@ -433,12 +423,7 @@ def frontier_gap(
 def plot_frontier(rows: list[dict], report: dict, y_key: str, out_png: str | Path) -> Path:
     """Left: every cooled run's loss against its training FLOPs and each variant's fitted frontier.
     Right: each variant's frontier gap to standard at equal compute, with its band."""
-    import matplotlib  # deferred: heavy
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: heavy
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, (left, right) = new_figure(1, 2, figsize=(11, 4.4))
     for i, (variant, entry) in enumerate(report.items()):
         color = f"C{i}"
         pts = [r for r in rows if r["variant"] == variant and str(r.get("cooled")) == "True" and r.get(y_key)]
