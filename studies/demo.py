@@ -133,7 +133,8 @@ def train_all(
     launcher, studies/scaling_runs.py), with one progress bar over their steps."""
     jobs = [(t, v, i) for i in range(seeds) for t in tasks for v in variants]
     total = {(t.name, v): _max_steps(t, scale) for t in tasks for v in variants}
-    running: set[str] = set()
+    running: set[str] = set()  # labels of the runs in progress, shared with the progress watcher
+    running_lock = threading.Lock()
     threads = threads_per_job(parallel)
 
     def train_job(task: DemoTask, variant: str, i: int) -> list[str]:
@@ -146,9 +147,11 @@ def train_all(
         if i:  # a new draw of everything random: init, data order, the task, MixiT's fixed matrices
             args += [f"seed={_recipe_seed(task) + i}", f"model.mixit_seed={i}"]
         label = f"{task.name}/{variant}" + (f"/s{i}" if i else "")
-        running.add(label)
+        with running_lock:
+            running.add(label)
         ok = train_once(args, run_dir, {"task": task.name, "variant": variant}, threads, log=run_dir / "train.log")
-        running.discard(label)
+        with running_lock:
+            running.discard(label)
         return [] if ok else [f"{label} (see {run_dir / 'train.log'})"]
 
     bar = progress_bar(
@@ -158,7 +161,9 @@ def train_all(
 
     def refresh() -> None:
         bar.n = sum(min(_steps_done(_run_dir(out, t, v, i)), total[(t.name, v)]) for t, v, i in jobs)
-        bar.set_postfix_str(", ".join(sorted(running)) or "done")
+        with running_lock:
+            names = sorted(running)
+        bar.set_postfix_str(", ".join(names) or "done")
 
     def watch() -> None:
         while not finished.wait(2.0):
