@@ -3,18 +3,17 @@
 # manylinux x86_64) with torch 2.11, triton 3.6, transformers 5.17 and numpy 2.5 (and what those
 # pull in), but no DeepSpeed. The wheelhouse holds what training and the GPU tests need beyond that:
 # DeepSpeed (built here from its sdist: 0.19.x publishes no wheel, and `pip download --only-binary`
-# would silently pick a 2020 release), its requirements, the project's other dependencies and
-# pytest, each with its own requirements, the image's packages left out.
+# would silently pick a 2020 release) and those of the project's dependencies and their requirements
+# that the image lacks (6 wheels, 4.8 MiB: DeepSpeed, hjson and the pydantic family).
 #   scripts/device_wheels.sh          build .whl/ (needs network here; seconds to a minute)
 #   scripts/device_wheels.sh --list   print the plan, download nothing
-#   scripts/device_wheels.sh --all    everything pyproject.toml names, dev extra included (89 wheels, 212 MiB,
-#                                     over what a device call carries): a complete wheelhouse for
+#   scripts/device_wheels.sh --all    everything pyproject.toml names, dev extra included (over 200 MiB,
+#                                     more than a device call carries): a complete wheelhouse for
 #                                     `WHEELHOUSE=DIR EXTRAS=dev scripts/bootstrap.sh` on an offline host
 # scripts/gpu_check.sh installs .whl/ on the device (into a --target folder, beside the image).
-# Left out (not needed to train on local data or to run the GPU tests, and large): datasets (pyarrow,
-# pandas: data preparation, HF classification data), lm-eval (evaluation harness), tensorboard
-# (logging.tensorboard falls back to none), matplotlib and scipy (studies' figures and fits),
-# s3fs/aiohttp (remote data), and the lint and remote-storage test tools.
+# Left out (not needed to train on local data or to run the GPU tests): datasets (data preparation, HF
+# classification data), lm-eval (evaluation harness), s3fs (remote data) and the lint and remote-storage
+# test tools.
 #   DEST=.whl  DEEPSPEED_VERSION=0.19.8  PYTHON=python3 (runs pip here; any version)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,13 +50,19 @@ except ImportError:  # pip's own copy
 dest, deepspeed_version, list_only, everything = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
 device_pip = sys.argv[5:]
 
-# The image's packages: torch 2.11.0, triton 3.6.0, transformers 5.17.0, numpy 2.5.2 and their
-# requirements (resolved for cp312 Linux; the CUDA libraries, nvidia-* and cuda-*, besides).
+# The image's packages, as listed for it on 2026-11-17 (its torch 2.11.0, triton 3.6.0, transformers 5.17.0,
+# numpy 2.5.2 among them; the CUDA libraries, nvidia-* and cuda-*, besides). pydantic is not on that list
+# and travels: the first device run (2026-11-26, H200) trained and ran the GPU tests with DeepSpeed, hjson
+# and the pydantic family as the whole wheelhouse.
 IMAGE = set(
-    "annotated-doc annotated-types anyio certifi click filelock fsspec h11 hf-xet httpcore httpx huggingface-hub "
-    "idna jinja2 markdown-it-py markupsafe mdurl mpmath networkx numpy packaging pydantic pydantic-core pygments "
-    "pyyaml regex rich safetensors setuptools shellingham sympy tokenizers torch tqdm transformers triton typer "
-    "typing-extensions typing-inspection pip".split()
+    "absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi "
+    "charset-normalizer click cloudpickle colorama contourpy cycler einops execnet filelock fonttools fsspec "
+    "grpcio h11 h5py hf-xet httpcore httpx huggingface-hub idna iniconfig jinja2 joblib kiwisolver markdown "
+    "markdown-it-py markupsafe matplotlib mdurl ml-dtypes mpmath msgpack multidict networkx ninja numpy "
+    "nvidia-ml-py packaging pandas pillow pip pluggy propcache protobuf psutil py-cpuinfo pyarrow pygments "
+    "pyparsing pytest pytest-xdist python-dateutil pyyaml regex requests rich safetensors scipy sentencepiece "
+    "setuptools shellingham six sympy tensorboard tensorboard-data-server threadpoolctl tiktoken tokenizers "
+    "torch tqdm transformers triton typer typing-extensions tzdata urllib3 werkzeug wheel xxhash yarl zipp".split()
 )
 # Not needed on the device (see the header): left out with everything they pull in.
 LEFT_OUT = set(
@@ -79,7 +84,8 @@ DEVICE_ENV = {
 }
 
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-roots = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
+wanted = project["dependencies"] + (project["optional-dependencies"]["dev"] if everything else [])
+roots = [Requirement(r) for r in wanted]
 roots = [r for r in roots if canonicalize_name(r.name) not in IMAGE | LEFT_OUT]
 for i, r in enumerate(roots):
     if canonicalize_name(r.name) == "deepspeed":

@@ -4,8 +4,12 @@
 # recorded and the next one runs; the end is one table (stage, status, seconds, key numbers) and a
 # non-zero exit if any stage failed. Logs, metrics and the table go to $OUT (default outputs/gpu_check).
 #
-#   scripts/gpu_check.sh                 every stage on the GPU (about 25 minutes on one H100)
-#   scripts/gpu_check.sh --only probe,pytest     only these stages (a prefix names several: train, bench)
+#   scripts/gpu_check.sh                 every stage on the GPU (about 20 minutes on one H200: over one call)
+#   scripts/gpu_check.sh --only probe,pytest     only these stages, in this order (a prefix names several:
+#                                        train, bench)
+#   scripts/gpu_check.sh --budget 520    stop starting stages after 520 s: each stage's limit is cut to the
+#                                        time left, and a stage with under 30 s left is SKIPPED (a lease's
+#                                        minutes go to the stages listed first)
 #   scripts/gpu_check.sh --rehearse      every stage on the CPU at a tiny size (a few minutes): the
 #                                        script itself is tested, so it has not rotted by the next device
 #
@@ -30,13 +34,15 @@ if [ "${1:-}" = --_stage ]; then
   stage_mode=1
 else
   stage_mode=0
-  rehearse=0 only=""
+  rehearse=0 only="" budget=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --rehearse) rehearse=1; shift ;;
       --only) only="$2"; shift 2 ;;
+      --budget) budget="$2"; shift 2
+        [[ "$budget" =~ ^[1-9][0-9]*$ ]] || { echo "error: --budget '$budget' is not a number of seconds. Fix: --budget 520" >&2; exit 2; } ;;
       -h|--help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-      *) echo "error: unknown option $1. Fix: scripts/gpu_check.sh [--rehearse] [--only STAGE,...]" >&2; exit 2 ;;
+      *) echo "error: unknown option $1. Fix: scripts/gpu_check.sh [--rehearse] [--only STAGE,...] [--budget SECONDS]" >&2; exit 2 ;;
     esac
   done
   export GPU_CHECK_REHEARSE=$rehearse
@@ -134,8 +140,14 @@ stage_pytest() {
   local rc=0
   "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu -rs "${files[@]}" | tee "$WORK_LOG" || rc=$?
   tail -n 1 "$WORK_LOG" | sed 's/=//g; s/^ *//' > "$KEYS"
-  # on a GPU a skipped GPU test is a test that did not run
-  if [ "$GPU_CHECK_REHEARSE" = 0 ] && grep -q "skipped" "$KEYS"; then return 1; fi
+  # on a GPU a skipped GPU test is a test that did not run, unless it needs an optional package the host
+  # lacks (flash-attn, liger-kernel: "... not installed"), which the keys then name
+  if [ "$GPU_CHECK_REHEARSE" = 0 ]; then
+    local optional
+    optional=$(grep -E '^SKIPPED .*not installed' "$WORK_LOG" | sed -E 's/.*: ([^ ]+) not installed.*/\1/' | sort -u | paste -sd, -)
+    [ -n "$optional" ] && sed -i "1s/\$/ (absent: $optional)/" "$KEYS"
+    if grep -E '^SKIPPED ' "$WORK_LOG" | grep -qv 'not installed'; then return 1; fi
+  fi
   # in a rehearsal there is no GPU: every test must be collected and skipped
   if [ "$GPU_CHECK_REHEARSE" = 1 ] && [ "$rc" = 0 ] && ! grep -q "skipped" "$KEYS"; then return 1; fi
   return "$rc"
@@ -250,29 +262,48 @@ VARIANTS=${GPU_CHECK_VARIANTS:-standard frozen_qk mixit}
 ZERO=${GPU_CHECK_ZERO:-zero1 zero3}
 if [ "$rehearse" = 1 ]; then seqs="64"; else seqs="2048 8192"; fi
 # stage name | time limit (s) | function and arguments
-plan=("wheels|300|wheels" "probe|180|probe" "pytest|600|pytest")
-for v in $VARIANTS; do for z in $ZERO; do plan+=("train:$v:$z|420|train $v $z"); done; done
-for t in $seqs; do plan+=("bench:T$t|600|bench $t"); done
-plan+=("bench:mixit_memory|600|bench mixit_memory")
+plan=("wheels|120|wheels" "probe|120|probe" "pytest|300|pytest")
+for v in $VARIANTS; do for z in $ZERO; do plan+=("train:$v:$z|300|train $v $z"); done; done
+for t in $seqs; do plan+=("bench:T$t|300|bench $t"); done
+plan+=("bench:mixit_memory|300|bench mixit_memory")
 
-selected() {  # is stage $1 in --only (a prefix selects: train, bench)?
-  [ -z "$only" ] && return 0
-  local want
+# the stages to run, in order: the plan's, or --only's (a prefix selects: train, bench)
+run_list=()
+if [ -z "$only" ]; then
+  run_list=("${plan[@]}")
+else
   IFS=, read -ra want <<< "$only"
-  for w in "${want[@]}"; do [[ "$1" == "$w" || "$1" == "$w":* ]] && return 0; done
-  return 1
-}
+  for w in "${want[@]}"; do
+    matched=0
+    for entry in "${plan[@]}"; do
+      name=${entry%%|*}
+      if [[ "$name" == "$w" || "$name" == "$w":* ]]; then
+        [[ " ${run_list[*]} " == *" $entry "* ]] || run_list+=("$entry")
+        matched=1
+      fi
+    done
+    [ "$matched" = 1 ] || { echo "error: --only names no stage '$w'. Fix: one of wheels, probe, pytest, train[:VARIANT:ZERO], bench[:T...|:mixit_memory]" >&2; exit 2; }
+  done
+fi
 
 summary="$OUT/summary.txt"
 printf '%-26s %-8s %8s  %s\n' stage status seconds "key numbers" > "$summary"
 failed=0
-for entry in "${plan[@]}"; do
+for entry in "${run_list[@]}"; do
   IFS='|' read -r name limit call <<< "$entry"
-  selected "$name" || continue
   slug=${name//:/_}
   log="$OUT/logs/$slug.log"
   export KEYS="$OUT/logs/$slug.keys" WORK_LOG="$OUT/logs/$slug.out"
   rm -f "$KEYS"
+  if [ -n "$budget" ]; then
+    left=$((budget - SECONDS))
+    if [ "$left" -lt 30 ]; then
+      printf '%-26s %-8s %8d  %s\n' "$name" SKIPPED 0 "out of the ${budget} s budget" | tee -a "$summary" | sed 's/^/[gpu_check] /'
+      failed=1
+      continue
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "[gpu_check] $name (limit ${limit}s, log $log)"
   t0=$SECONDS
   rc=0

@@ -84,7 +84,7 @@ def test_device_wheels_plan_builds_deepspeed_and_leaves_out_the_image():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     planned = {line.split()[0] for line in lines if line.startswith("  ") and ("=" in line.split()[0])}
-    assert "deepspeed==0.19.8" in planned and "pytest>=8" in planned, out.stdout
-    # what the image has is not downloaded again; torch least of all
-    assert not any(p.startswith(("torch", "triton", "transformers", "numpy")) for p in planned), planned
+    assert "deepspeed==0.19.8" in planned, out.stdout
+    # what the image has is not downloaded again: torch least of all, and pytest (the image holds it)
+    assert not any(p.startswith(("torch", "triton", "transformers", "numpy", "pytest")) for p in planned), planned
     assert "torch" in next(x for x in lines if "image provides" in x).split()
