@@ -285,7 +285,9 @@ class MixingAttention(nn.Module):
         log_choice("mixit", impl, reason)
         return impl
 
-    @torch.compiler.disable  # built once and cached: a compiled block sees only the cached tensor
+    # torch._disable_dynamo is torch.compiler.disable applied at the first call: importing the model
+    # then does not import torch._dynamo (about 1.7 s in every evaluation or export process)
+    @torch._disable_dynamo  # built once and cached: a compiled block sees only the cached tensor
     def drift(self, t: int, device: torch.device) -> torch.Tensor:
         """drift_h for heads 1..H-1, (H-1, n) fp32: computed blockwise once per device and cached."""
         if self._params is None:
@@ -297,7 +299,7 @@ class MixingAttention(nn.Module):
                 self._cache[key] = compute_drift(self._params, n, device, self.cfg.mixit_block_size)
         return self._cache[key]
 
-    @torch.compiler.disable  # built once, cached; traced into an inductor graph its build did not finish
+    @torch._disable_dynamo  # built once, cached; traced into an inductor graph its build did not finish
     def matrix(self, t: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A for sequence length t, (H, t, t): the leading block of the T x T matrix when causal."""
         full_t = self.cfg.max_seq_len if self.cfg.causal else t

@@ -42,15 +42,6 @@ RANKS = 4
 EVERY = 25  # checkpoint every N steps
 
 
-def http_app(argv: list[str]):
-    """`python -m aiohttp.web -H 127.0.0.1 -P PORT studies.chaos_long:http_app ROOT`: serve ROOT, with Range."""
-    from aiohttp import web  # deferred: only the data server needs it
-
-    app = web.Application()
-    app.router.add_static("/", argv[0], show_index=True)
-    return app
-
-
 class DataServer:
     """The loopback shard server, which can go down and come back on the same port."""
 
@@ -62,7 +53,7 @@ class DataServer:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(
-                [*cmd, "studies.chaos_long:http_app", str(self.root)], env=env, stdout=log, stderr=log
+                [*cmd, "studies.static_server:http_app", str(self.root)], env=env, stdout=log, stderr=log
             )
         deadline = time.time() + 30
         while time.time() < deadline:

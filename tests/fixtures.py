@@ -158,7 +158,7 @@ def http_server(root: str | Path, port: int | None = None) -> LoopbackServer:
             "127.0.0.1",
             "-P",
             str(p),
-            "studies.chaos_long:http_app",
+            "studies.static_server:http_app",
             str(root),
         ],
         port,
