@@ -16,6 +16,7 @@ a fresh subprocess (peak RSS on CPU, torch.cuda.max_memory_allocated on CUDA).
     python benchmarks/bench_model.py                          # the CPU table of docs/PERFORMANCE.md
     python benchmarks/bench_model.py --mixit-memory 1024 2048 4096
     python benchmarks/bench_model.py --device cuda --dtype bf16 --compile --sizes 12x768x1024
+    python benchmarks/bench_model.py --variants standard mixit --no-hf --profile 15   # where a step's time goes
 """
 
 from __future__ import annotations
@@ -123,16 +124,32 @@ class Entry:
         sync(self.device)
         self.times.append((time.perf_counter() - t0) / steps)
 
+    def profile(self, top: int) -> str:
+        """One step under torch.profiler: the `top` operators by self time on the device (CUDA
+        kernels on a GPU, operators on a CPU), as torch's table."""
+        from torch.profiler import ProfilerActivity, profile  # deferred: only with --profile
+
+        cuda = self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            self.step()
+            sync(self.device)
+        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60)
+
 
 def _worker_main(conn, args, size: str, kind: str):
-    """Build one entry, warm it up, then time `steps` steps whenever asked."""
+    """Build one entry, warm it up, then time `steps` steps (or profile one) whenever asked."""
     e = Entry(args, size, kind)
     e.step()  # warm-up (and compilation)
     e.step()
     conn.send((e.tokens, e.flops))
-    while (steps := conn.recv()) is not None:
-        e.timed(steps)
-        conn.send(e.times[-1])
+    while (msg := conn.recv()) is not None:
+        if isinstance(msg, tuple):  # ("profile", top)
+            conn.send(e.profile(msg[1]))
+        else:
+            e.timed(msg)
+            conn.send(e.times[-1])
 
 
 class Worker:
@@ -156,6 +173,10 @@ class Worker:
     def timed(self, steps: int):
         self.conn.send(steps)
         self.times.append(self._recv())
+
+    def profile(self, top: int) -> str:
+        self.conn.send(("profile", top))
+        return self._recv()
 
     def close(self):
         if self.proc.is_alive():
@@ -259,6 +280,13 @@ def main():
         help="give our entries HF's plain AdamW too (isolates the model from the optimizer)",
     )
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, one profiled step per entry: its N costliest operators",
+    )
     ap.add_argument("--peak-n", type=int, default=0, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
     ap.add_argument("--mixit-memory", type=int, nargs="*", default=[], help="T values for the MixiT memory table")
     ap.add_argument("--mixit-impls", nargs="+", default=["dense", "blocked"])
@@ -284,6 +312,7 @@ def main():
                 for e in entries if r % 2 == 0 else entries[::-1]:
                     e.timed(args.steps)
                 peak = max(peak, measure_matmul_tflops(device, dtype, peak_n, repeats=2))
+            profiles = {e.kind: e.profile(args.profile) for e in entries} if args.profile else {}
         finally:
             for e in entries:
                 e.close()
@@ -307,6 +336,8 @@ def main():
                 f"{mem:>9} {vs_std:>7} {vs_hf:>7}",
                 flush=True,
             )
+        for kind, table in profiles.items():
+            print(f"\nprofile of one step: {kind}, size {size}\n{table}", flush=True)
     if args.mixit_memory:
         mixit_memory_table(args)
 

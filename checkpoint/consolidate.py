@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from common.deepspeed_import import import_deepspeed
 from data_pipeline.classification import resolve_pad_id
 from data_pipeline.config import parse_data
 from model import ModelConfig, Transformer
@@ -74,6 +75,7 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
         states = safe_torch_load(files[0])
         stage = int(states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0))
         if stage >= 3:
+            import_deepspeed()
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # deferred: heavy
 
             with guarded_torch_load():  # zero_to_fp32 reads only what was scanned, weights-only

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from common.deepspeed_import import import_deepspeed
+
 
 def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -39,7 +41,7 @@ def init_from_env(backend: str | None = None) -> bool:
         return False
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        import deepspeed  # deferred: heavy (deepspeed)
+        deepspeed = import_deepspeed()
 
         deepspeed.init_distributed(dist_backend=backend)
     except Exception:  # noqa: BLE001 - deepspeed absent or unusable: plain torch.distributed

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from checkpoint import tag_format
+from common.deepspeed_import import import_deepspeed
 from common.errors import RecipeError
 
 # NCCL's failure behaviour, stated rather than left to torch's defaults (launch.sh exports the same;
@@ -41,7 +42,7 @@ def pick_device(want: str) -> torch.device:
 def init_distributed(device: torch.device, timeout_s: float | None = None) -> bool:
     """Initialise torch.distributed through DeepSpeed; returns True when this call created it.
     `timeout_s` bounds every collective (a dead or hung peer ends the run instead of hanging it)."""
-    import deepspeed  # deferred: heavy (several seconds to import)
+    deepspeed = import_deepspeed()
 
     if dist.is_available() and dist.is_initialized():
         return False

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from common.constants import IGNORE_INDEX
+from common.deepspeed_import import import_deepspeed
 from common.errors import RecipeError
 
 from . import faults, freeze_transitions
@@ -152,7 +153,7 @@ class ModelEngine:
     def build(self, step: int, state: dict[str, torch.Tensor] | None = None, load_universal: bool = False) -> None:
         """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights.
         Each rank allocates only the tensors it owns (pretrain/parallelize.py)."""
-        import deepspeed  # deferred: heavy (several seconds to import)
+        deepspeed = import_deepspeed()
 
         seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
         model, module = build_local(self.cfg, self.mcfg, self.layout, self.device, self.ds_config, seed, step, state)
@@ -190,7 +191,7 @@ class ModelEngine:
     def gathered(self, params):
         """Full parameters inside the block (ZeRO-3 gathers its partitions; otherwise a no-op)."""
         if self.zero3:
-            import deepspeed  # deferred: heavy
+            deepspeed = import_deepspeed()
 
             return deepspeed.zero.GatheredParameters(list(params), modifier_rank=None)
         return contextlib.nullcontext()
@@ -217,7 +218,7 @@ class ModelEngine:
         if not params:
             return 0
         if self.zero3:
-            import deepspeed  # deferred: heavy
+            deepspeed = import_deepspeed()
 
             with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0):
                 with torch.no_grad():

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from common.deepspeed_import import import_deepspeed
 from model import ModelConfig
 from model.layers import Block
 
@@ -48,7 +49,7 @@ def build_local(
     construct, start_state = task_model_builder(cfg, mcfg, seed)
     zero3 = layout.zero_stage >= 3
     if zero3:
-        import deepspeed  # deferred: heavy (several seconds to import)
+        deepspeed = import_deepspeed()
 
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = construct()
@@ -108,7 +109,7 @@ def materialise(module: nn.Module, names: dict[int, str], values: Values, device
 @torch.no_grad()
 def _fill_partitions(model: nn.Module, values: Values) -> None:
     """ZeRO-3: rank 0 writes each full tensor while it is gathered, and every rank keeps its partition."""
-    import deepspeed  # deferred: heavy
+    deepspeed = import_deepspeed()
 
     for name, p in model.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0):

@@ -1,7 +1,7 @@
 """The chaos run at a small size: SIGKILL every rank at 4 moments (2 of them mid-save) under 2-rank ZeRO-3
-and under 2 pipeline stages; the resumed run's losses equal the uninterrupted run's and no checkpoint
-directory is left half-written, also with checkpoints written in the background (studies/chaos.py;
-the full-size run is in docs/RELIABILITY.md)."""
+with checkpoints written in the background, and under 2 pipeline stages with synchronous saves; the
+resumed run's losses equal the uninterrupted run's and no checkpoint directory is left half-written
+(studies/chaos.py; the full-size run, synchronous ZeRO-3 too, is in docs/RELIABILITY.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from studies.chaos import chaos_run
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("layout,background", [("zero3", False), ("pipeline", False), ("zero3", True)])
+@pytest.mark.parametrize("layout,background", [("pipeline", False), ("zero3", True)])
 def test_chaos_run_matches_the_uninterrupted_run(layout, background, tmp_path):
     seed = random.SystemRandom().randrange(1 << 20)
     flag = " --background-saves" if background else ""
