@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from model.config import PRESETS, preset
-from model.kernels import mixit_triton
+from model.kernels import hopper_aot, mixit_triton
 from model.kernels.mixit_triton import tiles
 
 H100_SHARED_PER_BLOCK = 232_448  # bytes, opt-in maximum per thread block (compute capability 9.0)
@@ -31,64 +32,22 @@ LAUNCHES = sorted(
 )
 TILES = sorted({tiles(dh, block) for dh, block in LAUNCHES})
 
-ARG_TYPES = {  # kernel argument -> Triton signature type (a new argument must be added here)
-    **dict.fromkeys(["V", "CS", "O", "SIG", "DRIFT", "G", "DV"], "*fp32"),
-    "KEYS": "*i64",
-    "beta": "fp32",
-    **dict.fromkeys(["n", "row_start", "T", "Hr"], "i32"),
-    **dict.fromkeys(["svb", "svh", "svt", "sob", "soh", "sot", "sdh", "sgb", "sgh", "sgt"], "i32"),
-}
-
-
-def _ptxas_candidates() -> list[Path]:
-    """The ptxas binaries Triton ships, newest first (Triton 3.9's CUDA 12.9 `ptxas` rejects the
-    PTX 9.4 it emits for sm_90; `ptxas-blackwell`, CUDA 13.x, assembles it)."""
-    triton = pytest.importorskip("triton")
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return [p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.is_file()]
-
 
 @pytest.fixture(scope="module")
 def hopper():
     """(compile one kernel for sm_90, assemble PTX with -v) or a skip naming what is absent."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget  # deferred: optional backend
-    from triton.compiler import ASTSource  # deferred: optional backend
-
-    if "nvidia" not in getattr(triton.backends, "backends", {}):
-        pytest.skip("this Triton has no CUDA backend (triton.backends lacks 'nvidia')")
-    ptxases = _ptxas_candidates()
-    if not ptxases:
-        pytest.skip("Triton's bundled ptxas is absent (backends/nvidia/bin)")
-    target = GPUTarget("cuda", 90, 32)
-
-    def compile_(fn, constexprs: dict, tile) -> tuple[int, str]:
-        signature = {a: "constexpr" if a in constexprs else ARG_TYPES[a] for a in fn.arg_names}
-        kernel = triton.compile(
-            ASTSource(fn, signature, constexprs=constexprs),
-            target=target,
-            options={"num_warps": tile.num_warps, "num_stages": tile.num_stages},
-        )
-        return kernel.metadata.shared, kernel.asm["ptx"]
+    pytest.importorskip("triton")
+    why = hopper_aot.missing()
+    if why:
+        pytest.skip(why)
 
     def assemble(ptx: str, tmp: Path) -> str:
-        arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M).group(1)
-        src = tmp / "kernel.ptx"
-        src.write_text(ptx)
-        errors = []
-        for ptxas in ptxases:
-            out = subprocess.run(
-                [str(ptxas), "-v", f"--gpu-name={arch}", str(src), "-o", str(tmp / "kernel.cubin")],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            if out.returncode == 0:
-                return out.stderr + out.stdout
-            errors.append(f"{ptxas.name}: {out.stderr.strip()[-400:]}")
-        pytest.fail("no bundled ptxas assembles the PTX:\n" + "\n".join(errors))
+        cubin, log = hopper_aot.assemble(ptx, tmp)
+        if cubin is None:
+            pytest.fail("no bundled ptxas assembles the PTX:\n" + log)
+        return log
 
-    return compile_, assemble
+    return hopper_aot.compile_ptx, assemble
 
 
 def _usage(log: str) -> tuple[int, int, int]:
@@ -131,3 +90,26 @@ def test_mixit_kernels_fit_an_h100(hopper, tile, tmp_path):
         if regs > MAX_REGISTERS or stores or loads:
             problems.append(f"{where}: {regs} registers, spills {stores} B stored / {loads} B loaded")
     assert not problems, "\n".join(problems)
+
+
+def test_mixit_loops_use_the_tensor_cores_and_the_issue_count_is_reported(hopper, tmp_path):
+    """benchmarks/mixit_sass.py: each kernel's main loop holds Hopper matrix instructions (HGMMA), and
+    the report gives its instruction mix and issue time."""
+    out = tmp_path / "sass.txt"
+    run = subprocess.run(
+        [sys.executable, "benchmarks/mixit_sass.py", "--preset", "1b", "--seq", "1024", "--out", str(out)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [
+        line.split("|")[1:-1]
+        for line in out.read_text().splitlines()
+        if line.startswith("| forward") or line.startswith("| backward")
+    ]
+    assert [r[0].strip() for r in rows] == ["forward", "backward"]
+    for r in rows:
+        loop, hgmma, issue_ms = int(r[1]), int(r[2]), float(r[7])
+        assert hgmma >= 1 and loop > hgmma and issue_ms > 0, r

@@ -24,6 +24,16 @@ import torch
 
 from .mixit_blocked import MixitParams, sink_backward, sink_forward
 
+# kernel argument -> Triton signature type, for compiling the kernels ahead of time without a GPU
+# (tests/test_kernels_hopper.py, benchmarks/mixit_sass.py); a new kernel argument is added here
+ARG_TYPES = {
+    **dict.fromkeys(["V", "CS", "O", "SIG", "DRIFT", "G", "DV"], "*fp32"),
+    "KEYS": "*i64",
+    "beta": "fp32",
+    **dict.fromkeys(["n", "row_start", "T", "Hr"], "i32"),
+    **dict.fromkeys(["svb", "svh", "svt", "sob", "soh", "sot", "sdh", "sgb", "sgh", "sgt"], "i32"),
+}
+
 
 @functools.lru_cache(maxsize=1)
 def triton_available() -> bool:
