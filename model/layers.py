@@ -286,7 +286,8 @@ class MixingAttention(nn.Module):
         return impl
 
     # torch._disable_dynamo is torch.compiler.disable applied at the first call: importing the model
-    # then does not import torch._dynamo (about 1.7 s in every evaluation or export process)
+    # does not import torch._dynamo (about 1.7 s), which a process that neither compiles nor builds on
+    # the meta device then never pays
     @torch._disable_dynamo  # built once and cached: a compiled block sees only the cached tensor
     def drift(self, t: int, device: torch.device) -> torch.Tensor:
         """drift_h for heads 1..H-1, (H-1, n) fp32: computed blockwise once per device and cached."""
