@@ -57,11 +57,17 @@ def headline(metric: str) -> bool:
     )
 
 
-def markdown_table(header: list[str], rows: Iterable[Iterable[Any]], right_from: int | None = None) -> str:
-    """A markdown table, one line per row (no final newline); columns from `right_from` on are
-    right-aligned (numbers), the rest left-aligned."""
-    align = ["---" if right_from is None or i < right_from else "---:" for i in range(len(header))]
-    return "\n".join("| " + " | ".join(str(c) for c in line) + " |" for line in [header, align, *rows])
+def markdown_table(
+    header: list[str], rows: Iterable[Iterable[Any]], right_from: int | None = None, align: str | None = None
+) -> str:
+    """A markdown table, one line per row (no final newline). Columns from `right_from` on are
+    right-aligned (numbers), the rest left-aligned; or `align` gives each column, `l` or `r`."""
+    if align is None:
+        align = "".join("l" if right_from is None or i < right_from else "r" for i in range(len(header)))
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"align {align!r}: one of l, r per column of {header}")
+    rule = ["---:" if a == "r" else "---" for a in align]
+    return "\n".join("| " + " | ".join(str(c) for c in line) + " |" for line in [header, rule, *rows])
 
 
 def new_figure(*args: Any, **kwargs: Any):

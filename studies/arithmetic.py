@@ -30,6 +30,7 @@ import torch
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.synthetic import get_task
+from eval.report import markdown_table
 from eval.run import EvalOptions, evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task
 from model import VARIANTS
@@ -134,11 +135,11 @@ def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) ->
 def render(rows: list[dict]) -> str:
     """Markdown: per (digits, steps, variant), exact match and token accuracy as mean ± std over seeds,
     every seed's exact match, how many solved it and the step each one did."""
-    lines = [
-        "| digits | variant | rate | steps | seeds | exact match (mean ± std) | per seed (%) | token accuracy | "
-        "solved (≥ 90 %) | step solved, per seed |",
-        "|---:|---|---:|---:|---:|---:|---|---:|---:|---|",
-    ]
+    header = [
+        "digits", "variant", "rate", "steps", "seeds", "exact match (mean ± std)", "per seed (%)",
+        "token accuracy", "solved (≥ 90 %)", "step solved, per seed",
+    ]  # fmt: skip
+    table = []
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["task_args"]["n_digits"], r["steps"], arm(r), r["lr"]), []).append(r)
@@ -151,14 +152,16 @@ def render(rows: list[dict]) -> str:
         solved = [r["step_solved"] for r in rs]
         per_seed = ", ".join(f"{100 * r['exact_match']:.1f}" for r in rs)
         steps_solved = ", ".join("—" if x is None else str(x) for x in solved)
-        lines.append(
-            f"| {digits} | {variant} | {lr:g} | {steps} | {len(rs)} | {100 * exact.mean:.1f} ± {100 * exact.std:.1f} % | "
-            f"{per_seed} | {100 * acc.mean:.1f} ± {100 * acc.std:.1f} % | "
-            f"{sum(s is not None for s in solved)}/{len(rs)} | {steps_solved} |"
-        )
+        table.append(
+            [
+                digits, variant, f"{lr:g}", steps, len(rs), f"{100 * exact.mean:.1f} ± {100 * exact.std:.1f} %",
+                per_seed, f"{100 * acc.mean:.1f} ± {100 * acc.std:.1f} %",
+                f"{sum(s is not None for s in solved)}/{len(rs)}", steps_solved,
+            ]
+        )  # fmt: skip
     spent = sum(r["cpu_s"] for r in rows)
-    lines += ["", f"{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training."]
-    return "\n".join(lines)
+    md = markdown_table(header, table, align="rlrrrrlrrl")
+    return md + f"\n\n{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training."
 
 
 def _ints(text: str) -> list[int]:

@@ -39,6 +39,7 @@ import torch
 from common.cli import CliParser, run_cli
 from common.errors import NonFiniteLoss, StudyError
 from data_pipeline.synthetic import get_task
+from eval.report import markdown_table
 from eval.run import EvalOptions, evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task
 from model import VARIANTS
@@ -385,16 +386,13 @@ def render(rows: list[dict]) -> str:
     )
     if sweep:
         lines += ["", "Rate sweep (seed 0; final held-out accuracy and loss):", ""]
-        lines += [
-            "| pairs | variant | steps | rate | accuracy | loss | step solved |",
-            "|---:|---|---:|---:|---:|---:|---:|",
-        ]
+        table = []
         for r in sweep:
             solved = r["step_solved"] if r["step_solved"] is not None else "—"
             acc, loss = ("diverged", "—") if r["acc"] is None else (f"{100 * r['acc']:.1f} %", f"{r['loss']:.3f}")
-            lines.append(
-                f"| {r['task_args']['n_pairs']} | {r['variant']} | {r['steps']} | {r['lr']:g} | {acc} | {loss} | {solved} |"
-            )
+            table.append([r["task_args"]["n_pairs"], r["variant"], r["steps"], f"{r['lr']:g}", acc, loss, solved])
+        header = ["pairs", "variant", "steps", "rate", "accuracy", "loss", "step solved"]
+        lines.append(markdown_table(header, table, align="rlrrrrr"))
     lines += time_to_solve(rows)
     spent = sum(r["cpu_s"] for r in rows)
     lines += [
@@ -419,10 +417,8 @@ def time_to_solve(rows: list[dict], variant: str = "standard") -> list[str]:
         "",
         f"Time to solve against pairs ({variant}; the step each seed first reached {SOLVED:.0%} held-out accuracy):",
         "",
-        "| pairs | steps trained | seeds | solved | step solved, per seed | median |",
-        "|---:|---:|---:|---:|---|---:|",
     ]
-    medians = {}
+    table, medians = [], {}
     for p, rs in sorted(by_pairs.items()):
         lr = max({r["lr"] for r in rs}, key=lambda x: sum(r["lr"] == x for r in rs))
         rs = sorted((r for r in rs if r["lr"] == lr), key=lambda r: r["seed"])
@@ -432,9 +428,9 @@ def time_to_solve(rows: list[dict], variant: str = "standard") -> list[str]:
         if median is not None:
             medians[p] = median
         cells = ", ".join("—" if x is None else str(x) for x in steps)
-        lines.append(
-            f"| {p} | {rs[0]['steps']} | {len(rs)} | {len(solved)}/{len(rs)} | {cells} | {median if median else '—'} |"
-        )
+        table.append([p, rs[0]["steps"], len(rs), f"{len(solved)}/{len(rs)}", cells, median if median else "—"])
+    header = ["pairs", "steps trained", "seeds", "solved", "step solved, per seed", "median"]
+    lines.append(markdown_table(header, table, align="rrrrlr"))
     if len(medians) >= 2:
         x, y = np.log(list(medians)), np.log(list(medians.values()))
         b, log_a = np.polyfit(x, y, 1)
@@ -454,16 +450,24 @@ def time_to_solve(rows: list[dict], variant: str = "standard") -> list[str]:
 def baselines_table(pairs: list[int], n_keys: int, n_values: int) -> str:
     """Markdown: chance and the exact context guesses (and the bag loss) per pair count; tests check the
     exact formulas against the task's own generator by Monte Carlo and by full enumeration."""
-    lines = [
-        "| pairs (keys, values) | chance | slot guess, exact | mode guess (in-context guess G), exact | bag loss, nats |",
-        "|---:|---:|---:|---:|---:|",
+    header = [
+        "pairs (keys, values)",
+        "chance",
+        "slot guess, exact",
+        "mode guess (in-context guess G), exact",
+        "bag loss, nats",
     ]
-    for p in pairs:
-        lines.append(
-            f"| {p} ({n_keys}, {n_values}) | {100 / n_values:.1f} % | {100 * slot_guess_exact(p, n_values):.1f} % | "
-            f"{100 * mode_guess_exact(p, n_values):.1f} % | {bag_loss_exact(p, n_values):.2f} |"
-        )
-    return "\n".join(lines)
+    rows = [
+        [
+            f"{p} ({n_keys}, {n_values})",
+            f"{100 / n_values:.1f} %",
+            f"{100 * slot_guess_exact(p, n_values):.1f} %",
+            f"{100 * mode_guess_exact(p, n_values):.1f} %",
+            f"{bag_loss_exact(p, n_values):.2f}",
+        ]
+        for p in pairs
+    ]
+    return markdown_table(header, rows, right_from=0)
 
 
 def _baseline_lines(p: int, k: int, v: int) -> list[str]:

@@ -32,6 +32,7 @@ import numpy as np
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
+from eval.report import markdown_table
 from model import PRESETS, VARIANTS
 from pretrain.config import load_recipe
 
@@ -168,11 +169,11 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:  # a cooldown branch is its own point (another token budget), not another seed
         groups.setdefault((r["variant"], r["size"], r.get("branch_step") or 0, r.get("cooled", True)), []).append(r)
-    lines = [
-        "| variant | size | branch at | params | trainable | tokens | PFLOP | seeds | final val loss (mean ± std) "
-        "| best val loss |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
+    header = [
+        "variant", "size", "branch at", "params", "trainable", "tokens", "PFLOP", "seeds",
+        "final val loss (mean ± std)", "best val loss",
+    ]  # fmt: skip
+    table = []
     for (variant, size, branch, cooled), rs in sorted(
         groups.items(), key=lambda kv: (kv[1][0]["params"], kv[0][0], kv[0][2])
     ):
@@ -180,12 +181,14 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
         vals = [r["final_val_loss"] for r in rs if r["final_val_loss"] is not None]
         best = [r["best_val_loss"] for r in rs if r["best_val_loss"] is not None]
         spread = f"{np.mean(vals):.3f} ± {np.std(vals, ddof=1) if len(vals) > 1 else 0.0:.3f}" if vals else "—"
-        lines.append(
-            f"| {variant} | {size} | {where} | {rs[0]['params']:,} | {rs[0]['trainable_params']:,} | "
-            f"{int(np.mean([r['tokens'] for r in rs])):,} | {np.mean([r['flops'] for r in rs]) / 1e15:.4f} | "
-            f"{len(rs)} | {spread} | {_fmt(float(np.mean(best)) if best else None)} |"
-        )
-    return "\n".join(lines) + "\n"
+        table.append(
+            [
+                variant, size, where, f"{rs[0]['params']:,}", f"{rs[0]['trainable_params']:,}",
+                f"{int(np.mean([r['tokens'] for r in rs])):,}", f"{np.mean([r['flops'] for r in rs]) / 1e15:.4f}",
+                len(rs), spread, _fmt(float(np.mean(best)) if best else None),
+            ]
+        )  # fmt: skip
+    return markdown_table(header, table, align="llrrrrrrlr") + "\n"
 
 
 # ---- fit ----------------------------------------------------------------------------------
@@ -394,20 +397,23 @@ def same_shape_gaps(rows: list[dict[str, Any]], y: str) -> list[str]:
     md = [
         f"### {y} at the same shape and tokens: variant less standard (mean ± std over seeds)",
         "",
-        "| size | tokens | standard | variant | variant less standard | variant FLOPs / standard's | seeds |",
-        "|---|---:|---:|---|---:|---:|---:|",
     ]
+    table = []
     for (size, tokens, v), rs in sorted(groups.items(), key=lambda kv: (float(kv[1][0]["flops"]), kv[0])):
         base = groups.get((size, tokens, "standard"))
         if v == "standard" or not base:
             continue
         ls, lb = [r[y] for r in rs], [r[y] for r in base]
         spread = math.sqrt((np.var(ls, ddof=1) if len(ls) > 1 else 0) + (np.var(lb, ddof=1) if len(lb) > 1 else 0))
-        md.append(
-            f"| {size} | {tokens:,} | {np.mean(lb):.3f} | {v} | {np.mean(ls) - np.mean(lb):+.3f} ± {spread:.3f} | "
-            f"{np.mean([float(r['flops']) for r in rs]) / np.mean([float(r['flops']) for r in base]):.3f} | "
-            f"{len(ls)} / {len(lb)} |"
-        )
+        table.append(
+            [
+                size, f"{tokens:,}", f"{np.mean(lb):.3f}", v, f"{np.mean(ls) - np.mean(lb):+.3f} ± {spread:.3f}",
+                f"{np.mean([float(r['flops']) for r in rs]) / np.mean([float(r['flops']) for r in base]):.3f}",
+                f"{len(ls)} / {len(lb)}",
+            ]
+        )  # fmt: skip
+    header = ["size", "tokens", "standard", "variant", "variant less standard", "variant FLOPs / standard's", "seeds"]
+    md.append(markdown_table(header, table, align="lrrlrrr"))
     return md + [""]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import StudyError
+from eval.report import markdown_table
 from pretrain.config import load_recipe
 
 from .scaling_ladder import LADDER, non_embedding_params, per_size, shape_overrides
@@ -109,19 +110,17 @@ def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict])
     """Markdown: final validation loss of every grid point (the lowest of each row in bold), the best
     rate (the parabola's vertex), and the rule's rate at every ladder size."""
     grid = sorted({lr for *_, lr in losses})
-    lines = [
-        "| variant | size | " + " | ".join(f"{lr:g}" for lr in grid) + " | best rate |",
-        "|---|---|" + "---:|" * (len(grid) + 1),
-    ]
+    rows = []
     for variant, size in sorted({(v, s) for v, s, _ in losses}, key=lambda k: (k[0], non_embedding_params(k[1]))):
         row = {lr: losses.get((variant, size, lr)) for lr in grid}
         low = min(v for v in row.values() if v is not None)
         cells = ["—" if v is None else (f"**{v:.3f}**" if v == low else f"{v:.3f}") for v in row.values()]
-        lines.append(f"| {variant} | {size} | " + " | ".join(cells) + f" | {rule[variant]['best'][size]:.2e} |")
-    lines += ["", "| variant | slope | " + " | ".join(LADDER) + " |", "|---|---:|" + "---:|" * len(LADDER)]
-    for variant, r in sorted(rule.items()):
-        lines.append(f"| {variant} | {r['slope']:.3f} | " + " | ".join(f"{r['rates'][s]:.2e}" for s in LADDER) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([variant, size, *cells, f"{rule[variant]['best'][size]:.2e}"])
+    losses_md = markdown_table(["variant", "size", *(f"{lr:g}" for lr in grid), "best rate"], rows, right_from=2)
+    rates = [
+        [variant, f"{r['slope']:.3f}", *(f"{r['rates'][s]:.2e}" for s in LADDER)] for variant, r in sorted(rule.items())
+    ]
+    return losses_md + "\n\n" + markdown_table(["variant", "slope", *LADDER], rates, right_from=1) + "\n"
 
 
 def lr_sweep(args) -> int:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from studies.results_page import mean_std, read_capacity
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,3 +101,16 @@ def test_mean_and_std_match_the_statistics_module_on_random_values():
         m, s = mean_std(values)
         assert abs(m - statistics.fmean(values)) < 1e-12
         assert abs(s - (statistics.stdev(values) if n > 1 else 0.0)) < 1e-12
+
+
+def test_markdown_table_aligns_each_column_and_refuses_a_wrong_spec():
+    from eval.report import markdown_table
+
+    assert markdown_table(["a", "b", "c"], [[1, "x", 2.5]], align="rlr").splitlines() == [
+        "| a | b | c |",
+        "| ---: | --- | ---: |",
+        "| 1 | x | 2.5 |",
+    ]
+    assert markdown_table(["a", "b"], [], right_from=1).splitlines()[1] == "| --- | ---: |"
+    with pytest.raises(ValueError, match="one of l, r per column"):
+        markdown_table(["a", "b"], [], align="r")
