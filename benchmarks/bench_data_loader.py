@@ -31,7 +31,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from data_pipeline import DataConfig  # noqa: E402
 from data_pipeline.loader import build_loader  # noqa: E402
 from data_pipeline.shards import FORMAT_VERSION, MANIFEST, atomic_write_json, write_shard  # noqa: E402
-from tests.fixtures import http_server  # noqa: E402
+from studies.static_server import http_server  # noqa: E402
 
 H100_BF16_DENSE_TFLOPS = 989.4  # H100 SXM, dense bf16 tensor-core peak
 MFU = 0.45

@@ -25,7 +25,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,42 +32,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from checkpoint import tag_format
-from common.constants import REPO_ROOT, free_port
+from common.constants import REPO_ROOT
 from eval.report import markdown_table
 
 from .chaos import last_logged_step, step_losses
+from .static_server import http_server
 
 RANKS = 4
 EVERY = 25  # checkpoint every N steps
-
-
-class DataServer:
-    """The loopback shard server, which can go down and come back on the same port."""
-
-    def __init__(self, root: Path, log: Path):
-        self.root, self.log, self.port, self.proc = root, log, free_port(), None
-
-    def start(self) -> None:
-        cmd = [sys.executable, "-m", "aiohttp.web", "-H", "127.0.0.1", "-P", str(self.port)]
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(
-                [*cmd, "studies.static_server:http_app", str(self.root)], env=env, stdout=log, stderr=log
-            )
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"the data server did not listen on port {self.port}; see {self.log}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
 
 
 @dataclass
@@ -184,8 +155,7 @@ def long_chaos_run(steps: int, seed: int, out: Path, timeout: float = 3600, say=
     rng = random.Random(seed)
     res = LongChaosResult(steps, seed)
     data = prepare_data(out)
-    server = DataServer(data, out / "server.log")
-    server.start()
+    server = http_server(data, log=out / "server.log")
     fs = out / "fs"
     subprocess.run(["umount", str(fs)], capture_output=True)
     _mount(fs, 512 << 20)

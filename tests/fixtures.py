@@ -7,18 +7,13 @@ a deterministic generated corpus stands in, so the tests run anywhere.
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from common.constants import free_port
 from data_pipeline.prepare import prepare
 from data_pipeline.tokenizer import train_sentencepiece
+from studies.static_server import LoopbackServer, http_server  # noqa: F401  (the tests' servers)
 
 WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
 
@@ -93,76 +88,6 @@ def make_tokenizer(out: Path, vocab_size: int = 400, n_lines: int = 1500) -> Pat
 # server (`python -m moto.server`), a separate process speaking the S3 REST protocol, so
 # s3fs/botocore sign, send and parse real HTTP requests against it. Both come from
 # pyproject.toml, so a clean checkout has them without system packages.
-
-
-class LoopbackServer:
-    """A server process on 127.0.0.1 that can be stopped and started again on the same port."""
-
-    def __init__(self, cmd_for_port, port: int | None = None, env: dict | None = None):
-        self._cmd_for_port = cmd_for_port
-        self.port = port or free_port()
-        self.env = env
-        self.proc = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> None:
-        env = dict(os.environ, **(self.env or {}))
-        here = Path(__file__).resolve().parent  # this module (the HTTP app) and the repository
-        env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent), env.get("PYTHONPATH", "")])
-        # the server's log goes to a file: a pipe nobody reads would fill up and stall the server
-        self._log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self._cmd_for_port(self.port), env=env, stdout=self._log, stderr=self._log)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                self._log.seek(0)
-                raise RuntimeError(
-                    f"server {self._cmd_for_port(self.port)} exited with {self.proc.returncode}: "
-                    f"{self._log.read().decode(errors='replace')[-2000:]}"
-                )
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"server {self._cmd_for_port(self.port)} did not listen on port {self.port} in {timeout}s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        if self.proc is not None:
-            self._log.close()
-        self.proc = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-
-def http_server(root: str | Path, port: int | None = None) -> LoopbackServer:
-    """Serve the directory ``root`` over HTTP (with Range support) from a separate process."""
-    return LoopbackServer(
-        lambda p: [
-            sys.executable,
-            "-m",
-            "aiohttp.web",
-            "-H",
-            "127.0.0.1",
-            "-P",
-            str(p),
-            "studies.static_server:http_app",
-            str(root),
-        ],
-        port,
-    )
 
 
 S3_TEST_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
