@@ -37,3 +37,20 @@ def test_deepspeed_imports_without_mlflow_and_mlflow_works_after():
     assert lines["mlflow loaded by deepspeed"] == "False", out.stdout
     assert lines["autotuner mlflow"] == "False"  # DeepSpeed's autotuner logs without it
     assert lines["mlflow works"] == "True" and lines["again"] == "True"
+
+
+def test_a_deepspeed_launcher_runs_as_main_through_it_and_nothing_else_does():
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "common.deepspeed_import", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"},
+        )
+
+    launcher = run("deepspeed.launcher.launch", "--help")  # its own argument parser answers
+    assert launcher.returncode == 0 and "--world_info" in launcher.stdout, launcher.stderr[-2000:]
+    other = run("os")
+    assert other.returncode == 1 and other.stderr.startswith("usage: python -m common.deepspeed_import deepspeed.")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -149,11 +150,19 @@ def test_sigterm_to_launch_sh_checkpoints_every_rank(tmp_path):
     assert len(list(latest.glob("rng/rank*.pt"))) == 2
 
 
+def world_info(n: int) -> str:
+    """DeepSpeed's encoding of N ranks on this node (its runner's `encode_world_info`)."""
+    return base64.urlsafe_b64encode(json.dumps({"localhost": list(range(n))}).encode()).decode()
+
+
 @pytest.mark.parametrize(
     "opts, expect",
     [
-        (["--cpu", "2"], "--num_gpus 2 --module pretrain.train"),
-        (["--gpus", "8", "--master-port", "29999"], "--master_port 29999 --num_gpus 8 --module pretrain.train"),
+        (["--cpu", "2"], f"deepspeed.launcher.launch --world_info={world_info(2)} --master_addr=127.0.0.1 "),
+        (
+            ["--gpus", "8", "--master-port", "29999"],
+            f"--world_info={world_info(8)} --master_addr=127.0.0.1 --master_port=29999 --module pretrain.train",
+        ),
         (
             ["--hostfile", "hf", "--gpus", "8", "--master-addr", "node0"],
             "--hostfile hf --num_gpus 8 --master_addr node0",
@@ -256,7 +265,7 @@ def test_slurm_form_rendezvous_from_slurm_variables(tmp_path):
 
 def _printed_port(out: str) -> int:
     """The rendezvous port in launch.sh's printed command (--master_port P or MASTER_PORT=P)."""
-    return int(re.search(r"(?:--master_port |MASTER_PORT=)(\d+)", out).group(1))
+    return int(re.search(r"(?:--master_port[ =]|MASTER_PORT=)(\d+)", out).group(1))
 
 
 def test_concurrent_local_launches_get_their_own_ports(tmp_path):
@@ -470,6 +479,6 @@ def test_launch_sh_refuses_more_gpus_than_the_node_shows(tmp_path):
     hidden = launch("1", CUDA_VISIBLE_DEVICES="")
     assert hidden.returncode == 2 and hidden.stderr.startswith("error: --gpus 1 but this node shows 0 GPU(s)")
     assert "Fix: run on a GPU node, or --cpu N" in hidden.stderr and not ranks_started.exists()
-    # within the count, the runner is started
+    # within the count, DeepSpeed's launcher is started
     assert launch("1").returncode == 0
-    assert "--num_gpus 1 --module pretrain.train" in ranks_started.read_text()
+    assert f"--world_info={world_info(1)} " in ranks_started.read_text()
