@@ -28,9 +28,14 @@ from common.errors import RecipeError
 from data_pipeline.config import DataSource, parse_data
 from data_pipeline.loader import build_loader, build_val_sets
 from model import PRESETS, ModelConfig, preset
+from model.mfu import peak_tflops
 
+from .context import RunContext
+from .engine_checkpoint import Checkpointer
+from .metrics import Logger
 from .profiling import check_profile
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types, check_value
+from .trackers import build_trackers
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
 DECAYS = ("cosine", "linear", "constant", "wsd")
@@ -92,6 +97,9 @@ class CheckpointConfig:
     load_universal: bool = False  # resume from a universal checkpoint (pretrain.universal)
     background: bool = False  # write, fsync and mark saves on a writer thread (pretrain/checkpoint_writer.py)
 
+    def build(self, ctx: RunContext) -> Checkpointer:
+        return Checkpointer(ctx.run_dir, self.keep_last, self.background)
+
 
 @dataclass
 class LoggingConfig:
@@ -106,6 +114,19 @@ class LoggingConfig:
     def __post_init__(self):
         if isinstance(self.progress_bar, bool):  # YAML reads an unquoted off/on as a boolean
             self.progress_bar = "on" if self.progress_bar else "off"
+
+    def build(self, ctx: RunContext) -> Logger:
+        """Rank 0's sinks (metrics.jsonl cut back to the resume step, TensorBoard, the trackers) and
+        the peak its MFU divides by (model/mfu.py)."""
+        trackers = build_trackers(self, ctx.run_dir, ctx.cfg.name, ctx.resolved) if ctx.rank == 0 else []
+        start = ctx.point.step
+        logger = Logger(
+            ctx.run_dir, ctx.rank == 0, self.tensorboard, self.progress_bar, ctx.cfg.max_steps, start, trackers
+        )
+        if ctx.point.tag_dir is not None:
+            logger.truncate_after(start)
+        logger.peak = peak_tflops(self.peak_tflops, self.measure_peak, ctx.device)
+        return logger
 
 
 @dataclass

@@ -35,8 +35,9 @@ from common.constants import IGNORE_INDEX
 from common.deepspeed_import import import_deepspeed
 from common.errors import RecipeError
 
-from . import faults, freeze_transitions
+from . import engine_checkpoint, faults, freeze_transitions
 from .config import RunConfig
+from .context import RunContext
 from .layout import Layout, build_ds_config
 from .parallelize import build_local
 
@@ -150,6 +151,30 @@ class ModelEngine:
         self.nonfinite = False
 
     # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_context(cls, ctx: RunContext) -> "ModelEngine":
+        """This rank's engine at the run's resume point: the trainable set of its step, its checkpoint loaded."""
+        model_engine = cls(ctx.cfg, ctx.mcfg, ctx.layout, ctx.device)
+        point = ctx.point
+        model_engine.build(point.trainable_step, load_universal=point.universal)
+        if point.tag_dir is not None:
+            engine_checkpoint.load(model_engine, point.tag_dir, point.universal, ctx.cfg.seed)
+        return model_engine
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The engine's part of trainer_state.json: the model, its trainable set and the layout that wrote it."""
+        layout = self.layout
+        return {
+            "trainable_step": self.trainable_step,
+            "variant": self.mcfg.variant,
+            "world_size": dist.get_world_size(),
+            "layout": layout.describe(),
+            "pipeline_stages": layout.pipeline_stages,
+            "data_parallel": layout.data_parallel,
+            "zero_stage": layout.zero_stage,
+            "model_config": self.mcfg.to_dict(),
+        }
+
     def build(self, step: int, state: dict[str, torch.Tensor] | None = None, load_universal: bool = False) -> None:
         """(Re)build model + engine with the trainable set of `step`; `state` overrides the initial weights.
         Each rank allocates only the tensors it owns (pretrain/parallelize.py)."""

@@ -245,3 +245,35 @@ def load(model_engine, tag_dir: Path, universal: bool, seed: int) -> None:
     model_engine.restore_frozen(tag_format.load_frozen(tag_dir))
     if not tag_format.load_rng(tag_dir, dist.get_rank()):
         torch.manual_seed(seed + dist.get_rank())
+
+
+class Checkpointer:
+    """A run's saves: each one collective (`save` above), written on a thread with
+    `checkpoint.background`, and timed; `since_save_s` is the clock `checkpoint.every_minutes` reads."""
+
+    def __init__(self, run_dir: Path, keep_last: int, background: bool):
+        self.run_dir, self.keep_last = run_dir, keep_last
+        self.writer = CheckpointWriter() if background else None
+        self.saves: list[SaveTiming] = []  # each save's blocked and until-complete seconds
+        self.last_save = time.monotonic()  # the start (or the checkpoint resumed from) counts as a save
+
+    def save(self, model_engine, step: int, trainer_state: dict[str, Any]) -> Path:
+        """A failed write raises CheckpointWriteFailed on every rank after the partial checkpoint is
+        removed; the last complete one stays. In the background, the save before it is waited for
+        first (its failure raised here)."""
+        started = time.perf_counter()
+        self.wait()
+        timing = SaveTiming(step, 0.0)
+        path = save(model_engine, self.run_dir, step, trainer_state, self.keep_last, self.writer, timing)
+        timing.blocked_s = time.perf_counter() - started
+        self.saves.append(timing)
+        self.last_save = time.monotonic()
+        return path
+
+    def since_save_s(self) -> float:
+        return time.monotonic() - self.last_save
+
+    def wait(self, raise_error: bool = True) -> None:
+        """The save in flight, if any, is complete (or abandoned) when this returns."""
+        if self.writer is not None:
+            self.writer.wait(raise_error=raise_error)

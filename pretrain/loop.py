@@ -35,15 +35,16 @@ from common.errors import NonFiniteLoss, RunStopped, UserError
 from model.mfu import mfu
 
 from . import engine_checkpoint, faults
-from .checkpoint_writer import CheckpointWriter, SaveTiming
+from .checkpoint_writer import SaveTiming
 from .config import RunConfig
+from .context import RunContext
 from .engine import ModelEngine
+from .engine_checkpoint import Checkpointer
 from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
 from .preemption import StopRequest
 from .profiling import StepProfiler
-from .resume import ResumePoint
-from .run_dir import resolved_config, restart_count
+from .run_dir import restart_count
 
 
 def describe_nonfinite(loss: float, grad_norm: float | None) -> str:
@@ -86,6 +87,10 @@ class NanGuard:
         if position is not None:
             self.skip_positions.add(int(position))
         return self.policy
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The batches a rollback stepped over, so a resumed run steps over them too."""
+        return {"nan_skipped": sorted(self.skip_positions)}
 
 
 def loader_position(loader) -> int | None:
@@ -150,88 +155,57 @@ class RunResult:
 
 
 class TrainingLoop:
-    """One run's loop over optimizer steps from the resume point's step to `cfg.max_steps`. The engine
-    (`ModelEngine`) carries the recipe, the model config and the layout; the resume point, the state to
-    continue from."""
+    """One run's loop over optimizer steps from the resume point's step to `cfg.max_steps`, over the
+    components the run built (pretrain/train.py): the engine, the loader, the logger, the checkpointer.
+    A checkpoint records the state of each that carries some (`checkpoint_state`)."""
 
     def __init__(
         self,
+        ctx: RunContext,
         model_engine: ModelEngine,
         loader,
         logger: Logger,
-        run_dir: Path,
-        point: ResumePoint,
-        peak: tuple[float | None, str],
+        checkpointer: Checkpointer,
         hooks: list[TrainHook] | None = None,
     ):
-        cfg, state, resumed_from = model_engine.cfg, point.state, point.tag_dir
-        self.cfg, self.mcfg, self.layout, self.model_engine = cfg, model_engine.mcfg, model_engine.layout, model_engine
-        self.loader, self.logger, self.run_dir = loader, logger, run_dir
-        self.device = model_engine.device
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.tokenizer_id, self.peak = getattr(loader, "tokenizer_id", None), peak  # (TFLOP/s, source): model/mfu.py
+        cfg, state = ctx.cfg, ctx.point.state
+        self.ctx, self.cfg, self.mcfg, self.model_engine = ctx, cfg, ctx.mcfg, model_engine
+        self.loader, self.logger, self.checkpointer, self.run_dir = loader, logger, checkpointer, ctx.run_dir
+        self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world
+        self.tokenizer_id = getattr(loader, "tokenizer_id", None)
         self.hooks = list(hooks or [])
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
         self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
-        self.last_save = time.monotonic()  # for checkpoint.every_minutes (rank 0's clock decides)
-        self.result = RunResult(run_dir=run_dir, resumed_from=resumed_from, final_step=self.start_step)
-        self.resolved = resolved_config(cfg, self.mcfg)
+        self.result = RunResult(
+            run_dir=ctx.run_dir, resumed_from=ctx.point.tag_dir, final_step=self.start_step, saves=checkpointer.saves
+        )
         self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
-        self.profiler = StepProfiler(cfg.profile, run_dir, self.rank, self.device, logger.message)
+        self.profiler = StepProfiler(cfg.profile, ctx.run_dir, self.rank, self.device, logger.message)
         self.killer = faults.step_killer()  # None unless PRETRAIN_FAULTS asks (the reliability tests)
-        self.restarts = restart_count(run_dir)  # launch.sh --max-restarts records each one
-        self.writer = CheckpointWriter() if cfg.checkpoint.background else None
+        self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
 
-    # -- what a checkpoint records besides the engine -----------------------------------------
-    def trainer_state(self) -> dict[str, Any]:
-        layout = self.layout
+    # -- what a checkpoint records besides the engine's tensors (trainer_state.json) ----------
+    def checkpoint_state(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
-            "trainable_step": self.model_engine.trainable_step,
             "loader": self.loader.state_dict(),
             "tokenizer_id": self.tokenizer_id,
-            "variant": self.mcfg.variant,
-            "world_size": self.world,
-            "layout": layout.describe(),
-            "pipeline_stages": layout.pipeline_stages,
-            "data_parallel": layout.data_parallel,
-            "zero_stage": layout.zero_stage,
-            "model_config": self.mcfg.to_dict(),
-            "recipe": self.resolved,
+            **self.model_engine.checkpoint_state(),
+            **self.guard.checkpoint_state(),
+            "recipe": self.ctx.resolved,
             "universal": False,
             "time": time.time(),
-            "nan_skipped": sorted(self.guard.skip_positions),
         }
 
     def save(self) -> Path:
-        """Collective. A failed write (e.g. no space left) raises CheckpointWriteFailed on every
-        rank after the partial checkpoint is removed; the last complete one stays. With
-        `checkpoint.background`, the save before it is waited for (its failure raised here) and this
-        one is written while training goes on (pretrain/checkpoint_writer.py)."""
-        started = time.perf_counter()
-        if self.writer is not None:
-            self.writer.wait()
-        timing = SaveTiming(self.step, 0.0)
-        path = engine_checkpoint.save(
-            self.model_engine,
-            self.run_dir,
-            self.step,
-            self.trainer_state(),
-            self.cfg.checkpoint.keep_last,
-            self.writer,
-            timing,
-        )
-        timing.blocked_s = time.perf_counter() - started
-        self.result.saves.append(timing)
-        self.last_save = time.monotonic()
-        return path
+        """Collective (pretrain/engine_checkpoint.py's Checkpointer)."""
+        return self.checkpointer.save(self.model_engine, self.step, self.checkpoint_state())
 
     def rollback(self) -> None:
         """Reload the last intact checkpoint (weights, optimizer, data position)."""
-        if self.writer is not None:
-            self.writer.wait()  # a save in flight is complete (or abandoned) before choosing one
+        self.checkpointer.wait()  # a save in flight is complete (or abandoned) before choosing one
         tag_dir, notes = tag_format.newest_good_checkpoint(self.run_dir)
         for note in notes:
             self.logger.message(note)
@@ -258,11 +232,13 @@ class TrainingLoop:
         cfg = self.cfg
         if self._val_sets is None:
             self._val_sets = (
-                cfg.val_sets(self.model_engine.dp_rank, self.layout.data_parallel, self.run_dir, self.tokenizer_id)
+                cfg.val_sets(self.model_engine.dp_rank, self.ctx.layout.data_parallel, self.run_dir, self.tokenizer_id)
                 or {}
             )
         if not self._val_sets:
-            val = cfg.loader("val", self.model_engine.dp_rank, self.layout.data_parallel, verify_record=self.run_dir)
+            val = cfg.loader(
+                "val", self.model_engine.dp_rank, self.ctx.layout.data_parallel, verify_record=self.run_dir
+            )
             return {"val_loss": self.model_engine.eval_loss(iter(val), cfg.train.eval_batches)}
         out, ce_all, n_all = {"val_loss": math.nan}, 0.0, 0.0
         for name, loader in self._val_sets.items():
@@ -321,15 +297,16 @@ class TrainingLoop:
             fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
             tps = cfg.tokens_per_step / dt
             rec.update(grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / self.world / 1e12)
-            if self.peak[0]:
-                rec.update(mfu=mfu(rec["tflops"], self.peak[0]), mfu_peak=self.peak[1])
+            peak, source = self.logger.peak
+            if peak:
+                rec.update(mfu=mfu(rec["tflops"], peak), mfu_peak=source)
             rec.update(memory_gib(self.device))
             self.logger.log(rec)
 
     def _save_requests(self, stop: StopRequest, flags: torch.Tensor) -> tuple[bool, bool]:
         """Collective: (a signal asked to stop on some rank, checkpoint.every_minutes have passed by rank 0's clock)."""
         every_s = self.cfg.checkpoint.every_minutes * 60
-        due = self.rank == 0 and every_s > 0 and time.monotonic() - self.last_save >= every_s
+        due = self.rank == 0 and every_s > 0 and self.checkpointer.since_save_s() >= every_s
         flags[0], flags[1] = float(stop.requested), float(due)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return bool(flags[0].item()), bool(flags[1].item())
@@ -338,17 +315,15 @@ class TrainingLoop:
         try:
             self._steps(stop, stop_after_steps)
         except (UserError, RunStopped):
-            if self.writer is not None:  # every rank stops at this step: their writers finish together
-                self.writer.wait(raise_error=False)
+            self.checkpointer.wait(raise_error=False)  # every rank stops at this step: their writers finish together
             raise
-        if self.writer is not None:
-            self.writer.wait()  # the last checkpoint is complete (or its failure raised) before the run returns
+        self.checkpointer.wait()  # the last checkpoint is complete (or its failure raised) before the run returns
         return self.result
 
     def _steps(self, stop: StopRequest, stop_after_steps: int | None) -> None:
         cfg, model_engine, result = self.cfg, self.model_engine, self.result
         flags = torch.zeros(2, device=self.device)
-        self.last_save = time.monotonic()  # the start (or the checkpoint resumed from) counts as a save
+        self.checkpointer.last_save = time.monotonic()  # the clock for checkpoint.every_minutes starts here
         while self.step < cfg.max_steps:
             if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(model_engine.trainable_step):
                 self.logger.message(

@@ -61,6 +61,7 @@ class Logger:
         self.tb = None
         self.bar = None
         self.trackers = list(trackers or [])  # pretrain/trackers.py: W&B, MLflow
+        self.peak: tuple[float | None, str] = (None, "unknown")  # MFU's (TFLOP/s per device, source): model/mfu.py
         if not enabled:
             return
         self.path = run_dir / "metrics.jsonl"

@@ -10,9 +10,10 @@ same thing as a Python function (world size 1 in-process, or inside a launched p
 A run, in order (each step in its own module):
   the recipe (config.py) -> the process group (distributed.py) -> where to resume from (resume.py)
   -> the data, whose vocabulary sizes the model (config.py's cfg.loader, task_model.py) -> the layout (layout.py)
-  -> the run dir it owns (run_dir.py) -> the engine (engine.py) -> the loop (loop.py: steps,
-  checkpoints through engine_checkpoint.py, preemption.py, freeze_transitions.py;
-  a caller's probes through hooks.py).
+  -> the run dir it owns (run_dir.py) -> the RunContext (context.py) the components build from: the
+  engine (engine.py), the loader, the logger (metrics.py), the checkpointer (engine_checkpoint.py)
+  -> the loop over them (loop.py: steps, preemption.py, freeze_transitions.py; a caller's probes
+  through hooks.py).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ import torch.distributed as dist
 from common.cli import STOPPED, CliParser, exit_code, print_error
 from common.constants import free_port
 from common.errors import DataError, RankFailure, RecipeError, RunStopped, UserError
-from model.mfu import peak_tflops
 
 from . import orphan
 from .config import RunConfig, load_recipe
+from .context import RunContext
 from .distributed import (
     collective_failure,
     exit_process,
@@ -42,18 +43,16 @@ from .distributed import (
 )
 from .dry_run import dry_run, print_config
 from .engine import ModelEngine
-from .engine_checkpoint import load as load_checkpoint
 from .eval_tasks import task_hooks
 from .hooks import TrainHook, check_hooks
 from .layout import plan_layout
 from .loop import RunResult, TrainingLoop
-from .metrics import Logger
 from .parallelize import residency
 from .preemption import stop_on_signals
 from .resume import check_fits, check_layout, resume_point
 from .run_dir import check_run_dir, default_run_dir, resolved_config, write_config
 from .task_model import model_config
-from .trackers import build_trackers, check_trackers
+from .trackers import check_trackers
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -131,37 +130,30 @@ def _train(
     layout = plan_layout(cfg, world, mcfg.num_layers)
     check_fits(point, cfg, mcfg, getattr(probe, "tokenizer_id", None))
     del probe
+    resolved = resolved_config(cfg, mcfg)
     if rank == 0 or not overwrite:  # same answer on every rank; only rank 0 clears for --overwrite
-        check_run_dir(run_dir, resolved_config(cfg, mcfg), resume, overwrite and rank == 0)
+        check_run_dir(run_dir, resolved, resume, overwrite and rank == 0)
     dist.barrier()
     check_layout(point, layout, run_dir)
+    ctx = RunContext(cfg, mcfg, layout, device, run_dir, point, rank, world, resolved)
 
-    model_engine = ModelEngine(cfg, mcfg, layout, device)
-    model_engine.build(point.trainable_step, load_universal=point.universal)
-    loader = cfg.loader("train", model_engine.dp_rank, layout.data_parallel, verify_record=run_dir)
-    if point.tag_dir is not None:
-        load_checkpoint(model_engine, point.tag_dir, point.universal, cfg.seed)
-        loader.load_state_dict(point.state["loader"])
-
-    trackers = []
-    if rank == 0:
-        resolved = resolved_config(cfg, mcfg)
+    # The components, each built from the context at the resume point.
+    model_engine = ModelEngine.from_context(ctx)
+    if rank == 0:  # the run dir is this run's once its engine stands
         write_config(run_dir, resolved)
-        trackers = build_trackers(cfg.logging, run_dir, cfg.name, resolved)
-    logger = Logger(
-        run_dir, rank == 0, cfg.logging.tensorboard, cfg.logging.progress_bar, cfg.max_steps, point.step, trackers
-    )
+    loader = ctx.train_loader(model_engine.dp_rank)
+    logger = cfg.logging.build(ctx)
+    checkpointer = cfg.checkpoint.build(ctx)
+    loop = TrainingLoop(ctx, model_engine, loader, logger, checkpointer, hooks)
+
     for note in point.notes:
         logger.message(note)
     if point.tag_dir is not None:
-        logger.truncate_after(point.step)
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")
     logger.message(f"layout: {layout.describe()}")
     logger.message(residency(model_engine.model, device))
-    peak = peak_tflops(cfg.logging.peak_tflops, cfg.logging.measure_peak, device)
-    if peak[0]:
-        logger.message(f"MFU peak: {peak[0]:.1f} TFLOP/s per device ({peak[1]})")
-    loop = TrainingLoop(model_engine, loader, logger, run_dir, point, peak, hooks)
+    if logger.peak[0]:
+        logger.message(f"MFU peak: {logger.peak[0]:.1f} TFLOP/s per device ({logger.peak[1]})")
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:
             result = loop.run(stop, stop_after_steps)

@@ -75,10 +75,14 @@ def test_ruff_format_is_applied():
 
 
 def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
-    """(line, absolute module name, the statement's text) of every import below module level."""
+    """(line, absolute module name, the statement's text) of every import below module level (an
+    `if TYPE_CHECKING:` block at module level counts as module level: its imports are for annotations)."""
     src = path.read_text()
     tree = ast.parse(src)
     top = {id(n) for n in tree.body}
+    for n in tree.body:
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING":
+            top |= {id(m) for m in n.body}
     lines = src.splitlines()
     package = path.relative_to(REPO).with_suffix("").parts[:-1]
     out = []
