@@ -21,6 +21,7 @@ from typing import IO, Any
 import torch
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
+from common.deepspeed_import import import_deepspeed
 from common.errors import UnsafeCheckpoint
 
 # Globals a trainer checkpoint legitimately needs besides torch's own weights-only set:
@@ -48,25 +49,33 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
 _torch_load = torch.load  # the real loader, whatever guarded_torch_load() puts in its place
 
 
-def scan_pickle(path: str | os.PathLike | IO[bytes], name: str | None = None) -> list[str]:
-    """Globals that unpickling `path` (a path or an open binary file) would import and that are
-    neither torch's weights-only set nor allowlisted. Reads the pickle opcodes only; nothing in
-    the file is executed."""
+def pickle_globals(path: str | os.PathLike | IO[bytes], name: str | None = None) -> list[str]:
+    """Globals that unpickling `path` (a path or an open binary file) would import beyond torch's
+    weights-only set. Reads the pickle opcodes only; nothing in the file is executed."""
     f = path if hasattr(path, "read") else str(path)
     try:
-        found = get_unsafe_globals_in_checkpoint(f)
+        return get_unsafe_globals_in_checkpoint(f)
     except Exception as e:  # noqa: BLE001 - not a torch zip file: treat as unreadable, refuse
         raise UnsafeCheckpoint(f"{name or path} is not a readable torch checkpoint file ({e})") from None
-    return [g for g in found if g not in CHECKPOINT_GLOBALS]
 
 
-def _allowlisted_objects(names) -> list[Any]:
+def scan_pickle(path: str | os.PathLike | IO[bytes], name: str | None = None) -> list[str]:
+    """The globals of `path` that are neither torch's weights-only set nor allowlisted."""
+    return [g for g in pickle_globals(path, name) if g not in CHECKPOINT_GLOBALS]
+
+
+def _allowlisted_objects(found) -> list[Any]:
+    """The allowlist, imported; its DeepSpeed classes only where the file names one of them (`found`),
+    so loading a checkpoint without them (a native or exported model) never imports DeepSpeed.
+    (The others stay allowed whatever the file names: numpy builds dtype classes it does not name.)"""
     objs = []
-    for name in names:
-        if name not in CHECKPOINT_GLOBALS:
+    for name in CHECKPOINT_GLOBALS:
+        if name.startswith("deepspeed.") and name not in found:
             continue
         mod, _, attr = name.rpartition(".")
         try:
+            if mod.startswith("deepspeed."):
+                import_deepspeed()
             objs.append(getattr(importlib.import_module(mod), attr))
         except (ImportError, AttributeError):
             continue
@@ -84,11 +93,12 @@ def _refuse(path, bad) -> UnsafeCheckpoint:
 def _load_scanned(f: IO[bytes], name: str, map_location, **kwargs) -> Any:
     """Scan an open file, rewind it, and unpickle those same bytes weights-only."""
     start = f.tell()
-    bad = scan_pickle(f, name)
+    found = pickle_globals(f, name)
+    bad = [g for g in found if g not in CHECKPOINT_GLOBALS]
     if bad:
         raise _refuse(name, bad)
     f.seek(start)
-    with torch.serialization.safe_globals(_allowlisted_objects(CHECKPOINT_GLOBALS)):
+    with torch.serialization.safe_globals(_allowlisted_objects(found)):
         return _torch_load(f, map_location=map_location, weights_only=True, **kwargs)
 
 
@@ -98,10 +108,11 @@ def safe_torch_load(path: str | os.PathLike | IO[bytes], map_location="cpu", **k
     if hasattr(path, "read"):
         return _load_scanned(path, getattr(path, "name", "<file>"), map_location, **kwargs)
     if kwargs.get("mmap"):  # mmap needs the path: scan, then load weights-only (which allows no code)
-        bad = scan_pickle(path)
+        found = pickle_globals(path)
+        bad = [g for g in found if g not in CHECKPOINT_GLOBALS]
         if bad:
             raise _refuse(path, bad)
-        with torch.serialization.safe_globals(_allowlisted_objects(CHECKPOINT_GLOBALS)):
+        with torch.serialization.safe_globals(_allowlisted_objects(found)):
             return _torch_load(path, map_location=map_location, weights_only=True, **kwargs)
     with open(path, "rb") as f:
         return _load_scanned(f, str(path), map_location, **kwargs)

@@ -11,6 +11,7 @@ import pickle
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,22 @@ def test_own_checkpoint_files_load_weights_only(run):
         safe_torch_load(f)  # torch.load(..., weights_only=True)
     model, meta = load_for_eval(tag)
     assert meta["step"] == 2
+
+
+def test_the_allowlisted_deepspeed_classes_are_imported_only_for_a_file_that_names_one(run):
+    """The optimizer states name DeepSpeed classes (they load: the test above); the model states do
+    not, so evaluating a checkpoint never imports DeepSpeed and starts in a second or two."""
+    tag = ckpt.latest_checkpoint(run)
+    named = {f.name: [g for g in pickle_scan.pickle_globals(f) if g.startswith("deepspeed.")] for f in tag.glob("*.pt")}
+    assert named["mp_rank_00_model_states.pt"] == [] and named["zero_pp_rank_0_mp_rank_00_optim_states.pt"], named
+    code = (
+        "import sys\nfrom checkpoint import load_for_eval\n"
+        f"load_for_eval({str(tag)!r})\nprint('deepspeed' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
+    assert out.returncode == 0 and out.stdout.split()[-1] == "False", out.stdout + out.stderr[-2000:]
 
 
 def test_recipe_yaml_is_parsed_never_executed(tmp_path):
