@@ -41,6 +41,8 @@ from model.mfu import measure_matmul_tflops, mfu  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 VARIANT_NAMES = ["standard", "frozen_qk", "frozen_mlp", "mixit", "random_transformer"]
+# more entries by name: a variant with model settings (mixit_philox4x: M drawn four entries per Philox call)
+NAMED_KINDS = {"mixit_philox4x": ("mixit", {"mixit_rng": "philox4x"})}
 
 
 def parse_size(s: str) -> tuple[int, int, int]:
@@ -77,8 +79,8 @@ class Entry:
     def __init__(self, args, size: str, kind: str, **over):
         self.size, self.kind = size, kind
         self.device, self.dtype = torch.device(args.device), DTYPES[args.dtype]
-        variant = "standard" if kind == "hf_llama" else kind
-        self.cfg = make_cfg(args, size, variant, **over)
+        variant, named = NAMED_KINDS.get(kind, ("standard" if kind == "hf_llama" else kind, {}))
+        self.cfg = make_cfg(args, size, variant, **named, **over)
         torch.manual_seed(0)
         if kind == "hf_llama":
             from transformers import LlamaForCausalLM
@@ -265,7 +267,12 @@ def mixit_memory_table(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["4x256x256"], help="LAYERSxWIDTHxSEQ (heads = width/64)")
-    ap.add_argument("--variants", nargs="*", default=VARIANT_NAMES, help="none: only the MixiT memory table")
+    ap.add_argument(
+        "--variants",
+        nargs="*",
+        default=VARIANT_NAMES,
+        help=f"none: only the MixiT memory table; also {list(NAMED_KINDS)}",
+    )
     ap.add_argument("--no-hf", action="store_true", help="skip the HuggingFace reference")
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--batch", type=int, default=8)

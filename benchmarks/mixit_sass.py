@@ -9,6 +9,11 @@ From that count, the tiles of one training step and the chip's issue rate (one w
 scheduler per cycle) it estimates the time a training step's mixing needs only to issue those loops.
 
     python benchmarks/mixit_sass.py --preset 1b --seq 8192 --batch 1 --out docs/data/gpu/mixit_sass_1b_T8192.txt
+    python benchmarks/mixit_sass.py --preset 1b --seq 8192 --batch 1 --rng philox4x \
+        --out docs/data/gpu/mixit_sass_1b_T8192_philox4x.txt
+
+`--rng philox4x` counts the kernels that draw four matrix entries per Philox call (`tl.randn4x`,
+the model's `mixit_rng: philox4x`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from model.config import preset  # noqa: E402
+from model.config import MIXIT_RNGS, preset  # noqa: E402
 from model.kernels import hopper_aot, mixit_triton  # noqa: E402
 
 # H100 / H200 SXM (leads from the data sheet, the same for both): multiprocessors, schedulers per
@@ -59,6 +64,7 @@ def main() -> int:
     ap.add_argument("--preset", default="1b")
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--rng", default="philox", choices=MIXIT_RNGS, help="the model's mixit_rng")
     ap.add_argument("--out", default=None, help="also write the report here")
     args = ap.parse_args()
     why = hopper_aot.missing()
@@ -74,7 +80,8 @@ def main() -> int:
     tiles = rows * (rows + 1) // 2 * (cfg.num_heads - 1) * cfg.num_layers * args.batch  # causal: j <= i
     lines = [
         f"MixiT Triton kernels, preset {args.preset} (head dim {cfg.head_dim}, "
-        f"{cfg.num_heads} heads, {cfg.num_layers} layers), T {args.seq}, batch {args.batch}, causal; Triton "
+        f"{cfg.num_heads} heads, {cfg.num_layers} layers), T {args.seq}, batch {args.batch}, causal, "
+        f"mixit_rng {args.rng}; Triton "
         f"{triton.__version__}, sm_90; tile {tile.BM}x{tile.BN}, {tile.num_warps} warps",
         f"tiles per pass (heads 1..H-1, every layer): {tiles:,}",
         "",
@@ -85,7 +92,9 @@ def main() -> int:
     issue_total_ms = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn, flags in (("forward", fwd, dict(IDENT=True, CAUSAL=True)), ("backward", bwd, dict(CAUSAL=True))):
-            constexprs = dict(DH=tile.BD, BM=tile.BM, BN=tile.BN, BD=tile.BD, SWEEP_N=0, **flags)
+            constexprs = dict(
+                DH=tile.BD, BM=tile.BM, BN=tile.BN, BD=tile.BD, SWEEP_N=0, RNG4X=args.rng == "philox4x", **flags
+            )
             _, ptx = hopper_aot.compile_ptx(fn, constexprs, tile)
             cubin, log = hopper_aot.assemble(ptx, Path(tmp))
             if cubin is None:

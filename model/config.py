@@ -32,6 +32,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 PARAM_GROUPS = ("qk", "v", "o", "mlp", "norms", "embeddings", "head", "blocks")
 ATTN_IMPLS = ("auto", "sdpa", "eager", "flash")
 MIXIT_IMPLS = ("auto", "dense", "blocked", "triton")
+MIXIT_RNGS = ("philox", "philox4x")  # one normal per Philox call, or four (model/rng.py matrix_normals)
 # RoPE scalings model.rope_scaling may name, and the keys each one needs (the HF rope_parameters names).
 ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
@@ -73,6 +74,7 @@ class ModelConfig:
     freeze_schedule: list[list[Any]] = field(default_factory=list)
     # MixiT (VARIANTS.md); only read when variant == "mixit"
     mixit_seed: int = 0
+    mixit_rng: str = "philox"  # how M's entries are drawn from the seed: MIXIT_RNGS (model/rng.py)
     mixit_beta: float = 1.0
     mixit_depth_alpha: float = (
         0.0  # != 0 selects the reference's other path (no identity, sigma=1/sqrt(T), branch scale)
@@ -190,6 +192,8 @@ class ModelConfig:
                 f"must be an integer >= 0, got {self.loss_chunk_tokens!r}",
                 "use e.g. 4096, or 0 to compute the loss from full logits",
             )
+        if self.mixit_rng not in MIXIT_RNGS:
+            raise _bad("mixit_rng", f"unknown {self.mixit_rng!r}", f"choose one of {list(MIXIT_RNGS)}")
         if self.mixit_impl not in MIXIT_IMPLS:
             raise _bad("mixit_impl", f"unknown {self.mixit_impl!r}", f"choose one of {list(MIXIT_IMPLS)}")
         groups = list(self.frozen_groups or [])

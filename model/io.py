@@ -98,6 +98,7 @@ SHAPE_FIELDS = (
     "tie_embeddings",
     "bias",
     "mixit_seed",
+    "mixit_rng",
 )
 
 

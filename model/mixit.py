@@ -2,7 +2,8 @@
 
 Per layer and head h >= 1, with T = max_seq_len and d_h the head dim:
     sigma_h = 1/sqrt(T d_h) + u_h (1/sqrt(T) - 1/sqrt(T d_h))     u_h ~ U[0, 1)
-    M_h[i, j] = sigma_h * z(seed, layer, h, i, j),  z ~ N(0, 1)  (counter-based, model/rng.py)
+    M_h[i, j] = sigma_h * z(seed, layer, h, i, j),  z ~ N(0, 1)  (counter-based, model/rng.py;
+                                                     `mixit_rng` says which counter draws each entry)
     drift_h[i] = mean of M_h[i, j] over the entries the row averages (j <= i when causal)
     A_h = I + beta (M_h - drift_h 1^T), restricted to the causal triangle
 so each causal row of A_h sums to 1. Head 0 is a sink head: A_0[i, i] = A_0[i, 0] = 1/2.
@@ -42,8 +43,8 @@ def raw_block(
     cfg: ModelConfig, layer: int, head: int, rows: torch.Tensor, cols: torch.Tensor, sigma: float
 ) -> torch.Tensor:
     """sigma * z[i, j] for i in rows, j in cols (float32), without masking: any block, any device."""
-    offsets = rows[:, None].to(torch.int64) * cfg.max_seq_len + cols[None, :].to(torch.int64)
-    return rng.randn(rng.mixit_key(cfg.mixit_seed, layer, head), offsets) * sigma
+    key = rng.mixit_key(cfg.mixit_seed, layer, head)
+    return rng.matrix_normals(key, rows, cols, cfg.max_seq_len, cfg.mixit_rng) * sigma
 
 
 def mixing_matrix(

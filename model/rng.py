@@ -51,13 +51,42 @@ def _to_uniform(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
 
 
+def _box_muller(w0: torch.Tensor, w1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton's pair_uniform_to_normal of two 32-bit words: (r cos theta, r sin theta)."""
+    u1 = torch.clamp(_to_uniform(w0), min=1.0e-7)
+    theta = torch.tensor(6.283185307179586, dtype=torch.float32) * _to_uniform(w1)
+    r = torch.sqrt(-2.0 * torch.log(u1))
+    return r * torch.cos(theta), r * torch.sin(theta)
+
+
 def randn(key: int, offsets: torch.Tensor) -> torch.Tensor:
     """N(0, 1) float32 samples equal to Triton's `tl.randn(key, offsets)` (Box-Muller, first output)."""
     w0, w1, _, _ = philox(key, offsets)
-    u1 = torch.clamp(_to_uniform(w0), min=1.0e-7)
-    u2 = _to_uniform(w1)
-    theta = torch.tensor(6.283185307179586, dtype=torch.float32) * u2
-    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(theta)
+    return _box_muller(w0, w1)[0]
+
+
+def randn4x(key: int, counters: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Four N(0, 1) float32 samples per counter, equal to Triton's `tl.randn4x(key, counters)`: one
+    Philox call gives four words, Box-Muller turns each pair into two normals."""
+    w0, w1, w2, w3 = philox(key, counters)
+    return (*_box_muller(w0, w1), *_box_muller(w2, w3))
+
+
+def matrix_normals(key, rows: torch.Tensor, cols: torch.Tensor, T: int, generator: str = "philox") -> torch.Tensor:
+    """z[i, j] for i in rows, j in cols of one matrix with row stride T (float32, shape (rows, cols));
+    `key` is an int, or a tensor of keys that broadcasts against that shape (one matrix per key).
+
+    `generator` (the model's `mixit_rng`): "philox" is tl.randn at counter i*T + j, one Philox call
+    per entry; "philox4x" is tl.randn4x at counter i*ceil(T/4) + j//4, lane j % 4, so four
+    consecutive entries of a row come from one call: a quarter of the generator's work."""
+    rows, cols = rows.to(torch.int64), cols.to(torch.int64)
+    if generator == "philox":
+        return randn(key, rows[:, None] * T + cols[None, :])
+    if generator != "philox4x":
+        raise ValueError(f"unknown generator {generator!r}; choose philox or philox4x")
+    n1, n2, n3, n4 = randn4x(key, rows[:, None] * ((T + 3) // 4) + (cols[None, :] >> 2))
+    lane = (cols & 3)[None, :]
+    return torch.where(lane == 0, n1, torch.where(lane == 1, n2, torch.where(lane == 2, n3, n4)))
 
 
 def uniform(key: int, offsets: torch.Tensor, stream: int = 1) -> torch.Tensor:

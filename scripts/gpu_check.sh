@@ -19,7 +19,7 @@
 #         train:VARIANT:ZERO   bf16 training of the 1b shape through launch.sh --gpus 1: 5 steps with a
 #                  checkpoint at step 3, then --resume auto runs steps 4-5 again; their losses are compared
 #                  with the uninterrupted run's (standard, frozen_qk, mixit x zero1, zero3)
-#         bench:T2048, bench:T8192   benchmarks/bench_model.py, 1b shape, standard vs frozen_qk vs mixit, then
+#         bench:T2048, bench:T8192   benchmarks/bench_model.py, 1b shape, standard vs frozen_qk vs mixit (both generators), then
 #                  one profiled step of each (its 20 costliest kernels: where MixiT's time goes)
 #         bench:mixit_memory         MixiT dense vs Triton peak memory at T 4k/16k/32k
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else .venv/bin/python, else python3),
@@ -235,7 +235,7 @@ stage_bench() {  # SEQ | mixit_memory
       grep -cE '^ +[0-9]+ +(dense|blocked|triton) ' "$WORK_LOG" | sed 's/$/ rows (T, impl, peak MiB)/' > "$KEYS"
       return 0
     fi
-    "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "2x64x$1" --batch 1 --variants standard frozen_qk mixit \
+    "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "2x64x$1" --batch 1 --variants standard frozen_qk mixit mixit_philox4x \
       --no-hf --profile 20 | tee "$WORK_LOG" || return 1
   else
     common=(--device cuda --dtype bf16 --vocab 128256 --rounds 3 --steps 3)
@@ -247,7 +247,7 @@ stage_bench() {  # SEQ | mixit_memory
     fi
     # the 1b shape's layers and width (bench_model.py: heads = width / 64 = 32), 8192 tokens per step
     "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "16x2048x$1" --batch $((8192 / $1 > 0 ? 8192 / $1 : 1)) \
-      --variants standard frozen_qk mixit --no-hf --profile 20 | tee "$WORK_LOG" || return 1
+      --variants standard frozen_qk mixit mixit_philox4x --no-hf --profile 20 | tee "$WORK_LOG" || return 1
   fi
   bench_keys
 }

@@ -59,13 +59,17 @@ def _usage(log: str) -> tuple[int, int, int]:
 
 
 def _variants(tile) -> list[tuple[str, dict]]:
-    """Forward and backward at the causal, identity-term default; every causal/identity
-    combination at the widest head dim (the largest register and shared-memory footprint)."""
+    """Forward and backward at the causal, identity-term default, with each generator (mixit_rng);
+    every causal/identity combination at the widest head dim (the largest register and
+    shared-memory footprint)."""
     widest = tile.BD == max(t.BD for t in TILES) and tile.BM == max(t.BM for t in TILES)
     fwd = [(True, True), (False, True), (True, False), (False, False)] if widest else [(True, True)]
     bwd = [True, False] if widest else [True]
-    out = [("fwd", dict(IDENT=ident, CAUSAL=causal)) for causal, ident in fwd]
-    return out + [("bwd", dict(CAUSAL=causal)) for causal in bwd]
+    out = []
+    for four in (False, True):
+        out += [("fwd", dict(IDENT=ident, CAUSAL=causal, RNG4X=four)) for causal, ident in fwd]
+        out += [("bwd", dict(CAUSAL=causal, RNG4X=four)) for causal in bwd]
+    return out
 
 
 def test_launches_cover_the_gpu_head_dims():

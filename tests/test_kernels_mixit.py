@@ -15,8 +15,15 @@ from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_b
 from model.mixit import mixing_matrix, raw_block
 
 T = 40
-CASES = [{}, {"mixit_beta": 0.7, "mixit_seed": 9}, {"mixit_depth_alpha": 1.0}, {"causal": False}, {"num_kv_heads": 2}]
-CASE_IDS = ["default", "beta_seed", "depth_alpha", "bidirectional", "gqa"]
+CASES = [
+    {},
+    {"mixit_beta": 0.7, "mixit_seed": 9},
+    {"mixit_depth_alpha": 1.0},
+    {"causal": False},
+    {"num_kv_heads": 2},
+    {"mixit_rng": "philox4x"},
+]
+CASE_IDS = ["default", "beta_seed", "depth_alpha", "bidirectional", "gqa", "philox4x"]
 
 
 def cfg_(**kw):
@@ -27,9 +34,10 @@ def dense(cfg, layer, n):
     return mixing_matrix(cfg, layer, cfg.max_seq_len if cfg.causal else n).double()[:, :n, :n]
 
 
-def test_slab_rng_equals_reference_blocks():
+@pytest.mark.parametrize("generator", ["philox", "philox4x"])
+def test_slab_rng_equals_reference_blocks(generator):
     """The per-head-key slab draws exactly mixit.raw_block's numbers."""
-    cfg = cfg_()
+    cfg = cfg_(mixit_rng=generator)
     p = MixitParams(cfg, 2)
     rows = torch.arange(5, 13)
     slab = raw_slab(p, rows, 17, p.key_tensor("cpu"), p.sigma_tensor("cpu"))
@@ -154,13 +162,15 @@ from model.kernels import mixit_triton as mt
 from model.kernels.mixit_blocked import MixitParams, compute_drift
 torch.manual_seed(0)
 cases = [({}, 24, 0), ({}, 17, 5), ({"mixit_beta": 0.7, "mixit_depth_alpha": 1.0}, 24, 0), ({"causal": False}, 17, 0)]
+four = {"mixit_rng": "philox4x"}  # four columns per Philox call; T 22 is not a multiple of 4
+cases += [(four, 24, 0), (four, 17, 5), ({**four, "causal": False}, 17, 0), ({**four, "max_seq_len": 22}, 22, 0)]
 # Run-time loop bounds where this interpreter takes them (newer Triton), and the constant-bound
 # sweep that an older interpreter under numpy >= 2.4 needs, in both cases against the reference.
 sweeps = [True] if mt.sweep_all_tiles() else [False, True]
 for sweep in sweeps:
     mt.sweep_all_tiles = lambda: sweep
     for kw, n, rs in cases:
-        cfg = preset("tiny", variant="mixit", vocab_size=50, max_seq_len=24, **kw)
+        cfg = preset("tiny", **{"variant": "mixit", "vocab_size": 50, "max_seq_len": 24, **kw})
         p = MixitParams(cfg, 1)
         full = cfg.max_seq_len if cfg.causal else n
         a = mixing_matrix(cfg, 1, full).double()[:, rs:n, :n]

@@ -9,8 +9,9 @@ import tempfile
 import pytest
 import torch
 
-from model import build_model, preset, rng
-from model.io import load_native, save_native
+from common.errors import ConfigError
+from model import ModelConfig, build_model, preset, rng
+from model.io import check_compatible, load_native, save_native
 from model.mixit import head_sigmas, mixing_matrix
 
 T = 32
@@ -159,12 +160,22 @@ def k(out_n, out_u, key, N: tl.constexpr):
     offs = tl.arange(0, N)
     tl.store(out_n + offs, tl.randn(key, offs))
     tl.store(out_u + offs, tl.rand(key, offs))
+@triton.jit
+def k4(out, key, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    n1, n2, n3, n4 = tl.randn4x(key, offs)
+    tl.store(out + offs, n1)
+    tl.store(out + N + offs, n2)
+    tl.store(out + 2 * N + offs, n3)
+    tl.store(out + 3 * N + offs, n4)
 for key in (0, rng.mixit_key(7, 3, 5), rng.mixit_key(2**32 - 1, 100, 31)):
-    n, u = torch.empty(256), torch.empty(256)
+    n, u, n4 = torch.empty(256), torch.empty(256), torch.empty(4, 256)
     k[(1,)](n, u, key, 256)
+    k4[(1,)](n4, key, 256)
     w0 = rng.philox(key, torch.arange(256))[0]
     assert torch.equal(u, rng._to_uniform(w0)), "uniform words differ"
     assert (n - rng.randn(key, torch.arange(256))).abs().max() < 1e-5, "normals differ"
+    assert (n4 - torch.stack(rng.randn4x(key, torch.arange(256)))).abs().max() < 1e-5, "randn4x normals differ"
 print("ok")
 """
 
@@ -174,3 +185,32 @@ def test_rng_matches_triton_randn_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.getcwd()}
     out = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_philox4x_matrix_draws_four_columns_per_counter():
+    """mixit_rng philox4x: z[i, j] is lane j % 4 of randn4x at counter i * ceil(T/4) + j // 4, for any T;
+    philox's z[i, j] is randn at i * T + j. Each is N(0, 1), and they are different matrices."""
+    key, T = rng.mixit_key(3, 1, 2), 22
+    rows, cols = torch.arange(T), torch.arange(T)
+    z4 = rng.matrix_normals(key, rows, cols, T, "philox4x")
+    for i, j in [(0, 0), (0, 3), (5, 4), (21, 21), (7, 13)]:
+        want = rng.randn4x(key, torch.tensor([i * 6 + j // 4]))[j % 4][0]
+        assert z4[i, j] == want
+    z1 = rng.matrix_normals(key, rows, cols, T, "philox")
+    assert torch.equal(z1, rng.randn(key, rows[:, None] * T + cols[None, :]))
+    assert not torch.equal(z1, z4)
+    big = rng.matrix_normals(key, torch.arange(256), torch.arange(256), 256, "philox4x").double()
+    assert abs(big.mean()) < 0.02 and abs(big.std() - 1) < 0.02
+    with pytest.raises(ValueError, match="philox or philox4x"):
+        rng.matrix_normals(key, rows, cols, T, "mt19937")
+
+
+def test_mixit_rng_is_part_of_the_model():
+    with pytest.raises(ConfigError, match="mixit_rng"):
+        preset("tiny", variant="mixit", mixit_rng="mt19937")
+    a = preset("tiny", variant="mixit", vocab_size=50, max_seq_len=16)
+    b = a.replace(mixit_rng="philox4x")
+    assert not torch.equal(mixing_matrix(a, 1), mixing_matrix(b, 1))
+    assert ModelConfig.from_dict({k: v for k, v in a.to_dict().items() if k != "mixit_rng"}).mixit_rng == "philox"
+    with pytest.raises(ValueError, match="mixit_rng: config has 'philox4x', checkpoint has 'philox'"):
+        check_compatible(b, a, "ckpt")

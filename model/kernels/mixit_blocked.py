@@ -35,6 +35,7 @@ class MixitParams:
         self.identity = cfg.mixit_depth_alpha == 0
         self.causal = cfg.causal
         self.T = cfg.max_seq_len
+        self.generator = cfg.mixit_rng
 
     def key_tensor(self, device) -> torch.Tensor:
         return torch.tensor(self.keys, dtype=torch.int64, device=device).view(-1, 1, 1)
@@ -48,8 +49,7 @@ def raw_slab(p: MixitParams, rows: torch.Tensor, ncols: int, keys: torch.Tensor,
 
     The same numbers as mixit.raw_block (Philox is evaluated with a per-head key tensor)."""
     cols = torch.arange(ncols, device=rows.device, dtype=torch.int64)
-    offsets = rows[:, None].to(torch.int64) * p.T + cols[None, :]
-    return rng.randn(keys, offsets) * sigmas
+    return rng.matrix_normals(keys, rows, cols, p.T, p.generator) * sigmas
 
 
 def _mask(rows: torch.Tensor, ncols: int, causal: bool) -> torch.Tensor | None:

@@ -1,8 +1,9 @@
 """MixiT mixing as a Triton kernel that regenerates M in registers (no T x T tensor anywhere).
 
 Each program owns a (batch, head, row block) tile and walks key blocks j <= i only
-(blocks above the diagonal are skipped). M_h[i, j] = sigma_h * tl.randn(key_h, i*T + j),
-the same counter-based Philox numbers as model/rng.py, so the dense reference
+(blocks above the diagonal are skipped). M_h[i, j] = sigma_h * tl.randn(key_h, i*T + j)
+(`mixit_rng: philox`; with philox4x, tl.randn4x gives four columns per call), the same
+counter-based Philox numbers as model/rng.py's matrix_normals, so the dense reference
 (model/mixit.py) is generated from the same RNG and the two can be compared. The
 centering (- drift_i cumsum(V)_i) and identity terms are fused into the epilogue;
 cumsum(V) and drift_h (an O(T) vector per head, cached by the caller) come from PyTorch.
@@ -77,6 +78,7 @@ def _kernels():
         BN: tl.constexpr,
         BD: tl.constexpr,
         SWEEP_N: tl.constexpr,
+        RNG4X: tl.constexpr,
     ):
         pid_bh = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -101,7 +103,12 @@ def _kernels():
             ok = row_ok[:, None] & (cols[None, :] < n)
             if CAUSAL:
                 ok = ok & (cols[None, :] <= rows[:, None])
-            z = tl.randn(key, rows[:, None] * T + cols[None, :])
+            if RNG4X:  # mixit_rng philox4x: four consecutive columns from one Philox call (model/rng.py)
+                quads = start // 4 + tl.arange(0, BN // 4)
+                n1, n2, n3, n4 = tl.randn4x(key, rows[:, None] * ((T + 3) // 4) + quads[None, :])
+                z = tl.reshape(tl.join(tl.join(n1, n3), tl.join(n2, n4)), (BM, BN))
+            else:
+                z = tl.randn(key, rows[:, None] * T + cols[None, :])
             m = tl.where(ok, z * sigma, 0.0)
             vb = tl.load(v_base + cols[:, None] * svt + d[None, :], mask=(cols[:, None] < n) & d_ok[None, :], other=0.0)
             acc += tl.dot(m, vb.to(tl.float32))
@@ -134,6 +141,7 @@ def _kernels():
         BN: tl.constexpr,
         BD: tl.constexpr,
         SWEEP_N: tl.constexpr,
+        RNG4X: tl.constexpr,
     ):
         # dV_j (matrix part only) = beta * sum_{i >= j} M[i, j] G_i ; row_start == 0
         pid_bh = tl.program_id(0)
@@ -158,7 +166,12 @@ def _kernels():
             ok = (rows[:, None] < n) & col_ok[None, :]
             if CAUSAL:
                 ok = ok & (cols[None, :] <= rows[:, None])
-            z = tl.randn(key, rows[:, None] * T + cols[None, :])
+            if RNG4X:
+                quads = pid_n * (BN // 4) + tl.arange(0, BN // 4)
+                n1, n2, n3, n4 = tl.randn4x(key, rows[:, None] * ((T + 3) // 4) + quads[None, :])
+                z = tl.reshape(tl.join(tl.join(n1, n3), tl.join(n2, n4)), (BM, BN))
+            else:
+                z = tl.randn(key, rows[:, None] * T + cols[None, :])
             m = tl.where(ok, z * sigma, 0.0)
             gb = tl.load(g_base + rows[:, None] * sgt + d[None, :], mask=(rows[:, None] < n) & d_ok[None, :], other=0.0)
             acc += tl.dot(tl.trans(m), gb.to(tl.float32))
@@ -212,13 +225,15 @@ class Tiles(NamedTuple):
     num_stages: int
 
 
-def launch_meta(t: Tiles, n: int) -> dict[str, int]:
-    """The compile-time and launch keywords both kernels take for tile `t` over `n` rows."""
+def launch_meta(t: Tiles, n: int, generator: str) -> dict[str, int]:
+    """The compile-time and launch keywords both kernels take for tile `t` over `n` rows, drawing
+    M with `generator` (the model's mixit_rng)."""
     return dict(
         BM=t.BM,
         BN=t.BN,
         BD=t.BD,
         SWEEP_N=n if sweep_all_tiles() else 0,
+        RNG4X=generator == "philox4x",
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )
@@ -270,7 +285,7 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
         DH=dh,
         IDENT=p.identity,
         CAUSAL=p.causal,
-        **launch_meta(t, n),
+        **launch_meta(t, n, p.generator),
     )
     return out
 
@@ -300,7 +315,7 @@ def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block:
         Hr,
         DH=dh,
         CAUSAL=p.causal,
-        **launch_meta(t, n),
+        **launch_meta(t, n, p.generator),
     )
     dg = drift[None, :, :n, None] * g
     if p.causal:
