@@ -21,6 +21,7 @@
 #                  with the uninterrupted run's (standard, frozen_qk, mixit x zero1, zero3)
 #         bench:T2048, bench:T8192   benchmarks/bench_model.py, 1b shape, standard vs frozen_qk vs mixit (both generators), then
 #                  one profiled step of each (its 20 costliest kernels: where MixiT's time goes)
+#         bench:compiled:T2048       the same at T 2048 with torch.compile (compile_blocks): the MFU target's setting
 #         bench:mixit_memory         MixiT dense vs Triton peak memory at T 4k/16k/32k
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else .venv/bin/python, else python3),
 # OUT, SITE, GPU_CHECK_WORK (run dirs and checkpoints, default /tmp/gpu_check_work; deleted stage by
@@ -224,10 +225,17 @@ bench_keys() {  # the per-model lines of bench_model.py's table: name, tok/s, MF
        printf "%s%s %s tok/s%s", sep, $1, $2, (mfu ? " MFU " mfu : ""); sep = "; " }' "$WORK_LOG" > "$KEYS"
 }
 
-stage_bench() {  # SEQ | mixit_memory
-  local common
+stage_bench() {  # SEQ [compiled] | mixit_memory
+  local common compiled=()
   if [ "$GPU_CHECK_REHEARSE" = 1 ]; then
     common=(--device cpu --dtype fp32 --vocab 512 --rounds 1 --steps 1 --peak-n 256 --no-memory)
+    # the compiled stage rehearses eager: inductor's C++ build of even this tiny model takes 40 s of CPU
+    if [ "${2:-}" = compiled ]; then
+      "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "2x64x$1" --batch 1 --variants standard mixit \
+        --no-hf | tee "$WORK_LOG" || return 1
+      bench_keys
+      return 0
+    fi
     if [ "$1" = mixit_memory ]; then
       # Triton needs a GPU: the CPU implementations stand in
       "$PYTHON" benchmarks/bench_model.py "${common[@]}" --variants --mixit-memory 64 --mixit-impls dense blocked \
@@ -235,10 +243,11 @@ stage_bench() {  # SEQ | mixit_memory
       grep -cE '^ +[0-9]+ +(dense|blocked|triton) ' "$WORK_LOG" | sed 's/$/ rows (T, impl, peak MiB)/' > "$KEYS"
       return 0
     fi
-    "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "2x64x$1" --batch 1 --variants standard frozen_qk mixit mixit_philox4x \
+    "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "2x64x$1" --batch 1 --variants standard frozen_qk mixit \
       --no-hf --profile 20 | tee "$WORK_LOG" || return 1
   else
     common=(--device cuda --dtype bf16 --vocab 128256 --rounds 3 --steps 3)
+    [ "${2:-}" = compiled ] && compiled=(--compile)
     if [ "$1" = mixit_memory ]; then
       "$PYTHON" benchmarks/bench_model.py "${common[@]}" --variants --mixit-memory 4096 16384 32768 \
         --mixit-impls dense triton | tee "$WORK_LOG" || return 1
@@ -246,8 +255,9 @@ stage_bench() {  # SEQ | mixit_memory
       return 0
     fi
     # the 1b shape's layers and width (bench_model.py: heads = width / 64 = 32), 8192 tokens per step
-    "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "16x2048x$1" --batch $((8192 / $1 > 0 ? 8192 / $1 : 1)) \
-      --variants standard frozen_qk mixit mixit_philox4x --no-hf --profile 20 | tee "$WORK_LOG" || return 1
+    "$PYTHON" benchmarks/bench_model.py "${common[@]}" "${compiled[@]}" --sizes "16x2048x$1" \
+      --batch $((8192 / $1 > 0 ? 8192 / $1 : 1)) --variants standard frozen_qk mixit mixit_philox4x --no-hf --profile 20 \
+      | tee "$WORK_LOG" || return 1
   fi
   bench_keys
 }
@@ -268,6 +278,7 @@ if [ "$rehearse" = 1 ]; then seqs="64"; else seqs="2048 8192"; fi
 plan=("wheels|120|wheels" "probe|120|probe" "pytest|300|pytest")
 for v in $VARIANTS; do for z in $ZERO; do plan+=("train:$v:$z|300|train $v $z"); done; done
 for t in $seqs; do plan+=("bench:T$t|300|bench $t"); done
+plan+=("bench:compiled:T${seqs%% *}|420|bench ${seqs%% *} compiled")
 plan+=("bench:mixit_memory|300|bench mixit_memory")
 
 # the stages to run, in order: the plan's, or --only's (a prefix selects: train, bench)
@@ -285,7 +296,7 @@ else
         matched=1
       fi
     done
-    [ "$matched" = 1 ] || { echo "error: --only names no stage '$w'. Fix: one of wheels, probe, pytest, train[:VARIANT:ZERO], bench[:T...|:mixit_memory]" >&2; exit 2; }
+    [ "$matched" = 1 ] || { echo "error: --only names no stage '$w'. Fix: one of wheels, probe, pytest, train[:VARIANT:ZERO], bench[:T...|:compiled|:mixit_memory]" >&2; exit 2; }
   done
 fi
 

@@ -48,6 +48,7 @@ def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
         "train:mixit:zero9",
         "train:mixit:zero3",
         "bench:T64",
+        "bench:compiled:T64",
         "bench:mixit_memory",
     ]
     assert list(rows) == expected, lines
@@ -75,6 +76,7 @@ def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
     # benchmark: a tok/s for each variant, a MixiT memory row per implementation
     for variant in ("standard", "frozen_qk", "mixit"):
         assert f"{variant} " in rows["bench:T64"][2] and "tok/s" in rows["bench:T64"][2]
+    assert "standard " in rows["bench:compiled:T64"][2] and "mixit " in rows["bench:compiled:T64"][2]
     assert rows["bench:mixit_memory"][2].startswith("2 rows")
 
 
