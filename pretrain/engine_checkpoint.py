@@ -255,7 +255,7 @@ class Checkpointer:
         self.run_dir, self.keep_last = run_dir, keep_last
         self.writer = CheckpointWriter() if background else None
         self.saves: list[SaveTiming] = []  # each save's blocked and until-complete seconds
-        self.last_save = time.monotonic()  # the start (or the checkpoint resumed from) counts as a save
+        self.last_save = time.monotonic()  # built just before the loop: its start counts as a save
 
     def save(self, model_engine, step: int, trainer_state: dict[str, Any]) -> Path:
         """A failed write raises CheckpointWriteFailed on every rank after the partial checkpoint is

@@ -323,7 +323,6 @@ class TrainingLoop:
     def _steps(self, stop: StopRequest, stop_after_steps: int | None) -> None:
         cfg, model_engine, result = self.cfg, self.model_engine, self.result
         flags = torch.zeros(2, device=self.device)
-        self.checkpointer.last_save = time.monotonic()  # the clock for checkpoint.every_minutes starts here
         while self.step < cfg.max_steps:
             if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(model_engine.trainable_step):
                 self.logger.message(
