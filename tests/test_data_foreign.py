@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from fixtures import corpus_lines, make_tokenizer, write_text
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from common.errors import DataError
 from data_pipeline import DataConfig
@@ -35,6 +34,9 @@ def corpus(tmp_path_factory):
     starts = np.concatenate([shards._offsets(i)[:-1] + shards.tok_starts[i] for i in range(len(shards.names))])
     docs = np.split(tokens, starts[1:])
     assert all(d[-1] == manifest["eos_id"] for d in docs)  # each document ends with EOS
+    # deferred: heavy (megatron-core takes 4 s to import; every xdist worker would pay it at collection)
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
     builder = IndexedDatasetBuilder(str(root / "mega.bin"), dtype=np.uint16)
     for d in docs:
         builder.add_document(torch.from_numpy(d.astype(np.int64)), [len(d)])
