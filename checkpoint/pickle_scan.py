@@ -64,6 +64,15 @@ def scan_pickle(path: str | os.PathLike | IO[bytes], name: str | None = None) ->
     return [g for g in pickle_globals(path, name) if g not in CHECKPOINT_GLOBALS]
 
 
+def _allowed_globals(path: str | os.PathLike | IO[bytes], name: str | None = None) -> list[str]:
+    """The globals of `path`, after refusing the file if any of them is not allowed."""
+    found = pickle_globals(path, name)
+    bad = [g for g in found if g not in CHECKPOINT_GLOBALS]
+    if bad:
+        raise _refuse(name or path, bad)
+    return found
+
+
 def _allowlisted_objects(found) -> list[Any]:
     """The allowlist, imported; its DeepSpeed classes only where the file names one of them (`found`),
     so loading a checkpoint without them (a native or exported model) never imports DeepSpeed.
@@ -93,10 +102,7 @@ def _refuse(path, bad) -> UnsafeCheckpoint:
 def _load_scanned(f: IO[bytes], name: str, map_location, **kwargs) -> Any:
     """Scan an open file, rewind it, and unpickle those same bytes weights-only."""
     start = f.tell()
-    found = pickle_globals(f, name)
-    bad = [g for g in found if g not in CHECKPOINT_GLOBALS]
-    if bad:
-        raise _refuse(name, bad)
+    found = _allowed_globals(f, name)
     f.seek(start)
     with torch.serialization.safe_globals(_allowlisted_objects(found)):
         return _torch_load(f, map_location=map_location, weights_only=True, **kwargs)
@@ -108,10 +114,7 @@ def safe_torch_load(path: str | os.PathLike | IO[bytes], map_location="cpu", **k
     if hasattr(path, "read"):
         return _load_scanned(path, getattr(path, "name", "<file>"), map_location, **kwargs)
     if kwargs.get("mmap"):  # mmap needs the path: scan, then load weights-only (which allows no code)
-        found = pickle_globals(path)
-        bad = [g for g in found if g not in CHECKPOINT_GLOBALS]
-        if bad:
-            raise _refuse(path, bad)
+        found = _allowed_globals(path)
         with torch.serialization.safe_globals(_allowlisted_objects(found)):
             return _torch_load(path, map_location=map_location, weights_only=True, **kwargs)
     with open(path, "rb") as f:

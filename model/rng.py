@@ -84,9 +84,9 @@ def matrix_normals(key, rows: torch.Tensor, cols: torch.Tensor, T: int, generato
         return randn(key, rows[:, None] * T + cols[None, :])
     if generator != "philox4x":
         raise ValueError(f"unknown generator {generator!r}; choose philox or philox4x")
-    n1, n2, n3, n4 = randn4x(key, rows[:, None] * ((T + 3) // 4) + (cols[None, :] >> 2))
-    lane = (cols & 3)[None, :]
-    return torch.where(lane == 0, n1, torch.where(lane == 1, n2, torch.where(lane == 2, n3, n4)))
+    quads, column_quad = torch.unique(cols >> 2, return_inverse=True)  # one Philox call per quad, not per column
+    z4 = torch.stack(randn4x(key, rows[:, None] * ((T + 3) // 4) + quads[None, :]), dim=-1)  # (..., rows, quads, 4)
+    return z4[..., column_quad, cols & 3]
 
 
 def uniform(key: int, offsets: torch.Tensor, stream: int = 1) -> torch.Tensor:
