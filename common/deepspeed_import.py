@@ -8,17 +8,28 @@ at once, and a process that logs to MLflow (`logging.mlflow`) imports the real p
 A lazy module (`importlib.util.LazyLoader`) does not work here: torch's and DeepSpeed's start-up
 walk `sys.modules` through `inspect.getmodule`, which loads every lazy module it touches.
 
+Every DeepSpeed optimizer wrapper (ZeRO 1-3, bf16) also imports DeepSpeed's Muon module for an
+`isinstance` check, and that module wraps its functions in `torch.compile` when it is imported,
+which imports torch's inductor: about 1.1 s of every rank's start, for an optimizer this project
+never builds. `import_deepspeed` imports that module once with `torch.compile` deferring each
+compile to the function's first call (the same compile, later); `torch.compile` is restored at once.
+
 `python -m common.deepspeed_import MODULE ARGS...` runs one of DeepSpeed's launcher modules
 (`deepspeed.launcher.launch`, `deepspeed.launcher.runner`) the same way, as launch.sh does: a
 launcher process starts in about 2.3 s instead of 4."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import runpy
 import sys
 from types import ModuleType
 
+import torch
+
 HIDDEN = ("mlflow",)
+COMPILED_AT_IMPORT = ("deepspeed.runtime.zero.muon.muon_optimizer",)  # absent from older DeepSpeed: skipped
 
 
 def import_deepspeed() -> ModuleType:
@@ -34,7 +45,34 @@ def import_deepspeed() -> ModuleType:
         for name in hidden:
             if sys.modules.get(name, 0) is None:
                 del sys.modules[name]
+    real_compile = torch.compile
+    torch.compile = functools.partial(compile_on_first_call, real_compile)
+    try:
+        for name in COMPILED_AT_IMPORT:
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError:
+                pass
+    finally:
+        torch.compile = real_compile
     return deepspeed
+
+
+def compile_on_first_call(compile_fn, model=None, **options):
+    """`compile_fn(model, **options)` (torch.compile's signature, also as a decorator factory), run at
+    the first call of the returned function instead of now."""
+    if model is None:
+        return functools.partial(compile_on_first_call, compile_fn, **options)
+    compiled = None
+
+    @functools.wraps(model)
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = compile_fn(model, **options)
+        return compiled(*args, **kwargs)
+
+    return call
 
 
 def run_module(module: str, args: list[str]) -> None:

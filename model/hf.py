@@ -12,6 +12,7 @@ when this module is imported (no remote code).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -30,6 +31,7 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutput
 
 from common.constants import IGNORE_INDEX
+from common.deepspeed_import import import_deepspeed
 from common.errors import ConfigError
 
 from .config import ModelConfig
@@ -160,6 +162,10 @@ def to_hf(model: Transformer) -> PreTrainedModel:
 def export_hf(model: Transformer, out_dir: str | os.PathLike) -> Path:
     """Write a `from_pretrained`-loadable directory (safetensors, true dtype)."""
     out = Path(out_dir)
+    if importlib.util.find_spec(
+        "deepspeed"
+    ):  # save_pretrained imports it where installed: without mlflow, 1.3 s sooner
+        import_deepspeed()
     to_hf(model).save_pretrained(out, safe_serialization=True)
     return out
 

@@ -1,5 +1,6 @@
 """DeepSpeed is imported without its autotuner's mlflow import (about 1.8 s a process), and mlflow
-still imports and works afterwards, for the MLflow tracker."""
+still imports and works afterwards, for the MLflow tracker; its Muon module's `torch.compile` runs at
+the first call, not at import (about 1.1 s a rank)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import sys
 import pytest
 from conftest import REPO
 
+from common.deepspeed_import import compile_on_first_call
+
 CHECK = """
 import sys, torch
+REAL_COMPILE = torch.compile
 from common.deepspeed_import import import_deepspeed
 import_deepspeed()
 print("mlflow loaded by deepspeed", "mlflow" in sys.modules)
@@ -19,6 +23,10 @@ print("autotuner mlflow", autotuner.has_mlflow)
 import mlflow
 print("mlflow works", callable(mlflow.set_tracking_uri) and bool(mlflow.__version__))
 print("again", import_deepspeed() is sys.modules["deepspeed"])
+print("torch.compile restored", torch.compile is REAL_COMPILE)
+print("inductor lowering loaded", "torch._inductor.lowering" in sys.modules)
+from deepspeed.runtime.zero.muon import original_muon
+print("muon deferred", original_muon.muon_update.__wrapped__.__name__ == "muon_update")
 """
 
 
@@ -37,6 +45,27 @@ def test_deepspeed_imports_without_mlflow_and_mlflow_works_after():
     assert lines["mlflow loaded by deepspeed"] == "False", out.stdout
     assert lines["autotuner mlflow"] == "False"  # DeepSpeed's autotuner logs without it
     assert lines["mlflow works"] == "True" and lines["again"] == "True"
+    assert lines["torch.compile restored"] == "True" and lines["muon deferred"] == "True"
+    assert lines["inductor lowering loaded"] == "False", out.stdout
+
+
+@pytest.mark.parametrize("as_factory", [False, True], ids=["compile(fn)", "compile()(fn)"])
+def test_compile_on_first_call_compiles_once_at_the_first_call(as_factory):
+    compiled = []
+
+    def compile_fn(fn, **options):
+        compiled.append(options)
+        return lambda x: fn(x) * options.get("scale", 1)
+
+    def double(x):
+        return 2 * x
+
+    deferred = (
+        compile_on_first_call(compile_fn, scale=3)(double) if as_factory else compile_on_first_call(compile_fn, double)
+    )
+    assert compiled == [] and deferred.__name__ == "double"
+    assert deferred(5) == (30 if as_factory else 10) and deferred(1) == (6 if as_factory else 2)
+    assert compiled == ([{"scale": 3}] if as_factory else [{}])  # once, with the options given
 
 
 def test_a_deepspeed_launcher_runs_as_main_through_it_and_nothing_else_does():
