@@ -38,7 +38,11 @@ if [ ! -x "$VENV/bin/python" ]; then
     # listing the interpreter's own site directories covers one that is itself a virtual
     # environment (a venv made from a venv would otherwise see only the base installation).
     echo "[bootstrap] creating $VENV on top of $PY's packages (torch $host_torch_version)"
-    "$PY" -m venv --system-site-packages "$VENV"
+    # the interpreter's own pip serves the environment too (seconds saved; pip installs into the
+    # environment it runs in)
+    without_pip=()
+    "$PY" -c "import pip" >/dev/null 2>&1 && without_pip=(--without-pip)
+    "$PY" -m venv --system-site-packages "${without_pip[@]}" "$VENV"
     site_dir=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     "$PY" -c 'import sys, os; print("\n".join(p for p in sys.path if os.path.isdir(p) and os.path.basename(p) in ("site-packages", "dist-packages")))' \
       > "$site_dir/_host_packages.pth"
@@ -131,9 +135,15 @@ if [ "$want_gpu" = 1 ]; then
 elif [ "$have_gpu" = 1 ]; then
   echo "[bootstrap] using the host's torch and kernels; EXTRAS=gpu scripts/bootstrap.sh tries flash-attn and Liger"
 fi
-# The bytecode of what every run imports, written now even where the caller's environment says
-# not to write bytecode (PYTHONDONTWRITEBYTECODE), which would otherwise recompile it in every process.
-# Only a cache: an import that fails here fails again, with its message, in the first real run.
-PYTHONDONTWRITEBYTECODE= "$VENV/bin/python" -c "import torch, transformers, deepspeed" >/dev/null 2>&1 || true
+# The bytecode of the heavy packages this call installed (every run imports them), written now even
+# where the caller's environment says not to write bytecode (PYTHONDONTWRITEBYTECODE), which would
+# otherwise recompile them in every process. Only a cache: an import that fails here fails again,
+# with its message, in the first real run.
+warm=()
+[ "$host_torch" = 0 ] && warm+=(torch)
+for r in "${reqs[@]}"; do case $r in transformers*|deepspeed*) warm+=("${r%%[<>=!~]*}") ;; esac; done
+if [ "${#warm[@]}" -gt 0 ]; then
+  PYTHONDONTWRITEBYTECODE= "$VENV/bin/python" -c "import $(IFS=,; echo "${warm[*]}")" >/dev/null 2>&1 || true
+fi
 echo "$deps_hash" > "$stamp_file"
 echo "[bootstrap] environment ready: $VENV"
