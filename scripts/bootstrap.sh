@@ -57,6 +57,56 @@ pip_from=()
 # rather than every file of every package (a third of a fresh install's time).
 pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check --no-compile -q "${pip_from[@]}" "$@"; }
 
+# uv, where the environment holds its own torch: it resolves and installs the
+# ~200 packages in seconds where pip takes minutes. It is given pip's own configuration (index,
+# extra indexes, find-links, constraints), so both install from the same places, and the
+# environment's torch pinned, so it is never replaced. Where uv is not on PATH, pip installs it into
+# the environment first. Any failure returns non-zero, and pip installs instead. (A host's own torch
+# lives outside the environment, where uv does not look: there pip installs.)
+uv_install() {
+  local uv pin args
+  pin=$(mktemp)
+  # the environment's torch as a constraint; a torch outside the environment (a host's) refuses uv
+  "$VENV/bin/python" - > "$pin" 2>/dev/null <<'PYEOF' || { rm -f "$pin"; return 1; }
+import importlib.metadata as md
+import os
+import sys
+
+torch = md.distribution("torch")
+print(f"torch=={torch.version}")
+sys.exit(not os.path.realpath(torch.locate_file("")).startswith(os.path.realpath(sys.prefix) + os.sep))
+PYEOF
+  uv=$(command -v uv 2>/dev/null) || { pip_install uv >/dev/null 2>&1 && uv="$VENV/bin/uv"; } || { rm -f "$pin"; return 1; }
+  mapfile -t args < <("$VENV/bin/python" - <<'PYEOF'
+import subprocess
+import sys
+
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+found: dict[str, tuple[int, str]] = {}  # pip's precedence: environment over [install] over [global]
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    section, _, name = key.rpartition(".")
+    rank = {":env:": 3, "install": 2, "global": 1}.get(section, 0)
+    if rank >= found.get(name, (0, ""))[0]:
+        found[name] = (rank, value.strip().strip("'\""))
+flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "-c"}
+for name, flag in flags.items():
+    for value in found.get(name, (0, ""))[1].split():
+        print(flag)
+        print(value)
+if found.get("no-index", (0, ""))[1].lower() in ("1", "true", "yes", "on"):
+    print("--no-index")
+if "cert" in found:  # a certificate bundle for pip: uv reads the system's store (or SSL_CERT_FILE)
+    print("--native-tls")
+PYEOF
+  )
+  local rc=0
+  "$uv" pip install --python "$VENV/bin/python" -q --index-strategy unsafe-best-match -c "$pin" "${args[@]}" "$@" || rc=$?
+  rm -f "$pin"
+  [ "$rc" = 0 ] || echo "[bootstrap] uv failed; pip installs instead"
+  return "$rc"
+}
+
 # torch first, and only where none is importable: a CPU machine takes the CPU build (fast, no CUDA
 # download), a GPU machine the default CUDA build. An existing torch is never replaced.
 host_torch=1
@@ -121,7 +171,11 @@ missing_reqs=$(missing deps "$EXTRAS")   # (a failure here stops the script, unl
 mapfile -t reqs < <(printf '%s' "$missing_reqs" | sed '/^$/d')
 if [ "${#reqs[@]}" -gt 0 ]; then
   echo "[bootstrap] installing ${#reqs[@]} packages: ${reqs[*]} (a first run takes a few minutes)"
-  pip_install "${reqs[@]}"
+  if [ -z "$WHEELHOUSE" ] && uv_install "${reqs[@]}"; then
+    echo "[bootstrap] installed with uv"
+  else
+    pip_install "${reqs[@]}"
+  fi
 else
   echo "[bootstrap] every dependency is already installed"
 fi

@@ -14,6 +14,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 DEAD_INDEX = "http://127.0.0.1:9/simple"  # the discard port: nothing listens, a request fails at once
 
@@ -82,7 +84,7 @@ def _write_wheel(folder: Path, name: str, version: str) -> Path:
     """A minimal pure-Python wheel (one module), as a wheelhouse would hold."""
     dist_info = f"{name}-{version}.dist-info"
     files = {
-        f"{name}.py": f"VERSION = {version!r}\n",
+        f"{name}.py": f"__version__ = {version!r}\n",
         f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -121,6 +123,61 @@ def test_wheelhouse_installs_what_is_missing_without_an_index(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "installing 1 packages: tp-wheelhouse-probe>=1.0" in out.stdout, out.stdout
     assert installed(venv) - {"pip", "setuptools"} == {"tp_wheelhouse_probe"}
+
+
+def _project_needing_the_probe(tmp_path: Path) -> Path:
+    """A copy of the project whose dependencies are torch and one package nothing has yet."""
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "bootstrap.sh", root / "scripts" / "bootstrap.sh")
+    pyproject = (REPO / "pyproject.toml").read_text()
+    start = pyproject.index("dependencies = [\n")
+    end = pyproject.index("]\n", start)
+    (root / "pyproject.toml").write_text(
+        pyproject[:start] + 'dependencies = [\n    "torch>=2.5",\n    "tp-wheelhouse-probe>=1.0",\n' + pyproject[end:]
+    )
+    return root
+
+
+@pytest.mark.parametrize("uv_works", [True, False], ids=["uv", "uv fails: pip"])
+def test_a_fresh_environment_installs_through_uv_from_pips_configuration(tmp_path, uv_works):
+    """A fresh environment: pip installs torch, uv the rest, from the sources pip is configured with
+    (here only a find-links folder, no index); a uv that fails leaves the install to pip."""
+    base_python = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([str(base_python), "-c", "import torch"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip(f"{base_python} has a torch of its own: bootstrap would reuse it")
+    root = _project_needing_the_probe(tmp_path)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _write_wheel(wheels, "torch", "2.13.0")  # stands in for torch: only its name and version count here
+    _write_wheel(wheels, "tp_wheelhouse_probe", "1.2")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    if uv_works:
+        (tools / "uv").symlink_to(Path(sys.executable).parent / "uv")  # this environment's (a dev dependency)
+    else:
+        (tools / "uv").write_text("#!/bin/sh\necho 'uv: no network' >&2\nexit 2\n")
+        (tools / "uv").chmod(0o755)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PIP_", "UV_")) and k not in ("VIRTUAL_ENV", "PYTHONPATH")
+    }
+    env.update(
+        PATH=f"{tools}:/usr/bin:/bin",
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(wheels),
+        PYTHON=str(base_python),
+        VENV=str(tmp_path / "venv"),
+        UV_CACHE_DIR=str(tmp_path / "uv-cache"),
+    )
+    out = bootstrap(env, root)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert ("installed with uv" in log) == uv_works and ("uv failed; pip installs instead" in log) != uv_works, log
+    assert installed(tmp_path / "venv") - {"pip", "setuptools"} == {"torch", "tp_wheelhouse_probe"}
 
 
 def test_missing_wheelhouse_is_refused(tmp_path):
