@@ -37,16 +37,21 @@ print("torch._inductor.lowering" in sys.modules)
 """
 
 
-def test_deepspeed_imports_without_mlflow_and_mlflow_works_after():
-    pytest.importorskip("mlflow")
-    out = subprocess.run(
-        [sys.executable, "-c", CHECK],
+def _python(*args: str) -> subprocess.CompletedProcess:
+    """This interpreter with the repository on its path, DeepSpeed on the CPU, and nothing else inherited."""
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
         env={"PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"},
     )
+
+
+def test_deepspeed_imports_without_mlflow_and_mlflow_works_after():
+    pytest.importorskip("mlflow")
+    out = _python("-c", CHECK)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines() if " " in line)
     assert lines["mlflow loaded by deepspeed"] == "False", out.stdout
@@ -54,14 +59,7 @@ def test_deepspeed_imports_without_mlflow_and_mlflow_works_after():
     assert lines["mlflow works"] == "True" and lines["again"] == "True"
     assert lines["torch.compile restored"] == "True" and lines["muon deferred"] == "True"
     # inductor is loaded only where `import deepspeed` itself loads it (DeepSpeed 0.19.6 does; 0.19.8 not)
-    plain = subprocess.run(
-        [sys.executable, "-c", PLAIN_IMPORT],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"},
-    )
+    plain = _python("-c", PLAIN_IMPORT)
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert lines["inductor lowering loaded"] == plain.stdout.split()[-1], (out.stdout, plain.stdout)
 
@@ -86,17 +84,7 @@ def test_compile_on_first_call_compiles_once_at_the_first_call(as_factory):
 
 
 def test_a_deepspeed_launcher_runs_as_main_through_it_and_nothing_else_does():
-    def run(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "common.deepspeed_import", *args],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={"PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"},
-        )
-
-    launcher = run("deepspeed.launcher.launch", "--help")  # its own argument parser answers
+    launcher = _python("-m", "common.deepspeed_import", "deepspeed.launcher.launch", "--help")  # its own parser answers
     assert launcher.returncode == 0 and "--world_info" in launcher.stdout, launcher.stderr[-2000:]
-    other = run("os")
+    other = _python("-m", "common.deepspeed_import", "os")
     assert other.returncode == 1 and other.stderr.startswith("usage: python -m common.deepspeed_import deepspeed.")
