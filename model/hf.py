@@ -162,9 +162,8 @@ def to_hf(model: Transformer) -> PreTrainedModel:
 def export_hf(model: Transformer, out_dir: str | os.PathLike) -> Path:
     """Write a `from_pretrained`-loadable directory (safetensors, true dtype)."""
     out = Path(out_dir)
-    if importlib.util.find_spec(
-        "deepspeed"
-    ):  # save_pretrained imports it where installed: without mlflow, 1.3 s sooner
+    # save_pretrained imports DeepSpeed where it is installed: this import leaves out mlflow (1.3 s)
+    if importlib.util.find_spec("deepspeed"):
         import_deepspeed()
     to_hf(model).save_pretrained(out, safe_serialization=True)
     return out
