@@ -65,9 +65,8 @@ pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check --
 # lives outside the environment, where uv does not look: there pip installs.)
 uv_install() {
   local uv pin args
-  pin=$(mktemp)
   # the environment's torch as a constraint; a torch outside the environment (a host's) refuses uv
-  "$VENV/bin/python" - > "$pin" 2>/dev/null <<'PYEOF' || { rm -f "$pin"; return 1; }
+  pin=$("$VENV/bin/python" - 2>/dev/null <<'PYEOF'
 import importlib.metadata as md
 import os
 import sys
@@ -76,7 +75,8 @@ torch = md.distribution("torch")
 print(f"torch=={torch.version}")
 sys.exit(not os.path.realpath(torch.locate_file("")).startswith(os.path.realpath(sys.prefix) + os.sep))
 PYEOF
-  uv=$(command -v uv 2>/dev/null) || { pip_install uv >/dev/null 2>&1 && uv="$VENV/bin/uv"; } || { rm -f "$pin"; return 1; }
+  ) || return 1
+  uv=$(command -v uv 2>/dev/null) || { pip_install uv >/dev/null 2>&1 && uv="$VENV/bin/uv"; } || return 1
   mapfile -t args < <("$VENV/bin/python" - <<'PYEOF'
 import subprocess
 import sys
@@ -100,11 +100,8 @@ if "cert" in found:  # a certificate bundle for pip: uv reads the system's store
     print("--native-tls")
 PYEOF
   )
-  local rc=0
-  "$uv" pip install --python "$VENV/bin/python" -q --index-strategy unsafe-best-match -c "$pin" "${args[@]}" "$@" || rc=$?
-  rm -f "$pin"
-  [ "$rc" = 0 ] || echo "[bootstrap] uv failed; pip installs instead"
-  return "$rc"
+  "$uv" pip install --python "$VENV/bin/python" -q --index-strategy unsafe-best-match -c <(printf '%s\n' "$pin") \
+    "${args[@]}" "$@" || { echo "[bootstrap] uv failed; pip installs instead"; return 1; }
 }
 
 # torch first, and only where none is importable: a CPU machine takes the CPU build (fast, no CUDA

@@ -1,6 +1,8 @@
 """scripts/bootstrap.sh on a GPU host with no network: it reuses the interpreter's torch and
 packages and asks no index when nothing is missing; a wheelhouse installs what is missing without
-an index. Real processes: bootstrap itself, pip, a fake `nvidia-smi` that answers like a GPU host's."""
+an index; a fresh environment gets torch from pip and the rest from uv (pip where uv fails), from
+the sources pip is configured with. Real processes: bootstrap itself, pip, uv, a fake `nvidia-smi`
+that answers like a GPU host's."""
 
 from __future__ import annotations
 
@@ -101,14 +103,22 @@ def _write_wheel(folder: Path, name: str, version: str) -> Path:
     return whl
 
 
-def test_wheelhouse_installs_what_is_missing_without_an_index(tmp_path):
-    # a copy of the project whose dependencies name one package the interpreter lacks
+def _project_needing_the_probe(tmp_path: Path) -> Path:
+    """A copy of the project whose dependencies are torch and one package nothing has yet."""
     root = tmp_path / "repo"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / "bootstrap.sh", root / "scripts" / "bootstrap.sh")
     pyproject = (REPO / "pyproject.toml").read_text()
-    pyproject = pyproject.replace("dependencies = [\n", 'dependencies = [\n    "tp-wheelhouse-probe>=1.0",\n', 1)
-    (root / "pyproject.toml").write_text(pyproject)
+    start = pyproject.index("dependencies = [\n")
+    end = pyproject.index("]\n", start)
+    (root / "pyproject.toml").write_text(
+        pyproject[:start] + 'dependencies = [\n    "torch>=2.5",\n    "tp-wheelhouse-probe>=1.0",\n' + pyproject[end:]
+    )
+    return root
+
+
+def test_wheelhouse_installs_what_is_missing_without_an_index(tmp_path):
+    root = _project_needing_the_probe(tmp_path)  # the interpreter has torch, not the probe
     wheelhouse = tmp_path / "wheels"
     wheelhouse.mkdir()
     _write_wheel(wheelhouse, "tp_wheelhouse_probe", "1.2")
@@ -123,20 +133,6 @@ def test_wheelhouse_installs_what_is_missing_without_an_index(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "installing 1 packages: tp-wheelhouse-probe>=1.0" in out.stdout, out.stdout
     assert installed(venv) - {"pip", "setuptools"} == {"tp_wheelhouse_probe"}
-
-
-def _project_needing_the_probe(tmp_path: Path) -> Path:
-    """A copy of the project whose dependencies are torch and one package nothing has yet."""
-    root = tmp_path / "repo"
-    (root / "scripts").mkdir(parents=True)
-    shutil.copy(REPO / "scripts" / "bootstrap.sh", root / "scripts" / "bootstrap.sh")
-    pyproject = (REPO / "pyproject.toml").read_text()
-    start = pyproject.index("dependencies = [\n")
-    end = pyproject.index("]\n", start)
-    (root / "pyproject.toml").write_text(
-        pyproject[:start] + 'dependencies = [\n    "torch>=2.5",\n    "tp-wheelhouse-probe>=1.0",\n' + pyproject[end:]
-    )
-    return root
 
 
 @pytest.mark.parametrize("uv_works", [True, False], ids=["uv", "uv fails: pip"])
