@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from checkpoint import load_for_eval, run_checkpoints
+from checkpoint import load_for_eval
 from common.constants import REPO_ROOT
 from common.errors import EvalError
 from data_pipeline.shards import MANIFEST, read_manifest
@@ -113,14 +113,6 @@ def check_tokenizer(tok, model, info: dict[str, Any]) -> None:
 
 
 # ---- checkpoints -------------------------------------------------------------------------
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Every checkpoint of a run as (step, path), oldest first."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise EvalError(f"run dir {run_dir} does not exist")
-    return run_checkpoints(run_dir)
-
-
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval mode, info) where info has path, step, tokens_seen, variant, tokenizer_id (+ raw meta)."""
     p = Path(path)

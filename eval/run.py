@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 
+from checkpoint import run_checkpoints
 from common.cli import CliParser, run_cli
 from common.errors import EvalError
 from data_pipeline.progress import progress_bar
@@ -47,14 +48,7 @@ from . import mechanisms, retrieval
 from . import perplexity as ppl
 from .classification import evaluate_classification
 from .in_context import icl_score
-from .loading import (
-    check_tokenizer,
-    list_checkpoints,
-    load_checkpoint,
-    load_tokenizer,
-    missing_tokenizer_error,
-    run_tokenizer,
-)
+from .loading import check_tokenizer, load_checkpoint, load_tokenizer, missing_tokenizer_error, run_tokenizer
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
 from .synthetic_tasks import evaluate_task, get_task
 
@@ -269,10 +263,9 @@ def evaluate_model(
     tasks = validate_tasks(tasks)
     tok = load_tokenizer(opts.tokenizer) if opts.tokenizer is not None else run_tokenizer(info)
     check_tokenizer(tok, model, info)
-    if tok is None:
-        for t in tasks:
-            if task_of(t).needs_tokenizer(opts):
-                raise missing_tokenizer_error(info, f"task {t}")
+    needs = [t for t in tasks if task_of(t).needs_tokenizer(opts)]
+    if tok is None and needs:
+        raise missing_tokenizer_error(info, f"task {needs[0]}")
     prog = opts.progress and D.is_main()
     out: dict[str, Any] = {}
     t0 = time.time()
@@ -308,13 +301,18 @@ def evaluate_run(
     tasks = validate_tasks(tasks)
     run_dir = Path(run_dir)
     results_path = Path(results_path or run_dir / "eval" / "results.jsonl")
-    ckpts = list_checkpoints(run_dir)
+    if not run_dir.is_dir():
+        raise EvalError(f"run dir {run_dir} does not exist")
+    ckpts = run_checkpoints(run_dir)
     if not ckpts:
         raise EvalError(f"run dir {run_dir} has no complete checkpoints (looked in {run_dir / 'checkpoints'})")
-    sig = opts.signature(tasks)
-    key = (sig, tuple(tasks))
+    key = (opts.signature(tasks), tuple(tasks))
+
+    def same_setup(r: dict[str, Any]) -> bool:
+        return (r.get("options_signature"), tuple(r.get("task_list", []))) == key
+
     have = read_jsonl(results_path)
-    done = {r["checkpoint"]["step"] for r in have if (r.get("options_signature"), tuple(r.get("task_list", []))) == key}
+    done = {r["checkpoint"]["step"] for r in have if same_setup(r)}
     todo = [(s, p) for s, p in ckpts if s not in done]
     for step, path in progress_bar(
         todo, desc=f"checkpoints of {run_dir.name}", unit="checkpoint", enabled=opts.progress and D.is_main()
@@ -330,10 +328,7 @@ def evaluate_run(
             with open(results_path, "a") as f:
                 f.write(json.dumps(res) + "\n")
         have.append(res)
-    return sorted(
-        [r for r in have if (r.get("options_signature"), tuple(r.get("task_list", []))) == key],
-        key=lambda r: r["checkpoint"]["step"],
-    )
+    return sorted(filter(same_setup, have), key=lambda r: r["checkpoint"]["step"])
 
 
 def write_reports(results_by_run: dict[str, list[dict[str, Any]]], out_dir: str | Path) -> dict[str, Any]:
@@ -422,34 +417,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(a: argparse.Namespace) -> int:
     D.init_from_env()
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    limit = a.lm_eval_limit
-    if limit is not None and limit >= 1:
-        limit = int(limit)
     tasks = validate_tasks(a.tasks)
     val_dir, val_sets = parse_val_dirs(a.val_dir or [])
+    limit = a.lm_eval_limit
+    same = {f.name: getattr(a, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(a, f.name)}
     opts = EvalOptions(
-        tokenizer=load_tokenizer(a.tokenizer),
-        text=a.text,
-        val_dir=val_dir,
-        val_sets=val_sets,
-        window=a.window,
-        stride=a.stride,
-        max_tokens=a.max_tokens,
-        batch_size=a.batch_size,
-        lengths=a.lengths,
-        num_pairs=a.num_pairs,
-        passkey_lengths=a.passkey_lengths,
-        depths=a.depths,
-        n=a.n,
-        synthetic_n=a.synthetic_n,
-        task_args=a.task_args,
-        task_seed=a.task_seed,
-        lm_eval_limit=limit,
-        heatmap_dir=a.heatmap_dir,
-        seed=a.seed,
-        device=device,
-        progress=not a.no_progress,
+        **{
+            **same,
+            "tokenizer": load_tokenizer(a.tokenizer),
+            "val_dir": val_dir,
+            "val_sets": val_sets,
+            "lm_eval_limit": int(limit) if limit is not None and limit >= 1 else limit,
+            "device": a.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            "progress": not a.no_progress,
+        }
     )
     if a.checkpoint:
         res = evaluate_checkpoint(a.checkpoint, tasks, opts)
