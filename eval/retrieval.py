@@ -44,10 +44,25 @@ def _score(
 
 
 def _summ(scores: list[tuple[float, int, int]]) -> dict[str, float]:
-    nll = sum(s[0] for s in scores)
-    c = sum(s[1] for s in scores)
     n = sum(s[2] for s in scores)
-    return {"acc": c / n, "loss": nll / n}
+    return {"acc": sum(s[1] for s in scores) / n, "loss": sum(s[0] for s in scores) / n}
+
+
+def _exact(scores: list[tuple[float, int, int]]) -> dict[str, float]:
+    """Share of answers right in every token, and the loss per answer token."""
+    return {
+        "acc": sum(c == k for _, c, k in scores) / len(scores),
+        "loss": sum(s[0] for s in scores) / sum(s[2] for s in scores),
+    }
+
+
+def _repeat_scores(model, halves: Sequence[Sequence[int]], device, batch_size: int):
+    """Each half shown twice: the scores of the repeat (tokens L+1..2L-1, predictable from the first
+    occurrence) and of the same tokens the first time (1..L-1)."""
+    L = len(halves[0])
+    seqs = [list(h) + list(h) for h in halves]
+    rep = _score(model, seqs, [list(range(L + 1, 2 * L))] * len(seqs), device, batch_size)
+    return rep, _score(model, seqs, [list(range(1, L))] * len(seqs), device, batch_size)
 
 
 def _token_range(model, tokenizer, low: int | None, high: int | None = None) -> tuple[int, int]:
@@ -82,24 +97,18 @@ def induction(
         if 2 * L > model.cfg.max_seq_len:
             continue
         r = _rng(seed, "induction", L)
-        seqs = []
-        for _ in range(n):
-            x = [r.randrange(lo, hi) for _ in range(L)]
-            seqs.append(x + x)
-        rep = _score(model, seqs, [list(range(L + 1, 2 * L))] * n, device, batch_size)
-        first = _score(model, seqs, [list(range(1, L))] * n, device, batch_size)
-        s = _summ(rep)
-        by_len[str(L)] = {"acc": s["acc"], "loss": s["loss"], "first_half_loss": _summ(first)["loss"]}
+        rep, first = _repeat_scores(
+            model, [[r.randrange(lo, hi) for _ in range(L)] for _ in range(n)], device, batch_size
+        )
+        by_len[str(L)] = {**_summ(rep), "first_half_loss": _summ(first)["loss"]}
         all_rep += rep
         all_first += first
     if not by_len:
         raise EvalError(
             f"induction: every length in {list(lengths)} is too long for max_seq_len={model.cfg.max_seq_len}"
         )
-    s = _summ(all_rep)
     return {
-        "acc": s["acc"],
-        "loss": s["loss"],
+        **_summ(all_rep),
         "first_half_loss": _summ(all_first)["loss"],
         "chance_acc": 1.0 / (hi - lo),
         "by_length": by_len,
@@ -108,15 +117,12 @@ def induction(
 
 def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16, device=None) -> dict[str, float]:
     """The caller's sequences (e.g. chunks of held-out text), each shown twice: accuracy and loss on the
-    repeat (tokens L+1..2L-1: the copy is predictable from the first occurrence) and the loss on the
-    same tokens the first time (L+1..2L-1 vs 1..L-1)."""
+    repeat and on the same tokens the first time (`_repeat_scores`)."""
     device = device or next(model.parameters()).device
     L = len(halves[0])
     if not halves or any(len(h) != L for h in halves) or 2 * L > model.cfg.max_seq_len + 1:
         raise EvalError(f"repeated: need equal-length halves with 2L <= max_seq_len + 1 ({model.cfg.max_seq_len + 1})")
-    seqs = [list(h) + list(h) for h in halves]
-    rep = _summ(_score(model, seqs, [list(range(L + 1, 2 * L))] * len(seqs), device, batch_size))
-    first = _summ(_score(model, seqs, [list(range(1, L))] * len(seqs), device, batch_size))
+    rep, first = (_summ(s) for s in _repeat_scores(model, halves, device, batch_size))
     return {"acc": rep["acc"], "loss": rep["loss"], "first_half_loss": first["loss"], "first_half_acc": first["acc"]}
 
 
@@ -151,8 +157,7 @@ def kv_recall(
         scores_all += sc
     if not by_n:
         raise EvalError(f"kv_recall: no pair count in {list(num_pairs)} fits max_seq_len={model.cfg.max_seq_len}")
-    s = _summ(scores_all)
-    return {"acc": s["acc"], "loss": s["loss"], "chance_acc": 1.0 / (hi - lo), "by_num_pairs": by_n}
+    return {**_summ(scores_all), "chance_acc": 1.0 / (hi - lo), "by_num_pairs": by_n}
 
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -188,31 +193,19 @@ def passkey(
         raise EvalError("passkey is a text probe and needs a tokenizer (--tokenizer DIR, or --tokenizer bytes)")
     device = device or next(model.parameters()).device
     grid: dict[str, Any] = {}
-    hits_all = tot_all = 0
-    nll_all = 0.0
-    ntok_all = 0
+    scores_all = []
     T = model.cfg.max_seq_len
     for L in progress_bar(lengths, desc="passkey", unit="length", enabled=progress, leave=False):
         if L > T + 1:
             continue
         r = _rng(seed, "passkey", L)
         for d in depths:
-            hits = 0
-            nll = 0.0
-            ntok = 0
+            scores = []
             for _ in range(n):
-                key = r.randrange(10000, 100000)
-                prompt, ans = passkey_prompt(tokenizer, L, d, key)
-                seq = prompt + ans
-                ((s_nll, correct, cnt),) = _score(model, [seq], [list(range(len(prompt), len(seq)))], device)
-                hits += int(correct == cnt)
-                nll += s_nll
-                ntok += cnt
-            grid.setdefault(str(L), {})[f"{d:g}"] = {"acc": hits / n, "loss": nll / ntok}
-            hits_all += hits
-            tot_all += n
-            nll_all += nll
-            ntok_all += ntok
+                prompt, ans = passkey_prompt(tokenizer, L, d, r.randrange(10000, 100000))
+                scores += _score(model, [prompt + ans], [list(range(len(prompt), len(prompt) + len(ans)))], device)
+            grid.setdefault(str(L), {})[f"{d:g}"] = _exact(scores)
+            scores_all += scores
     if not grid:
         raise EvalError(f"passkey: every length in {list(lengths)} exceeds max_seq_len={T}")
-    return {"acc": hits_all / tot_all, "loss": nll_all / ntok_all, "by_length_depth": grid}
+    return {**_exact(scores_all), "by_length_depth": grid}
