@@ -88,21 +88,13 @@ def read_records(path: str | Path) -> list[Record]:
         if not r["answer"]:
             raise EvalError(f"{p}:{n}: empty answer. Fix: give a non-empty answer (or drop the record)")
         stop = r.get("stop")
-        stops = (
-            (stop,)
-            if isinstance(stop, str)
-            else tuple(stop)
-            if isinstance(stop, list)
-            else ()
-            if stop is None
-            else None
-        )
-        if stops is None or not all(isinstance(s, str) and s for s in stops):
+        stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stops, (tuple, list)) or not all(isinstance(s, str) and s for s in stops):
             raise EvalError(
                 f"{p}:{n}: stop must be a non-empty string or a list of them, got {stop!r}. "
                 'Fix: e.g. "stop": "\\n", or leave stop out'
             )
-        out.append(Record(r["prompt"], r["answer"], stops, n))
+        out.append(Record(r["prompt"], r["answer"], tuple(stops), n))
     if not out:
         raise EvalError(f"{p} holds no records. Fix: one JSON object per line with prompt and answer")
     return out

@@ -82,10 +82,7 @@ def shard_stream(
         )
     n = shards.num_tokens if max_tokens is None else min(max_tokens, shards.num_tokens)
     toks = shards.read(0, n)
-    n_bytes = None
-    if tokenizer is not None:
-        n_bytes = len(tokenizer.decode(toks[1:].tolist()).encode("utf-8"))
-    return toks, n_bytes
+    return toks, None if tokenizer is None else len(tokenizer.decode(toks[1:].tolist()).encode("utf-8"))
 
 
 @torch.no_grad()
@@ -97,11 +94,7 @@ def _window_batch_nll(
     logits = model(x[:, :-1]).float()
     logp = F.log_softmax(logits, dim=-1)
     nll = -logp.gather(-1, x[:, 1:, None])[..., 0].double().cpu()
-    out = []
-    for row, (b, e, first) in zip(nll, spans):
-        k = first - b - 1
-        out.append((float(row[k:].sum()), e - first))
-    return out
+    return [(float(row[first - b - 1 :].sum()), e - first) for row, (b, e, first) in zip(nll, spans)]
 
 
 def perplexity(
@@ -136,19 +129,13 @@ def perplexity(
     for i, b in progress_bar(mine, desc="perplexity", unit="batch", enabled=progress and D.is_main(), leave=False):
         done.append((i, _window_batch_nll(model, t, b, device)))
     per_window = [w for batch in D.gather_ordered(done) for w in batch]
-    total = 0.0
-    count = 0
-    for nll, n in per_window:
-        total += nll
-        count += n
-    loss = total / count
-    out = {
-        "loss": loss,
-        "perplexity": math.exp(loss),
+    total, count = sum(nll for nll, _ in per_window), sum(n for _, n in per_window)
+    return {
+        "loss": total / count,
+        "perplexity": math.exp(total / count),
         "tokens": count,
         "windows": len(spans),
         "window": window,
         "stride": stride,
+        "bits_per_byte": total / math.log(2) / n_bytes if n_bytes else None,
     }
-    out["bits_per_byte"] = total / math.log(2) / n_bytes if n_bytes else None
-    return out

@@ -110,14 +110,9 @@ def write_table(
     Path(md_path).write_text(md + "\n")
     if csv_path is not None:
         with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(
-                f,
-                fieldnames=list(INFO_COLS) + sorted({k for r in rows for k in r if k not in INFO_COLS}),
-                extrasaction="ignore",
-            )
+            w = csv.DictWriter(f, list(INFO_COLS) + sorted({k for r in rows for k in r if k not in INFO_COLS}))
             w.writeheader()
-            for r in rows:
-                w.writerow({k: r.get(k) for k in w.fieldnames})
+            w.writerows(rows)
     return cols
 
 
