@@ -15,6 +15,7 @@ at 45% MFU on an H100 (the loader's work either runs inside the step or, prefetc
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -168,58 +169,32 @@ def main() -> None:
             t = f"{tps:>14,.0f}{tps / need:>8,.0f}x" if not math.isnan(tps) else f"{'-':>14}{'-':>9}"
             print(f"{name:<48}{shape:>11}{t}{w}", flush=True)
 
-        shapes = [(B, L, "B"), (64, 256, "")]
-        for rb, sl, _ in shapes:
+        for rb, sl in ((B, L), (64, 256)):
             for doc_ids in (False, True):
                 sfx = " +doc_ids" if doc_ids else ""
-                shape = f"{rb}x{sl}"
-                stall_kw = dict(steps=args.stall_steps, step_s=step_s) if sl == L else None
                 for name, kw in (
                     (f"local, per-row loop, sync (before){sfx}", dict(prefetch=0, per_row=True)),
                     (f"local, vectorised, sync{sfx}", dict(prefetch=0)),
                     (f"local, vectorised, prefetch 2 (after){sfx}", dict(prefetch=2)),
                 ):
-                    mk = lambda kw=kw: make(local, sl, rb, return_doc_ids=doc_ids, **kw)  # noqa: E731
-                    wait = stall(mk(), **stall_kw) if stall_kw else None
-                    row(name, shape, tight(mk, args.steps, repeats=3), wait)
+                    mk = functools.partial(make, local, sl, rb, return_doc_ids=doc_ids, **kw)
+                    wait = stall(mk(), args.stall_steps, step_s) if sl == L else None
+                    row(name, f"{rb}x{sl}", tight(mk, args.steps, repeats=3), wait)
         with http_server(srv_root) as srv:
             url = f"{srv.url}/shards"
-            shape = f"{B}x{L}"
             for kb in (64, 1024):
                 cache = str(tmp / f"cache{kb}")
-                row(
-                    f"http cold, block {kb} KiB, sync",
-                    shape,
-                    tight(lambda: make(url, L, B, prefetch=0, cache_dir=cache, cache_block_kb=kb), args.steps),
-                )
-                row(
-                    f"http warm (node cache), block {kb} KiB, sync",
-                    shape,
-                    tight(lambda: make(url, L, B, prefetch=0, cache_dir=cache, cache_block_kb=kb), args.steps),
-                )
-            cold = make(url, L, B, prefetch=0, cache_dir=str(tmp / "cache_sync"), cache_block_kb=64)
-            row("http cold, block 64 KiB, sync, in a step", shape, float("nan"), stall(cold, args.stall_steps, step_s))
-            cold = make(url, L, B, prefetch=2, cache_dir=str(tmp / "cache_pre"), cache_block_kb=64)
-            row(
-                "http cold, block 64 KiB, prefetch 2, in a step",
-                shape,
-                float("nan"),
-                stall(cold, args.stall_steps, step_s),
-            )
+                mk = functools.partial(make, url, L, B, prefetch=0, cache_dir=cache, cache_block_kb=kb)
+                for state in ("cold", "warm (node cache)"):  # the second pass reads the first one's cache
+                    row(f"http {state}, block {kb} KiB, sync", f"{B}x{L}", tight(mk, args.steps))
+            for prefetch, how in ((0, "sync"), (2, "prefetch 2")):
+                cold = make(url, L, B, prefetch=prefetch, cache_dir=str(tmp / f"cache_p{prefetch}"), cache_block_kb=64)
+                wait = stall(cold, args.stall_steps, step_s)
+                row(f"http cold, block 64 KiB, {how}, in a step", f"{B}x{L}", float("nan"), wait)
         for task in ("kv_retrieval", "addition"):
-            row(
-                f"synthetic:{task}, sync",
-                f"{B}x64",
-                tight(
-                    lambda: build_loader(
-                        DataConfig(source=f"synthetic:{task}", prefetch=0),
-                        split="train",
-                        seq_len=64,
-                        global_batch_size=B,
-                    ),
-                    args.steps,
-                ),
-            )
+            cfg = DataConfig(source=f"synthetic:{task}", prefetch=0)
+            mk = functools.partial(build_loader, cfg, split="train", seq_len=64, global_batch_size=B)
+            row(f"synthetic:{task}, sync", f"{B}x64", tight(mk, args.steps))
         worst = min((r for r in rows if not r[0].startswith("synthetic") and not math.isnan(r[1])), key=lambda r: r[1])
         print(
             f"\nslowest shard row: {worst[0]}: {worst[1]:,.0f} tokens/s per rank = {worst[1] / need:,.0f}x "

@@ -190,27 +190,9 @@ class Worker:
 
 def memory_of(args, size: str, kind: str, extra: list[str]) -> float:
     """Peak memory (MiB) of a few training steps of one entry, in a fresh process."""
-    cmd = (
-        [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--_memory-child",
-            kind,
-            "--sizes",
-            size,
-            "--vocab",
-            str(args.vocab),
-            "--batch",
-            str(args.batch),
-            "--device",
-            args.device,
-            "--dtype",
-            args.dtype,
-        ]
-        + (["--compile"] if args.compile else [])
-        + (["--plain-adamw"] if args.plain_adamw else [])
-        + extra
-    )
+    cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", kind, "--sizes", size, "--dtype", args.dtype]
+    cmd += ["--vocab", str(args.vocab), "--batch", str(args.batch), "--device", args.device]
+    cmd += [flag for flag, on in (("--compile", args.compile), ("--plain-adamw", args.plain_adamw)) if on] + extra
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -243,10 +225,7 @@ def memory_child(args):
     for _ in range(2):
         e.step()
     sync(e.device)
-    if e.device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = _vm_hwm_mib()
+    peak = torch.cuda.max_memory_allocated() / 2**20 if e.device.type == "cuda" else _vm_hwm_mib()
     print(json.dumps({"peak_mib": peak}))
 
 
