@@ -9,6 +9,7 @@ after each document); one run of each, printed as a ratio table.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -16,38 +17,32 @@ import time
 from pathlib import Path
 
 import numpy as np
+import sentencepiece as spm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import datasets  # noqa: E402  (reads HF_DATASETS_OFFLINE at import)
+
 from data_pipeline.prepare import prepare  # noqa: E402
 from data_pipeline.tokenizer import train_sentencepiece  # noqa: E402
 from tests.fixtures import WIKITEXT_DIR, corpus_lines  # noqa: E402
 
-_SP = None
-_SP_PATH = None
+
+@functools.cache
+def _processor(sp_model: str) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=sp_model)  # once per worker process
 
 
-def _tokenize(batch):
+def _tokenize(batch, sp_model: str):
     """datasets.map function: the usual per-batch tokenisation with EOS appended."""
-    global _SP
-    if _SP is None:
-        import sentencepiece as spm
-
-        _SP = spm.SentencePieceProcessor(model_file=_SP_PATH)
-    texts = [t for t in batch["text"]]
-    ids = _SP.encode(texts, out_type=int)
-    eos = _SP.eos_id()
-    return {"ids": [x + [eos] if t.strip() else [] for t, x in zip(texts, ids)]}
+    sp = _processor(sp_model)
+    ids = sp.encode(batch["text"], out_type=int)
+    return {"ids": [x + [sp.eos_id()] if t.strip() else [] for t, x in zip(batch["text"], ids)]}
 
 
 def baseline(path: Path, sp_model: str, workers: int, out: Path) -> int:
-    global _SP_PATH
-    import datasets
-
-    _SP_PATH = sp_model
-    os.environ["BENCH_SP_MODEL"] = sp_model
     ds = datasets.load_dataset("text", data_files=[str(path)], split="train", cache_dir=str(out / "hf_cache"))
     ds = ds.map(
         _tokenize,
@@ -56,6 +51,7 @@ def baseline(path: Path, sp_model: str, workers: int, out: Path) -> int:
         num_proc=workers if workers > 1 else None,
         remove_columns=["text"],
         load_from_cache_file=False,
+        fn_kwargs={"sp_model": sp_model},
     )
     flat = np.fromiter((t for row in ds["ids"] for t in row), dtype=np.uint16)
     flat.tofile(out / "baseline.bin")
@@ -84,8 +80,6 @@ def main() -> None:
         )
         rows = []
         # Warm both paths' lazy imports (datasets streaming and arrow builders) before timing.
-        import datasets
-
         warm = tmp / "warm.txt"
         warm.write_text("warm up\n")
         next(iter(datasets.load_dataset("text", data_files=[str(warm)], split="train", streaming=True)))
