@@ -68,9 +68,8 @@ def my_batches(batches: Sequence[Any]) -> list[tuple[int, Any]]:
 def gather_ordered(items: Iterable[tuple[int, Any]]) -> list[Any] | None:
     """Gather (index, value) pairs from every rank; on rank 0 (and on all ranks) the values sorted by index."""
     items = list(items)
-    if not is_initialized() or world_size() == 1:
-        return [v for _, v in sorted(items, key=lambda x: x[0])]
-    parts: list[Any] = [None] * world_size()
-    dist.all_gather_object(parts, items)
-    merged = [x for part in parts for x in part]
-    return [v for _, v in sorted(merged, key=lambda x: x[0])]
+    if world_size() > 1:
+        parts: list[Any] = [None] * world_size()
+        dist.all_gather_object(parts, items)
+        items = [x for part in parts for x in part]
+    return [v for _, v in sorted(items, key=lambda x: x[0])]

@@ -103,8 +103,6 @@ def generate(
         seq = torch.cat([seq, nxt[:, None]], dim=1)
         if eos_id is not None and bool(done.all()):
             break
-        if seq.shape[1] > T:
-            break
     ids = torch.stack(new, 1).tolist() if new else [[] for _ in range(x.shape[0])]
     if eos_id is not None:
         ids = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in ids]

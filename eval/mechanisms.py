@@ -54,7 +54,6 @@ def attention_maps(
     if halves is not None:
         if not halves or any(len(h) != L for h in halves):
             raise ValueError(f"mechanisms: halves must be a non-empty list of sequences of L={L} tokens")
-        x = [list(h) + list(h) for h in halves]
     else:
         lo, hi = token_range or (0, model.cfg.vocab_size)
         if not 0 <= lo < hi <= model.cfg.vocab_size:
@@ -62,11 +61,8 @@ def attention_maps(
                 f"mechanisms: token_range {token_range} is not within [0, vocab_size={model.cfg.vocab_size})"
             )
         r = random.Random(f"mech-{seed}-{L}")
-        x = []
-        for _ in range(n):
-            half = [r.randrange(lo, hi) for _ in range(L)]
-            x.append(half + half)
-    x = torch.tensor(x, device=device)
+        halves = [[r.randrange(lo, hi) for _ in range(L)] for _ in range(n)]
+    x = torch.tensor([list(h) + list(h) for h in halves], device=device)
     for b in model.layers:
         b.self_attn.record_attn = True
     try:
