@@ -49,21 +49,16 @@ def window_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int]]
         b += stride
 
 
-def text_stream(text: str, tokenizer, prefix_eos: bool = True) -> tuple[list[int], int]:
-    """Tokens of `text` (EOS first, so every text token is scored) and its UTF-8 byte count."""
-    ids = tokenizer.encode(text)
-    if prefix_eos:
-        ids = [tokenizer.eos_id] + list(ids)
-    return ids, len(text.encode("utf-8"))
-
-
 def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[list[int], int]:
+    """Tokens of a text file (EOS first, so every text token is scored) and its UTF-8 byte count."""
     p = Path(path)
     if not p.is_file():
         raise EvalError(f"text file {p} does not exist")
     if tokenizer is None:
         raise EvalError("perplexity on a text file needs a tokenizer (--tokenizer DIR or --tokenizer bytes)")
-    return text_stream(file_bytes(p).decode("utf-8"), tokenizer, prefix_eos)  # a .jsonl file: its texts
+    text = file_bytes(p).decode("utf-8")  # a .jsonl file: its texts
+    ids = tokenizer.encode(text)
+    return ([tokenizer.eos_id] + list(ids) if prefix_eos else ids), len(text.encode("utf-8"))
 
 
 def shard_stream(

@@ -132,10 +132,6 @@ def write_tensorboard(rows: list[dict[str, Any]], logdir: str | Path) -> None:
         w.close()
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name).strip("_")
-
-
 def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[str] | None = None) -> list[Path]:
     """One PNG per metric vs step; one line per run, labelled by variant (and run when ambiguous)."""
     out_dir = Path(out_dir)
@@ -164,7 +160,8 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        paths.append(save_figure(fig, out_dir / f"{_safe(m)}.png", dpi=80))
+        safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", m).strip("_")
+        paths.append(save_figure(fig, out_dir / f"{safe}.png", dpi=80))
     return paths
 
 

@@ -104,12 +104,9 @@ def _exact_match_file_task(t: str) -> str | None:
 
 
 def result_key(t: str) -> str:
-    """The key a task's results get: the task name, or exact_match:<file stem> for exact-match files."""
-    if t.startswith(em.PREFIX):
-        return em.result_key(t)
-    if t.startswith(LM_EVAL_EXACT):
-        return "lm_eval:" + em.result_key(t[len("lm_eval:") :])
-    return t
+    """The key a task's results get: the task name, or [lm_eval:]exact_match:<file stem> for exact-match files."""
+    file_task = _exact_match_file_task(t)
+    return t if file_task is None else t.removesuffix(file_task) + em.result_key(file_task)
 
 
 # ---- the tasks: name (or `prefix:`) -> how to run it ----------------------------------------------

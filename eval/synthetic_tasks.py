@@ -27,17 +27,6 @@ def get_task(name: str, task_args: dict | None = None, seed: int = 1234):
         raise EvalError(f"{e} (available: {list_tasks()})") from e
 
 
-def check_task_matches(task, model, info: dict | None = None) -> None:
-    if task.vocab_size > model.cfg.vocab_size:
-        raise EvalError(
-            f"task {task.tokenizer_id} needs {task.vocab_size} token ids but the checkpoint has "
-            f"vocab_size={model.cfg.vocab_size}: the checkpoint was not trained on this task"
-        )
-    want = (info or {}).get("tokenizer_id")
-    if want and want != task.tokenizer_id:
-        raise EvalError(f"tokenizer mismatch: checkpoint was trained with {want}, task uses {task.tokenizer_id}")
-
-
 @torch.no_grad()
 def evaluate_task(
     model,
@@ -52,7 +41,14 @@ def evaluate_task(
     """Token accuracy / loss / exact match of `task` (a name or a data_pipeline task object) on `n` samples."""
     if isinstance(task, str):
         task = get_task(task)
-    check_task_matches(task, model, info)
+    if task.vocab_size > model.cfg.vocab_size:
+        raise EvalError(
+            f"task {task.tokenizer_id} needs {task.vocab_size} token ids but the checkpoint has "
+            f"vocab_size={model.cfg.vocab_size}: the checkpoint was not trained on this task"
+        )
+    want = (info or {}).get("tokenizer_id")
+    if want and want != task.tokenizer_id:
+        raise EvalError(f"tokenizer mismatch: checkpoint was trained with {want}, task uses {task.tokenizer_id}")
     device = device or next(model.parameters()).device
     size = task.size(split)
     n = min(n, size) if size is not None else n

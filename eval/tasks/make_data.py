@@ -48,13 +48,9 @@ def passkey(n: int = 10, seed: int = 0) -> list[dict]:
     return rows
 
 
-def text() -> list[dict]:
-    return [{"text": t} for t in TEXT]
-
-
 def main() -> None:
     HERE.mkdir(exist_ok=True)
-    for name, rows in (("kv_recall", kv_recall()), ("passkey", passkey()), ("text", text())):
+    for name, rows in (("kv_recall", kv_recall()), ("passkey", passkey()), ("text", [{"text": t} for t in TEXT])):
         with open(HERE / f"{name}.jsonl", "w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
