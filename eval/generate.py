@@ -5,11 +5,9 @@ The cache holds keys and values for softmax variants and values only for MixiT (
 mixing weights do not depend on the input, so there are no keys to keep). The cached
 path gives the same tokens as recomputing the whole sequence at every step.
 
-CLI (greedy unless --temperature > 0, --top-k or --top-p is given; --temperature 0 is greedy):
+CLI (without --tokenizer, the one the checkpoint was trained with):
     python -m eval.generate --checkpoint CKPT [--tokenizer TOK] --prompt "Once upon" \
         --max-new-tokens 50 [--top-k 50] [--top-p 0.9] [--temperature 0.8] [--seed 0] [--no-cache]
-Without --tokenizer, the tokenizer the checkpoint was trained with is used (bytes, or the one its
-recipe records).
 """
 
 from __future__ import annotations

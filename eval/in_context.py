@@ -6,9 +6,8 @@ better than early ones, i.e. when the model uses what it read earlier. Its sharp
 training is the phase change that coincides with the formation of induction heads.
 
 Here the context is any window of `window` tokens (max_seq_len + 1 by default: the model reads
-max_seq_len of them), so the
-two positions scale with it: token k_early = round(window * 50/512) and k_late = round(window *
-500/512) (50 and 500 at Olsson's 512). Each is averaged over a band of +-`band` tokens
+max_seq_len of them), so the two positions scale with it: token k_early = round(window * 50/512)
+and k_late = round(window * 500/512) (50 and 500 at Olsson's 512). Each is averaged over a band of +-`band` tokens
 (window // 32 by default) to reduce noise. Token k is predicted from tokens 0..k-1 of its window;
 windows are consecutive, non-overlapping slices of the held-out stream, starting at its first token.
 """

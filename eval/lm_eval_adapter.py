@@ -64,7 +64,6 @@ class TrainablePartsLM(TemplateLM):
         check_tokenizer(tokenizer, model, info)
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.info = info
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.max_length = max_length or model.cfg.max_seq_len
         self._device = next(model.parameters()).device
@@ -177,13 +176,12 @@ class TrainablePartsLM(TemplateLM):
                     temperature=temperature if key[0] == "sample" else 0.0,
                 )
                 for i, ids in zip(batch, rows):
-                    context = requests[i].args[0]
                     text = em.continuation_text(self.tokenizer, plans[i][0], ids)
                     for stop in plans[i][1]:
                         if stop and stop in text:
                             text = text.split(stop)[0]
                     out[i] = text
-                    self.cache_hook.add_partial("generate_until", (context, requests[i].args[1]), text)
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
                 bar.update(len(batch))
         bar.close()
         return out  # type: ignore[return-value]
@@ -196,8 +194,7 @@ def offline_tasks() -> list[str]:
 
 def task_config(name: str) -> dict[str, Any]:
     """The shipped YAML config of an offline task, with its data paths made absolute."""
-    path = TASK_DIR / f"{name}.yaml"
-    cfg = yaml.safe_load(path.read_text())
+    cfg = yaml.safe_load((TASK_DIR / f"{name}.yaml").read_text())
     files = cfg.get("dataset_kwargs", {}).get("data_files")
     if isinstance(files, dict):
         cfg["dataset_kwargs"]["data_files"] = {k: str((TASK_DIR / v).resolve()) for k, v in files.items()}
