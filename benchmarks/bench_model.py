@@ -104,7 +104,6 @@ class Entry:
         self.x = torch.randint(0, args.vocab, (args.batch, seq + 1), generator=g).to(self.device)
         self.tokens = args.batch * seq
         self.flops = flops_per_token(self.cfg, seq)["train"] * self.tokens
-        self.times: list[float] = []
 
     def step(self):
         inp, lab = self.x[:, :-1], self.x[:, 1:]
@@ -118,13 +117,14 @@ class Entry:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def timed(self, steps: int):
+    def timed(self, steps: int) -> float:
+        """Seconds per step over `steps` steps."""
         sync(self.device)
         t0 = time.perf_counter()
         for _ in range(steps):
             self.step()
         sync(self.device)
-        self.times.append((time.perf_counter() - t0) / steps)
+        return (time.perf_counter() - t0) / steps
 
     def profile(self, top: int) -> str:
         """One step under torch.profiler: the `top` operators by self time on the device (CUDA
@@ -150,8 +150,7 @@ def _worker_main(conn, args, size: str, kind: str):
         if isinstance(msg, tuple):  # ("profile", top)
             conn.send(e.profile(msg[1]))
         else:
-            e.timed(msg)
-            conn.send(e.times[-1])
+            conn.send(e.timed(msg))
 
 
 class Worker:
