@@ -41,9 +41,7 @@ def init_from_env(backend: str | None = None) -> bool:
         return False
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        deepspeed = import_deepspeed()
-
-        deepspeed.init_distributed(dist_backend=backend)
+        import_deepspeed().init_distributed(dist_backend=backend)
     except Exception:  # noqa: BLE001 - deepspeed absent or unusable: plain torch.distributed
         if not is_initialized():
             dist.init_process_group(backend=backend)

@@ -136,7 +136,7 @@ def continuation_text(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> s
     return full[len(head) :] if full.startswith(head) else tokenizer.decode(new_ids)
 
 
-def summarize(records: Sequence[Record], preds: Sequence[str], path: str | Path | None = None) -> dict[str, Any]:
+def summarize(records: Sequence[Record], preds: Sequence[str], path: str | Path) -> dict[str, Any]:
     exact, char_acc, by_pos, errors = 0, 0.0, {}, []
     for rec, pred in zip(records, preds):
         ok, pos = score(pred, rec.answer)
@@ -149,17 +149,15 @@ def summarize(records: Sequence[Record], preds: Sequence[str], path: str | Path 
         if not ok and len(errors) < MAX_ERRORS:
             errors.append({"line": rec.line, "prompt": rec.prompt, "answer": rec.answer, "prediction": pred})
     n = len(records)
-    out = {
+    return {
         "exact_match": exact / n,
         "char_acc": char_acc / n,
         "by_position": {k: h / t for k, (h, t) in by_pos.items()},
         "samples": n,
         "errors": errors,
+        "file": str(path),
+        "file_sha256": file_digest(path),
     }
-    if path is not None:
-        out["file"] = str(path)
-        out["file_sha256"] = file_digest(path)
-    return out
 
 
 @torch.no_grad()

@@ -249,7 +249,6 @@ def run_lm_eval(
     from lm_eval.tasks import TaskManager  # deferred: heavy
 
     ours = set(offline_tasks())
-    local = [t in ours or t.startswith(em.PREFIX) for t in tasks]
     specs: list[Any] = [
         task_config(t)
         if t in ours
@@ -258,8 +257,8 @@ def run_lm_eval(
         else t
         for t in tasks
     ]
-    # Index lm_eval's built-in task library only when a non-local task is asked for (it is slow).
-    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=not all(local))
+    # Index lm_eval's built-in task library only when one of its tasks is asked for by name (it is slow).
+    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=any(isinstance(s, str) for s in specs))
     res = lm_eval.simple_evaluate(
         model=lm,
         tasks=specs,

@@ -100,20 +100,15 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def write_table(
-    rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path | None = None, all_metrics: bool = False
-) -> list[str]:
-    metrics = sorted({k for r in rows for k in r if k not in INFO_COLS and (all_metrics or headline(k))})
-    cols = list(INFO_COLS) + metrics
-    md = markdown_table(cols, ([_fmt(r.get(c)) for c in cols] for r in rows))
+def write_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path) -> None:
+    """The headline metrics as a markdown table, every metric as CSV."""
+    cols = list(INFO_COLS) + sorted({k for r in rows for k in r if k not in INFO_COLS and headline(k)})
     Path(md_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(md_path).write_text(md + "\n")
-    if csv_path is not None:
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, list(INFO_COLS) + sorted({k for r in rows for k in r if k not in INFO_COLS}))
-            w.writeheader()
-            w.writerows(rows)
-    return cols
+    Path(md_path).write_text(markdown_table(cols, ([_fmt(r.get(c)) for c in cols] for r in rows)) + "\n")
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(INFO_COLS) + sorted({k for r in rows for k in r if k not in INFO_COLS}))
+        w.writeheader()
+        w.writerows(rows)
 
 
 def write_tensorboard(rows: list[dict[str, Any]], logdir: str | Path) -> None:
@@ -132,11 +127,11 @@ def write_tensorboard(rows: list[dict[str, Any]], logdir: str | Path) -> None:
         w.close()
 
 
-def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path, metrics: list[str] | None = None) -> list[Path]:
-    """One PNG per metric vs step; one line per run, labelled by variant (and run when ambiguous)."""
+def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+    """One PNG per headline metric vs step; one line per run, labelled by variant (and run when ambiguous)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics = metrics or sorted({k for r in rows for k in r if k not in INFO_COLS and headline(k)})
+    metrics = sorted({k for r in rows for k in r if k not in INFO_COLS and headline(k)})
     runs: dict[str, list[dict]] = {}
     for r in rows:
         if r.get("step") is not None:

@@ -97,9 +97,8 @@ def induction(
         if 2 * L > model.cfg.max_seq_len:
             continue
         r = _rng(seed, "induction", L)
-        rep, first = _repeat_scores(
-            model, [[r.randrange(lo, hi) for _ in range(L)] for _ in range(n)], device, batch_size
-        )
+        halves = [[r.randrange(lo, hi) for _ in range(L)] for _ in range(n)]
+        rep, first = _repeat_scores(model, halves, device, batch_size)
         by_len[str(L)] = {**_summ(rep), "first_half_loss": _summ(first)["loss"]}
         all_rep += rep
         all_first += first

@@ -8,7 +8,7 @@ number of key-value pairs). Samples are grouped by length, so batches carry no p
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import torch
@@ -60,8 +60,8 @@ def evaluate_task(
                 f"task sample of length {len(toks)} exceeds the model's max_seq_len={model.cfg.max_seq_len}"
             )
         groups[len(toks)].append((toks, mask))
-    by_len: dict[str, Any] = {}
-    tot = {"nll": 0.0, "correct": 0, "count": 0, "exact": 0, "samples": 0}
+    by_len: dict[str, Counter] = defaultdict(Counter)  # sums of nll, correct, count, exact, samples
+    tot: Counter = Counter()
     batches = [
         (L, items[j : j + batch_size]) for L, items in sorted(groups.items()) for j in range(0, len(items), batch_size)
     ]
@@ -72,8 +72,7 @@ def evaluate_task(
         y = x[:, 1:]
         nll = -logp.gather(-1, y[..., None])[..., 0]
         ok = (logp.argmax(-1) == y) & m
-        g = by_len.setdefault(str(L), {"nll": 0.0, "correct": 0, "count": 0, "exact": 0, "samples": 0})
-        for acc in (g, tot):
+        for acc in (by_len[str(L)], tot):
             acc["nll"] += float(nll[m].double().sum())
             acc["correct"] += int(ok.sum())
             acc["count"] += int(m.sum())
@@ -90,7 +89,4 @@ def evaluate_task(
             "samples": a["samples"],
         }
 
-    out = fin(tot)
-    out["task"] = task.tokenizer_id
-    out["by_length"] = {k: fin(v) for k, v in by_len.items()}
-    return out
+    return {**fin(tot), "task": task.tokenizer_id, "by_length": {k: fin(v) for k, v in by_len.items()}}
