@@ -50,24 +50,6 @@ def parse_size(s: str) -> tuple[int, int, int]:
     return layers, width, seq
 
 
-def make_cfg(args, size: str, variant: str, **over):
-    layers, width, seq = parse_size(size)
-    heads = max(1, width // 64)
-    return preset(
-        "s",
-        hidden_size=width,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=heads,
-        intermediate_size=None,
-        vocab_size=args.vocab,
-        max_seq_len=seq,
-        variant=variant,
-        compile_blocks=args.compile,
-        **over,
-    )
-
-
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -77,10 +59,25 @@ class Entry:
     """One thing to time: our model in a variant, or the HF reference."""
 
     def __init__(self, args, size: str, kind: str, **over):
-        self.size, self.kind = size, kind
+        self.kind = kind
         self.device, self.dtype = torch.device(args.device), DTYPES[args.dtype]
         variant, named = NAMED_KINDS.get(kind, ("standard" if kind == "hf_llama" else kind, {}))
-        self.cfg = make_cfg(args, size, variant, **named, **over)
+        layers, width, seq = parse_size(size)
+        heads = max(1, width // 64)
+        self.cfg = preset(
+            "s",
+            hidden_size=width,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=heads,
+            intermediate_size=None,
+            vocab_size=args.vocab,
+            max_seq_len=seq,
+            variant=variant,
+            compile_blocks=args.compile,
+            **named,
+            **over,
+        )
         torch.manual_seed(0)
         if kind == "hf_llama":
             from transformers import LlamaForCausalLM
@@ -99,7 +96,6 @@ class Entry:
         # ours: the trainer's optimizer (torch AdamW, fused kernel: pretrain/layout.py), unless
         # --plain-adamw; the HF reference: a plain AdamW loop, as a HF user would write it
         self.opt = torch.optim.AdamW(params, lr=1e-4, fused=kind != "hf_llama" and not args.plain_adamw)
-        _, _, seq = parse_size(size)
         g = torch.Generator().manual_seed(1)
         self.x = torch.randint(0, args.vocab, (args.batch, seq + 1), generator=g).to(self.device)
         self.tokens = args.batch * seq

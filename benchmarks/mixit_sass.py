@@ -67,8 +67,7 @@ def main() -> int:
     ap.add_argument("--rng", default="philox", choices=MIXIT_RNGS, help="the model's mixit_rng")
     ap.add_argument("--out", default=None, help="also write the report here")
     args = ap.parse_args()
-    why = hopper_aot.missing()
-    if why:
+    if why := hopper_aot.missing():
         print(f"error: cannot compile for Hopper here: {why}. Fix: pip install triton (Linux x86_64)", file=sys.stderr)
         return 2
     cfg = preset(args.preset)
