@@ -51,8 +51,7 @@ def sample_next(
         drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix with mass >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 
 @torch.no_grad()
@@ -180,10 +179,7 @@ def run(a: argparse.Namespace) -> int:
         use_cache=not a.no_cache,
         eos_id=getattr(tok, "eos_id", None),
     )
-    if tok is not None and not a.prompt_ids:
-        print(a.prompt + tok.decode(out))
-    else:
-        print(json.dumps(out))
+    print(a.prompt + tok.decode(out) if tok is not None and not a.prompt_ids else json.dumps(out))
     return 0
 
 

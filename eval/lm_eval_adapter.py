@@ -92,16 +92,11 @@ class TrainablePartsLM(TemplateLM):
         )
         for s in range(0, len(order), self.batch_size):
             idx = order[s : s + self.batch_size]
-            inps, conts = [], []
-            for i in idx:
-                _, ctx, cont = requests[i]
-                if not cont:
-                    raise ValueError("empty continuation")
-                inp = (list(ctx) + list(cont))[:-1][-self.max_length :]
-                inps.append(inp)
-                conts.append(list(cont))
-            width = max(len(x) for x in inps)
-            x = torch.zeros(len(inps), width, dtype=torch.long, device=self._device)
+            conts = [list(requests[i][2]) for i in idx]
+            if not all(conts):
+                raise ValueError("empty continuation")
+            inps = [(list(requests[i][1]) + cont)[:-1][-self.max_length :] for i, cont in zip(idx, conts)]
+            x = torch.zeros(len(inps), max(map(len, inps)), dtype=torch.long, device=self._device)
             for r, inp in enumerate(inps):
                 x[r, : len(inp)] = torch.tensor(inp)  # right padding: earlier positions are unaffected
             logp = F.log_softmax(self.model(x).float(), dim=-1)

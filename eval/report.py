@@ -149,8 +149,7 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
         fig, ax = new_figure(figsize=(5, 3.5))
         for label, pts in series:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(m)
+        ax.set(xlabel="training step", ylabel=m)
         ax.set_title(m, fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)

@@ -218,9 +218,9 @@ BASE_TASKS = tuple(k for k in TASKS if not k.endswith(":"))
 
 def task_of(t: str) -> Task | None:
     """The registry entry of a task as written (a name, or a prefix with a non-empty argument)."""
-    if t in TASKS:
-        return TASKS[t]
-    return next((s for k, s in TASKS.items() if k.endswith(":") and t.startswith(k) and t[len(k) :]), None)
+    return TASKS.get(t) or next(
+        (s for k, s in TASKS.items() if k.endswith(":") and t.startswith(k) and t[len(k) :]), None
+    )
 
 
 def validate_tasks(tasks: list[str] | str) -> list[str]:
@@ -264,10 +264,8 @@ def evaluate_model(
     if tok is None and needs:
         raise missing_tokenizer_error(info, f"task {needs[0]}")
     prog = opts.progress and D.is_main()
-    out: dict[str, Any] = {}
     t0 = time.time()
-    for t in tasks:
-        out[result_key(t)] = task_of(t).run(model, info, tok, opts, t, prog)
+    out = {result_key(t): task_of(t).run(model, info, tok, opts, t, prog) for t in tasks}
     ck = {k: info.get(k) for k in ("path", "step", "tokens_seen", "variant", "tokenizer_id")}
     ck["tokenizer_used"] = getattr(tok, "identity", None)
     return {
