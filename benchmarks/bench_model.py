@@ -297,8 +297,7 @@ def main():
         finally:
             for e in entries:
                 e.close()
-        std = next((e for e in entries if e.kind == "standard"), None)
-        hf = next((e for e in entries if e.kind == "hf_llama"), None)
+        median = {e.kind: statistics.median(e.times) for e in entries}
         print(f"MFU peak: {peak:.3f} TFLOP/s (measured: square matmul, best over rounds; model/mfu.py)")
         print(f"\nsize {size} (layers x width x seq), {args.batch * parse_size(size)[2]} tokens/step")
         print(
@@ -306,12 +305,11 @@ def main():
             f"{'vs std':>7} {'vs HF':>7}"
         )
         for e in entries:
-            t = statistics.median(e.times)
+            t = median[e.kind]
             tps = e.tokens / t
             tf = e.flops / t / 1e12
             mem = "" if args.no_memory else f"{memory_of(args, size, e.kind, []):.0f}"
-            vs_std = f"{statistics.median(std.times) / t:.2f}x" if std else ""
-            vs_hf = f"{statistics.median(hf.times) / t:.2f}x" if hf else ""
+            vs_std, vs_hf = (f"{median[k] / t:.2f}x" if k in median else "" for k in ("standard", "hf_llama"))
             print(
                 f"{e.kind:<20} {tps:>9.0f} {tf:>8.4f} {mfu(tf, peak):>6.1%} {e.flops / e.tokens / 1e9:>9.4f} "
                 f"{mem:>9} {vs_std:>7} {vs_hf:>7}",
