@@ -18,6 +18,7 @@ Works with any tokenizer, the byte tokenizer included.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,13 +180,10 @@ def evaluate_exact_match(
                 f"tokens) do not fit the model's max_seq_len={T}. Fix: shorten the prompt"
             )
         items.append((len(ids), i, ids, need))
-    items.sort()
-    batches: list[list[tuple[int, list[int], int]]] = []
-    for length, i, ids, need in items:
-        if batches and len(batches[-1]) < batch_size and len(batches[-1][0][1]) == length:
-            batches[-1].append((i, ids, need))
-        else:
-            batches.append([(i, ids, need)])
+    batches: list[list[tuple[int, list[int], int]]] = []  # prompts of one length, at most batch_size each
+    for _, group in itertools.groupby(sorted(items), key=lambda item: item[0]):
+        same = [item[1:] for item in group]
+        batches += [same[j : j + batch_size] for j in range(0, len(same), batch_size)]
     done = []
     bar = progress_bar(total=len(batches), desc="exact_match", enabled=progress and D.is_main())
     for bi, batch in D.my_batches(batches):

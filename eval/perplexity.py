@@ -113,12 +113,7 @@ def perplexity(
     window = min(window or model.cfg.max_seq_len + 1, model.cfg.max_seq_len + 1)  # window-1 inputs fit the model
     stride = stride or window - 1  # default: no recomputation beyond the one shared token
     spans = window_spans(t.numel(), window, stride)
-    batches: list[list[tuple[int, int, int]]] = []
-    for s in spans:
-        if batches and len(batches[-1]) < batch_size and (batches[-1][0][1] - batches[-1][0][0]) == (s[1] - s[0]):
-            batches[-1].append(s)
-        else:
-            batches.append([s])
+    batches = [spans[i : i + batch_size] for i in range(0, len(spans), batch_size)]  # windows of one length
     mine = D.my_batches(batches)
     done = []
     for i, b in progress_bar(mine, desc="perplexity", unit="batch", enabled=progress and D.is_main(), leave=False):
