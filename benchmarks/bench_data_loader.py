@@ -2,14 +2,11 @@
 
     .venv/bin/python benchmarks/bench_data_loader.py [--seq-len 2048] [--rank-batch 8] [--steps 100]
 
-The corpus is 64M random tokens written in the shard format (ids and document lengths are
-random: the loader's cost does not depend on what they mean), large enough that cold remote
-reads stay cold. Rows: local shards with the per-row loop the loader used before (synchronous) and with the
-vectorised gather (synchronous, and with the background prefetch thread); shards behind a
-loopback HTTP server (aiohttp, Range requests) read cold (empty node cache, small and default
-block sizes) and warm (cached); synthetic tasks. Columns: tokens/s in a tight loop, and the
-time a training step waits for its batch when each step takes as long as a 1B model's step
-at 45% MFU on an H100 (the loader's work either runs inside the step or, prefetched, beside it).
+The corpus is 64M random tokens in the shard format (the loader's cost does not depend on what the
+ids mean), large enough that cold remote reads stay cold. Columns: tokens/s in a tight loop, and the
+time a training step waits for its batch when each step takes as long as a 1B model's step at 45%
+MFU on an H100 (the loader's work either runs inside the step or, prefetched, beside it). The rows
+and what they show: docs/TRAINING.md, Loader throughput.
 """
 
 from __future__ import annotations

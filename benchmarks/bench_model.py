@@ -1,17 +1,9 @@
-"""Training-step throughput of every variant, side by side with HuggingFace Llama.
+"""Training-step throughput of every variant, side by side with HuggingFace Llama at the identical
+config: tokens/s, TFLOP/s, MFU and peak memory (the method: docs/PERFORMANCE.md, Benchmark).
 
-For each size and variant: tokens/s, achieved TFLOP/s (model/flops.py, train FLOPs per
-token), MFU against a large matmul measured in the same run (model/mfu.py: the trainer's
-definition, its `measured` peak), and peak memory; plus
-`transformers.LlamaForCausalLM` at the identical config, trained by a plain AdamW loop
-(ours use the trainer's optimizer, torch AdamW with its fused kernel; --plain-adamw gives
-ours the plain loop too, to separate the model's speed from the optimizer's).
-Each entry lives in its own worker process, as a training job would (so no entry pays
-for another's memory: on CPU, large allocations cost page faults that depend on what else
-the process holds). Timed rounds alternate between the workers, one active at a time, so
-that drift in machine speed hits each alike; the median over rounds is reported, and the
-matmul peak is re-measured every round (its best is used). Memory is measured per entry in
-a fresh subprocess (peak RSS on CPU, torch.cuda.max_memory_allocated on CUDA).
+Each entry lives in its own worker process, so no entry pays for another's memory (on CPU, large
+allocations cost page faults that depend on what else the process holds); timed rounds alternate
+between the workers, one active at a time, so that drift in machine speed hits each alike.
 
     python benchmarks/bench_model.py                          # the CPU table of docs/PERFORMANCE.md
     python benchmarks/bench_model.py --mixit-memory 1024 2048 4096
