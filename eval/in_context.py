@@ -81,7 +81,6 @@ def icl_score(
     (e0, e1), (l0, l1) = bands(window, band)
     early = float(curve[e0 - 1 : e1].mean())
     late = float(curve[l0 - 1 : l1].mean())
-    n = min(n_windows, len(tokens) // window)
     return {
         "icl_score": late - early,
         "early_loss": early,
@@ -89,6 +88,6 @@ def icl_score(
         "early_tokens": [e0, e1],
         "late_tokens": [l0, l1],
         "window": window,
-        "windows": n,
+        "windows": min(n_windows, len(tokens) // window),
         "loss_by_position": curve.tolist(),
     }

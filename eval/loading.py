@@ -130,7 +130,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     model.eval()
     meta = dict(meta or {})
     cfg = model.cfg
-    info = {
+    return model, {
         "path": str(p.resolve()),
         "step": meta.get("step"),
         "tokens_seen": meta.get("tokens_seen"),
@@ -140,4 +140,3 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
         "max_seq_len": cfg.max_seq_len,
         "meta": meta,
     }
-    return model, info

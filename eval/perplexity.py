@@ -86,8 +86,7 @@ def _window_batch_nll(
 ) -> list[tuple[float, int]]:
     """(sum nll in float64, n scored) per window; all spans in the batch have the same length."""
     x = torch.stack([tokens[b:e] for b, e, _ in spans]).to(device)
-    logits = model(x[:, :-1]).float()
-    logp = F.log_softmax(logits, dim=-1)
+    logp = F.log_softmax(model(x[:, :-1]).float(), dim=-1)
     nll = -logp.gather(-1, x[:, 1:, None])[..., 0].double().cpu()
     return [(float(row[first - b - 1 :].sum()), e - first) for row, (b, e, first) in zip(nll, spans)]
 
