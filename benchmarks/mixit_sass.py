@@ -78,9 +78,8 @@ def main() -> int:
     rows = args.seq // tile.BM
     tiles = rows * (rows + 1) // 2 * (cfg.num_heads - 1) * cfg.num_layers * args.batch  # causal: j <= i
     lines = [
-        f"MixiT Triton kernels, preset {args.preset} (head dim {cfg.head_dim}, "
-        f"{cfg.num_heads} heads, {cfg.num_layers} layers), T {args.seq}, batch {args.batch}, causal, "
-        f"mixit_rng {args.rng}; Triton "
+        f"MixiT Triton kernels, preset {args.preset} (head dim {cfg.head_dim}, {cfg.num_heads} heads, "
+        f"{cfg.num_layers} layers), T {args.seq}, batch {args.batch}, causal, mixit_rng {args.rng}; Triton "
         f"{triton.__version__}, sm_90; tile {tile.BM}x{tile.BN}, {tile.num_warps} warps",
         f"tiles per pass (heads 1..H-1, every layer): {tiles:,}",
         "",

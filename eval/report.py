@@ -165,10 +165,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         return []
     out = []
     for line in p.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line from an interrupted run
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # an empty line, or a torn last line from an interrupted run
     return out
