@@ -52,8 +52,6 @@ from .loading import check_tokenizer, load_checkpoint, load_tokenizer, missing_t
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
 from .synthetic_tasks import evaluate_task, get_task
 
-LM_EVAL_EXACT = "lm_eval:" + em.PREFIX
-
 
 @dataclass
 class EvalOptions:
@@ -96,11 +94,8 @@ class EvalOptions:
 
 def _exact_match_file_task(t: str) -> str | None:
     """`exact_match:FILE` for an exact-match task (ours or through lm_eval), else None."""
-    if t.startswith(em.PREFIX):
-        return t
-    if t.startswith(LM_EVAL_EXACT):
-        return t[len("lm_eval:") :]
-    return None
+    file_task = t.removeprefix("lm_eval:")
+    return file_task if file_task.startswith(em.PREFIX) else None
 
 
 def result_key(t: str) -> str:
