@@ -172,9 +172,8 @@ class TrainablePartsLM(TemplateLM):
                 )
                 for i, ids in zip(batch, rows):
                     text = em.continuation_text(self.tokenizer, plans[i][0], ids)
-                    for stop in plans[i][1]:
-                        if stop and stop in text:
-                            text = text.split(stop)[0]
+                    for stop in filter(None, plans[i][1]):  # cut at each stop string in turn
+                        text = text.split(stop)[0]
                     out[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
                 bar.update(len(batch))

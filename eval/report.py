@@ -21,11 +21,8 @@ def flatten(tasks: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
 
     def walk(prefix: str, v: Any) -> None:
-        if isinstance(v, bool):
-            return
-        if isinstance(v, (int, float)):
-            if not (isinstance(v, float) and math.isnan(v)):
-                out[prefix] = float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
+            out[prefix] = float(v)
         elif isinstance(v, dict):
             for k, x in v.items():
                 walk(f"{prefix}/{k}", x)
