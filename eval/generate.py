@@ -136,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--temperature",
         type=_temperature,
-        default=None,
         help="sampling temperature; default: greedy decoding (0 = greedy; 1 when only --top-k/--top-p is given)",
     )
     ap.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -168,16 +167,9 @@ def run(a: argparse.Namespace) -> int:
         ids = tok.encode(a.prompt) or [tok.eos_id]
     else:
         raise missing_tokenizer_error(info, "--prompt")
+    sampling = dict(top_k=a.top_k, top_p=a.top_p, temperature=a.temperature, seed=a.seed)
     out = generate(
-        model,
-        ids,
-        a.max_new_tokens,
-        top_k=a.top_k,
-        top_p=a.top_p,
-        temperature=a.temperature,
-        seed=a.seed,
-        use_cache=not a.no_cache,
-        eos_id=getattr(tok, "eos_id", None),
+        model, ids, a.max_new_tokens, **sampling, use_cache=not a.no_cache, eos_id=getattr(tok, "eos_id", None)
     )
     print(a.prompt + tok.decode(out) if tok is not None and not a.prompt_ids else json.dumps(out))
     return 0

@@ -161,15 +161,9 @@ class TrainablePartsLM(TemplateLM):
             for s in range(0, len(idx), self.batch_size):
                 batch = idx[s : s + self.batch_size]
                 _, _, max_new, top_k, top_p, temperature = plans[batch[0]]
-                rows = generate(
-                    self.model,
-                    [plans[i][0] for i in batch],
-                    max_new,
-                    eos_id=self.eot_token_id,
-                    top_k=top_k,
-                    top_p=top_p,
-                    temperature=temperature if key[0] == "sample" else 0.0,
-                )
+                sampling = dict(top_k=top_k, top_p=top_p, temperature=temperature if key[0] == "sample" else 0.0)
+                prompts = [plans[i][0] for i in batch]
+                rows = generate(self.model, prompts, max_new, eos_id=self.eot_token_id, **sampling)
                 for i, ids in zip(batch, rows):
                     text = em.continuation_text(self.tokenizer, plans[i][0], ids)
                     for stop in filter(None, plans[i][1]):  # cut at each stop string in turn
