@@ -96,14 +96,8 @@ def synthetic_shards(out: Path, n_tokens: int, shard_tokens: int, vocab: int = 3
 
 def make(source: str, seq_len: int, rank_batch: int, *, prefetch: int, per_row: bool = False, **kw):
     # rank 0 of 8 data-parallel ranks: its share of each global batch is rank_batch rows
-    ld = build_loader(
-        DataConfig(source=source, prefetch=prefetch, **kw),
-        split="train",
-        seq_len=seq_len,
-        global_batch_size=8 * rank_batch,
-        dp_rank=0,
-        dp_world_size=8,
-    )
+    cfg = DataConfig(source=source, prefetch=prefetch, **kw)
+    ld = build_loader(cfg, split="train", seq_len=seq_len, global_batch_size=8 * rank_batch, dp_rank=0, dp_world_size=8)
     if per_row:
         for s in ld.sources:
             s.fetch = types.MethodType(per_row_fetch, s)
