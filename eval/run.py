@@ -410,10 +410,10 @@ def run(a: argparse.Namespace) -> int:
     tasks = validate_tasks(a.tasks)
     val_dir, val_sets = parse_val_dirs(a.val_dir or [])
     limit = a.lm_eval_limit
-    same = {f.name: getattr(a, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(a, f.name)}
+    flags = {f.name: getattr(a, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(a, f.name)}
     opts = EvalOptions(
         **{
-            **same,
+            **flags,  # the options a flag of the same name gives as is; the rest:
             "tokenizer": load_tokenizer(a.tokenizer),
             "val_dir": val_dir,
             "val_sets": val_sets,
