@@ -27,19 +27,18 @@ from pathlib import Path
 
 import torch
 
-from common.cli import CliParser, run_cli
-from common.errors import StudyError
+from common.cli import run_cli
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
 from eval.run import EvalOptions, evaluate_checkpoint
-from eval.synthetic_tasks import evaluate_task
 from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
-from .retrieval import first_step
+from .retrieval import AccuracyProbe, first_step
 from .rows import append_row, read_rows
+from .shared import check_variants, ints, names, ran_to_end, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/paper_addition.yaml"
@@ -47,17 +46,6 @@ ROWS = "docs/data/arithmetic/runs.jsonl"
 TASK = "addition"
 SOLVED = 0.9  # held-out exact match that counts as solved
 DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit")
-
-
-class ExactMatchProbe:
-    """Training hook: held-out exact match and token accuracy on the answer, from the evaluation code."""
-
-    def __init__(self, task, samples: int):
-        self.task, self.samples = task, samples
-
-    def __call__(self, model: torch.nn.Module, step: int) -> dict:
-        res = evaluate_task(model, self.task, n=self.samples, split="test", progress=False)
-        return {"probe/exact_match": res["exact_match"], "probe/acc": res["acc"], "probe/loss": res["loss"]}
 
 
 def run_name(digits: int, variant: str, seed: int, steps: int, extra: Sequence[str] = ()) -> str:
@@ -96,11 +84,8 @@ def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) ->
     run_dir = Path(args.out) / "runs" / run_name(digits, variant, seed, args.steps, args.override)
     task = get_task(TASK, seed=base.seed + seed, **targs)
     wall0, cpu0 = time.time(), time.process_time()
-    res = train(
-        args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[ExactMatchProbe(task, args.probe_samples)]
-    )
-    if res.interrupted:
-        raise StudyError(f"{run_dir.name} was interrupted at step {res.final_step}. Fix: run the same command again")
+    probe = AccuracyProbe(task, args.probe_samples, ("exact_match", "acc", "loss"))
+    ran_to_end(train(args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[probe]), run_dir.name)
     opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=base.seed + seed, progress=False)
     scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
     curve = [(r["step"], r["probe/exact_match"]) for r in read_metrics(run_dir) if "probe/exact_match" in r]
@@ -164,22 +149,13 @@ def render(rows: list[dict]) -> str:
     return md + f"\n\n{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training."
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(
-        prog="python -m studies.arithmetic",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    ap = study_parser("studies.arithmetic", __doc__)
     ap.add_argument("--recipe", default=RECIPE)
-    ap.add_argument("--digits", type=_ints, default=[2, 3], help="comma-separated operand lengths")
-    ap.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=list(DEFAULT_VARIANTS))
+    ap.add_argument("--digits", type=ints, default=[2, 3], help="comma-separated operand lengths")
+    ap.add_argument("--variants", type=names, default=list(DEFAULT_VARIANTS))
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
-    ap.add_argument("--seed-list", type=_ints, help="exactly these seed indices (overrides --seeds)")
+    ap.add_argument("--seed-list", type=ints, help="exactly these seed indices (overrides --seeds)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--probe-every", type=int, default=100, help="steps between held-out exact-match probes")
     ap.add_argument("--probe-samples", type=int, default=256)
@@ -191,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def body() -> int:
-        for v in args.variants:
-            if v not in VARIANTS:
-                raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+        check_variants(args.variants)
         for d in args.digits:
             get_task(TASK, n_digits=d)  # an impossible length is one error line before any training
         rows_path = Path(args.rows)

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint import load_for_eval
-from common.cli import CliParser, run_cli
+from common.cli import run_cli
 from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table, new_figure, save_figure
@@ -61,6 +61,7 @@ from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config
 from pretrain.train import train
 
+from .shared import names, positive_ints, ran_to_end, study_parser
 from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
@@ -121,12 +122,7 @@ def run_cell(
     over = cell_overrides(recipe, overrides, variant, width, mlp_ratio, seed_index)
     cfg = load_recipe(recipe, over)
     t0 = time.time()
-    res = train(recipe, over, run_dir=run_dir, resume="auto")
-    if res.interrupted:  # a signal: the checkpoint is saved, the cell is not finished
-        raise StudyError(
-            f"{run_dir}: training stopped by a signal at step {res.final_step} (checkpoint saved). "
-            "Fix: run the same command again to continue it"
-        )
+    res = ran_to_end(train(recipe, over, run_dir=run_dir, resume="auto"), run_dir)
     # the whole run's curve: the logged steps, and every step this process trained
     losses = {**dict(training_losses(run_dir)), **res.losses}
     model, info = load_for_eval(res.last_checkpoint)
@@ -372,16 +368,6 @@ def train_in_parallel(argv: list[str], variants: list[str], parallel: int, out_d
         )
 
 
-def _widths(text: str) -> list[int]:
-    try:
-        widths = [int(w) for w in text.split(",") if w.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of widths (e.g. 16,32,64)") from None
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: widths must be positive integers (e.g. 16,32,64)")
-    return widths
-
-
 def _without(argv: list[str], *options: str) -> list[str]:
     """`argv` less the given options and their values (`--opt V` or `--opt=V`)."""
     out, skip = [], False
@@ -396,16 +382,11 @@ def _without(argv: list[str], *options: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(
-        prog="python -m studies.capacity",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    ap = study_parser("studies.capacity", __doc__)
     ap.add_argument("--recipe", default="recipes/capacity_memorization.yaml")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument(
-        "--widths", type=_widths, default=[16, 32, 64], help="hidden sizes (intermediate = mlp-ratio x width)"
+        "--widths", type=positive_ints, default=[16, 32, 64], help="hidden sizes (intermediate = mlp-ratio x width)"
     )
     ap.add_argument("--mlp-ratio", type=int, default=3)
     count = {"type": int, "metavar": "N", "default": 1}
@@ -434,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     widths, overrides = list(a.widths), list(a.overrides)
     if a.smoke:
         widths, overrides = list(SMOKE["widths"]), SMOKE["overrides"] + overrides
-    variants = [v for v in a.variants.split(",") if v]
+    variants = names(a.variants)
 
     def body() -> None:
         if a.gather:

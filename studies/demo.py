@@ -37,11 +37,11 @@ from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from eval.report import markdown_table, new_figure, save_figure
 from eval.run import EvalOptions, evaluate_checkpoint
-from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 
 from .scaling_runs import DONE, run_chains, threads_per_job, train_once
+from .shared import check_variants, names
 from .spread import Spread
 
 
@@ -162,8 +162,8 @@ def train_all(
     def refresh() -> None:
         bar.n = sum(min(_steps_done(_run_dir(out, t, v, i)), total[(t.name, v)]) for t, v, i in jobs)
         with running_lock:
-            names = sorted(running)
-        bar.set_postfix_str(", ".join(names) or "done")
+            labels = sorted(running)
+        bar.set_postfix_str(", ".join(labels) or "done")
 
     def watch() -> None:
         while not finished.wait(2.0):
@@ -356,18 +356,16 @@ def run(args: argparse.Namespace) -> int:
     suite = SUITES[args.suite]
     tasks = suite["tasks"]
     if args.tasks:
-        names = [t for t in args.tasks.split(",") if t]
+        wanted = names(args.tasks)
         known = {t.name: t for t in tasks}
-        unknown = [t for t in names if t not in known]
+        unknown = [t for t in wanted if t not in known]
         if unknown:
             raise StudyError(
                 f"--tasks {','.join(unknown)}: not in the {args.suite} suite. Fix: choose from {sorted(known)}"
             )
-        tasks = tuple(known[t] for t in names)
-    variants = [v for v in (args.variants or suite["variants"]).split(",") if v]
-    for v in variants:
-        if v not in VARIANTS:
-            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+        tasks = tuple(known[t] for t in wanted)
+    variants = names(args.variants or suite["variants"])
+    check_variants(variants)
     out = Path(args.out or f"outputs/{args.suite}")
     out.mkdir(parents=True, exist_ok=True)
     parallel = args.parallel or (1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1)))

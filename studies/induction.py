@@ -36,7 +36,6 @@ the report covers every finished run under OUT/runs.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import random
@@ -46,7 +45,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from common.cli import CliParser, run_cli
+from common.cli import run_cli
 from common.errors import StudyError
 from data_pipeline.config import TEXT_PREFIX
 from data_pipeline.prepare import prepare
@@ -65,6 +64,7 @@ from pretrain.run_dir import read_config
 from pretrain.train import train
 
 from .rows import replace_rows
+from .shared import check_variants, names, positive_ints, ran_to_end, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
@@ -321,12 +321,8 @@ def train_cell(recipe: str, overrides: list[str], run_dir: Path, log=print) -> N
     cfg = load_recipe(recipe, overrides)
     tokens, token_range = held_out(cfg)
     t0 = time.time()
-    res = train(recipe, overrides, run_dir=run_dir, resume="auto", hooks=[InductionProbe(tokens, token_range)])
-    if res.interrupted:
-        raise StudyError(
-            f"{run_dir.name} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run "
-            "the same command again to resume it"
-        )
+    probe = InductionProbe(tokens, token_range)
+    res = ran_to_end(train(recipe, overrides, run_dir=run_dir, resume="auto", hooks=[probe]), run_dir.name)
     (run_dir / "study_done").write_text("ok\n")
     log(f"{run_dir.name}: step {res.final_step}, {time.time() - t0:.0f} s")
 
@@ -599,16 +595,6 @@ def report(out: Path) -> tuple[str, Path]:
     return text, plot(runs, out / "induction.png")
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: need positive integers")
-    return vals
-
-
 def _without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     """`argv` without the given flags (and a value that follows a flag taking one): the command
     a row records is the one that re-measures it, whatever wrote the rows."""
@@ -624,16 +610,11 @@ def _without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(
-        prog="python -m studies.induction",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    ap = study_parser("studies.induction", __doc__)
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--out", default="outputs/induction")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
-    ap.add_argument("--layers", type=_ints, default=[2], help="comma-separated layer counts (e.g. 2,3)")
+    ap.add_argument("--layers", type=positive_ints, default=[2], help="comma-separated layer counts (e.g. 2,3)")
     ap.add_argument(
         "--seeds", type=int, choices=range(1, 101), metavar="N", default=3, help="seeds per (variant, layers)"
     )
@@ -671,14 +652,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every run")
     a = ap.parse_args(argv)
-    variants = [v for v in a.variants.split(",") if v]
+    variants = names(a.variants)
     overrides = (SMOKE if a.smoke else []) + list(a.overrides)
     out = Path(a.out)
 
     def body() -> None:
-        for v in variants:
-            if v not in VARIANTS:
-                raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+        check_variants(variants)
         nonlocal overrides
         if not a.bytes and load_recipe(a.recipe, overrides).data.source.startswith(TEXT_PREFIX):
             overrides = (

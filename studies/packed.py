@@ -33,7 +33,6 @@ Seed i trains with the recipe's seed + i and MixiT matrices of seed i; re-runnin
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -44,16 +43,16 @@ from typing import Any
 import torch
 
 from checkpoint import load_for_eval
-from common.cli import CliParser, run_cli
+from common.cli import run_cli
 from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from data_pipeline.text import eos_document_ids
 from data_pipeline.tokenizer import BYTE_TOKENIZER
 from eval.report import markdown_table, new_figure, save_figure
-from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.train import train
 
+from .shared import check_variants, names, ran_to_end, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/packed_modadd.yaml"
@@ -178,12 +177,7 @@ def run_cell(
     recipe: str, overrides: list[str], run_dir: Path, layout: str, data: dict[str, Any], p: int, seed: int
 ) -> dict[str, Any]:
     t0 = time.time()
-    res = train(recipe, overrides, run_dir=run_dir, resume="auto")
-    if res.interrupted:
-        raise StudyError(
-            f"{run_dir.name} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run "
-            "the same command again to resume it"
-        )
+    res = ran_to_end(train(recipe, overrides, run_dir=run_dir, resume="auto"), run_dir.name)
     model, _ = load_for_eval(res.last_checkpoint)
     model.eval()
     acc = accuracy_by_offset(model, layout, data["test_pairs"], data["train_pairs"], p, seed)
@@ -238,12 +232,7 @@ def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(
-        prog="python -m studies.packed",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    ap = study_parser("studies.packed", __doc__)
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--out", default="outputs/packed")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
@@ -259,15 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: the pipeline only")
     ap.add_argument("overrides", nargs="*", help="recipe overrides section.key=value, applied to every run")
     a = ap.parse_args(argv)
-    variants = [v for v in a.variants.split(",") if v]
-    layouts = [x for x in a.layouts.split(",") if x]
+    variants, layouts = names(a.variants), names(a.layouts)
     overrides = (SMOKE if a.smoke else []) + list(a.overrides)
     out = Path(a.out)
 
     def body() -> None:
-        for v in variants:
-            if v not in VARIANTS:
-                raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+        check_variants(variants)
         for x in layouts:
             if x not in LAYOUTS:
                 raise StudyError(f"unknown layout {x!r}. Fix: choose from {list(LAYOUTS)}")

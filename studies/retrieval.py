@@ -48,6 +48,7 @@ from pretrain.metrics import read_metrics
 from pretrain.train import train
 
 from .rows import append_row, read_rows
+from .shared import check_variants, floats, ints, names, ran_to_end
 from .spread import Spread
 
 RECIPE = "recipes/retrieval_kv.yaml"
@@ -90,14 +91,6 @@ class Cell:
 def row_key(row: dict) -> tuple:
     a = row["task_args"]
     return (a["n_pairs"], row["variant"], float(row["lr"]), row["seed"], row["steps"], a["n_keys"], a["n_values"])
-
-
-def task_args(cell: Cell) -> dict:
-    return {"n_pairs": cell.n_pairs, "min_pairs": 1, "n_keys": cell.n_keys, "n_values": cell.n_values}
-
-
-def recipe_seed(recipe: str) -> int:
-    return load_recipe(recipe).seed
 
 
 # -- baselines --------------------------------------------------------------------------------------
@@ -193,14 +186,14 @@ def best_lr(rows: list[dict], n_pairs: int, variant: str, steps: int) -> tuple[f
 
 
 class AccuracyProbe:
-    """Training hook: held-out accuracy on the answer token, from the evaluation code."""
+    """Training hook: held-out scores on the answer (`keys` of the evaluation code's), as probe/KEY."""
 
-    def __init__(self, task, samples: int):
-        self.task, self.samples = task, samples
+    def __init__(self, task, samples: int, keys: tuple[str, ...] = ("acc", "loss")):
+        self.task, self.samples, self.keys = task, samples, keys
 
     def __call__(self, model: torch.nn.Module, step: int) -> dict:
         res = evaluate_task(model, self.task, n=self.samples, split="test", progress=False)
-        return {"probe/acc": res["acc"], "probe/loss": res["loss"]}
+        return {f"probe/{k}": res[k] for k in self.keys}
 
 
 def command_for(cell: Cell, recipe: str) -> str:
@@ -221,8 +214,8 @@ def command_for(cell: Cell, recipe: str) -> str:
 
 def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
     """Train one cell (resuming a partial run dir), evaluate it, and return its row."""
-    seed = recipe_seed(args.recipe) + cell.seed
-    targs = task_args(cell)
+    seed = load_recipe(args.recipe).seed + cell.seed
+    targs = {"n_pairs": cell.n_pairs, "min_pairs": 1, "n_keys": cell.n_keys, "n_values": cell.n_values}
     overrides = [
         f"model.variant={cell.variant}",
         f"model.mixit_seed={cell.seed}",
@@ -247,8 +240,7 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
     except NonFiniteLoss as e:  # a rate too high for this variant: a row that no sweep picks
         diverged = str(e)
     else:
-        if res.interrupted:
-            raise StudyError(f"{cell.name} was interrupted at step {res.final_step}. Fix: run the same command again")
+        ran_to_end(res, cell.name)
     if diverged is None:
         opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=seed, progress=False)
         scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
@@ -492,18 +484,8 @@ def render_page(page: Path, rows: list[dict]) -> bool:
 # -- CLI ------------------------------------------------------------------------------------------------
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x]
-
-
 def run(args: argparse.Namespace) -> int:
-    for v in args.variants:
-        if v not in VARIANTS:
-            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+    check_variants(args.variants)
     if any(p < 1 or 2 * p + 4 > 64 for p in args.pairs):
         raise StudyError(f"--pairs {args.pairs}: need 1 <= pairs <= 30 (the recipe's 64-token context). Fix: lower it")
     if args.baselines:
@@ -533,21 +515,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--stage", choices=("sweep", "seeds", "curve", "all"), default="sweep", help="all: the PLAN, in order"
     )
-    ap.add_argument("--pairs", type=_ints, default=[16], help="comma-separated pair counts (default 16)")
-    ap.add_argument(
-        "--variants", type=lambda s: [v for v in s.split(",") if v], default=["standard", "frozen_qk", "mixit"]
-    )
+    ap.add_argument("--pairs", type=ints, default=[16], help="comma-separated pair counts (default 16)")
+    ap.add_argument("--variants", type=names, default=["standard", "frozen_qk", "mixit"])
     ap.add_argument("--keys", type=int, default=32)
     ap.add_argument("--values", type=int, default=32)
     ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--grid", type=_floats, default=list(GRID), help="the sweep's rates")
+    ap.add_argument("--grid", type=floats, default=list(GRID), help="the sweep's rates")
     ap.add_argument("--extend", type=int, default=2, help="rates the sweep may add beyond an edge")
     ap.add_argument("--lr", type=float, default=None, help="seeds/curve: this rate instead of the sweep's best")
     ap.add_argument(
         "--lr-pairs", type=int, default=None, help="seeds/curve: the best rate of the sweep at this many pairs"
     )
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--seed-list", type=_ints, default=None, help="these seed indices instead of 0..--seeds-1")
+    ap.add_argument("--seed-list", type=ints, default=None, help="these seed indices instead of 0..--seeds-1")
     ap.add_argument("--probe-every", type=int, default=100)
     ap.add_argument("--probe-samples", type=int, default=256)
     ap.add_argument("--eval-samples", type=int, default=2048)

@@ -33,7 +33,7 @@ from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from eval.report import markdown_table
-from model import PRESETS, VARIANTS
+from model import PRESETS
 from pretrain.config import load_recipe
 
 from .scaling_fit import (
@@ -51,6 +51,7 @@ from .scaling_fit import (
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
 from .scaling_runs import DONE, RowLog, collect_run, tracker_overrides, train_once, write_array_script
+from .shared import check_variants
 
 __all__ = ["branch_overrides", "main"]
 
@@ -74,9 +75,7 @@ class Point:
 
 
 def plan(variants: list[str], sizes: list[str], seeds: int) -> list[Point]:
-    for v in variants:
-        if v not in VARIANTS:
-            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+    check_variants(variants)
     for s in sizes:
         if s not in PRESETS and s not in LADDER:
             raise StudyError(f"unknown size {s!r}. Fix: choose from {list(PRESETS) + list(LADDER)}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common.constants import REPO_ROOT
 from common.errors import StudyError
-from model import VARIANTS, ModelConfig, param_count
+from model import ModelConfig, param_count
 from pretrain.config import load_recipe
 
 from .scaling_runs import (
@@ -36,6 +36,7 @@ from .scaling_runs import (
     train_once,
     write_array_script,
 )
+from .shared import check_variants
 
 # name -> model shape (intermediate = 3 x hidden, head dim 16, tied head): 27k .. 2.0M non-embedding
 # parameters of the standard variant, 75x; MixiT has ~15% fewer (no Q, K).
@@ -138,9 +139,7 @@ def plan_ladder(
     """Every stable run followed by its branches, in the order they can run; `rates`: lr-sweep's
     {variant: {size: lr}} (the recipe's optim.lr without it); `batches`: {size: global batch in sequences}
     (the recipe's without it), so small sizes take enough optimizer steps."""
-    for v in variants:
-        if v not in VARIANTS:
-            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+    check_variants(variants)
     if not budgets or any(b <= 0 for b in budgets):
         raise StudyError(f"--budgets {budgets} must be positive tokens per parameter. Fix: e.g. --budgets 2.5,5,10,20")
     if not 0 < cooldown <= 1:

@@ -1,0 +1,59 @@
+"""What several studies share: their command line's parser and list options, the variant check, and
+the check that a training run reached its end."""
+
+from __future__ import annotations
+
+import argparse
+
+from common.cli import CliParser
+from common.errors import StudyError
+from model import VARIANTS
+
+
+def study_parser(module: str, doc: str) -> CliParser:
+    """`python -m MODULE`'s parser: the docstring's first paragraph above the options, all of it below."""
+    return CliParser(
+        prog=f"python -m {module}",
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=doc,
+    )
+
+
+def names(text: str) -> list[str]:
+    """'standard,mixit' -> ['standard', 'mixit'] (empty items dropped)."""
+    return [x for x in text.split(",") if x]
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in names(text)]
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in names(text)]
+
+
+def positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 16,32)") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need positive integers (e.g. 16,32)")
+    return values
+
+
+def check_variants(variants: list[str]) -> None:
+    for v in variants:
+        if v not in VARIANTS:
+            raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+
+
+def ran_to_end(res, run_dir):
+    """`res`, the result of `pretrain.train.train` into `run_dir`, when the run reached its end."""
+    if res.interrupted:  # a signal: the checkpoint is saved, the run is not finished
+        raise StudyError(
+            f"{run_dir} was interrupted at step {res.final_step} (a checkpoint was saved). Fix: run the same "
+            "command again to resume it"
+        )
+    return res
