@@ -62,6 +62,7 @@ from pretrain.run_dir import read_config
 from pretrain.train import train
 
 from .shared import names, positive_ints, ran_to_end, study_parser
+from .shared import without as _without
 from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
@@ -368,19 +369,6 @@ def train_in_parallel(argv: list[str], variants: list[str], parallel: int, out_d
         )
 
 
-def _without(argv: list[str], *options: str) -> list[str]:
-    """`argv` less the given options and their values (`--opt V` or `--opt=V`)."""
-    out, skip = [], False
-    for x in argv:
-        if skip:
-            skip = False
-        elif x in options:
-            skip = True
-        elif not any(x.startswith(o + "=") for o in options):
-            out.append(x)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = study_parser("studies.capacity", __doc__)
     ap.add_argument("--recipe", default="recipes/capacity_memorization.yaml")
@@ -429,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                     check_cell(cell_dir(Path(a.out_dir), v, w, i), a.recipe, over)
         t0 = time.time()
         if a.parallel > 1:
-            worker_argv = _without(list(argv if argv is not None else sys.argv[1:]), "--variants", "--parallel")
+            worker_argv = _without(argv if argv is not None else sys.argv[1:], "--variants", "--parallel")
             train_in_parallel(worker_argv, variants, a.parallel, Path(a.out_dir))
         rows = run_sweep(
             a.recipe,

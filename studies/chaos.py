@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from checkpoint import tag_format
+from common.cli import print_error
 from common.constants import REPO_ROOT, free_port
 from eval.report import markdown_table
 
@@ -71,46 +72,22 @@ def _overrides(layout: str, steps: int, every: int) -> list[str]:
 
 
 def _start(run_dir: Path, over: list[str], log, pause: bool) -> list[subprocess.Popen]:
-    port = free_port()
-    procs = []
-    for r in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            LOCAL_RANK=str(r),
-            WORLD_SIZE="2",
-            LOCAL_WORLD_SIZE="2",
-            LOCAL_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            DS_ACCELERATOR="cpu",
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=str(REPO_ROOT),
+    cmd = [sys.executable, "-m", "pretrain.train", "--recipe", RECIPE, "--run-dir", str(run_dir), "--resume", "auto"]
+    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", LOCAL_SIZE="2", MASTER_ADDR="127.0.0.1")
+    env.update(MASTER_PORT=str(free_port()), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
+    if pause:
+        env["PRETRAIN_FAULTS"] = json.dumps({"save_pause_s": SAVE_PAUSE_S})
+    return [
+        subprocess.Popen(
+            [*cmd, *over],
+            cwd=REPO_ROOT,
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-        if pause:
-            env["PRETRAIN_FAULTS"] = json.dumps({"save_pause_s": SAVE_PAUSE_S})
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pretrain.train",
-                    "--recipe",
-                    RECIPE,
-                    "--run-dir",
-                    str(run_dir),
-                    "--resume",
-                    "auto",
-                    *over,
-                ],
-                cwd=REPO_ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    return procs
+        for r in range(2)
+    ]
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -130,6 +107,20 @@ def step_losses(run_dir: Path) -> dict[int, float]:
         if "loss" in rec:
             out[int(rec["step"])] = float(rec["loss"])
     return out
+
+
+def compare_losses(ref: dict[int, float], got: dict[int, float], steps: int) -> tuple[int, float]:
+    """(the steps 1..`steps` whose loss equals the reference's, the largest difference: inf unless
+    both runs logged every step)."""
+    common = [s for s in range(1, steps + 1) if s in got and s in ref]
+    diff = max(abs(got[s] - ref[s]) for s in common) if len(common) == steps else float("inf")
+    return sum(got[s] == ref[s] for s in common), diff
+
+
+def incomplete_dirs(run_dir: Path) -> list[str]:
+    """The run's checkpoint directories without their COMPLETE marker."""
+    root = tag_format.ckpt_root(run_dir)
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and not tag_format.is_complete(d))
 
 
 def last_logged_step(run_dir: Path, since: float) -> int:
@@ -221,14 +212,8 @@ def chaos_run(
             )
         _wait_all(_start(run, over, log, pause=False), timeout)
         res.restarts += 1
-    got = step_losses(run)
-    common = [s for s in range(1, steps + 1) if s in got and s in ref]
-    res.equal_steps = sum(got[s] == ref[s] for s in common)
-    res.max_abs_loss_diff = max((abs(got[s] - ref[s]) for s in common), default=float("inf"))
-    if len(common) < steps:
-        res.max_abs_loss_diff = float("inf")
-    root = tag_format.ckpt_root(run)
-    res.incomplete_dirs = sorted(d.name for d in root.iterdir() if d.is_dir() and not tag_format.is_complete(d))
+    res.equal_steps, res.max_abs_loss_diff = compare_losses(ref, step_losses(run), steps)
+    res.incomplete_dirs = incomplete_dirs(run)
     res.seconds = round(time.time() - t0, 1)
     (out / "chaos.json").write_text(json.dumps({**asdict(res), "ok": res.ok}, indent=1) + "\n")
     return res
@@ -267,9 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--background-saves", action="store_true", help="checkpoint.background=true")
     a = ap.parse_args(argv)
     if a.kills < 1 or a.steps < a.kills + 3:
-        print(
-            f"error: --steps {a.steps} leaves no room for {a.kills} kills. Fix: --steps >= --kills + 3", file=sys.stderr
-        )
+        print_error(f"--steps {a.steps} leaves no room for {a.kills} kills. Fix: --steps >= --kills + 3")
         return 2
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
     layouts = list(LAYOUTS) if a.layout == "all" else [a.layout]
@@ -279,10 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             for lay in layouts
         ]
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(
-            f"error: {e} (seed {seed}). Fix: read the run's log under {a.out}; replay with --seed {seed}",
-            file=sys.stderr,
-        )
+        print_error(f"{e} (seed {seed}). Fix: read the run's log under {a.out}; replay with --seed {seed}")
         return 1
     print(table(results))
     return 0 if all(r.ok for r in results) else 1

@@ -31,11 +31,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from checkpoint import tag_format
+from common.cli import print_error
 from common.constants import REPO_ROOT
 from eval.report import markdown_table
 
-from .chaos import last_logged_step, step_losses
+from .chaos import compare_losses, incomplete_dirs, last_logged_step, step_losses
 from .static_server import http_server
 
 RANKS = 4
@@ -107,15 +107,10 @@ def launch_cmd(run: Path, url: str, cache: Path, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _env() -> dict[str, str]:
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT", "MASTER_ADDR")
-    return dict({k: v for k, v in os.environ.items() if k not in drop}, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-
-
 def _launch(cmd: list[str], log) -> subprocess.Popen:
-    return subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_PORT", "MASTER_ADDR")
+    env = dict({k: v for k, v in os.environ.items() if k not in drop}, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _ranks(run: Path) -> list[int]:
@@ -125,11 +120,6 @@ def _ranks(run: Path) -> list[int]:
 def _restarts(run: Path) -> int:
     f = run / "restarts.jsonl"
     return len(f.read_text().splitlines()) if f.is_file() else 0
-
-
-def _mount(where: Path, size: int) -> None:
-    where.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True, capture_output=True)
 
 
 def _resize(where: Path, size: int) -> None:
@@ -158,7 +148,10 @@ def long_chaos_run(steps: int, seed: int, out: Path, timeout: float = 3600, say=
     server = http_server(data, log=out / "server.log")
     fs = out / "fs"
     subprocess.run(["umount", str(fs)], capture_output=True)
-    _mount(fs, 512 << 20)
+    fs.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={512 << 20}", "tmpfs", str(fs)], check=True, capture_output=True
+    )
     run = fs / "run"
     try:
         say(f"[chaos-long] {steps} steps, {RANKS} ranks, seed {seed}: the uninterrupted run")
@@ -215,14 +208,9 @@ def long_chaos_run(steps: int, seed: int, out: Path, timeout: float = 3600, say=
                 say(f"[chaos-long] {fault}")
             if proc.wait(max(1.0, deadline - time.time())) != 0:
                 raise RuntimeError(f"the chaos run ended with exit {proc.returncode}; see {out / 'chaos.log'}")
-        ref, got = step_losses(out / "reference"), step_losses(run)
-        common = [s for s in range(1, steps + 1) if s in got and s in ref]
-        res.equal_steps = sum(got[s] == ref[s] for s in common)
-        if len(common) == steps:
-            res.max_abs_loss_diff = max(abs(got[s] - ref[s]) for s in common)
+        res.equal_steps, res.max_abs_loss_diff = compare_losses(step_losses(out / "reference"), step_losses(run), steps)
         res.restarts = _restarts(run)
-        root = tag_format.ckpt_root(run)
-        res.incomplete_dirs = sorted(d.name for d in root.iterdir() if d.is_dir() and not tag_format.is_complete(d))
+        res.incomplete_dirs = incomplete_dirs(run)
         time.sleep(2)
         res.leftover_processes = sorted(processes_mentioning(str(run)).values())
     finally:
@@ -254,16 +242,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/chaos_long")
     a = ap.parse_args(argv)
     if a.steps < 120:
-        print(f"error: --steps {a.steps} leaves no room for six faults. Fix: --steps >= 120", file=sys.stderr)
+        print_error(f"--steps {a.steps} leaves no room for six faults. Fix: --steps >= 120")
         return 2
     if os.geteuid() != 0:
-        print("error: the run dir's tmpfs needs root (mount). Fix: run as root, as CI does", file=sys.stderr)
+        print_error("the run dir's tmpfs needs root (mount). Fix: run as root, as CI does")
         return 2
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
     try:
         res = long_chaos_run(a.steps, seed, Path(a.out))
     except (RuntimeError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        print(f"error: {e} (seed {seed}). Fix: read the logs under {a.out}; replay with --seed {seed}", file=sys.stderr)
+        print_error(f"{e} (seed {seed}). Fix: read the logs under {a.out}; replay with --seed {seed}")
         return 1
     print(table(res))
     return 0 if res.ok else 1

@@ -64,7 +64,7 @@ from pretrain.run_dir import read_config
 from pretrain.train import train
 
 from .rows import replace_rows
-from .shared import check_variants, names, positive_ints, ran_to_end, study_parser
+from .shared import check_variants, names, positive_ints, ran_to_end, study_parser, without
 from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
@@ -101,6 +101,11 @@ METRICS = {
         "probe/repeat_random_acc",
         "val_loss",
     ),
+}
+# the probes' final values a `summarize` row keeps (as probe/KEY in the metrics)
+FINAL_KEYS = {
+    "text": ("icl_score", "induction_score", "induction_score_text", "prev_token_score_text", "repeat_text_acc"),
+    "copy": ("induction_score", "prev_token_score", "repeat_random_acc", "repeat_random_loss"),
 }
 DROP_KEY = {"text": "probe/icl_score", "copy": "probe/repeat_random_loss"}
 # what a data row keeps of each evaluation (studies.induction --rows)
@@ -221,25 +226,20 @@ def prepare_bpe(
     vocab_size: int,
     repeat_fraction: float = 0.0,
     repeat_chars: int = 400,
-    hold_fraction: float = 0.05,
     repeat_style: str = "prefix",
     repeat_epochs: int = 1,
+    hold_fraction: float = 0.05,
 ) -> list[str]:
     """The recipe's text as BPE shards under OUT/data (once), and the overrides that point the recipe at them.
 
     Every non-blank line is a document; the last `hold_fraction` of them are held out (the trainer's
-    validation tail and the probes' text) and never trained on. With `repeat_fraction` q > 0, after a
-    fraction q of the training paragraphs (those of >= 200 characters) comes one more document, the
-    paragraph's first `repeat_chars` characters written twice: real text made "bursty" (Chan et al.
-    2022), so that copying from the context pays more often than in WikiText alone. That repeat
-    sits at a near-fixed distance, which a positional head can exploit; `repeat_style="span"`
-    instead writes a random run of the paragraph's words (see `insert_repeat`) again at a random
-    later point of it, so only an induction head can predict the copy. WikiText-2 is small enough
-    that a model trained for many epochs memorizes where each copy sits; `repeat_epochs` E writes
-    the training paragraphs E times, each time with fresh spans, so that memorizing does not pay.
-    It still memorizes the text itself (600k tokens); `repeat_style="words"` keeps every paragraph
-    as it is and adds after it one document of words drawn at random by their frequency in the
-    text, with a run of them written again (`insert_repeat`): no memorized text predicts the copy."""
+    validation tail and the probes' text) and never trained on. With `repeat_fraction` q > 0, a fraction
+    q of the training paragraphs (those of >= 200 characters) get a repeat in `repeat_style` (the CLI's
+    --repeat-style): real text made "bursty" (Chan et al. 2022), so that copying from the context pays
+    more often than in WikiText alone. A prefix repeat sits at a near-fixed distance, which a positional
+    head can exploit; a span needs an induction head. WikiText-2 is small enough that a model trained for
+    many epochs memorizes where each copy sits, so `repeat_epochs` writes the paragraphs again with fresh
+    spans; `words` repeats runs of random words, which no memorized text predicts."""
     if repeat_style not in REPEAT_STYLES:
         raise StudyError(f"unknown repeat style {repeat_style!r}. Fix: choose from {', '.join(REPEAT_STYLES)}")
     cfg = load_recipe(recipe, overrides)
@@ -372,19 +372,24 @@ def run_of_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def curve_table(runs: list[dict[str, Any]], key: str, fmt: str = "{:.2f}") -> str:
-    """`key` against step: one row per (variant, layers), mean ± std over seeds at each evaluated step
-    every seed reached (at most 8 steps, evenly spaced, the last included)."""
+def by_cell(runs: list[dict[str, Any]]) -> list[tuple[tuple[str, int], list[dict[str, Any]]]]:
+    """The runs of each (variant, layers), by layers and then the variants' order."""
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in runs:
         cells.setdefault((r["variant"], r["layers"]), []).append(r)
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    return sorted(cells.items(), key=lambda kv: (kv[0][1], order.get(kv[0][0], 99)))
+
+
+def curve_table(runs: list[dict[str, Any]], key: str, fmt: str = "{:.2f}") -> str:
+    """`key` against step: one row per (variant, layers), mean ± std over seeds at each evaluated step
+    every seed reached (at most 8 steps, evenly spaced, the last included)."""
     steps = sorted(set.intersection(*({e["step"] for e in r["rows"] if key in e} for r in runs)))
     steps = [steps[round(i * (len(steps) - 1) / 7)] for i in range(8)] if len(steps) > 8 else steps
     steps = sorted(set(steps))
     lines = ["| variant | layers | seeds | " + " | ".join(f"step {s}" for s in steps) + " |"]
     lines.append("|---|---:|---:|" + "---:|" * len(steps))
-    order = {v: i for i, v in enumerate(VARIANTS)}
-    for (variant, layers), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], order.get(kv[0][0], 99))):
+    for (variant, layers), rs in by_cell(runs):
         at = [Spread.of([next(e[key] for e in r["rows"] if e["step"] == s) for r in rs]).format(fmt) for s in steps]
         lines.append(f"| {variant} | {layers} | {len(rs)} | " + " | ".join(at) + " |")
     return "\n".join(lines)
@@ -418,13 +423,8 @@ def largest_drop(rows: list[dict[str, Any]], key: str) -> tuple[float, int]:
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (variant, layers): final values and the largest drop of the data's phase-change
     metric (the ICL score on text, the loss on repeated random tokens on copies), as Spreads over seeds."""
-    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in runs:
-        if r["rows"]:
-            cells.setdefault((r["variant"], r["layers"]), []).append(r)
-    order = {v: i for i, v in enumerate(VARIANTS)}
     out = []
-    for (variant, layers), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], order.get(kv[0][0], 99))):
+    for (variant, layers), rs in by_cell([r for r in runs if r["rows"]]):
         kind = rs[0]["kind"]
         finals = [r["rows"][-1] for r in rs]
         drops = [largest_drop(r["rows"], DROP_KEY[kind]) for r in rs]
@@ -439,23 +439,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "drop_steps": [s for _, s in drops],
             "source": finals[0].get("probe/source", ""),
         }
-        final_keys = {
-            "text": (
-                "probe/icl_score",
-                "probe/induction_score",
-                "probe/induction_score_text",
-                "probe/prev_token_score_text",
-                "probe/repeat_text_acc",
-            ),
-            "copy": (
-                "probe/induction_score",
-                "probe/prev_token_score",
-                "probe/repeat_random_acc",
-                "probe/repeat_random_loss",
-            ),
-        }[kind]
-        for key in final_keys:
-            row[key.removeprefix("probe/")] = Spread.of([f[key] for f in finals])
+        for key in FINAL_KEYS[kind]:
+            row[key] = Spread.of([f[f"probe/{key}"] for f in finals])
         if kind == "text":
             row["icl_first"] = Spread.of([r["rows"][0]["probe/icl_score"] for r in rs])
             row["repeat_text_gain"] = Spread.of(
@@ -551,10 +536,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     axes[0][0].text(0.02, 0.02, "MixiT: its fixed map (no attention)", transform=axes[0][0].transAxes, fontsize=7)
-    seeds = max(
-        (sum(1 for r in runs if (r["variant"], r["layers"]) == k) for k in {(r["variant"], r["layers"]) for r in runs}),
-        default=0,
-    )
+    seeds = max(Counter((r["variant"], r["layers"]) for r in runs).values(), default=0)
     data = {
         "text": f"on {runs[0]['recipe']}'s text",
         "copy": "on random tokens with a span copied (synthetic:copy_span)",
@@ -593,20 +575,6 @@ def report(out: Path) -> tuple[str, Path]:
         + "\n"
     )
     return text, plot(runs, out / "induction.png")
-
-
-def _without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-    """`argv` without the given flags (and a value that follows a flag taking one): the command
-    a row records is the one that re-measures it, whatever wrote the rows."""
-    out, skip = [], False
-    for x in argv:
-        if skip:
-            skip = False
-        elif x.split("=")[0] in flags:
-            skip = x == "--rows"
-        else:
-            out.append(x)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -660,19 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         check_variants(variants)
         nonlocal overrides
         if not a.bytes and load_recipe(a.recipe, overrides).data.source.startswith(TEXT_PREFIX):
-            overrides = (
-                prepare_bpe(
-                    a.recipe,
-                    overrides,
-                    out,
-                    a.vocab_size,
-                    a.repeat_fraction,
-                    a.repeat_chars,
-                    repeat_style=a.repeat_style,
-                    repeat_epochs=a.repeat_epochs,
-                )
-                + overrides
-            )
+            repeats = (a.repeat_fraction, a.repeat_chars, a.repeat_style, a.repeat_epochs)
+            overrides = prepare_bpe(a.recipe, overrides, out, a.vocab_size, *repeats) + overrides
         base_seed = load_recipe(a.recipe, overrides).seed
         cells = [(v, L, i) for L in a.layers for i in range(a.seeds) for v in variants]
         for v, L, i in cells:  # every run's recipe is checked before the first one trains
@@ -685,8 +642,9 @@ def main(argv: list[str] | None = None) -> int:
                     train_cell(a.recipe, overrides + cell_overrides(base_seed, v, L, i), run_dir)
         text, png = report(out)
         if a.rows:
-            argv_ = [x for x in (sys.argv[1:] if argv is None else argv)]
-            command = " ".join(["python -m studies.induction", *_without_flags(argv_, ("--rows", "--report-only"))])
+            # the command a row records is the one that re-measures it, whatever wrote the rows
+            own = [x for x in without(sys.argv[1:] if argv is None else argv, "--rows") if x != "--report-only"]
+            command = " ".join(["python -m studies.induction", *own])
             # re-running a study replaces its rows (same command and run) and keeps the others
             replace_rows(
                 a.rows, [study_row(r, command) for r in finished_runs(out)], lambda r: (r["command"], r["run"])

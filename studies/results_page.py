@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from pretrain.config import load_recipe
 
 from . import arithmetic, induction, retrieval
 from .rows import read_rows
+from .spread import Spread
 
 RETRIEVAL_PAIRS = [4, 8, 12, 16, 30]  # the pair counts docs/results/retrieval.md gives baselines for
 VARIANT_ORDER = ("standard", "frozen_qk", "mixit", "frozen_mlp")
@@ -143,19 +143,13 @@ def read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
 
 def mean_std(values: list[float]) -> tuple[float, float]:
     """The mean and the sample standard deviation (0 for one value)."""
-    n = len(values)
-    m = sum(values) / n
-    return m, (math.sqrt(sum((x - m) ** 2 for x in values) / (n - 1)) if n > 1 else 0.0)
+    s = Spread.of(values)
+    return s.mean, s.std
 
 
 def spread(values: list[float], digits: int = 3) -> str:
     """'1.354 ± 0.026' over several values, '1.354' for one."""
-    m, s = mean_std(values)
-    return f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if len(values) > 1 else "")
-
-
-def steps_name(steps: int) -> str:
-    return f"{steps:,}"
+    return Spread.of(values).format(f"{{:.{digits}f}}")
 
 
 def _table(header: list[str], rows: list[list[str]], right_from: int = 1) -> str:
@@ -206,32 +200,14 @@ def table_capacity_headline(cells: list[Cell], data_dir: Path) -> str:
     rows = []
     for v, cs in head.items():
         x = [c.bits_per_trainable_param for c in cs]
+        seeds = ", ".join(str(c.weights_seed) for c in cs)
+        row = [VARIANT_NAMES[v], f"{cs[0].steps:,}", seeds, f"**{spread(x)}**", ", ".join(f"{y:.3f}" for y in x)]
+        row += [f"{mean_std(x)[0] / std:.2f}", f"{paper[v]} ({paper[v] / paper['standard']:.2f})"]
         rows.append(
-            [
-                VARIANT_NAMES[v],
-                steps_name(cs[0].steps),
-                ", ".join(str(c.weights_seed) for c in cs),
-                f"**{spread(x)}**",
-                ", ".join(f"{y:.3f}" for y in x),
-                f"{mean_std(x)[0] / std:.2f}",
-                f"{paper[v]} ({paper[v] / paper['standard']:.2f})",
-                spread([c.bits for c in cs], 0),
-                spread([c.acc for c in cs]),
-                spread([c.loss_drop for c in cs]),
-            ]
+            row + [spread([c.bits for c in cs], 0), spread([c.acc for c in cs]), spread([c.loss_drop for c in cs])]
         )
-    header = [
-        "variant",
-        "steps",
-        "seeds",
-        "bits / trainable param",
-        "per seed",
-        "fraction of standard",
-        "paper (fraction)",
-        "bits stored",
-        "acc",
-        "loss drop, last 20% of steps",
-    ]
+    header = ["variant", "steps", "seeds", "bits / trainable param", "per seed", "fraction of standard"]
+    header += ["paper (fraction)", "bits stored", "acc", "loss drop, last 20% of steps"]
     return _table(header, rows)
 
 
@@ -252,17 +228,15 @@ def table_capacity_lengths(cells: list[Cell], _: Path) -> str:
         for v in VARIANT_ORDER
         if any(c.variant == v for c in runs)
     ]
-    return _table(["variant"] + [f"{steps_name(n)} steps" for n in lengths], rows)
+    return _table(["variant"] + [f"{n:,} steps" for n in lengths], rows)
 
 
 def table_capacity_floor(cells: list[Cell], _: Path) -> str:
     floor0 = [c for c in cells if (c.lr, c.min_lr) == (RECIPE_RATES[0], 0.0)]
     lengths = sorted({c.steps for c in floor0})
     control = [c for c in _recipe_runs(cells) if c.steps in lengths and c.study.endswith("min_lr1e-3")]
-    columns = [(n, floor0, f"{steps_name(n)} steps, floor 0") for n in lengths]
-    columns += [
-        (n, control, f"{steps_name(n)} steps, floor 1e-3 (control)") for n in sorted({c.steps for c in control})
-    ]
+    columns = [(n, floor0, f"{n:,} steps, floor 0") for n in lengths]
+    columns += [(n, control, f"{n:,} steps, floor 1e-3 (control)") for n in sorted({c.steps for c in control})]
     rows = [
         [VARIANT_NAMES[v]] + [seeds_cell(_by(group, v, n)) for n, group, _name in columns]
         for v in VARIANT_ORDER
@@ -278,29 +252,17 @@ def table_capacity_mixit_draws(cells: list[Cell], _: Path) -> str:
     n = lengths[-1]
     draws = [c for c in cells if c.variant == "mixit" and c.steps == n and (c.lr, c.min_lr) == RECIPE_RATES]
     draws.sort(key=lambda c: (c.weights_seed != c.matrices_seed, c.weights_seed, c.matrices_seed))
-    rows = [
-        [
-            "own seed" if c.weights_seed == c.matrices_seed else "swapped halves",
-            str(c.weights_seed),
-            str(c.matrices_seed),
-            f"{c.bits_per_trainable_param:.3f}",
-            f"{c.bits:,.0f} ({c.acc:.3f})",
-            f"{c.loss_drop:.3f}",
-        ]
-        for c in draws
-    ]
+    rows = []
+    for c in draws:
+        draw = "own seed" if c.weights_seed == c.matrices_seed else "swapped halves"
+        row = [draw, str(c.weights_seed), str(c.matrices_seed), f"{c.bits_per_trainable_param:.3f}"]
+        rows.append(row + [f"{c.bits:,.0f} ({c.acc:.3f})", f"{c.loss_drop:.3f}"])
     own = [c.bits_per_trainable_param for c in draws if c.weights_seed == c.matrices_seed]
     every = [c.bits_per_trainable_param for c in draws]
     rows.append([f"**{len(own)} seeds, mean ± std**", "", "", f"**{spread(own)}**", "", ""])
     rows.append([f"all {len(every)} draws", "", "", spread(every), "", ""])
-    header = [
-        f"MixiT draw, {steps_name(n)} steps",
-        "weights and data order of seed",
-        "matrices of seed",
-        "bits / trainable param",
-        "bits (acc)",
-        "loss drop, last 20%",
-    ]
+    header = [f"MixiT draw, {n:,} steps", "weights and data order of seed", "matrices of seed"]
+    header += ["bits / trainable param", "bits (acc)", "loss drop, last 20%"]
     return _table(header, rows)
 
 
@@ -308,22 +270,13 @@ def table_capacity_frozen_mlp_rate(cells: list[Cell], _: Path) -> str:
     fm = [c for c in cells if c.variant == "frozen_mlp" and c.weights_seed == c.matrices_seed]
     rates = sorted({(c.lr, c.min_lr) for c in fm}, reverse=True)
     steps = max(c.steps for c in fm)
-    header = ["frozen-MLP, " + steps_name(steps) + " steps"] + [f"lr {lr:g} to {lo:g}" for lr, lo in rates]
-    seeds = sorted({c.weights_seed for c in fm if c.steps == steps})
+    header = [f"frozen-MLP, {steps:,} steps"] + [f"lr {lr:g} to {lo:g}" for lr, lo in rates]
+    at = {rate: [c for c in fm if (c.lr, c.min_lr) == rate and c.steps == steps] for rate in rates}
     rows = []
-    for s in seeds:
-        row = [f"seed {s}"]
-        for rate in rates:
-            x = [c for c in fm if (c.lr, c.min_lr) == rate and c.steps == steps and c.weights_seed == s]
-            row.append(f"{x[0].bits_per_trainable_param:.3f} ({x[0].bits:,.0f} bits)" if x else "")
-        rows.append(row)
-    rows.append(
-        ["mean ± std"]
-        + [
-            spread([c.bits_per_trainable_param for c in fm if (c.lr, c.min_lr) == rate and c.steps == steps])
-            for rate in rates
-        ]
-    )
+    for s in sorted({c.weights_seed for c in fm if c.steps == steps}):
+        cs = [next((c for c in at[rate] if c.weights_seed == s), None) for rate in rates]
+        rows.append([f"seed {s}"] + [f"{c.bits_per_trainable_param:.3f} ({c.bits:,.0f} bits)" if c else "" for c in cs])
+    rows.append(["mean ± std"] + [spread([c.bits_per_trainable_param for c in at[rate]]) for rate in rates])
     return _table(header, rows)
 
 

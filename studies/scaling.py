@@ -95,19 +95,8 @@ def sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     args.overrides += tracker_overrides(args.recipe, args.overrides, f"sweep:{out.name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(
-        json.dumps(
-            {
-                "recipe": args.recipe,
-                "variants": args.variants,
-                "sizes": args.sizes,
-                "seeds": args.seeds,
-                "tokens": args.tokens,
-                "overrides": args.overrides,
-            },
-            indent=2,
-        )
-    )
+    plan_keys = ("recipe", "variants", "sizes", "seeds", "tokens", "overrides")
+    (out / "sweep.json").write_text(json.dumps({k: getattr(args, k) for k in plan_keys}, indent=2))
     if args.slurm:
         lines = [
             shlex.join(train_args(args.recipe, p, out / "runs" / p.name, args.tokens, args.overrides)) for p in points
@@ -191,32 +180,18 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
 
 
 # ---- fit ----------------------------------------------------------------------------------
-def fit(args: argparse.Namespace) -> dict[str, Any]:
+# results.csv's columns that the fits read as numbers
+NUMERIC = ("params", "non_embedding_params", "trainable_params", "flops", "final_val_loss", "best_val_loss", "tokens")
 
+
+def fit(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     csv_path = out / "results.csv"
     if not csv_path.is_file():
         raise StudyError(f"{csv_path} not found. Fix: run `python -m studies.scaling collect --out {out}` first")
     with open(csv_path) as f:
         rows = [
-            {
-                k: (
-                    float(v)
-                    if k
-                    in (
-                        "params",
-                        "non_embedding_params",
-                        "trainable_params",
-                        "flops",
-                        "final_val_loss",
-                        "best_val_loss",
-                        "tokens",
-                    )
-                    and v not in ("", "None")
-                    else v
-                )
-                for k, v in r.items()
-            }
+            {k: float(v) if k in NUMERIC and v not in ("", "None") else v for k, v in r.items()}
             for r in csv.DictReader(f)
         ]
     y = args.metric
@@ -289,11 +264,7 @@ def joint_fits(
         "|---|---|---|---|---|---|---:|---:|---:|---:|",
     ]
     for variant in sorted({r["variant"] for r in rows}):
-        pts = [
-            r
-            for r in rows
-            if r["variant"] == variant and str(r.get("cooled")) == "True" and isinstance(r.get(y), float)
-        ]
+        pts = cooled_rows(rows, variant, y)
         N, D, L = ([float(r[k]) for r in pts] for k in (n_key, "tokens", y))
         try:
             fit = fit_joint(N, D, L, n_boot=n_boot)
@@ -345,7 +316,7 @@ def frontier_gaps(
     C = np.geomspace(min(spans), max(spans), 41)
     report: dict[str, Any] = {}
     for v in fits:
-        f = frontier({k: getattr(fits[v], k) for k in ("E", "A", "alpha", "B", "beta")}, curves[v], C, grids[v])
+        f = frontier(fits[v].params(), curves[v], C, grids[v])
         report[v] = {"frontier": {k: f[k].tolist() for k in f}}
         if v != "standard":
             g = frontier_gap(fits[v], fits["standard"], curves[v], curves["standard"], C, grids[v], grids["standard"])
@@ -421,15 +392,21 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m studies.scaling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sw = sub.add_parser("sweep", help="train every (variant, size, seed) point")
-    sw.add_argument("--recipe", required=True)
-    sw.add_argument("--variants", default="standard,frozen_qk,mixit")
-    sw.add_argument("--sizes", default="tiny,xs,s")
+
+    def trainer(name: str, what: str, sizes: str, sizes_help: str | None = None) -> argparse.ArgumentParser:
+        """A subcommand that trains: a recipe, variants and sizes, an out-dir, and overrides."""
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--recipe", required=True)
+        p.add_argument("--variants", default="standard,frozen_qk,mixit")
+        p.add_argument("--sizes", default=sizes, help=sizes_help)
+        p.add_argument("--out", required=True)
+        p.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
+        return p
+
+    sw = trainer("sweep", "train every (variant, size, seed) point", "tiny,xs,s")
     sw.add_argument("--tokens", type=int, default=None, help="training tokens per point (default: the recipe's)")
     sw.add_argument("--seeds", type=int, default=1)
-    sw.add_argument("--out", required=True)
     sw.add_argument("--slurm", action="store_true", help="write a Slurm array script instead of running")
-    sw.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
     co = sub.add_parser("collect", help="tabulate the finished runs")
     co.add_argument("--out", required=True)
     co.add_argument("--rows", default=None, help="a row log of ladder/lr-sweep: its runs count too")
@@ -440,39 +417,35 @@ def main(argv: list[str] | None = None) -> int:
         "--param-kind", default="non_embedding_params", choices=["params", "non_embedding_params", "trainable_params"]
     )
     fi.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the joint fit L(N, D)")
-    la = sub.add_parser("ladder", help="stable runs and their cooldown branches (studies/scaling_ladder.py)")
-    la.add_argument("--recipe", required=True)
-    la.add_argument("--variants", default="standard,frozen_qk,mixit")
-    la.add_argument("--sizes", default=",".join(LADDER), help=f"ladder sizes: {', '.join(LADDER)}")
+    la = trainer(
+        "ladder",
+        "stable runs and their cooldown branches (studies/scaling_ladder.py)",
+        ",".join(LADDER),
+        f"ladder sizes: {', '.join(LADDER)}",
+    )
     la.add_argument("--budgets", default="2.5,5,10,20", help="token budgets, tokens per non-embedding parameter")
     la.add_argument("--cooldown", type=float, default=0.2, help="a branch decays over this fraction of its step")
     la.add_argument("--max-tokens", type=int, default=None, help="drop budgets above this many tokens")
     la.add_argument("--seeds", type=int, default=1)
     la.add_argument("--more-seeds", default="", help="SIZE=K,...: K seeds at these sizes (the noise floor)")
-    la.add_argument("--out", required=True)
     la.add_argument(
         "--batch-sequences", default="", help="SIZE=B,...: global batch (sequences) per size; else the recipe's"
     )
     la.add_argument("--lr-from", default=None, help="lr.json of lr-sweep: a rate per variant and size")
-    la.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
-    la.add_argument("--rows", default=None, help="JSON-lines log: a row per finished run; runs in it are skipped")
     la.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
-    la.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
-    lr = sub.add_parser(
-        "lr-sweep", help="a rate grid per variant at the smaller sizes, and the rule (studies/scaling_lr.py)"
+    lr = trainer(
+        "lr-sweep",
+        "a rate grid per variant at the smaller sizes, and the rule (studies/scaling_lr.py)",
+        "n27k,n90k,n214k",
     )
-    lr.add_argument("--recipe", required=True)
-    lr.add_argument("--variants", default="standard,frozen_qk,mixit")
-    lr.add_argument("--sizes", default="n27k,n90k,n214k")
     lr.add_argument(
         "--lrs", default="1e-3,2e-3,4e-3,8e-3,1.6e-2", help="the grid (a best rate at its edge is an error)"
     )
     lr.add_argument("--budget", type=float, default=5.0, help="tokens per non-embedding parameter of each run")
     lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
-    lr.add_argument("--out", required=True)
-    lr.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
-    lr.add_argument("--rows", default=None, help="JSON-lines log: a row per finished run; runs in it are skipped")
-    lr.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
+    for p in (la, lr):
+        p.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
+        p.add_argument("--rows", default=None, help="JSON-lines log: a row per finished run; runs in it are skipped")
     args = ap.parse_args(argv)
 
     def body() -> int:

@@ -191,15 +191,14 @@ class JointFit:
     intervals: dict[str, list[float]] = field(default_factory=dict)
     samples: list[dict[str, float]] = field(default_factory=list, repr=False)  # the bootstrap refits
 
+    def params(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in JOINT_PARAMS}
+
     def predict(self, N, D) -> np.ndarray:
-        return predict_joint(_named_params(self), N, D)
+        return predict_joint(self.params(), N, D)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "samples"}
-
-
-def _named_params(fit: JointFit) -> dict[str, float]:
-    return {k: getattr(fit, k) for k in JOINT_PARAMS}
 
 
 def predict_joint(params: dict[str, float], N, D) -> np.ndarray:
@@ -405,10 +404,7 @@ def frontier_gap(
 ) -> dict[str, np.ndarray]:
     """The frontier loss of `fit` less that of `base` at equal compute, and a `level` band from pairs of
     their bootstrap refits (each variant's points were resampled on their own)."""
-    gap = (
-        frontier(_named_params(fit), flops, C, N_grid)["L"]
-        - frontier(_named_params(base), base_flops, C, base_N_grid)["L"]
-    )
+    gap = frontier(fit.params(), flops, C, N_grid)["L"] - frontier(base.params(), base_flops, C, base_N_grid)["L"]
     pairs = list(zip(fit.samples, base.samples))
     if not pairs:
         return {"C": np.asarray(C, dtype=float), "gap": gap, "low": gap * np.nan, "high": gap * np.nan}

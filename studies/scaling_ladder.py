@@ -211,19 +211,13 @@ def run_ladder(args) -> int:
     its branches in order, `--jobs` such chains side by side, each finished run a row in `--rows`."""
     seeds = {"*": args.seeds, **per_size(args.more_seeds, "--more-seeds")}
     batches = per_size(args.batch_sequences, "--batch-sequences")
-    for size in args.sizes.split(","):
+    variants, sizes = args.variants.split(","), args.sizes.split(",")
+    budgets = [float(b) for b in args.budgets.split(",")]
+    for size in sizes:
         shape_overrides(size)
+    rates = ladder_rates(args.lr_from)
     runs = plan_ladder(
-        args.recipe,
-        args.variants.split(","),
-        args.sizes.split(","),
-        seeds,
-        [float(b) for b in args.budgets.split(",")],
-        args.cooldown,
-        args.max_tokens,
-        args.overrides,
-        ladder_rates(args.lr_from),
-        batches,
+        args.recipe, variants, sizes, seeds, budgets, args.cooldown, args.max_tokens, args.overrides, rates, batches
     )
     out = Path(args.out)
     args.overrides += tracker_overrides(args.recipe, args.overrides, f"ladder:{out.name}")

@@ -43,6 +43,19 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def without(argv: list[str], *options: str) -> list[str]:
+    """`argv` less the given options and their values (`--opt V` or `--opt=V`)."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in options:
+            skip = True
+        elif not any(x.startswith(o + "=") for o in options):
+            out.append(x)
+    return out
+
+
 def check_variants(variants: list[str]) -> None:
     for v in variants:
         if v not in VARIANTS:
