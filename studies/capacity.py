@@ -54,14 +54,14 @@ from checkpoint import load_for_eval
 from common.cli import run_cli
 from common.errors import StudyError
 from data_pipeline.synthetic import get_task
-from eval.report import markdown_table, new_figure, save_figure
+from eval.report import markdown_table, new_figure
 from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config
 from pretrain.train import train
 
-from .shared import names, positive_ints, ran_to_end, study_parser
+from .shared import finish, label_axes, names, positive_ints, ran_to_end, study_parser
 from .shared import without as _without
 from .spread import Spread
 
@@ -262,11 +262,7 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
             label = f"{r['variant']}, width {r['width']}" if key not in labelled else None
             left.plot(*zip(*pts), style[r["width"]], color=color.get(r["variant"], "k"), lw=1, alpha=0.7, label=label)
             labelled.add(key)
-    left.set_xlabel("step")
-    left.set_ylabel("training loss (nats)")
-    left.set_title("training loss of every cell (one line per seed)", fontsize=10)
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
+    label_axes(left, "step", "training loss (nats)", "training loss of every cell (one line per seed)")
     for v in variants:
         vs = [r for r in rows if r["variant"] == v]
         ws = sorted({r["width"] for r in vs})
@@ -275,16 +271,10 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
         right.plot([r["width"] for r in vs], [r["bits_per_trainable_param"] for r in vs], ".", color=color.get(v, "k"))
         if v in PAPER_BITS_PER_PARAM:
             right.axhline(PAPER_BITS_PER_PARAM[v], color=color.get(v, "k"), ls="--", lw=0.8, alpha=0.7)
-    right.set_xlabel("width (hidden size)")
     right.set_xticks(widths)
-    right.set_ylabel("bits / trainable parameter")
-    right.set_title("bits stored per trainable parameter (dashed: the paper's)", fontsize=10)
-    right.grid(alpha=0.3)
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(out_dir) / "capacity.png"
-    save_figure(fig, path, dpi=90)
-    return path
+    title = "bits stored per trainable parameter (dashed: the paper's)"
+    label_axes(right, "width (hidden size)", "bits / trainable parameter", title)
+    return finish(fig, Path(out_dir) / "capacity.png")
 
 
 def run_sweep(
@@ -294,10 +284,9 @@ def run_sweep(
     overrides: list[str],
     out_dir: Path,
     mlp_ratio: int = 3,
-    log=print,
     seeds: int = 1,
-    report: bool = True,
     first_seed: int = 0,
+    report: bool = True,
 ) -> list[dict[str, Any]]:
     """Train (or read back) every cell, seeds outermost so that every variant has seed 0 first; with
     `report`, write capacity.json, capacity.md and capacity.png over all of them."""
@@ -313,7 +302,7 @@ def run_sweep(
                     r = run_cell(recipe, v, int(w), overrides, run_dir, mlp_ratio, i)
                     (run_dir / "study_result.json").write_text(json.dumps(r) + "\n")
                 rows.append(r)
-                log(
+                print(
                     f"{v:>18} width {w:>4} seed {i}: acc {r['acc']:.3f}  bits {r['bits']:,.0f}  "
                     f"bits/trainable {r['bits_per_trainable_param']:.3f}  ({r['seconds']}s)"
                 )
@@ -381,14 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--seeds", choices=range(1, 101), help="train every cell with this many seeds; rows show mean ± std", **count
     )
-    ap.add_argument(
-        "--first-seed",
-        type=int,
-        choices=range(0, 100),
-        metavar="K",
-        default=0,
-        help="seed indices K..K+N-1 (default 0)",
-    )
+    ap.add_argument("--first-seed", type=int, choices=range(100), metavar="K", default=0, help="seed indices K..K+N-1")
     ap.add_argument(
         "--parallel", choices=range(1, 17), help="train the cells in N one-thread processes (2 on two cores)", **count
     )
@@ -403,32 +385,24 @@ def main(argv: list[str] | None = None) -> int:
     widths, overrides = list(a.widths), list(a.overrides)
     if a.smoke:
         widths, overrides = list(SMOKE["widths"]), SMOKE["overrides"] + overrides
-    variants = names(a.variants)
+    variants, out = names(a.variants), Path(a.out_dir)
 
     def body() -> None:
         if a.gather:
-            print(table(gather(Path(a.out_dir))))
+            print(table(gather(out)))
             return
         for w in widths:  # every cell's recipe and run directory is checked before any trains
             for v in variants:
                 for i in range(a.first_seed, a.first_seed + a.seeds):
                     over = cell_overrides(a.recipe, overrides, v, w, a.mlp_ratio, i)
                     load_recipe(a.recipe, over)
-                    check_cell(cell_dir(Path(a.out_dir), v, w, i), a.recipe, over)
+                    check_cell(cell_dir(out, v, w, i), a.recipe, over)
         t0 = time.time()
         if a.parallel > 1:
             worker_argv = _without(argv if argv is not None else sys.argv[1:], "--variants", "--parallel")
-            train_in_parallel(worker_argv, variants, a.parallel, Path(a.out_dir))
+            train_in_parallel(worker_argv, variants, a.parallel, out)
         rows = run_sweep(
-            a.recipe,
-            variants,
-            widths,
-            overrides,
-            Path(a.out_dir),
-            a.mlp_ratio,
-            seeds=a.seeds,
-            report=not a.cells_only,
-            first_seed=a.first_seed,
+            a.recipe, variants, widths, overrides, out, a.mlp_ratio, a.seeds, a.first_seed, not a.cells_only
         )
         if a.cells_only:
             return

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
-from eval.report import markdown_table, new_figure, save_figure
+from eval.report import markdown_table, new_figure
 from pretrain.run_dir import read_config
 
 from .capacity import loss_drop, training_losses
+from .shared import finish, label_axes
 
 
 def parse_run(arg: str) -> tuple[Path, str]:
@@ -78,13 +79,9 @@ def plot(runs, out: Path, points: int, fraction: bool) -> Path:
         if fraction:
             xs = [x / (max_steps or pts[-1][0]) for x in xs]
         ax.plot(xs, ys, lw=1.2, label=label)
-    ax.set_xlabel("fraction of the run's train.max_steps" if fraction else "step")
-    ax.set_ylabel(f"training loss (mean over 1/{points} of the logged steps)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, out, dpi=90)
-    return out
+    xlabel = "fraction of the run's train.max_steps" if fraction else "step"
+    label_axes(ax, xlabel, f"training loss (mean over 1/{points} of the logged steps)")
+    return finish(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:

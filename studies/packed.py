@@ -48,11 +48,11 @@ from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from data_pipeline.text import eos_document_ids
 from data_pipeline.tokenizer import BYTE_TOKENIZER
-from eval.report import markdown_table, new_figure, save_figure
+from eval.report import markdown_table, new_figure
 from pretrain.config import load_recipe
 from pretrain.train import train
 
-from .shared import check_variants, names, ran_to_end, study_parser
+from .shared import check_variants, finish, label_axes, names, ran_to_end, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/packed_modadd.yaml"
@@ -219,16 +219,12 @@ def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts
                 )
         ax.axhline(1 / 31, color="gray", ls=":", lw=1)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("offset of the held-out example in its window (bytes)")
-        ax.set_ylabel("accuracy of c")
-        ax.set_title(f"trained: {layout}", fontsize=10)
-        ax.legend(fontsize=8)
+        xlabel = "offset of the held-out example in its window (bytes)"
+        label_axes(ax, xlabel, "accuracy of c", f"trained: {layout}", grid=False)
     fig.suptitle(
         "modular addition (p = 31) as bytes: held-out accuracy vs where the example sits (dotted: chance)", fontsize=10
     )
-    fig.tight_layout()
-    save_figure(fig, path, dpi=90)
-    return path
+    return finish(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import StudyError
-from eval.report import new_figure, save_figure
+from eval.report import new_figure
+
+from .shared import finish
 
 
 @dataclass
@@ -155,7 +157,7 @@ def plot_fits(
                 label=f"{variant}: {fit.E:.2f} + {fit.A:.3g}·x^-{fit.alpha:.2f}",
             )
     _style(ax, xlabel, y_key.replace("_", " "))
-    return _save(fig, out_png)
+    return finish(fig, out_png, dpi=120)
 
 
 def _style(ax, xlabel: str, ylabel: str) -> None:
@@ -164,11 +166,6 @@ def _style(ax, xlabel: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-
-
-def _save(fig, out_png: str | Path) -> Path:
-    fig.tight_layout()
-    return save_figure(fig, out_png, dpi=120)
 
 
 # ---- the joint law L(N, D) = E + A N^-alpha + B D^-beta (Chinchilla's approach 3) ----------------
@@ -434,4 +431,4 @@ def plot_frontier(rows: list[dict], report: dict, y_key: str, out_png: str | Pat
     xlabel = "training FLOPs (each variant's own: frozen weights' gradients excluded)"
     for ax, ylabel in ((left, y_key.replace("_", " ")), (right, "frontier loss gap to standard")):
         _style(ax, xlabel, ylabel)
-    return _save(fig, out_png)
+    return finish(fig, out_png, dpi=120)

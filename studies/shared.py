@@ -7,6 +7,7 @@ import argparse
 
 from common.cli import CliParser
 from common.errors import StudyError
+from eval.report import save_figure
 from model import VARIANTS
 
 
@@ -60,6 +61,24 @@ def check_variants(variants: list[str]) -> None:
     for v in variants:
         if v not in VARIANTS:
             raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+
+
+def label_axes(ax, xlabel: str, ylabel: str | None = None, title: str | None = None, grid: bool = True) -> None:
+    """A panel's axis labels, its title, its legend and a light grid."""
+    ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    if grid:
+        ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def finish(fig, path, dpi: int = 90):
+    """Lay the figure out and write it to `path` (returned)."""
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=dpi)
 
 
 def ran_to_end(res, run_dir):
