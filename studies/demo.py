@@ -218,21 +218,14 @@ def evaluate_all(runs: dict[tuple[str, str, int], Path], tasks, n: int) -> dict[
         if task.is_text:
             results[(task_name, variant, i)] = {"val_loss": _final_val_loss(run_dir)}
             continue
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         opts = EvalOptions(
-            task_args=task.task_args,
-            synthetic_n=n,
-            progress=False,
-            task_seed=_recipe_seed(task) + i,
-            device="cuda" if torch.cuda.is_available() else "cpu",
+            task_args=task.task_args, synthetic_n=n, progress=False, task_seed=_recipe_seed(task) + i, device=device
         )
         res = evaluate_checkpoint(run_dir, [f"synthetic:{task_name}"], opts)
         scores = res["tasks"][f"synthetic:{task_name}"]
-        results[(task_name, variant, i)] = {
-            "acc": scores["acc"],
-            "samples": scores["samples"],
-            "loss": scores["loss"],
-            "step": res["checkpoint"].get("step"),
-        }
+        results[(task_name, variant, i)] = {k: scores[k] for k in ("acc", "samples", "loss")}
+        results[(task_name, variant, i)]["step"] = res["checkpoint"].get("step")
     return results
 
 
@@ -309,13 +302,8 @@ def plot(
                 axes[0].plot([x] * len(c.values), c.values, "k.", markersize=3)
     for j, t in enumerate(bars):
         axes[0].hlines(t.chance, j - width / 2, j + width * (len(variants) - 0.5), colors="gray", linestyles=":")
-    axes[0].set_xticks(
-        [j + width * (len(variants) - 1) / 2 for j in range(len(bars))],
-        [t.name for t in bars],
-        rotation=30,
-        ha="right",
-        fontsize=8,
-    )
+    ticks = [j + width * (len(variants) - 1) / 2 for j in range(len(bars))]
+    axes[0].set_xticks(ticks, [t.name for t in bars], rotation=30, ha="right", fontsize=8)
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("test accuracy (scored positions)")
     axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(variants), fontsize=8)
@@ -380,23 +368,12 @@ def run(args: argparse.Namespace) -> int:
         f"{t}/{v}": {"mean": c.mean, "std": c.std, "min": c.lo, "max": c.hi, "values": list(c.values)}
         for (t, v), c in acc.items()
     }
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "seeds": args.seeds,
-                "seconds": round(seconds),
-                "cells": summary,
-                "runs": {f"{t}/{v}" + (f"/s{i}" if i else ""): r for (t, v, i), r in results.items()},
-            },
-            indent=2,
-        )
-    )
+    per_run = {f"{t}/{v}" + (f"/s{i}" if i else ""): r for (t, v, i), r in results.items()}
+    record = {"seeds": args.seeds, "seconds": round(seconds), "cells": summary, "runs": per_run}
+    (out / "results.json").write_text(json.dumps(record, indent=2))
     seeds_note = f"{args.seeds} seeds per cell, mean ± std. " if args.seeds > 1 else ""
     (out / "results.md").write_text(text + "\n\n" + line + "\n\n" + seeds_note + f"{seconds:.0f} s wall.\n")
-    print()
-    print(text)
-    print()
-    print(line)
+    print(f"\n{text}\n\n{line}")
     print(f"plot: {png}   table: {out / 'results.md'}   ({seconds:.0f} s)")
     return 0
 
@@ -412,12 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-scale", type=_positive(float), default=1.0, help="multiply every recipe's max_steps")
     ap.add_argument("--parallel", type=_positive(int), default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--eval-samples", type=_positive(int), default=512)
-    ap.add_argument(
-        "--seeds",
-        type=_positive(int),
-        default=1,
-        help="train every cell with this many seeds (recipe seed + 0..N-1); cells show mean ± std",
-    )
+    seeds = "train every cell with this many seeds (recipe seed + 0..N-1); cells show mean ± std"
+    ap.add_argument("--seeds", type=_positive(int), default=1, help=seeds)
     args = ap.parse_args(argv)
     return run_cli(lambda: run(args))
 

@@ -258,35 +258,25 @@ def main(argv: list[str] | None = None) -> int:
             raise StudyError(f"--model-len {a.model_len} is shorter than a window ({window}). Fix: use >= {window}")
         t0 = time.time()
         base = load_recipe(a.recipe, overrides)
-        p = P
-        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        cells = [(x, v, i) for i in range(a.seeds) for x in layouts for v in variants]
-        datas = {}
+        repeats = 2 if a.smoke else 200
+        files = {i: out / "data" / f"modadd_p{P}_seed{base.seed + i}.txt" for i in range(a.seeds)}
+        datas = {i: write_data(f, P, base.seed + i, repeats=repeats, val_repeats=repeats) for i, f in files.items()}
+        cells = {}
         for i in range(a.seeds):
-            datas[i] = write_data(
-                out / "data" / f"modadd_p{p}_seed{base.seed + i}.txt",
-                p,
-                base.seed + i,
-                repeats=200 if not a.smoke else 2,
-                val_repeats=200 if not a.smoke else 2,
-            )
-        for x, v, i in cells:  # every run's recipe is checked before the first one trains
-            load_recipe(a.recipe, overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i], a.model_len))
-        for x, v, i in cells:
+            for x in layouts:
+                for v in variants:
+                    cell = layout_overrides(x, files[i].resolve(), datas[i]["val_fraction"], a.model_len)
+                    cell += [f"model.variant={v}", f"seed={base.seed + i}", f"model.mixit_seed={i}"]
+                    load_recipe(a.recipe, overrides + cell)  # every run's recipe is checked before the first trains
+                    cells[(x, v, i)] = overrides + cell
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for (x, v, i), over in cells.items():
             run_dir = out / "runs" / (f"{x}-{v}-s{i}" + (f"-T{a.model_len}" if a.model_len else ""))
             done = run_dir / "study_result.json"
             if done.is_file():
                 r = json.loads(done.read_text())
             else:
-                r = run_cell(
-                    a.recipe,
-                    overrides + _cell_overrides(x, v, i, base.seed, out, p, datas[i], a.model_len),
-                    run_dir,
-                    x,
-                    datas[i],
-                    p,
-                    base.seed + i,
-                )
+                r = run_cell(a.recipe, over, run_dir, x, datas[i], P, base.seed + i)
                 done.write_text(json.dumps(r) + "\n")
                 every = "" if r["all_offsets"] is None else f", every offset {r['all_offsets']:.1%}"
                 print(f"{x}/{v}/seed {i}: offset 0 {r['offset0']:.1%}{every} ({r['seconds']} s)", flush=True)
@@ -299,17 +289,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot: {png}   table: {out / 'packed.md'}   ({time.time() - t0:.0f} s)")
 
     return run_cli(body)
-
-
-def _cell_overrides(
-    layout: str, variant: str, i: int, base_seed: int, out: Path, p: int, data: dict[str, Any], model_len: int | None
-) -> list[str]:
-    data_file = (out / "data" / f"modadd_p{p}_seed{base_seed + i}.txt").resolve()
-    return layout_overrides(layout, data_file, data["val_fraction"], model_len) + [
-        f"model.variant={variant}",
-        f"seed={base_seed + i}",
-        f"model.mixit_seed={i}",
-    ]
 
 
 if __name__ == "__main__":

@@ -71,15 +71,9 @@ def fit_power_law(x, loss, sigma=None) -> PowerLawFit:
         slope = np.polyfit(logx, np.log(np.maximum(loss - E0, 1e-9)), 1)
         p0 = (E0, slope[1], max(-slope[0], 1e-3))
         try:
+            bounds = ([0.0, -50.0, 0.0], [loss.min(), 50.0, 5.0])
             popt, pcov = curve_fit(
-                _model,
-                logx,
-                loss,
-                p0=p0,
-                sigma=sigma,
-                absolute_sigma=sigma is not None,
-                bounds=([0.0, -50.0, 0.0], [loss.min(), 50.0, 5.0]),
-                maxfev=20000,
+                _model, logx, loss, p0=p0, sigma=sigma, absolute_sigma=sigma is not None, bounds=bounds, maxfev=20000
             )
         except (RuntimeError, ValueError):
             continue
@@ -94,17 +88,9 @@ def fit_power_law(x, loss, sigma=None) -> PowerLawFit:
     E, logA, alpha = (float(v) for v in popt)
     A = math.exp(logA)
     ss_tot = float(np.sum((loss - loss.mean()) ** 2))
-    return PowerLawFit(
-        E=E,
-        A=A,
-        alpha=alpha,
-        E_err=float(err[0]),
-        A_err=float(A * err[1]),
-        alpha_err=float(err[2]),
-        r2=1.0 - sse / ss_tot if ss_tot > 0 else float("nan"),
-        rmse=math.sqrt(sse / len(loss)),
-        n_points=len(loss),
-    )
+    r2 = 1.0 - sse / ss_tot if ss_tot > 0 else float("nan")
+    errors = float(err[0]), float(A * err[1]), float(err[2])  # of E, A (from log A's) and alpha
+    return PowerLawFit(E, A, alpha, *errors, r2=r2, rmse=math.sqrt(sse / len(loss)), n_points=len(loss))
 
 
 def aggregate_seeds(rows: list[dict], x_key: str, y_key: str) -> dict[str, dict[str, np.ndarray]]:
@@ -148,14 +134,8 @@ def plot_fits(
         fit = fits.get(variant)
         if isinstance(fit, PowerLawFit) and len(agg["x"]):
             grid = np.geomspace(agg["x"].min() / 1.5, agg["x"].max() * 1.5, 100)
-            ax.plot(
-                grid,
-                fit.predict(grid),
-                "-",
-                color=color,
-                alpha=0.8,
-                label=f"{variant}: {fit.E:.2f} + {fit.A:.3g}·x^-{fit.alpha:.2f}",
-            )
+            label = f"{variant}: {fit.E:.2f} + {fit.A:.3g}·x^-{fit.alpha:.2f}"
+            ax.plot(grid, fit.predict(grid), "-", color=color, alpha=0.8, label=label)
     _style(ax, xlabel, y_key.replace("_", " "))
     return finish(fig, out_png, dpi=120)
 
@@ -211,13 +191,7 @@ def _huber(r: np.ndarray, delta: float) -> np.ndarray:
 # Starting points (a, alpha, b, beta, e) besides the linear one: corners of the middle of Chinchilla's
 # grid (alpha, beta in 0..2, e in -1..1, a, b in 0..25). With a Huber delta this small many local fits
 # stall where they start, so every fit also starts from `_linear_start`.
-_GRID = [
-    np.array([a, alpha, a, beta, e])
-    for alpha in (0.25, 1.0)
-    for beta in (0.25, 1.0)
-    for e in (-0.5, 0.5)
-    for a in (5.0,)
-]
+_GRID = [np.array([5.0, alpha, 5.0, beta, e]) for alpha in (0.25, 1.0) for beta in (0.25, 1.0) for e in (-0.5, 0.5)]
 _EXPONENTS = np.linspace(0.05, 1.5, 16)
 
 
@@ -279,15 +253,9 @@ def _minimise(starts, logN, logD, logL, delta) -> tuple[np.ndarray, float]:
     lower = [-np.inf, 0.0, -np.inf, 0.0, -np.inf]
     upper = [np.inf, 5.0, np.inf, 5.0, np.inf]
     for x0 in starts:
+        x0, data = np.clip(x0, lower, upper), (logN, logD, logL)
         res = least_squares(
-            _residuals,
-            np.clip(x0, lower, upper),
-            jac=_jacobian,
-            args=(logN, logD, logL),
-            loss="huber",
-            f_scale=delta,
-            bounds=(lower, upper),
-            method="trf",
+            _residuals, x0, jac=_jacobian, args=data, loss="huber", f_scale=delta, bounds=(lower, upper), method="trf"
         )
         value = float(_huber(res.fun, delta).sum())
         if np.isfinite(value) and value < best_value:

@@ -94,18 +94,7 @@ class LoopbackServer:
 
 def http_server(root: str | Path, port: int | None = None, log: Path | None = None) -> LoopbackServer:
     """Serve the directory `root` over HTTP (with Range support) from a separate process."""
+    app = [f"{__name__}:http_app", str(root)]
     return LoopbackServer(
-        lambda p: [
-            sys.executable,
-            "-m",
-            "aiohttp.web",
-            "-H",
-            "127.0.0.1",
-            "-P",
-            str(p),
-            f"{__name__}:http_app",
-            str(root),
-        ],
-        port,
-        log=log,
+        lambda p: [sys.executable, "-m", "aiohttp.web", "-H", "127.0.0.1", "-P", str(p), *app], port, log=log
     )
