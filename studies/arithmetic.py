@@ -89,13 +89,10 @@ def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) ->
     opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=base.seed + seed, progress=False)
     scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
     curve = [(r["step"], r["probe/exact_match"]) for r in read_metrics(run_dir) if "probe/exact_match" in r]
-    command = (
-        f"python -m studies.arithmetic --digits {digits} --variants {variant} --seed-list {seed} --steps {args.steps}"
-    )
+    command = f"python -m studies.arithmetic --digits {digits} --variants {variant} --seed-list {seed}"
+    command += f" --steps {args.steps}" + "".join(f" --override {o}" for o in args.override)
     return {
-        "command": command
-        + "".join(f" --override {o}" for o in args.override)
-        + (f" --recipe {args.recipe}" if args.recipe != RECIPE else ""),
+        "command": command + (f" --recipe {args.recipe}" if args.recipe != RECIPE else ""),
         "extra": list(args.override),
         "recipe": args.recipe,
         "overrides": overrides,

@@ -7,35 +7,29 @@
     python -m studies.capacity --gather --out-dir runs/capacity         # the table over every finished cell
     python -m studies.capacity --smoke --out-dir /tmp/capacity          # smallest configuration, seconds
 
-For every (variant, width) the recipe is trained with the DeepSpeed trainer (pretrain.train,
-world size 1) on data_pipeline.synthetic's `memorization` task (random labels for all pairs
-(x1, x2)); the final checkpoint is scored on every pair (the eval harness's synthetic task
-scoring), and the stored information is memorization_capacity_bits(n_pairs, n_labels, acc)
-(a C-ary symmetric channel: n_pairs * (log2 C - H2(a) - (1-a) log2(C-1))). Reported: bits,
-bits per trainable parameter (the paper's measure), bits per parameter overall. A model holds
-at most its capacity only when the data set holds more bits than that (n_pairs * log2 C);
-`data_bits` is shown so saturated rows (acc ~ 1: the data, not the model, is the limit) stand out.
-`loss_drop_last_20pct` is how much the training loss fell over the last fifth of the steps; under a
-decaying learning rate that includes the schedule's annealing, so it does not reach 0 even when more
-steps would add nothing. Whether a capacity has converged is read across training lengths: the same
-study at 2.5x the steps (studies.capacity_trend: the gain per doubling of the steps, and final losses).
+For every (variant, width) the recipe is trained with the DeepSpeed trainer (world size 1) on
+data_pipeline.synthetic's `memorization` task (random labels for all pairs (x1, x2)); the final
+checkpoint is scored on every pair, and the stored information is the task's capacity_bits(acc) (a
+C-ary symmetric channel: n_pairs * (log2 C - H2(a) - (1-a) log2(C-1))). Reported: bits, bits per
+trainable parameter (the paper's measure), bits per parameter overall, and `data_bits`
+(n_pairs * log2 C), so saturated rows (acc ~ 1: the data, not the model, is the limit) stand out.
+`loss_drop_last_20pct` is how much the training loss fell over the last fifth of the steps, the
+schedule's annealing included; whether a capacity has converged is read across training lengths
+(studies.capacity_trend).
 
-With `--seeds N`, seed i re-initialises the model (the recipe's seed + i; MixiT: matrices of seed i)
-on the same labels (the recipe's data.seed), in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>);
-rows show mean ± std over the seeds. `--first-seed K` makes them seeds K..K+N-1, so a study's seeds
-can run as separate jobs (other nodes, or later) into one OUT; each writes the table over its own seeds,
-and `--gather --out-dir OUT` writes the table and figure over every finished cell there.
-A finished cell (its study_result.json) is not trained again; an unfinished one (killed, preempted, or
-stopped at a session's end) continues from its last checkpoint when
-the same command runs again (the recipe saves every few minutes and on SIGTERM), so a long study can span
-many jobs. A cell directory that holds a different run (another recipe or override) is refused by name.
-With `--parallel N`, N processes (one thread each) train the cells, each a share of the variants, and
-the table is written once all of them are done; a tiny model's step is mostly per-step overhead, so two
-processes on two cores train about twice as many cells per hour as one.
+Seed i re-initialises the model (the recipe's seed + i; MixiT: matrices of seed i) on the same labels,
+in OUT/<variant>_w<width>_s<i> (seed 0: <variant>_w<width>); rows show mean ± std over the seeds. A
+study's seeds can run as separate jobs into one OUT (`--first-seed`), and `--gather` writes the table
+and figure over every finished cell there. A finished cell (its study_result.json) is not trained
+again; an unfinished one continues from its last checkpoint when the same command runs again, so a
+long study can span many jobs; a cell directory that holds another command's run is refused by name.
+`--parallel N` trains the cells in N one-thread processes, each a share of the variants: a tiny
+model's step is mostly per-step overhead, so two processes on two cores train about twice as many
+cells per hour as one.
 
 Writes OUT/capacity.json, OUT/capacity.md (the table with the paper's numbers beside ours) and
-OUT/capacity.png (every cell's training loss against step, to see whether it has flattened, and the
-bits per trainable parameter per width beside the paper's).
+OUT/capacity.png (every cell's training loss against step, and the bits per trainable parameter per
+width beside the paper's).
 """
 
 from __future__ import annotations

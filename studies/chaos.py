@@ -222,17 +222,11 @@ def chaos_run(
 def table(results: list[ChaosResult]) -> str:
     header = ["layout", "steps", "kills (mid-save)", "restarts", "losses equal to the uninterrupted run"]
     header += ["max abs diff", "incomplete checkpoint dirs", "seed", "wall"]
-    rows = [
-        [r.layout, r.steps, f"{len(r.kills)} ({sum(k['during_save'] for k in r.kills)})", r.restarts]
-        + [
-            f"{r.equal_steps}/{r.steps}",
-            f"{r.max_abs_loss_diff:.2e}",
-            len(r.incomplete_dirs),
-            r.seed,
-            f"{r.seconds:.0f} s",
-        ]
-        for r in results
-    ]
+    rows = []
+    for r in results:
+        kills = f"{len(r.kills)} ({sum(k['during_save'] for k in r.kills)})"
+        row = [r.layout, r.steps, kills, r.restarts, f"{r.equal_steps}/{r.steps}", f"{r.max_abs_loss_diff:.2e}"]
+        rows.append(row + [len(r.incomplete_dirs), r.seed, f"{r.seconds:.0f} s"])
     return markdown_table(header, rows)
 
 
@@ -247,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--kills", type=int, default=6)
     ap.add_argument("--every", type=int, default=5, help="checkpoint every N steps")
-    ap.add_argument("--seed", type=int, default=None, help="kill moments (default: random, printed)")
+    ap.add_argument("--seed", type=int, help="kill moments (default: random, printed)")
     ap.add_argument("--out", default="runs/chaos")
     ap.add_argument("--background-saves", action="store_true", help="checkpoint.background=true")
     a = ap.parse_args(argv)

@@ -238,7 +238,7 @@ def table(r: LongChaosResult) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m studies.chaos_long", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=None, help="fault steps and victims (default: random, printed)")
+    ap.add_argument("--seed", type=int, help="fault steps and victims (default: random, printed)")
     ap.add_argument("--out", default="runs/chaos_long")
     a = ap.parse_args(argv)
     if a.steps < 120:

@@ -383,11 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m studies.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
-    ap.add_argument("--out", default=None, help="default: outputs/<suite>")
-    ap.add_argument("--variants", default=None, help="default: the suite's")
-    ap.add_argument("--tasks", default=None, help="comma-separated task names of the suite (default: all of them)")
+    ap.add_argument("--out", help="default: outputs/<suite>")
+    ap.add_argument("--variants", help="default: the suite's")
+    ap.add_argument("--tasks", help="comma-separated task names of the suite (default: all of them)")
     ap.add_argument("--steps-scale", type=_positive(float), default=1.0, help="multiply every recipe's max_steps")
-    ap.add_argument("--parallel", type=_positive(int), default=None, help="runs at once (default: 2 on CPU, 1 on GPU)")
+    ap.add_argument("--parallel", type=_positive(int), help="runs at once (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--eval-samples", type=_positive(int), default=512)
     seeds = "train every cell with this many seeds (recipe seed + 0..N-1); cells show mean ± std"
     ap.add_argument("--seeds", type=_positive(int), default=1, help=seeds)

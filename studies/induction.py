@@ -8,30 +8,22 @@
         --rows docs/data/induction/runs.jsonl      # the docs corpus (prepared shards), one data row per run
 
 Trains `standard`, `frozen_qk` and `mixit` models on WikiText-2 (recipes/induction_wikitext2.yaml, a
-256-token context) tokenized by a byte-fallback BPE of --vocab-size pieces that the study trains on
-the recipe's text and prepares into shards under OUT/data (once; `--bytes` trains on raw bytes
-instead), with the trainer's hooks (pretrain/hooks.py) running eval's probes every `train.eval_every_steps`:
-- the induction and previous-token scores of every head (eval/mechanisms.py: attention from the second
-  copy of a repeated sequence to the token after the first occurrence; MixiT: its fixed map), on
-  repeated random tokens (Olsson et al.'s probe; bytes: printable ones) and on repeated 64-token
-  chunks of the held-out text (in distribution for a text model),
-- the repeated text scored as a behaviour (eval/retrieval.py: loss and accuracy on the repeat, beside
-  the loss on the same bytes the first time),
-- Olsson et al.'s in-context learning score on the held-out text (eval/in_context.py: loss of token
-  ~250 minus loss of token ~25 of a 256-token context; more negative = more use of the context).
-The held-out text is the tail `data.val_fraction` of the stream, never trained on.
-A recipe with a synthetic source (recipes/induction_copy.yaml: random tokens with a span copied at a
-varying distance, where only an induction head predicts the copy) trains on that task instead, with
-the random-token probes only (its symbols are the probe's tokens; there is no text to probe).
-A recipe with a shard source (recipes/induction_docs.yaml) trains on it as it is; with `val_fraction: 0`
-the probes read the first of its `data.val_sets`.
-All of it lands in each run's metrics.jsonl (and TensorBoard). The study then plots every run against
-step on one figure (OUT/induction.png) and writes OUT/induction.md: per (variant, layers) the final
-values as mean ± std over seeds, and the largest drop of the ICL score between two evaluations (the
-phase change, where there is one). `--rows FILE` also writes one JSON row per finished run (its
-command, seed, rate and every evaluation's scalars): docs/results/induction.md is rendered from them. Seed i trains with the recipe's seed + i and MixiT matrices of
-seed i; run dirs are OUT/runs/<variant>-L<layers>-s<i>. Re-running resumes and skips finished runs;
-the report covers every finished run under OUT/runs.
+256-token context) tokenized by a byte-fallback BPE of --vocab-size pieces that the study trains and
+prepares into shards under OUT/data (once; `--bytes`: raw bytes), with the trainer's hooks running
+eval's probes every `train.eval_every_steps` (InductionProbe): every head's induction and
+previous-token scores (MixiT: its fixed map) on repeated random tokens and on repeated chunks of the
+held-out text, the repeated text scored as a behaviour, and Olsson et al.'s in-context learning score
+(loss of token ~250 minus loss of token ~25; more negative = more use of the context). The held-out
+text is the tail `data.val_fraction` of the stream, never trained on. A synthetic source
+(recipes/induction_copy.yaml: a span copied at a varying distance) gets the random-token probes only;
+a shard source (recipes/induction_docs.yaml) is trained on as it is, and with `val_fraction: 0` the
+probes read the first of its `data.val_sets`.
+The study plots every run against step (OUT/induction.png) and writes OUT/induction.md: per (variant,
+layers) the final values as mean ± std over seeds, and the largest drop of the ICL score between two
+evaluations (the phase change, where there is one). `--rows FILE` also writes one JSON row per
+finished run (its command, seed, rate and every evaluation's scalars), which docs/results/induction.md
+is rendered from. Seed i trains with the recipe's seed + i and MixiT matrices of seed i, in
+OUT/runs/<variant>-L<layers>-s<i>; re-running resumes and skips finished runs.
 """
 
 from __future__ import annotations

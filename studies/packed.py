@@ -4,31 +4,25 @@
     python -m studies.packed --out outputs/packed_T63 --layouts aligned --model-len 63   # aligned, 63-position model
     python -m studies.packed --smoke --out /tmp/packed                 # seconds: the pipeline only
 
-MixiT mixes tokens by a fixed matrix indexed by ABSOLUTE position, and the demo's arithmetic
-successes put one example per sequence at position 0 (the result is predicted at b's position 1,
-where the sink head reads a at position 0 exactly). LM pretraining instead packs documents into
-windows at arbitrary offsets. This study writes the demo's modular-addition examples (p = 31, the
-same 95/5 split of pairs as `synthetic:modular_addition`) as text, one example per line, each
-number one byte (chr(65 + n)): "a b c\\n" is 4 bytes. It trains `standard`, `frozen_qk` and `mixit`
-(recipes/packed_modadd.yaml: the demo's model and optimizer, same steps, same examples per step)
-through the trainer's `text:` reader in four layouts:
+MixiT mixes tokens by a fixed matrix indexed by ABSOLUTE position, and the demo's arithmetic puts
+one example per sequence at position 0; LM pretraining instead packs documents into windows at
+arbitrary offsets. This study writes the demo's modular-addition examples (p = 31, the same 95/5
+split of pairs as `synthetic:modular_addition`) as text, one example per line, each number one byte
+(chr(65 + n)): "a b c\\n" is 4 bytes. It trains `standard`, `frozen_qk` and `mixit`
+(recipes/packed_modadd.yaml: the demo's model and optimizer, same examples per step) through the
+trainer's `text:` reader in four layouts (LAYOUTS; docs/results/packed.md):
 
-- `aligned`:  `documents: lines, windows: documents`, seq_len 4: one example per window, at position 0
-              (the synthetic task's layout, as bytes);
-- `packed`:   the byte stream cut into windows of 63 tokens: 15.75 examples per window, at every offset
-              (63 is not a multiple of 4, so windows start inside examples);
-- `docpack`:  `documents: lines, windows: documents`, seq_len 64: windows start at an example and hold
-              16 whole ones, so examples sit at positions 0, 4, 8, ... of every window;
-- `reset`:    `documents: lines, return_doc_ids: true`, seq_len 63: `packed`'s windows (examples at every
-              offset), with attention masked to each example and positions restarting at it (MixiT's
-              mixing too), so every example is trained as if it were alone at position 0.
+- `aligned`:  one example per 4-token window, at position 0 (the synthetic task's layout, as bytes);
+- `packed`:   the byte stream cut into windows of 63 tokens, examples at every offset;
+- `docpack`:  64-token windows of 16 whole examples, at positions 0, 4, 8, ...;
+- `reset`:    `packed`'s windows with attention masked to each example and positions (MixiT's mixing
+              too) restarting at it, so every example is trained as if alone at position 0.
 
-Every model is then scored on the 48 held-out pairs, each placed after `o` bytes of training text
-(its own layout's text, from a random point) for every offset o a model's context allows: the
-accuracy of c, predicted at b's position. Reported per (layout, variant): accuracy at offset 0
-(alone, as in the synthetic task), the mean over every offset (what packing asks for), and the mean
-over offsets 4k (examples at document slots); OUT/packed.png plots accuracy against offset.
-Seed i trains with the recipe's seed + i and MixiT matrices of seed i; re-running skips finished runs.
+Every model is then scored on the 48 held-out pairs, each placed after `o` bytes of its own layout's
+training text for every offset o its context allows: the accuracy of c, predicted at b's position.
+Reported per (layout, variant): accuracy at offset 0, the mean over every offset and over offsets 4k;
+OUT/packed.png plots accuracy against offset. Seed i trains with the recipe's seed + i and MixiT
+matrices of seed i; re-running skips finished runs.
 """
 
 from __future__ import annotations

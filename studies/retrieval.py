@@ -522,12 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--grid", type=floats, default=list(GRID), help="the sweep's rates")
     ap.add_argument("--extend", type=int, default=2, help="rates the sweep may add beyond an edge")
-    ap.add_argument("--lr", type=float, default=None, help="seeds/curve: this rate instead of the sweep's best")
-    ap.add_argument(
-        "--lr-pairs", type=int, default=None, help="seeds/curve: the best rate of the sweep at this many pairs"
-    )
+    ap.add_argument("--lr", type=float, help="seeds/curve: this rate instead of the sweep's best")
+    ap.add_argument("--lr-pairs", type=int, help="seeds/curve: the best rate of the sweep at this many pairs")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--seed-list", type=ints, default=None, help="these seed indices instead of 0..--seeds-1")
+    ap.add_argument("--seed-list", type=ints, help="these seed indices instead of 0..--seeds-1")
     ap.add_argument("--probe-every", type=int, default=100)
     ap.add_argument("--probe-samples", type=int, default=256)
     ap.add_argument("--eval-samples", type=int, default=2048)

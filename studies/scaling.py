@@ -404,12 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         return p
 
     sw = trainer("sweep", "train every (variant, size, seed) point", "tiny,xs,s")
-    sw.add_argument("--tokens", type=int, default=None, help="training tokens per point (default: the recipe's)")
+    sw.add_argument("--tokens", type=int, help="training tokens per point (default: the recipe's)")
     sw.add_argument("--seeds", type=int, default=1)
     sw.add_argument("--slurm", action="store_true", help="write a Slurm array script instead of running")
     co = sub.add_parser("collect", help="tabulate the finished runs")
     co.add_argument("--out", required=True)
-    co.add_argument("--rows", default=None, help="a row log of ladder/lr-sweep: its runs count too")
+    co.add_argument("--rows", help="a row log of ladder/lr-sweep: its runs count too")
     fi = sub.add_parser("fit", help="fit L(N) and L(C) per variant and plot")
     fi.add_argument("--out", required=True)
     fi.add_argument("--metric", default="final_val_loss", choices=["final_val_loss", "best_val_loss"])
@@ -425,13 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     la.add_argument("--budgets", default="2.5,5,10,20", help="token budgets, tokens per non-embedding parameter")
     la.add_argument("--cooldown", type=float, default=0.2, help="a branch decays over this fraction of its step")
-    la.add_argument("--max-tokens", type=int, default=None, help="drop budgets above this many tokens")
+    la.add_argument("--max-tokens", type=int, help="drop budgets above this many tokens")
     la.add_argument("--seeds", type=int, default=1)
     la.add_argument("--more-seeds", default="", help="SIZE=K,...: K seeds at these sizes (the noise floor)")
     la.add_argument(
         "--batch-sequences", default="", help="SIZE=B,...: global batch (sequences) per size; else the recipe's"
     )
-    la.add_argument("--lr-from", default=None, help="lr.json of lr-sweep: a rate per variant and size")
+    la.add_argument("--lr-from", help="lr.json of lr-sweep: a rate per variant and size")
     la.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
     lr = trainer(
         "lr-sweep",
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
     for p in (la, lr):
         p.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
-        p.add_argument("--rows", default=None, help="JSON-lines log: a row per finished run; runs in it are skipped")
+        p.add_argument("--rows", help="JSON-lines log: a row per finished run; runs in it are skipped")
     args = ap.parse_args(argv)
 
     def body() -> int:
