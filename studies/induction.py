@@ -76,22 +76,22 @@ SMOKE = [
     "train.eval_batches=1",
     "checkpoint.every_steps=0",
 ]
-# what each kind of data is plotted by (one panel each) and where its phase change shows (a drop)
+# what each kind of data is plotted by, one panel each (metric, title), and where its phase change shows (a drop)
 METRICS = {
     "text": (
-        "probe/induction_score_text",
-        "probe/induction_score",
-        "probe/prev_token_score_text",
-        "probe/icl_score",
-        "probe/repeat_text_loss",
-        "val_loss",
+        ("probe/induction_score_text", "induction score, repeated held-out text (max head)"),
+        ("probe/induction_score", "induction score, repeated random tokens (max head)"),
+        ("probe/prev_token_score_text", "previous-token score, text (max head)"),
+        ("probe/icl_score", "in-context learning score (loss@~250 - loss@~25)"),
+        ("probe/repeat_text_loss", "repeated text: loss on the repeat (nats/token)"),
+        ("val_loss", "held-out loss (nats/token)"),
     ),
     "copy": (
-        "probe/induction_score",
-        "probe/prev_token_score",
-        "probe/repeat_random_loss",
-        "probe/repeat_random_acc",
-        "val_loss",
+        ("probe/induction_score", "induction score, repeated random tokens (max head)"),
+        ("probe/prev_token_score", "previous-token score, random tokens (max head)"),
+        ("probe/repeat_random_loss", "repeated random tokens: loss on the repeat (nats/token)"),
+        ("probe/repeat_random_acc", "repeated random tokens: accuracy on the repeat"),
+        ("val_loss", "held-out loss on the copies (nats/token)"),
     ),
 }
 # the probes' final values a `summarize` row keeps (as probe/KEY in the metrics)
@@ -133,11 +133,10 @@ class InductionProbe:
     """The training hook: induction scores per head, the repeat probes and the ICL score at this step;
     with no held-out text (`val_tokens` None: synthetic data), the random-token probes only."""
 
-    def __init__(
-        self, val_tokens, token_range: tuple[int, int], repeat_len: int = 64, icl_windows: int = 160, samples: int = 16
-    ):
+    repeat_len, icl_windows, samples = 64, 160, 16
+
+    def __init__(self, val_tokens, token_range: tuple[int, int]):
         self.val_tokens, self.token_range = val_tokens, token_range
-        self.repeat_len, self.icl_windows, self.samples = repeat_len, icl_windows, samples
 
     def __call__(self, model, step: int) -> dict[str, Any]:
         L = min(self.repeat_len, model.cfg.max_seq_len // 2)
@@ -486,20 +485,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def plot(runs: list[dict[str, Any]], path: Path) -> Path:
     """One panel per metric of the data's kind against step, one color per variant, solid 2 layers /
     dashed 3: one line per run (seed)."""
-    titles = {
-        "probe/induction_score_text": "induction score, repeated held-out text (max head)",
-        "probe/induction_score": "induction score, repeated random tokens (max head)",
-        "probe/prev_token_score": "previous-token score, random tokens (max head)",
-        "probe/repeat_random_loss": "repeated random tokens: loss on the repeat (nats/token)",
-        "probe/repeat_random_acc": "repeated random tokens: accuracy on the repeat",
-        "probe/prev_token_score_text": "previous-token score, text (max head)",
-        "probe/icl_score": "in-context learning score (loss@~250 - loss@~25)",
-        "probe/repeat_text_loss": "repeated text: loss on the repeat (nats/token)",
-        "val_loss": "held-out loss (nats/token)",
-    }
     kind = runs[0]["kind"]
-    if kind == "copy":
-        titles["val_loss"] = "held-out loss on the copies (nats/token)"
     metrics = METRICS[kind]
     fig, axes = new_figure(2, 3, figsize=(15, 8))
     for ax in axes.flat[len(metrics) :]:
@@ -511,7 +497,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
         if not r["rows"]:
             continue
         key = (r["variant"], r["layers"])
-        for ax, m in zip(axes.flat, metrics):
+        for ax, (m, _) in zip(axes.flat, metrics):
             pts = [(x["step"], x[m]) for x in r["rows"] if x.get(m) is not None]
             ax.plot(
                 *zip(*pts),
@@ -522,8 +508,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
                 label=f"{r['variant']} ({r['layers']} layers)" if key not in labelled else None,
             )
         labelled.add(key)
-    for ax, m in zip(axes.flat, metrics):
-        ax.set_title(titles[m], fontsize=10)
+    for ax, (_, title) in zip(axes.flat, metrics):
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
