@@ -83,10 +83,6 @@ def size_overrides(width: int, mlp_ratio: int = 3) -> list[str]:
     ]
 
 
-def seed_overrides(recipe_seed: int, seed_index: int) -> list[str]:
-    return [f"seed={recipe_seed + seed_index}", f"model.mixit_seed={seed_index}"] if seed_index else []
-
-
 def cell_dir(out_dir: Path, variant: str, width: int, seed_index: int) -> Path:
     return Path(out_dir) / (f"{variant}_w{width}" + (f"_s{seed_index}" if seed_index else ""))
 
@@ -107,7 +103,9 @@ def loss_drop(losses: dict[int, float], fraction: float = 0.2) -> float:
 def cell_overrides(recipe: str, overrides: list[str], variant: str, width: int, mlp_ratio: int, seed_index: int):
     """The recipe overrides that make one cell: the sweep's own, its size, its variant and its seed."""
     over = list(overrides) + size_overrides(width, mlp_ratio) + [f"model.variant={variant}"]
-    return over + seed_overrides(load_recipe(recipe, over).seed, seed_index)
+    if seed_index:  # seed 0 is the recipe's own
+        over += [f"seed={load_recipe(recipe, over).seed + seed_index}", f"model.mixit_seed={seed_index}"]
+    return over
 
 
 def run_cell(

@@ -126,11 +126,6 @@ def _resize(where: Path, size: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size}", str(where)], check=True, capture_output=True)
 
 
-def _used(where: Path) -> int:
-    st = os.statvfs(where)
-    return (st.f_blocks - st.f_bfree) * st.f_frsize
-
-
 def plan_faults(steps: int, rng: random.Random) -> list[tuple[str, int]]:
     kinds = ["rank", "rank", "rank", "launcher", "outage", "disk"]
     rng.shuffle(kinds)
@@ -190,7 +185,8 @@ def long_chaos_run(steps: int, seed: int, out: Path, timeout: float = 3600, say=
                 elif kind == "outage":
                     server.stop()
                 elif kind == "disk":
-                    _resize(fs, _used(fs) + (256 << 10))  # room for the metrics, not for a checkpoint
+                    st = os.statvfs(fs)
+                    _resize(fs, (st.f_blocks - st.f_bfree) * st.f_frsize + (256 << 10))  # room for the metrics only
                 if kind in ("rank", "outage", "disk"):  # launch.sh notices the failure and restarts the job
                     while _restarts(run) == before:
                         if proc.poll() is not None or time.time() > deadline:

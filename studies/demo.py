@@ -122,17 +122,13 @@ def _recipe_seed(task: DemoTask) -> int:
     return load_recipe(task.recipe).seed
 
 
-def _max_steps(task: DemoTask, scale: float) -> int:
-    return max(1, int(load_recipe(task.recipe).max_steps * scale))
-
-
 def train_all(
     out: Path, tasks, variants: list[str], scale: float, parallel: int, seeds: int = 1
 ) -> dict[tuple[str, str, int], Path]:
     """Train every (task, variant, seed index) as its own process, `parallel` at a time (the studies'
     launcher, studies/scaling_runs.py), with one progress bar over their steps."""
     jobs = [(t, v, i) for i in range(seeds) for t in tasks for v in variants]
-    total = {(t.name, v): _max_steps(t, scale) for t in tasks for v in variants}
+    total = {(t.name, v): max(1, int(load_recipe(t.recipe).max_steps * scale)) for t in tasks for v in variants}
     running: set[str] = set()  # labels of the runs in progress, shared with the progress watcher
     running_lock = threading.Lock()
     threads = threads_per_job(parallel)

@@ -371,7 +371,9 @@ def render(rows: list[dict]) -> str:
                 f"| {p} | {variant} | {rs[0]['lr']:g} | {steps} | {len(rs)} | {100 * acc.mean:.1f} ± "
                 f"{100 * acc.std:.1f} % | {per_seed} | {len(solved)}/{len(rs)} | {median} |"
             )
-        lines += _baseline_lines(p, k, v)
+        lines.append(f"| {p} | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |")
+        guess = "*in-context guess (most frequent context value, exact)*"
+        lines.append(f"| {p} | {guess} | | | | {100 * mode_guess_exact(p, v):.1f} % | | | |")
     sweep = sorted(
         (r for r in rows if r["seed"] == 0 and r.get("stage") != "curve"),
         key=lambda r: (r["task_args"]["n_pairs"], r["steps"], list(VARIANTS).index(r["variant"]), r["lr"]),
@@ -460,13 +462,6 @@ def baselines_table(pairs: list[int], n_keys: int, n_values: int) -> str:
         for p in pairs
     ]
     return markdown_table(header, rows, right_from=0)
-
-
-def _baseline_lines(p: int, k: int, v: int) -> list[str]:
-    return [
-        f"| {p} | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |",
-        f"| {p} | *in-context guess (most frequent context value, exact)* | | | | {100 * mode_guess_exact(p, v):.1f} % | | | |",
-    ]
 
 
 def render_page(page: Path, rows: list[dict]) -> bool:

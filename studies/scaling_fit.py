@@ -273,7 +273,8 @@ def fit_joint(N, D, L, *, n_boot: int = 200, seed: int = 0, delta: float = HUBER
     _check_joint_points(N, D, L)
     logN, logD, logL = np.log(N), np.log(D), np.log(L)
     theta, _ = _minimise([_linear_start(N, D, L), *_GRID], logN, logD, logL, delta)
-    fit = _joint_from_theta(theta, len(L), logN, logD, logL)
+    rmse = float(np.sqrt(np.mean(_residuals(theta, logN, logD, logL) ** 2)))
+    fit = JointFit(**_named(theta), n_points=len(L), rmse_log=rmse)
     if n_boot:
         rng = np.random.default_rng(seed)
         samples = []
@@ -295,11 +296,6 @@ def fit_joint(N, D, L, *, n_boot: int = 200, seed: int = 0, delta: float = HUBER
 def _named(theta: np.ndarray) -> dict[str, float]:
     a, alpha, b, beta, e = (float(v) for v in theta)
     return {"E": math.exp(e), "A": math.exp(a), "alpha": alpha, "B": math.exp(b), "beta": beta}
-
-
-def _joint_from_theta(theta, n_points, logN, logD, logL) -> JointFit:
-    rmse = float(np.sqrt(np.mean(_residuals(theta, logN, logD, logL) ** 2)))
-    return JointFit(**_named(theta), n_points=n_points, rmse_log=rmse)
 
 
 def held_out_check(N, D, L, **fit_kwargs) -> dict:

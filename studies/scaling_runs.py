@@ -132,10 +132,8 @@ class RowLog:
 
 def collect_run(run_dir: Path) -> dict[str, Any] | None:
     """One row per finished run: losses, sizes, tokens, FLOPs (schedule-aware), wall and CPU time."""
-    run, metrics_file = read_config(run_dir), run_dir / "metrics.jsonl"
-    if run is None or not metrics_file.is_file():
-        return None
-    rows = read_metrics(run_dir)
+    run = read_config(run_dir)
+    rows = read_metrics(run_dir) if run is not None and (run_dir / "metrics.jsonl").is_file() else []
     if not rows:
         return None
     seq_len = int(run["train"]["seq_len"])

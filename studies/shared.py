@@ -1,5 +1,5 @@
-"""What several studies share: their command line's parser and list options, the variant check, and
-the check that a training run reached its end."""
+"""What several studies share: their command line's parser and list options, the variant check, the
+check that a training run reached its end, and their figures' labels and layout."""
 
 from __future__ import annotations
 
@@ -63,11 +63,9 @@ def check_variants(variants: list[str]) -> None:
             raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
 
 
-def label_axes(ax, xlabel: str, ylabel: str | None = None, title: str | None = None, grid: bool = True) -> None:
+def label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, grid: bool = True) -> None:
     """A panel's axis labels, its title, its legend and a light grid."""
-    ax.set_xlabel(xlabel)
-    if ylabel is not None:
-        ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     if title is not None:
         ax.set_title(title, fontsize=10)
     if grid:
