@@ -8,10 +8,9 @@ Trains recipes/paper_addition.yaml (reversed decimal addition in the paper's for
 <eos>`, the sum and <eos> scored) at each --digits, standard / frozen_qk / mixit, every variant at the
 recipe's rate, one run at a time in this process, with a hook (pretrain/hooks.py) scoring held-out exact
 match (every answer token right) every --probe-every steps; the final checkpoint is scored on
---eval-samples held-out sums (eval/run.py). Each finished run appends one row to --rows (JSONL): the command,
-n_digits, variant, seed, rate, steps, final token accuracy and exact match, the curve, the first probed
-step at >= 90 % exact match (`step_solved`, None: not within the budget), wall and CPU seconds. A run whose
-row exists is skipped, so the command resumes from the committed rows; run dirs under --out are scratch.
+--eval-samples held-out sums (eval/run.py). Each finished run appends its row (`train_run`; `step_solved`: the
+first probed step at >= 90 % exact match, None: not within the budget) to --rows (JSONL); a run whose row
+exists is skipped, so the command resumes from the committed rows; run dirs under --out are scratch.
 Seed i trains with the recipe's seed + i (init, data order, the held-out draw) and MixiT matrices of seed i.
 """
 

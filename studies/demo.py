@@ -12,11 +12,10 @@ downloads. Re-running resumes and skips finished runs.
     python -m studies.demo --suite paper --seeds 3          # every cell 3 times: mean ± std per cell
     python -m studies.demo --suite paper --tasks khop_dense --variants standard,mixit   # one row, two variants
 
-With `--seeds N`, seed i (0-based) trains with the recipe's seed + i (model init, data order and
-the task's own draw: its held-out split, its random labels) and MixiT matrices of seed i, into RUN-DIR `<task>-<variant>` for
-i = 0 (the single-seed run dir, so earlier outputs are reused) and `<task>-<variant>-s<i>` after;
-it is evaluated with the same task seed. Cells show mean ± std (sample std) over the seeds;
-results.json keeps every seed's numbers.
+With `--seeds N`, seed i (0-based) trains with the recipe's seed + i (model init, data order and the
+task's own draw) and MixiT matrices of seed i, into OUT/runs/<task>-<variant>-s<i> (seed 0: the
+single-seed run dir, so earlier outputs are reused), and is evaluated with the same task seed. Cells
+show mean ± std over the seeds; results.json keeps every seed's numbers.
 """
 
 from __future__ import annotations

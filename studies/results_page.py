@@ -45,8 +45,6 @@ VERDICTS = ("reproduced", "partly", "not reproduced", "not measured")
 
 
 # ---- the rows ---------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Cell:
     """One capacity run: what trained it and what it stored."""
@@ -139,8 +137,6 @@ def read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
 
 
 # ---- numbers over seeds ---------------------------------------------------------------------------
-
-
 def mean_std(values: list[float]) -> tuple[float, float]:
     """The mean and the sample standard deviation (0 for one value)."""
     s = Spread.of(values)
@@ -299,21 +295,16 @@ def table_capacity_commands(cells: list[Cell], _: Path) -> str:
 
 
 # ---- the summary ------------------------------------------------------------------------------------
-
-
 def ours_capacity(cells: list[Cell]) -> str:
     head = headline_cells(cells)
     std = mean_std([c.bits_per_trainable_param for c in head["standard"]])[0]
     values = [[c.bits_per_trainable_param for c in cs] for cs in head.values()]
+    seeds = "/".join(str(len(x)) for x in values)
+    steps = "/".join(f"{cs[0].steps // 1000:,}k" for cs in head.values())
+    fractions = " / ".join(f"{mean_std(x)[0] / std:.2f}" for x in values)
     return (
-        " / ".join(spread(x) for x in values)
-        + " bits per trainable param ("
-        + "/".join(str(len(x)) for x in values)
-        + " seeds, "
-        + "/".join(f"{cs[0].steps // 1000:,}k" for cs in head.values())
-        + " steps); fractions of standard "
-        + " / ".join(f"{mean_std(x)[0] / std:.2f}" for x in values)
-        + f"; 2 layers, width {head['standard'][0].width}"
+        f"{' / '.join(spread(x) for x in values)} bits per trainable param ({seeds} seeds, {steps} steps); "
+        f"fractions of standard {fractions}; 2 layers, width {head['standard'][0].width}"
     )
 
 
@@ -321,13 +312,13 @@ def ours_retrieval(data_dir: Path) -> str:
     """Per variant at each pair count: the held-out accuracy at its rate with the most seeds (then the best mean)."""
     rows = [r for r in read_rows(data_dir / "retrieval" / "runs.jsonl") if r["acc"] is not None]
     best: dict[tuple[int, str], list[dict]] = {}
+
+    def score(rs: list[dict]) -> tuple[int, float]:
+        return len(rs), mean_std([r["acc"] for r in rs])[0]
+
     for key in {(r["task_args"]["n_pairs"], r["variant"], r["lr"]) for r in rows}:
         rs = [r for r in rows if (r["task_args"]["n_pairs"], r["variant"], r["lr"]) == key]
-        cur = best.get(key[:2])
-        if cur is None or (len(rs), mean_std([r["acc"] for r in rs])[0]) > (
-            len(cur),
-            mean_std([r["acc"] for r in cur])[0],
-        ):
+        if key[:2] not in best or score(rs) > score(best[key[:2]]):
             best[key[:2]] = rs
     # pair counts the plan trains every variant at (the learning curve trains standard only)
     every_variant = {p for _, changes in retrieval.PLAN if "variants" not in changes for p in changes["pairs"]}
@@ -441,8 +432,6 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
 
 
 # ---- pages ------------------------------------------------------------------------------------------
-
-
 def pages(docs: Path) -> list[Path]:
     return [docs / "RESULTS.md"] + sorted((docs / "results").glob("*.md"))
 

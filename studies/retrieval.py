@@ -9,11 +9,9 @@
 Trains recipes/retrieval_kv.yaml (keys and values from 32 symbols each, 1 to --pairs pairs per
 example) one run at a time in this process, with a hook (pretrain/hooks.py) scoring held-out accuracy
 on the answer token (eval/synthetic_tasks.py) every `train.eval_every_steps`, then the final
-checkpoint on --eval-samples held-out examples (eval/run.py). Each finished run appends one row to
---rows (JSONL): the command, task arguments, variant, seed, rate, steps, final accuracy, the first
-step at 90 % of that final accuracy and at the solved threshold, wall and CPU seconds. A cell whose
-row exists is skipped, so a later session resumes from the committed rows; run dirs under --out are
-scratch. The sweep picks each variant's rate by final accuracy (then held-out loss); when the best rate
+checkpoint on --eval-samples held-out examples (eval/run.py). Each finished run appends its row
+(`train_cell`) to --rows (JSONL); a cell whose row exists is skipped, so a later session resumes from
+the committed rows; run dirs under --out are scratch. The sweep picks each variant's rate by final accuracy (then held-out loss); when the best rate
 sits at an edge of the grid the grid grows by a factor of 3 that way (at most --extend times). The
 seeds stage trains seeds 0..N-1 at that rate (seed 0 is the sweep's run). The curve stage trains at
 the rate chosen at --lr-pairs. Training stops once the rows' CPU seconds reach --budget-cpu-h.
@@ -94,8 +92,6 @@ def row_key(row: dict) -> tuple:
 
 
 # -- baselines --------------------------------------------------------------------------------------
-
-
 def slot_guess_exact(n_pairs: int, n_values: int, min_pairs: int = 1) -> float:
     """Accuracy of naming the value of a uniformly chosen pair in the context, exactly: with n pairs
     the guess hits the query's own pair (1/n) or another pair holding the same value ((n-1)/n * 1/V)."""
@@ -164,8 +160,6 @@ def baselines(n_pairs: int, n_keys: int, n_values: int, samples: int = 20000, se
 
 
 # -- rows -------------------------------------------------------------------------------------------
-
-
 def first_step(curve: list[tuple[int, float]], threshold: float) -> int | None:
     """The first probed step whose accuracy reaches `threshold` (None: never)."""
     return next((s for s, a in curve if a >= threshold), None)
@@ -183,8 +177,6 @@ def best_lr(rows: list[dict], n_pairs: int, variant: str, steps: int) -> tuple[f
 
 
 # -- training -----------------------------------------------------------------------------------------
-
-
 class AccuracyProbe:
     """Training hook: held-out scores on the answer (`keys` of the evaluation code's), as probe/KEY."""
 
@@ -338,8 +330,6 @@ def run_stage(args: argparse.Namespace, log=print) -> int | None:
 
 
 # -- the table --------------------------------------------------------------------------------------
-
-
 def render(rows: list[dict]) -> str:
     """Markdown: per (pairs, steps, variant) the rows at the rate with the most seeds (then the best
     mean), mean ± std over seeds, how many solved, the baselines under each pair count; then the sweep."""
@@ -477,8 +467,6 @@ def render_page(page: Path, rows: list[dict]) -> bool:
 
 
 # -- CLI ------------------------------------------------------------------------------------------------
-
-
 def run(args: argparse.Namespace) -> int:
     check_variants(args.variants)
     if any(p < 1 or 2 * p + 4 > 64 for p in args.pairs):
