@@ -536,20 +536,15 @@ def report(out: Path) -> tuple[str, Path]:
     runs = finished_runs(out)
     if not runs:
         raise StudyError(f"no finished runs under {out / 'runs'}. Fix: run the study without --report-only first")
-    kinds = {r["kind"] for r in runs}
-    if len(kinds) > 1:
+    if len({r["kind"] for r in runs}) > 1:
         raise StudyError(
             f"{out / 'runs'} holds runs on text and on synthetic copies. Fix: give each kind of data its own --out"
         )
     rows = summarize(runs)
     text = table(rows)
     (out / "induction.md").write_text(text + "\n")
-    (out / "induction.json").write_text(
-        json.dumps(
-            [{k: (list(v.values) if isinstance(v, Spread) else v) for k, v in r.items()} for r in rows], indent=1
-        )
-        + "\n"
-    )
+    plain = [{k: list(v.values) if isinstance(v, Spread) else v for k, v in r.items()} for r in rows]
+    (out / "induction.json").write_text(json.dumps(plain, indent=1) + "\n")
     return text, plot(runs, out / "induction.png")
 
 
