@@ -432,10 +432,6 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
 
 
 # ---- pages ------------------------------------------------------------------------------------------
-def pages(docs: Path) -> list[Path]:
-    return [docs / "RESULTS.md"] + sorted((docs / "results").glob("*.md"))
-
-
 def render_page(text: str, tables: dict[str, str], name: str) -> tuple[str, list[str]]:
     """The page with every marked table replaced by its rendering, and the tables that changed."""
     changed = []
@@ -459,7 +455,7 @@ def render(root: Path, check: bool) -> list[str]:
     cells = read_capacity(data, root)
     tables = {name: make(cells, data) for name, make in TABLES.items()}
     differ, used = [], set()
-    for page in pages(docs):
+    for page in [docs / "RESULTS.md", *sorted((docs / "results").glob("*.md"))]:
         text = page.read_text()
         used |= {m.group(1) for m in MARKER.finditer(text)}
         out, changed = render_page(text, tables, str(page.relative_to(root)))
