@@ -340,18 +340,8 @@ def study_row(run: dict[str, Any], command: str) -> dict[str, Any]:
     """One data row per run (docs/data/induction/runs.jsonl): what trained it and, per evaluation, the
     held-out losses and the probes' scalar scores (the per-head lists stay in the run's metrics)."""
     evals = [{k: v for k, v in r.items() if k in EVAL_KEYS or k.startswith("val_loss/")} for r in run["rows"]]
-    return {
-        "command": command,
-        "run": run["name"],
-        "recipe": run["recipe"],
-        "variant": run["variant"],
-        "layers": run["layers"],
-        "seed": run["seed"],
-        "lr": run["lr"],
-        "kind": run["kind"],
-        "steps": evals[-1]["step"] if evals else 0,
-        "evals": evals,
-    }
+    what = {k: run[k] for k in ("recipe", "variant", "layers", "seed", "lr", "kind")}
+    return {"command": command, "run": run["name"], **what, "steps": evals[-1]["step"] if evals else 0, "evals": evals}
 
 
 def run_of_row(row: dict[str, Any]) -> dict[str, Any]:
