@@ -231,8 +231,6 @@ def prepare_bpe(
     head can exploit; a span needs an induction head. WikiText-2 is small enough that a model trained for
     many epochs memorizes where each copy sits, so `repeat_epochs` writes the paragraphs again with fresh
     spans; `words` repeats runs of random words, which no memorized text predicts."""
-    if repeat_style not in REPEAT_STYLES:
-        raise StudyError(f"unknown repeat style {repeat_style!r}. Fix: choose from {', '.join(REPEAT_STYLES)}")
     cfg = load_recipe(recipe, overrides)
     source = cfg.data.source
     if not source.startswith(TEXT_PREFIX):
@@ -264,12 +262,10 @@ def prepare_bpe(
                     elif repeat_style == "span":
                         bursty.append(insert_repeat(line, repeat_chars, rng))
                     elif repeat_style == "words":
-                        bursty.append(line)
-                        bursty.append(insert_repeat(" ".join(draw(line.count(" ") + 1)), repeat_chars, rng))
+                        bursty += [line, insert_repeat(" ".join(draw(line.count(" ") + 1)), repeat_chars, rng)]
                     else:
-                        bursty.append(line)
                         chunk = line[:repeat_chars].strip()
-                        bursty.append(f"{chunk} {chunk}")
+                        bursty += [line, f"{chunk} {chunk}"]
             train_lines = bursty
         (data / f"{tag}.txt").write_text("".join(x + "\n" for x in train_lines + held_lines), encoding="utf-8")
         (data / f"{tag}_heldout.txt").write_text("".join(x + "\n" for x in held_lines), encoding="utf-8")
