@@ -11,12 +11,12 @@ example) one run at a time in this process, with a hook (pretrain/hooks.py) scor
 on the answer token (eval/synthetic_tasks.py) every `train.eval_every_steps`, then the final
 checkpoint on --eval-samples held-out examples (eval/run.py). Each finished run appends its row
 (`train_cell`) to --rows (JSONL); a cell whose row exists is skipped, so a later session resumes from
-the committed rows; run dirs under --out are scratch. The sweep picks each variant's rate by final accuracy (then held-out loss); when the best rate
-sits at an edge of the grid the grid grows by a factor of 3 that way (at most --extend times). The
-seeds stage trains seeds 0..N-1 at that rate (seed 0 is the sweep's run). The curve stage trains at
-the rate chosen at --lr-pairs. Training stops once the rows' CPU seconds reach --budget-cpu-h.
-Seed i trains with the recipe's seed + i (init, data order, the task's held-out draw) and MixiT
-matrices of seed i.
+the committed rows; run dirs under --out are scratch. The sweep picks each variant's rate by final
+accuracy (then held-out loss); when the best rate sits at an edge of the grid the grid grows by a
+factor of 3 that way (at most --extend times). The seeds stage trains seeds 0..N-1 at that rate (seed
+0 is the sweep's run). The curve stage trains at the rate chosen at --lr-pairs. Training stops once
+the rows' CPU seconds reach --budget-cpu-h. Seed i trains with the recipe's seed + i (init, data
+order, the task's held-out draw) and MixiT matrices of seed i.
 """
 
 from __future__ import annotations
@@ -190,18 +190,11 @@ class AccuracyProbe:
 
 def command_for(cell: Cell, recipe: str) -> str:
     """The command that trains exactly this cell (and skips it once its row exists)."""
-    args = [
-        "python -m studies.retrieval --stage seeds",
-        f"--pairs {cell.n_pairs}",
-        f"--variants {cell.variant}",
-        f"--lr {cell.lr:g}",
-        f"--seed-list {cell.seed}",
-        f"--steps {cell.steps}",
-        f"--keys {cell.n_keys} --values {cell.n_values}",
-    ]
-    if recipe != RECIPE:
-        args.append(f"--recipe {shlex.quote(recipe)}")
-    return " ".join(args)
+    command = (
+        f"python -m studies.retrieval --stage seeds --pairs {cell.n_pairs} --variants {cell.variant} --lr {cell.lr:g}"
+    )
+    command += f" --seed-list {cell.seed} --steps {cell.steps} --keys {cell.n_keys} --values {cell.n_values}"
+    return command + (f" --recipe {shlex.quote(recipe)}" if recipe != RECIPE else "")
 
 
 def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
