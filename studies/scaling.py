@@ -330,13 +330,9 @@ def frontier_gaps(
         "|---|" + "---|" * len(picks),
     ]
     for v, entry in report.items():
-        if "gap_to_standard" in entry:
-            g = entry["gap_to_standard"]
-            md.append(
-                f"| {v} | "
-                + " | ".join(f"{g['gap'][i]:+.3f} [{g['low'][i]:+.3f}, {g['high'][i]:+.3f}]" for i in picks)
-                + " |"
-            )
+        if g := entry.get("gap_to_standard"):
+            cells = [f"{g['gap'][i]:+.3f} [{g['low'][i]:+.3f}, {g['high'][i]:+.3f}]" for i in picks]
+            md.append(f"| {v} | " + " | ".join(cells) + " |")
     md.append("")
     md.append("| variant | " + " | ".join(f"N* / D* at C = {C[i]:.2e}" for i in picks) + " |")
     md.append("|---|" + "---|" * len(picks))
