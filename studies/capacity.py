@@ -55,8 +55,7 @@ from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config
 from pretrain.train import train
 
-from .shared import finish, label_axes, names, positive_ints, ran_to_end, study_parser
-from .shared import without as _without
+from .shared import finish, label_axes, names, positive_ints, ran_to_end, study_parser, without
 from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
@@ -391,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                     check_cell(cell_dir(out, v, w, i), a.recipe, over)
         t0 = time.time()
         if a.parallel > 1:
-            worker_argv = _without(argv if argv is not None else sys.argv[1:], "--variants", "--parallel")
+            worker_argv = without(argv if argv is not None else sys.argv[1:], "--variants", "--parallel")
             train_in_parallel(worker_argv, variants, a.parallel, out)
         rows = run_sweep(
             a.recipe, variants, widths, overrides, out, a.mlp_ratio, a.seeds, a.first_seed, not a.cells_only

@@ -14,7 +14,6 @@ from pretrain.train import train
 from studies.capacity import (
     PAPER_BITS_PER_PARAM,
     SMOKE,
-    _without,
     cell_overrides,
     check_same_cell,
     loss_drop,
@@ -24,6 +23,7 @@ from studies.capacity import (
     training_losses,
 )
 from studies.loss_curves import main as loss_curves
+from studies.shared import without
 
 RECIPE = "recipes/capacity_memorization.yaml"
 
@@ -185,4 +185,4 @@ def test_parallel_sweep_trains_every_cell_in_worker_processes(tmp_path):
 
 def test_without_drops_an_option_and_its_value():
     argv = ["--smoke", "--variants", "a,b", "--parallel=2", "--out-dir", "x", "train.max_steps=5"]
-    assert _without(argv, "--variants", "--parallel") == ["--smoke", "--out-dir", "x", "train.max_steps=5"]
+    assert without(argv, "--variants", "--parallel") == ["--smoke", "--out-dir", "x", "train.max_steps=5"]
