@@ -24,11 +24,6 @@ from . import tag_format
 from .pickle_scan import guarded_torch_load, safe_torch_load, verify_checkpoint_dir
 
 
-def _module_dtype(state: dict[str, Any]) -> torch.dtype:
-    prec = state.get("recipe", {}).get("train", {}).get("precision", "fp32")
-    return torch.bfloat16 if prec == "bf16" else torch.float32
-
-
 def layer_key_map(model: Transformer) -> list[dict[str, str]]:
     """For each pipeline layer index: {layer state-dict key: Transformer state-dict key}.
 
@@ -54,7 +49,6 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
     state = tag_format.read_state(tag_dir)
     verify_checkpoint_dir(tag_dir)  # zero_to_fp32 below unpickles in full: scan first
     mcfg = ModelConfig.from_dict(state["model_config"])
-    dtype = _module_dtype(state)
     layer_files = sorted(tag_dir.glob("layer_*-model_states.pt"))
     sd: dict[str, torch.Tensor] = {}
     if layer_files:
@@ -80,7 +74,8 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
 
             with guarded_torch_load():  # zero_to_fp32 reads only what was scanned, weights-only
                 full = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
-            sd = {k: v.to(dtype) for k, v in full.items()}
+            bf16 = state.get("recipe", {}).get("train", {}).get("precision") == "bf16"
+            sd = {k: v.to(torch.bfloat16 if bf16 else torch.float32) for k, v in full.items()}
         else:
             sd = dict(states["module"])
     sd.update(tag_format.load_frozen(tag_dir))  # frozen tensors verbatim, own dtype
@@ -89,14 +84,12 @@ def consolidated_state_dict(tag_dir: str | Path) -> tuple[ModelConfig, dict[str,
     return mcfg, sd, state
 
 
-def is_classification_state(state: dict[str, Any]) -> bool:
-    return state.get("recipe", {}).get("task") == "classification"
-
-
-def _fill(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str, tied: bool, tag_dir: Path) -> None:
-    """Copy `sd` into `model`, keeping each tensor's own dtype (frozen ones may differ from trainable ones)."""
+def _fill(model: torch.nn.Module, lm: Transformer, sd: dict[str, torch.Tensor], state: dict, tag_dir: Path) -> None:
+    """Copy `sd` into `model` (whose language model is `lm`), keeping each tensor's own dtype (frozen ones
+    may differ from trainable ones); tie the embeddings where the config does, and set the step."""
     full = dict(sd)
-    if tied:
+    prefix = "" if lm is model else "model."
+    if lm.cfg.tie_embeddings:
         full[f"{prefix}lm_head.weight"] = full[f"{prefix}embed_tokens.weight"]
     missing = set(model.state_dict()) - set(full)
     if missing:
@@ -104,6 +97,9 @@ def _fill(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str, tied
     with torch.no_grad():
         for name, t in model.state_dict(keep_vars=True).items():
             t.data = full[name].clone()
+    if lm.cfg.tie_embeddings:
+        lm.lm_head.weight = lm.embed_tokens.weight
+    model.set_step(int(state.get("step", 0)))
 
 
 def _meta(state: dict[str, Any], mcfg: ModelConfig, tag_dir: Path) -> dict[str, Any]:
@@ -127,10 +123,7 @@ def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device =
     data = recipe.get("data") or {}
     pad_id = resolve_pad_id(parse_data(data))
     model = SequenceClassifier(Transformer(mcfg), int(sd["score.weight"].shape[0]), pooling, pad_id)
-    _fill(model, sd, "model.", mcfg.tie_embeddings, tag_dir)
-    if mcfg.tie_embeddings:
-        model.model.lm_head.weight = model.model.embed_tokens.weight
-    model.set_step(int(state.get("step", 0)))
+    _fill(model, model.model, sd, state, tag_dir)
     meta = {
         **_meta(state, mcfg, tag_dir),
         "task": "classification",
@@ -143,12 +136,9 @@ def classifier_from_checkpoint(tag_dir: str | Path, device: str | torch.device =
 def model_from_checkpoint(tag_dir: str | Path, device: str | torch.device = "cpu"):
     """(model, meta) of a complete tag dir: a Transformer, or a SequenceClassifier for classification runs."""
     tag_dir = Path(tag_dir)
-    if is_classification_state(tag_format.read_state(tag_dir)):
+    if tag_format.read_state(tag_dir).get("recipe", {}).get("task") == "classification":
         return classifier_from_checkpoint(tag_dir, device)
     mcfg, sd, state = consolidated_state_dict(tag_dir)
     model = Transformer(mcfg)
-    _fill(model, sd, "", mcfg.tie_embeddings, tag_dir)
-    if mcfg.tie_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model.set_step(int(state.get("step", 0)))
+    _fill(model, model, sd, state, tag_dir)
     return model.to(device), _meta(state, mcfg, tag_dir)

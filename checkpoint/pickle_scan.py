@@ -67,10 +67,17 @@ def scan_pickle(path: str | os.PathLike | IO[bytes], name: str | None = None) ->
 def _allowed_globals(path: str | os.PathLike | IO[bytes], name: str | None = None) -> list[str]:
     """The globals of `path`, after refusing the file if any of them is not allowed."""
     found = pickle_globals(path, name)
-    bad = [g for g in found if g not in CHECKPOINT_GLOBALS]
-    if bad:
-        raise _refuse(name or path, bad)
+    _refuse_any([g for g in found if g not in CHECKPOINT_GLOBALS], name or path)
     return found
+
+
+def _refuse_any(bad: list[str], path) -> None:
+    if bad:
+        raise UnsafeCheckpoint(
+            f"{path} would import {bad} when loaded; a checkpoint written by this trainer never does, so it is "
+            "refused (loading it could run code). Fix: use a checkpoint from a trusted run; if you wrote this file "
+            "yourself and trust it, add the names to checkpoint.pickle_scan.CHECKPOINT_GLOBALS"
+        )
 
 
 def _allowlisted_objects(found) -> list[Any]:
@@ -91,19 +98,7 @@ def _allowlisted_objects(found) -> list[Any]:
     return objs
 
 
-def _refuse(path, bad) -> UnsafeCheckpoint:
-    return UnsafeCheckpoint(
-        f"{path} would import {bad} when loaded; a checkpoint written by this trainer never does, so it is refused "
-        "(loading it could run code). Fix: use a checkpoint from a trusted run; if you wrote this file yourself and "
-        "trust it, add the names to checkpoint.pickle_scan.CHECKPOINT_GLOBALS"
-    )
-
-
-def _load_scanned(f: IO[bytes], name: str, map_location, **kwargs) -> Any:
-    """Scan an open file, rewind it, and unpickle those same bytes weights-only."""
-    start = f.tell()
-    found = _allowed_globals(f, name)
-    f.seek(start)
+def _load_allowed(f, found: list[str], map_location, **kwargs) -> Any:
     with torch.serialization.safe_globals(_allowlisted_objects(found)):
         return _torch_load(f, map_location=map_location, weights_only=True, **kwargs)
 
@@ -111,14 +106,15 @@ def _load_scanned(f: IO[bytes], name: str, map_location, **kwargs) -> Any:
 def safe_torch_load(path: str | os.PathLike | IO[bytes], map_location="cpu", **kwargs) -> Any:
     """torch.load with weights_only=True of the very file that was scanned (one open file for the
     scan and the load), refusing files that import non-allowlisted globals."""
-    if hasattr(path, "read"):
-        return _load_scanned(path, getattr(path, "name", "<file>"), map_location, **kwargs)
-    if kwargs.get("mmap"):  # mmap needs the path: scan, then load weights-only (which allows no code)
-        found = _allowed_globals(path)
-        with torch.serialization.safe_globals(_allowlisted_objects(found)):
-            return _torch_load(path, map_location=map_location, weights_only=True, **kwargs)
-    with open(path, "rb") as f:
-        return _load_scanned(f, str(path), map_location, **kwargs)
+    if not hasattr(path, "read"):
+        if kwargs.get("mmap"):  # mmap needs the path: scan, then load weights-only (which allows no code)
+            return _load_allowed(path, _allowed_globals(path), map_location, **kwargs)
+        with open(path, "rb") as f:
+            return safe_torch_load(f, map_location, **kwargs)
+    start = path.tell()
+    found = _allowed_globals(path, getattr(path, "name", "<file>"))
+    path.seek(start)  # the load reads the bytes just scanned
+    return _load_allowed(path, found, map_location, **kwargs)
 
 
 @contextlib.contextmanager
@@ -141,11 +137,7 @@ def guarded_torch_load() -> Iterator[None]:
 
 def verify_checkpoint_dir(tag_dir: str | os.PathLike) -> int:
     """Scan every pickle-based file of a checkpoint before DeepSpeed (which unpickles in full) reads it."""
-    n = 0
-    for f in sorted(Path(tag_dir).rglob("*")):
-        if f.is_file() and f.suffix in PICKLE_SUFFIXES:
-            bad = scan_pickle(f)
-            if bad:
-                raise _refuse(f, bad)
-            n += 1
-    return n
+    files = [f for f in sorted(Path(tag_dir).rglob("*")) if f.is_file() and f.suffix in PICKLE_SUFFIXES]
+    for f in files:
+        _refuse_any(scan_pickle(f), f)
+    return len(files)

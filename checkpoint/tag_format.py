@@ -11,15 +11,9 @@ Layout of `RUN/checkpoints/<tag>/` (tag = `step_00000042`):
 - `frozen-stage<S>.safetensors`: every frozen tensor of pipeline stage S, in its own dtype
   (gathered under ZeRO-3), restored verbatim on resume and used by the exporter;
 - `rng/rank<R>.pt`: each rank's torch / numpy / python RNG states;
-- `COMPLETE`: written by rank 0 after every rank has written and fsynced its files and
-  rank 0 has fsynced every file and directory of the tag: a JSON list of every file with
-  its size, and the sha256 of those up to `CHECKSUM_MAX_BYTES` (`mark_complete`). Only
-  then does `RUN/checkpoints/latest` (the tag, one line) move, through an atomic,
-  fsynced rename. A checkpoint counts as complete when the marker exists; `verify` checks
-  its files against the list, and `newest_good_checkpoint` (what `--resume auto` takes)
-  falls back past one that fails, naming why. A marker of the older form (`ok`, no list)
-  is accepted unverified. Retention deletes the oldest complete checkpoints beyond
-  `keep_last`, never the newest complete one, and never one that is not older than it.
+- `COMPLETE`: written last, after every file is fsynced, listing every file with its size (and
+  small ones' sha256; `mark_complete`); only then does `RUN/checkpoints/latest` move. `verify`
+  checks a checkpoint against it; a marker of the older form (`ok`, no list) is accepted unverified.
 
 `latest` is untrusted input: a name that leads out of `RUN/checkpoints/` (a path, `..`, a
 symlinked tag dir) is refused (`UnsafeCheckpoint`), never followed; a name that is not one of
@@ -236,7 +230,7 @@ def save_rng(tag_dir: Path, rank: int, state: dict[str, Any] | None = None) -> N
 
 
 def load_rng(tag_dir: Path, rank: int) -> bool:
-    f = Path(tag_dir) / "rng" / f"rank{rank}.pt"
+    f = rng_file(Path(tag_dir), rank)
     if not f.is_file():
         return False
     set_rng_state(safe_torch_load(f))  # weights_only=True, allowlisted globals

@@ -19,18 +19,14 @@ DEFAULT_FIX = "check the paths and values named above (--help lists the options)
 BAD_INPUT, STOPPED = 2, 3  # exit codes
 
 
-def error_line(e: BaseException | str, fix: str | None = None) -> str:
-    """`error: MESSAGE. Fix: ...` on one line; the message's own `Fix:` is kept, else `fix` is added."""
+def print_error(e: BaseException | str, fix: str | None = None) -> None:
+    """Print `error: MESSAGE. Fix: ...` on one line; the message's own `Fix:` is kept, else `fix` is added."""
     msg = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in msg:
         msg += f": {e.filename}"
     if "Fix:" not in msg:
         msg = f"{msg.rstrip('. ')}. Fix: {fix or DEFAULT_FIX}"
-    return f"error: {msg}"
-
-
-def print_error(e: BaseException | str, fix: str | None = None) -> None:
-    print(error_line(e, fix), file=sys.stderr, flush=True)
+    print(f"error: {msg}", file=sys.stderr, flush=True)
 
 
 class CliParser(argparse.ArgumentParser):

@@ -1,22 +1,16 @@
-"""DeepSpeed, imported without its autotuner's eager import of mlflow.
+"""DeepSpeed, imported without two start-up costs this project never needs.
 
-`import deepspeed` imports mlflow whenever mlflow is installed, for its autotuner's experiment
-logging (`deepspeed --autotuning`, a launcher mode this project never uses): about 1.8 s of every
-DeepSpeed process's start, most of a rank's start-up after torch. `import_deepspeed` hides mlflow
-from that one import, so DeepSpeed records mlflow as absent for its autotuner; the name is restored
-at once, and a process that logs to MLflow (`logging.mlflow`) imports the real package as usual.
-A lazy module (`importlib.util.LazyLoader`) does not work here: torch's and DeepSpeed's start-up
-walk `sys.modules` through `inspect.getmodule`, which loads every lazy module it touches.
+`import deepspeed` imports mlflow (when installed) for its autotuner, a launcher mode this project
+never uses: about 1.8 s of every DeepSpeed process's start. `import_deepspeed` hides mlflow from that
+one import and restores the name at once, so `logging.mlflow` still imports the real package. (A
+`LazyLoader` module does not work: torch's and DeepSpeed's start-up walk `sys.modules` through
+`inspect.getmodule`, which loads every lazy module it touches.) Every DeepSpeed optimizer wrapper
+also imports DeepSpeed's Muon module, which wraps its functions in `torch.compile` at import and so
+imports torch's inductor (about 1.1 s); that module is imported once with each compile deferred to
+the function's first call (the same compile, later).
 
-Every DeepSpeed optimizer wrapper (ZeRO 1-3, bf16) also imports DeepSpeed's Muon module for an
-`isinstance` check, and that module wraps its functions in `torch.compile` when it is imported,
-which imports torch's inductor: about 1.1 s of every rank's start, for an optimizer this project
-never builds. `import_deepspeed` imports that module once with `torch.compile` deferring each
-compile to the function's first call (the same compile, later); `torch.compile` is restored at once.
-
-`python -m common.deepspeed_import MODULE ARGS...` runs one of DeepSpeed's launcher modules
-(`deepspeed.launcher.launch`, `deepspeed.launcher.runner`) the same way, as launch.sh does: a
-launcher process starts in about 2.3 s instead of 4."""
+`python -m common.deepspeed_import MODULE ARGS...` runs one of DeepSpeed's launcher modules the same
+way, as launch.sh does (a launcher starts in about 2.3 s instead of 4)."""
 
 from __future__ import annotations
 

@@ -113,35 +113,19 @@ def check_val_sets(val_sets: Any, source: str) -> None:
 
 @dataclass
 class DataConfig:
-    """Where training sequences come from.
+    """Where training sequences come from (docs/TRAINING.md lists the keys; "Data at scale" the remote ones).
 
-    source:
-        a prepared shard directory (output of ``python -m data_pipeline.prepare``),
-        ``"mixture"`` (entries in ``mixture``) or ``"mixture:PATH=W,PATH=W"``,
-        or ``"synthetic:<task>"`` (see ``data_pipeline.synthetic.list_tasks()``).
-    mixture: list of ``{"path": shard_dir, "weight": w}``; weights are relative.
-    task_args: knobs of a synthetic task (``n_pairs``, ``n_digits``, ``k``, ``p``, ``n_val``...).
-    seed: fixes the global order (and the content of synthetic tasks).
-    val_fraction: tail fraction of every shard dataset held out for validation.
-    return_doc_ids: also return per-position document ids (for a document attention mask).
-    tokenizer: tokenizer directory the model was configured with; checked against manifests.
-    vocab_size: the model's vocabulary size; checked against manifests when given.
-    verify: ``"full"`` (sha256 + token-range check of every shard at start; skipped when a
-        verification record says these exact files were checked) or ``"size"`` (byte length
-        only). Remote shards are always size-checked, and sha256-checked when cached whole.
-    storage_options: fsspec options for remote sources (``s3://``, ``gs://``, ``https://``,
-        ``hf://`` ...), e.g. ``{"endpoint_url": ..., "anon": true}``.
-    cache_dir: node-local directory for remote shard blocks, shared by the node's ranks
-        (default ``$DATA_PIPELINE_CACHE_DIR`` or a folder in the temp directory).
-    cache_max_gb: bound on that cache; least recently used files go first.
-    cache_block_kb: size of one ranged read (and cached block) of a remote shard.
-    retries, retry_backoff_s: a failed remote read is retried ``retries`` times, waiting
-        ``retry_backoff_s`` x 1, 2, 4 ... seconds, then is a DataError naming the URL.
+    source: a prepared shard directory or URL (``python -m data_pipeline.prepare``), ``"mixture"`` (entries
+        in ``mixture``: ``{"path", "weight"}``, weights relative) or ``"mixture:PATH=W,PATH=W"``, a foreign
+        token dataset (``megatron:``/``olmo:``, data_pipeline/foreign.py), or ``"synthetic:<task>"`` with its
+        ``task_args``. ``seed`` fixes the global order (and a synthetic task's content); ``val_fraction`` is
+        the held-out tail of every shard dataset, unless ``val_sets`` names validation sets to read whole.
+    tokenizer, vocab_size: what the model was configured with; checked against the manifests.
+    verify: ``"full"`` (sha256 + token ids of every shard at start, skipped where a verification record
+        says these exact files were checked) or ``"size"``. Remote shards are always size-checked, and
+        sha256-checked when cached whole.
+    storage_options .. retry_backoff_s: fsspec options, the node-local block cache and retries of remote reads.
     prefetch: batches prepared ahead by a background thread (0: in the training step).
-    val_sets: named validation sets, ``{name: prepared shard dir}`` (e.g. one per corpus source), each
-        read whole from its start; validation then reports ``val_loss/<name>`` per set and ``val_loss``
-        pooled over all their tokens, instead of the held-out tail (set ``val_fraction: 0`` to train
-        on all of ``source``).
     """
 
     source: str
@@ -170,14 +154,13 @@ class DataConfig:
                 f"DataConfig.source must be a shard directory, 'mixture' or 'synthetic:<task>', got {self.source!r}"
             )
         self.source = self.source.strip()
-        if self.source.startswith("mixture:") and self.source != "mixture:":
-            if self.mixture:
-                raise DataError(
-                    "DataConfig: give the mixture either in source='mixture:...' or in mixture=[...], not both"
-                )
-            self.mixture = parse_mixture_string(self.source[len("mixture:") :])
-            self.source = "mixture"
-        if self.source == "mixture:":
+        if self.source.startswith("mixture:"):
+            if self.source != "mixture:":
+                if self.mixture:
+                    raise DataError(
+                        "DataConfig: give the mixture either in source='mixture:...' or in mixture=[...], not both"
+                    )
+                self.mixture = parse_mixture_string(self.source[len("mixture:") :])
             self.source = "mixture"
         if self.source == "mixture":
             self.mixture = normalize_mixture(self.mixture)

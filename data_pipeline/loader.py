@@ -107,15 +107,9 @@ class ShardSource:
             self.start, self.stop = total - n_val_tokens, total
         self.size = max(0, (self.stop - self.start - 1) // seq_len)
         if self.size == 0:
-            what = (
-                "validation set"
-                if whole
-                else "training"
-                if split == "train"
-                else f"validation (val_fraction={cfg.val_fraction})"
-            )
+            what = "training" if split == "train" else f"validation (val_fraction={cfg.val_fraction})"
             raise DataError(
-                f"{self.dir}: the {what} region has {self.stop - self.start} tokens, fewer than seq_len+1 = "
+                f"{self.dir}: the {'validation set' if whole else what} region has {self.stop - self.start} tokens, fewer than seq_len+1 = "
                 f"{seq_len + 1}; use more data, a shorter seq_len"
                 + ("" if split == "train" else " or a larger val_fraction")
             )
@@ -180,11 +174,9 @@ class _Prefetcher:
     """One daemon thread that builds the next ``depth`` batches while the caller trains.
 
     A batch is a pure function of its global position k0, so results are keyed by k0: a jump
-    (``load_state_dict``, a rollback) just makes the queued positions stale, and they are
-    dropped; nothing about the order depends on timing. An exception raised while building the
-    batch a ``get`` waits for is re-raised there; one raised ahead of time is discarded and the
-    batch built again when asked for. Tensors are pinned when CUDA
-    is available, so the host-to-device copy can run asynchronously.
+    (``load_state_dict``, a rollback) just makes the queued positions stale; nothing about the
+    order depends on timing. An exception is re-raised by the ``get`` that waits for its batch.
+    Tensors are pinned when CUDA is available, so the host-to-device copy can run asynchronously.
     """
 
     def __init__(self, make, depth: int, pin: bool):
@@ -272,7 +264,6 @@ class Loader:
         self,
         sources: list,
         weights: list[float] | None,
-        *,
         cfg: DataConfig,
         split: str,
         seq_len: int,
@@ -365,22 +356,18 @@ class Loader:
 
     def _fetch(self, comp: np.ndarray, seq: np.ndarray) -> dict:
         want = self.cfg.return_doc_ids
-        n, L = len(seq), self.seq_len
-        inp = np.empty((n, L), dtype=np.int64)
-        lab = np.empty((n, L), dtype=np.int64)
         if len(self.sources) == 1:  # one component: its arrays are the batch
             inp, lab, docs = self.sources[0].fetch(seq, want)
-            batch = {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(lab)}
-            if want:
-                batch["doc_ids"] = torch.from_numpy(docs)
-            return batch
-        docs = np.empty((n, L), dtype=np.int64) if want else None
-        for c in np.unique(comp):
-            rows = np.flatnonzero(comp == c)
-            i, l, d = self.sources[int(c)].fetch(seq[rows], want)
-            inp[rows], lab[rows] = i, l
-            if want:
-                docs[rows] = d
+        else:
+            inp = np.empty((len(seq), self.seq_len), dtype=np.int64)
+            lab = np.empty_like(inp)
+            docs = np.empty_like(inp) if want else None
+            for c in np.unique(comp):
+                rows = np.flatnonzero(comp == c)
+                i, l, d = self.sources[int(c)].fetch(seq[rows], want)
+                inp[rows], lab[rows] = i, l
+                if want:
+                    docs[rows] = d
         batch = {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(lab)}
         if want:
             batch["doc_ids"] = torch.from_numpy(docs)
@@ -575,16 +562,7 @@ def build_loader(
                     f"{where} has vocab_size {s.vocab_size} but the training config says vocab_size={cfg.vocab_size}; "
                     "set the model's vocab_size to the data's, or re-prepare the data with the matching tokenizer"
                 )
-    return Loader(
-        sources,
-        weights,
-        cfg=cfg,
-        split=split,
-        seq_len=seq_len,
-        global_batch_size=global_batch_size,
-        dp_rank=dp_rank,
-        dp_world_size=dp_world_size,
-    )
+    return Loader(sources, weights, cfg, split, seq_len, global_batch_size, dp_rank, dp_world_size)
 
 
 def build_val_sets(
@@ -611,14 +589,5 @@ def build_val_sets(
                 f"data.val_sets.{name}: {src.dir}/manifest.json records tokenizer {src.tokenizer_id} but the training "
                 f"data uses {tokenizer_id}. Fix: prepare the validation set with the training data's --tokenizer"
             )
-        out[name] = Loader(
-            [src],
-            None,
-            cfg=cfg,
-            split="val",
-            seq_len=seq_len,
-            global_batch_size=global_batch_size,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-        )
+        out[name] = Loader([src], None, cfg, "val", seq_len, global_batch_size, dp_rank, dp_world_size)
     return out

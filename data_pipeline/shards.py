@@ -40,18 +40,18 @@ def shard_name(i: int) -> str:
     return f"shard_{i:05d}"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to ``path.tmp``, fsync, rename: readers see the old file or the whole new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    """Write to ``path.tmp``, fsync, rename: readers see the old file or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    _write_synced(tmp, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    os.replace(tmp, path)
 
 
 def write_shard(out: Path, index: int, tokens: np.ndarray, offsets: np.ndarray, *, delay_s: float = 0.0) -> dict:
@@ -65,14 +65,10 @@ def write_shard(out: Path, index: int, tokens: np.ndarray, offsets: np.ndarray, 
     bin_path, idx_path = out / f"{name}.bin", out / f"{name}.idx"
     bin_tmp, idx_tmp = out / f"{name}.bin.tmp", out / f"{name}.idx.tmp"
     data = np.ascontiguousarray(tokens).tobytes()
-    with open(bin_tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    with open(idx_tmp, "wb") as f:
-        np.save(f, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
+    idx = io.BytesIO()
+    np.save(idx, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
+    _write_synced(bin_tmp, data)
+    _write_synced(idx_tmp, idx.getvalue())
     if delay_s:
         time.sleep(delay_s)
     os.replace(idx_tmp, idx_path)
@@ -83,7 +79,7 @@ def write_shard(out: Path, index: int, tokens: np.ndarray, offsets: np.ndarray, 
         "num_docs": int(len(offsets) - 1),
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
-        "idx_sha256": file_sha256(idx_path).hexdigest(),
+        "idx_sha256": hashlib.sha256(idx.getvalue()).hexdigest(),
     }
 
 
@@ -256,11 +252,9 @@ def verify_shards(
 
     Always (cheap, every rank): each .bin/.idx exists with its exact byte size. With
     ``mode='full'`` also sha256, token ids < vocab and document offsets, unless
-    ``record_dir/data_verified.json`` already records this manifest over exactly these files
-    (names, sizes, mtimes): then nothing is hashed. With ``record_dir``, the full check runs
-    under an exclusive lock in that directory, so of many ranks sharing it one hashes and the
-    others wait and then read its record. Runs before any training step, so a bad shard is a
-    clear error naming the file and the fix.
+    ``record_dir/data_verified.json`` records this manifest over exactly these files (names, sizes,
+    mtimes); the ranks sharing ``record_dir`` take a lock there, so one hashes and the others read
+    its record (docs/TRAINING.md, "Verification").
     """
     d = Path(directory)
     state = _check_sizes(d, manifest)
@@ -304,9 +298,8 @@ class ShardSet:
     so only the pages actually read are ever resident.
 
     A mapped shard is re-checked (``stat``: size, inode, mtime) each time a read touches it, so
-    a shard truncated or replaced under a live run is a DataError naming the file, not a
-    SIGBUS. (A truncation in the microseconds between that check and the copy can still fault:
-    a memory access past the end of a mapped file raises SIGBUS, which Python cannot catch.)
+    a shard truncated or replaced under a live run is a DataError naming the file, not a SIGBUS
+    (except in the microseconds between that check and the copy).
     """
 
     def __init__(self, directory: str | os.PathLike, manifest: dict | None = None):
@@ -354,16 +347,14 @@ class ShardSet:
             raise DataError(f"shard {p} {why}; {FIX_SHARDS}, then resume from the last checkpoint")
 
     def _bin(self, i: int) -> np.ndarray:
+        self._check_live(i)  # size first: never map a short file
         a = self._bins.get(i)
         if a is None:
-            self._check_live(i)  # size first: never map a short file
             p = self._path(i)
             self._opened[i] = p.stat()
             a = self._bins[i] = (
                 np.memmap(p, dtype=self.dtype, mode="r") if self._opened[i].st_size else np.zeros(0, self.dtype)
             )
-        else:
-            self._check_live(i)
         return a
 
     def _offsets(self, i: int) -> np.ndarray:

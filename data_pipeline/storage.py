@@ -3,18 +3,8 @@
 Why: a cluster keeps its tokenized corpus in S3/GCS/R2/HTTP(S)/the HF Hub, not on every node.
 ``RemoteShardSet`` reads the same prepared directory (manifest.json + shard_*.bin/.idx) from
 any fsspec URL and yields byte-for-byte the tokens a local ``ShardSet`` yields, so the global
-order, the loader state and a resume are the same whichever storage holds the shards.
-
-* The manifest is read first (the only whole-file read besides the small ``.idx`` files).
-* Token windows are read by byte range in fixed blocks (``block_bytes``), never whole shards.
-* Blocks land in a per-node cache directory shared by all ranks of the node: written to a
-  unique temporary name and renamed, so concurrent ranks never see a partial block; bounded
-  in size, least recently used files are evicted first (under a lock, by one process at a time).
-* A shard whose blocks are all cached is joined into one file, checked against the
-  manifest's sha256 (and token range), and memory-mapped from then on; until then each shard's
-  remote size is checked against the manifest and every range read must return exactly the
-  bytes asked for.
-* Every remote read retries with exponential backoff; then a DataError names the URL.
+order, the loader state and a resume are the same whichever storage holds the shards. How blocks
+are read, cached, verified and retried: docs/TRAINING.md, "How remote shards are read and cached".
 """
 
 from __future__ import annotations
@@ -59,6 +49,14 @@ def local_path(location: str | os.PathLike) -> str:
         if s.startswith(p):
             return s[len(p) :]
     return s
+
+
+def _touch(path: Path) -> None:
+    """Mark a cache file as recently used (eviction goes by mtime); it may have been evicted meanwhile."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        pass
 
 
 def default_cache_dir() -> Path:
@@ -120,6 +118,14 @@ class RemoteStore:
             )
         return None
 
+    def _gave_up(self, name: str, what: str, t0: float, e: BaseException) -> DataError:
+        return DataError(
+            f"cannot read {self.url_of(name)} ({what}) after {self.retries + 1} attempts over "
+            f"{time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}. Fix: check that the server is up and "
+            "reachable from this node, then resume from the last checkpoint (--resume auto); raise "
+            "data.retries / data.retry_backoff_s to ride out longer outages"
+        )
+
     def _retrying(self, what: str, name: str, attempt_fn):
         """Run ``attempt_fn`` until it succeeds, backing off 1x, 2x, 4x ... ``backoff_s``."""
         t0 = time.monotonic()
@@ -133,12 +139,7 @@ class RemoteStore:
                 if fatal is not None:
                     raise fatal from e
                 if attempt == self.retries:
-                    raise DataError(
-                        f"cannot read {self.url_of(name)} ({what}) after {self.retries + 1} attempts over "
-                        f"{time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}. Fix: check that the server is up and "
-                        "reachable from this node, then resume from the last checkpoint (--resume auto); raise "
-                        "data.retries / data.retry_backoff_s to ride out longer outages"
-                    ) from e
+                    raise self._gave_up(name, what, t0, e) from e
                 time.sleep(min(self.backoff_s * 2**attempt, 60.0))
         raise AssertionError("unreachable")
 
@@ -189,12 +190,7 @@ class RemoteStore:
             if attempt == self.retries:
                 i, e = failed[0]
                 name, a, b = reqs[i]
-                raise DataError(
-                    f"cannot read {self.url_of(name)} (bytes [{a}, {b})) after {self.retries + 1} attempts over "
-                    f"{time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}. Fix: check that the server is up and "
-                    "reachable from this node, then resume from the last checkpoint (--resume auto); raise "
-                    "data.retries / data.retry_backoff_s to ride out longer outages"
-                ) from e
+                raise self._gave_up(name, f"bytes [{a}, {b})", t0, e) from e
             time.sleep(min(self.backoff_s * 2**attempt, 60.0))
             pending = [i for i, _ in failed]
         raise AssertionError("unreachable")
@@ -204,11 +200,9 @@ class ShardCache:
     """Node-local files under ``root/<namespace>/``: ``blocks/<shard>/<n>``, ``whole/<shard>.bin``, ``idx/``.
 
     Safe for many processes at once: every file is written under a unique temporary name and
-    renamed into place; a reader that loses a file to eviction just fetches it again (an open
-    or mapped file stays readable after it is unlinked). Size is bounded by ``max_bytes`` over
-    the whole root: after every ``max_bytes / 16`` a process writes, it (or, if another holds
-    ``root/.evict.lock``, that one) deletes the least recently used files (mtime; a hit touches
-    the file) down to 90%. So the bound can be overshot by 1/16 per writing process between checks.
+    renamed into place; a reader that loses a file to eviction fetches it again. After every
+    ``max_bytes / 16`` a process writes, one process evicts (so the bound can be overshot by 1/16
+    per writing process between checks).
     """
 
     def __init__(self, root: str | os.PathLike, namespace: str, max_bytes: int):
@@ -242,10 +236,7 @@ class ShardCache:
         if size is not None and len(data) != size:  # not ours (renames are atomic): drop it
             path.unlink(missing_ok=True)
             return None
-        try:
-            os.utime(path)
-        except FileNotFoundError:
-            pass
+        _touch(path)
         return data
 
     def put(self, path: Path, data: bytes) -> None:
@@ -335,7 +326,7 @@ class RemoteShardSet(ShardSet):
     ):
         self.store = RemoteStore(url, storage_options, retries, backoff_s)
         self.url = self.where = self.dir = self.store.url
-        text = manifest_bytes if manifest_bytes is not None else self.read_manifest_bytes()
+        text = manifest_bytes if manifest_bytes is not None else self.store.read_bytes(MANIFEST)
         self.manifest = parse_manifest(text, self.store.url_of(MANIFEST))
         self.manifest_sha256 = hashlib.sha256(text).hexdigest()
         self._init_index()
@@ -347,9 +338,6 @@ class RemoteShardSet(ShardSet):
         self._sized: set[int] = set()
         self._mem: OrderedDict = OrderedDict()
         self._mem_bytes = 0
-
-    def read_manifest_bytes(self) -> bytes:
-        return self.store.read_bytes(MANIFEST)
 
     # -- geometry ------------------------------------------------------------------------------
     def _nbytes(self, i: int) -> int:
@@ -375,10 +363,7 @@ class RemoteShardSet(ShardSet):
                 return None
             if st.st_size != self._nbytes(i):
                 return None
-            try:
-                os.utime(p)
-            except FileNotFoundError:
-                pass
+            _touch(p)
             a = self._bins[i] = np.memmap(p, dtype=self.dtype, mode="r") if st.st_size else np.zeros(0, self.dtype)
         return a
 
