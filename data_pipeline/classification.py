@@ -41,19 +41,18 @@ import numpy as np
 import torch
 
 from common.cli import CliParser, run_cli
+from common.constants import REPO_ROOT
 from common.errors import DataError
 
 from .config import CLASSIFY_PREFIX, ClassifyData
-from .order import Permutation, derive_key
+from .order import Permutation, RankShare, derive_key
 from .tokenizer import BYTE_TOKENIZER, BYTES, load_tokenizer
 
 
 def _repo_path(p: str) -> Path:
     path = Path(p)
-    if not path.is_absolute() and not path.exists():
-        cand = Path(__file__).resolve().parent.parent / path
-        if cand.exists():
-            return cand
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        return REPO_ROOT / path
     return path
 
 
@@ -156,7 +155,7 @@ def resolve_pad_id(data: ClassifyData) -> int:
     return data.pad_id if data.pad_id is not None else default_pad_id(load_encoder(data.tokenizer))
 
 
-class ClassificationLoader:
+class ClassificationLoader(RankShare):
     """This rank's share [B // W, T] of each global batch: {"input_ids", "labels" (one per sequence)}."""
 
     def __init__(
@@ -168,22 +167,14 @@ class ClassificationLoader:
         dp_rank: int = 0,
         dp_world_size: int = 1,
     ):
-        if global_batch_size % dp_world_size:
-            raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
-        src = data.source
-        self.source = src[len(CLASSIFY_PREFIX) :] if src.startswith(CLASSIFY_PREFIX) else src
-        self.seed = data.seed
+        src = data.source.removeprefix(CLASSIFY_PREFIX)
+        super().__init__(src, data.seed, seq_len, global_batch_size, dp_rank, dp_world_size)
         self.split = "train" if split == "train" else "val"
-        self.T, self.B, self.rank, self.world = seq_len, global_batch_size, dp_rank, dp_world_size
-        self.samples_seen = 0
         tf, lf, cap = data.text_field, data.label_field, data.max_examples
-        if self.source.startswith("hf:"):
+        if self.source.startswith("hf:") or data.val_source:  # validation: the test split, or val_source
             train_rows = read_examples(self.source, tf, lf, "train", cap)
-            rows = train_rows if self.split == "train" else read_examples(self.source, tf, lf, "test", cap)
-            mapping = label_mapping([lab for _, lab in train_rows])
-        elif data.val_source:
-            train_rows = read_examples(self.source, tf, lf, "train", cap)
-            rows = train_rows if self.split == "train" else read_examples(data.val_source, tf, lf, "val", cap)
+            val = self.source if self.source.startswith("hf:") else data.val_source
+            rows = train_rows if self.split == "train" else read_examples(val, tf, lf, "test", cap)
             mapping = label_mapping([lab for _, lab in train_rows])
         else:
             every = read_examples(self.source, tf, lf, "train", cap)
@@ -233,23 +224,9 @@ class ClassificationLoader:
             out[sel] = Permutation(self.n, derive_key(self.seed, "classify-order", int(e)))(k[sel])
         return out
 
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        per = self.B // self.world
-        start = self.samples_seen + self.rank * per
-        idx = self._index(np.arange(start, start + per, dtype=np.int64))
-        self.samples_seen += self.B
+    def _batch(self, ks: np.ndarray) -> dict:
+        idx = self._index(ks)
         return {"input_ids": torch.from_numpy(self.input_ids[idx]), "labels": torch.from_numpy(self.labels[idx])}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "samples_seen": self.samples_seen,
-            "source": self.source,
-            "seed": self.seed,
-            "fingerprint": self.fingerprint,
-        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         if d.get("fingerprint", self.fingerprint) != self.fingerprint:
@@ -264,26 +241,7 @@ class ClassificationLoader:
 # ---- a small learnable data set ------------------------------------------------------------
 POSITIVE = ["great", "excellent", "wonderful", "delicious", "friendly", "amazing", "lovely", "perfect"]
 NEGATIVE = ["awful", "terrible", "rude", "bland", "dirty", "horrible", "slow", "broken"]
-FILLER = [
-    "the",
-    "food",
-    "was",
-    "and",
-    "service",
-    "staff",
-    "place",
-    "really",
-    "our",
-    "table",
-    "very",
-    "we",
-    "ordered",
-    "pizza",
-    "coffee",
-    "room",
-    "night",
-    "again",
-]
+FILLER = "the food was and service staff place really our table very we ordered pizza coffee room night again".split()
 
 
 def make_toy_example(rng: np.random.Generator) -> tuple[str, int]:

@@ -9,8 +9,11 @@ are stateless and vectorised over numpy arrays of indices.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
+
+from common.errors import DataError
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -102,3 +105,39 @@ class MixtureSchedule:
             local[where[~hit]] = (r[~hit] - c0[~hit]).astype(np.int64)
             active[where[hit]] = False
         return comp, local
+
+
+class RankShare:
+    """Iterator of this rank's share [B // W] of each global batch of B samples (the `text:` and
+    `classify:` loaders). The state is the global sample count, so a resume with any world size
+    continues the same order; `_batch` turns the global sample indices into tensors."""
+
+    fingerprint: str
+
+    def __init__(self, source: str, seed: int, seq_len: int, global_batch_size: int, dp_rank: int, dp_world_size: int):
+        if global_batch_size % dp_world_size:
+            raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
+        self.source, self.seed = source, seed
+        self.T, self.B, self.rank, self.world = seq_len, global_batch_size, dp_rank, dp_world_size
+        self.samples_seen = 0
+
+    def _batch(self, ks: np.ndarray) -> dict:
+        raise NotImplementedError
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        per = self.B // self.world
+        start = self.samples_seen + self.rank * per
+        batch = self._batch(np.arange(start, start + per, dtype=np.int64))
+        self.samples_seen += self.B
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "samples_seen": self.samples_seen,
+            "source": self.source,
+            "seed": self.seed,
+            "fingerprint": self.fingerprint,
+        }

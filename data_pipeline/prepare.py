@@ -273,19 +273,16 @@ def prepare(
     buf_tokens: list[np.ndarray] = []
     buf_lengths: list[np.ndarray] = []
     buf_count = 0
-    max_seen = -1
-    pbar = None
-    if progress:
-        pbar = progress_bar(
-            total=None,
-            initial=done_tokens,
-            unit="tok",
-            desc="prepare",
-            file=sys.stderr,
-            unit_scale=True,
-            mininterval=0.5,
-            smoothing=0.1,
-        )
+    pbar = progress_bar(
+        initial=done_tokens,
+        unit="tok",
+        desc="prepare",
+        enabled=progress,
+        file=sys.stderr,
+        unit_scale=True,
+        mininterval=0.5,
+        smoothing=0.1,
+    )
 
     def flush(next_doc: int) -> None:
         nonlocal buf_tokens, buf_lengths, buf_count
@@ -311,8 +308,7 @@ def prepare(
         buf_tokens, buf_lengths, buf_count = [], [], 0
 
     def consume(first_doc: int, flat: np.ndarray, lengths: np.ndarray, mx: int) -> None:
-        nonlocal buf_count, max_seen
-        max_seen = max(max_seen, mx)
+        nonlocal buf_count
         if mx >= tok.vocab_size:
             raise DataError(f"prepare: tokenizer {tok.path} produced id {mx} >= its vocab size {tok.vocab_size}")
         cum = np.cumsum(lengths)
@@ -337,36 +333,11 @@ def prepare(
     batches = _iter_text_batches(ds, text_field, int(state["next_doc"]), batch_docs)
     t0 = time.time()
     new_tokens = 0
-    if workers == 1:
-        for first, texts in batches:
-            flat, lengths, mx = encode_docs_local(texts, tok)
-            consume(first, flat, lengths, mx)
-            new_tokens += len(flat)
-            if pbar is not None:
-                pbar.update(len(flat))
-    else:
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(workers, initializer=init_worker, initargs=(tok.path,)) as pool:
-            pending: deque = deque()
-            exhausted = False
-            while True:
-                while not exhausted and len(pending) < 2 * workers:  # bounded: memory stays flat
-                    try:
-                        first, texts = next(batches)
-                    except StopIteration:
-                        exhausted = True
-                        break
-                    pending.append((first, pool.apply_async(encode_docs, (texts,))))
-                if not pending:
-                    break
-                first, res = pending.popleft()
-                flat, lengths, mx = res.get()
-                consume(first, flat, lengths, mx)
-                new_tokens += len(flat)
-                if pbar is not None:
-                    pbar.update(len(flat))
-    if pbar is not None:
-        pbar.close()
+    for first, (flat, lengths, mx) in _encoded(batches, tok, workers):
+        consume(first, flat, lengths, mx)
+        new_tokens += len(flat)
+        pbar.update(len(flat))
+    pbar.close()
     # Every document of the source counts, including skipped whitespace-only ones.
     total_docs = int(state["next_doc"]) + sum(len(x) for x in buf_lengths)
     if buf_count > 0:
@@ -411,9 +382,22 @@ def _free_space(path: Path) -> str:
     return f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB"
 
 
-def encode_docs_local(texts, tok):
-
-    return encode_docs(texts, tok, num_threads=os.cpu_count() or 1)
+def _encoded(batches, tok, workers: int):
+    """(first doc, `encode_docs` of its batch) in order; with `workers` > 1, tokenised in spawned processes."""
+    if workers == 1:
+        for first, texts in batches:
+            yield first, encode_docs(texts, tok, num_threads=os.cpu_count() or 1)
+        return
+    with mp.get_context("spawn").Pool(workers, initializer=init_worker, initargs=(tok.path,)) as pool:
+        pending: deque = deque()
+        for first, texts in batches:
+            pending.append((first, pool.apply_async(encode_docs, (texts,))))
+            if len(pending) >= 2 * workers:  # bounded: memory stays flat
+                first, res = pending.popleft()
+                yield first, res.get()
+        while pending:
+            first, res = pending.popleft()
+            yield first, res.get()
 
 
 def main(argv: list[str] | None = None) -> int:

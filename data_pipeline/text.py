@@ -39,6 +39,7 @@ from common.constants import IGNORE_INDEX, REPO_ROOT
 from common.errors import DataError
 
 from .config import TEXT_PREFIX, TextData
+from .order import RankShare
 from .tokenizer import BYTE_TOKENIZER
 
 
@@ -140,7 +141,7 @@ def eos_document_ids(x: np.ndarray) -> np.ndarray:
     return np.cumsum(ends, axis=1) - ends
 
 
-class TextLoader:
+class TextLoader(RankShare):
     """Batches of {input_ids, labels} [B // W, T] from a `text:` source (see the module docstring)."""
 
     vocab_size = BYTE_TOKENIZER.vocab_size
@@ -155,14 +156,9 @@ class TextLoader:
         dp_rank: int = 0,
         dp_world_size: int = 1,
     ):
-        if global_batch_size % dp_world_size:
-            raise DataError(f"global batch {global_batch_size} is not divisible by {dp_world_size} data-parallel ranks")
+        super().__init__(data.source, data.seed, seq_len, global_batch_size, dp_rank, dp_world_size)
         self.documents, self.windows, self.return_doc_ids = data.documents, data.windows, data.return_doc_ids
-        self.source, self.seed = data.source, data.seed
         self.split = split
-        self.T, self.B = seq_len, global_batch_size
-        self.rank, self.world = dp_rank, dp_world_size
-        self.samples_seen = 0
         frac = data.val_fraction
         files = text_files(self.source)
         eos = BYTE_TOKENIZER.eos_id
@@ -216,27 +212,13 @@ class TextLoader:
         y[: len(seg) - 1] = seg[1:]
         return x, y
 
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        per = self.B // self.world
-        start = self.samples_seen + self.rank * per
-        xs, ys = zip(*(self._sample(j) for j in range(start, start + per)))
-        self.samples_seen += self.B
+    def _batch(self, ks: np.ndarray) -> dict:
+        xs, ys = zip(*(self._sample(int(j)) for j in ks))
         x = np.stack(xs)
         batch = {"input_ids": torch.from_numpy(x), "labels": torch.from_numpy(np.stack(ys))}
         if self.return_doc_ids:
             batch["doc_ids"] = torch.from_numpy(eos_document_ids(x))
         return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "samples_seen": self.samples_seen,
-            "source": self.source,
-            "seed": self.seed,
-            "fingerprint": self.fingerprint,
-        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         if (
