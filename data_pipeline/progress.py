@@ -55,16 +55,12 @@ class LogProgress:
         unit: str = "it",
         file: TextIO | None = None,
         initial: float = 0,
-        every_s: float = EVERY_S,
-        every_fraction: float = EVERY_FRACTION,
-        min_s: float = MIN_S,
     ):
         self.iterable = iterable
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)
         self.total, self.desc, self.unit = total, desc, unit
         self.file = file if file is not None else sys.stderr
-        self.every_s, self.every_fraction, self.min_s = every_s, every_fraction, min_s
         self.n = self._start = initial
         self.postfix = ""
         self._t0 = self._last_t = time.monotonic()
@@ -93,14 +89,11 @@ class LogProgress:
         """Print a line if enough work or time has passed since the last one."""
         now = time.monotonic()
         since = now - self._last_t
-        step = self.every_fraction * self.total if self.total else None
-        if (step and self.n - self._last_n >= step and since >= self.min_s) or (
-            since >= self.every_s and self.n != self._last_n
-        ):
+        step = EVERY_FRACTION * self.total if self.total else None
+        if (step and self.n - self._last_n >= step and since >= MIN_S) or (since >= EVERY_S and self.n != self._last_n):
             self._print(now)
 
-    def line(self, now: float | None = None) -> str:
-        now = time.monotonic() if now is None else now
+    def _print(self, now: float) -> None:
         elapsed = now - self._t0
         head = f"{self.desc}: " if self.desc else ""
         n = _count(self.n)
@@ -114,10 +107,7 @@ class LogProgress:
                 text += f", ~{_duration(left)} left"
         else:
             text = f"{head}{n} {self.unit}, {_duration(elapsed)} elapsed"
-        return text + (f" | {self.postfix}" if self.postfix else "")
-
-    def _print(self, now: float) -> None:
-        print(self.line(now), file=self.file, flush=True)
+        print(text + (f" | {self.postfix}" if self.postfix else ""), file=self.file, flush=True)
         self._last_t, self._last_n = now, self.n
 
     def write(self, text: str) -> None:

@@ -51,6 +51,7 @@ class Task:
     train_size: int | None = None  # None = an unbounded stream of fresh examples
     test_size: int | None = None
     word_sep = " "
+    score_eos = False  # the stop token is part of the answer
 
     def __init__(self, seed: int = 1234, **args):
         unknown = set(args) - set(self.DEFAULTS)
@@ -114,7 +115,7 @@ class Task:
             hit = self._draw(index, split, n)
             if cached:
                 self._drawn[(split, index)] = hit
-        return list(hit[0]), list(hit[1])  # copies: a subclass may edit its mask
+        return list(hit[0]), list(hit[1])  # copies: a caller may edit them, never the cache
 
     def _draw(self, index: int, split: str, n: int | None) -> tuple[list[int], list[int]]:
         """A fresh draw of example ``index`` of ``split`` (a split of ``n`` examples; None: unbounded)."""
@@ -131,7 +132,7 @@ class Task:
                     f"synthetic task {self.name!r}: too few distinct examples to split train/test; enlarge task_args"
                 )
         words = words + [EOS]
-        mask = list(mask) + [0]
+        mask = list(mask) + [int(self.score_eos)]
         return [self.ids[w] for w in words], mask
 
     def decode(self, tokens) -> str:
@@ -156,6 +157,7 @@ class Addition(Task):
     name = "addition"
     DEFAULTS = {"n_digits": 4}
     word_sep = ""
+    score_eos = True
 
     def build_symbols(self):
         return [str(d) for d in range(10)] + ["+", "="]
@@ -174,11 +176,6 @@ class Addition(Task):
         prompt = _digits(a, n)[::-1] + ["+"] + _digits(b, n)[::-1] + ["="]
         answer = _digits(a + b, n + 1)[::-1]
         return prompt + answer, [0] * len(prompt) + [1] * len(answer)
-
-    def sample(self, index, split="train"):
-        toks, mask = super().sample(index, split)
-        mask[-1] = 1  # the stop token is part of the answer
-        return toks, mask
 
 
 def _balanced(s) -> bool:
@@ -448,11 +445,14 @@ class KHopInduction(Task):
     def max_len(self):
         return self.length + 3
 
+    def _sequence(self, rng) -> list[int]:
+        first = int(rng.integers(self.n_symbols))
+        steps = rng.integers(1, self.n_symbols, size=self.length - 1)  # never 0: no adjacent repeats
+        return np.concatenate([[first], (first + np.cumsum(steps)) % self.n_symbols]).tolist()
+
     def generate(self, rng, index, split):
         for _ in range(10_000):
-            first = int(rng.integers(self.n_symbols))
-            steps = rng.integers(1, self.n_symbols, size=self.length - 1)  # never 0: no adjacent repeats
-            seq = np.concatenate([[first], (first + np.cumsum(steps)) % self.n_symbols]).tolist()
+            seq = self._sequence(rng)
             y = khop_target(seq, self.k)
             if y is not None:
                 return [f"s{t}" for t in seq] + ["=", f"s{y}"], [0] * (len(seq) + 1) + [1]
@@ -480,9 +480,7 @@ class KHopDense(KHopInduction):
 
     def generate(self, rng, index, split):
         for _ in range(10_000):
-            first = int(rng.integers(self.n_symbols))
-            steps = rng.integers(1, self.n_symbols, size=self.length - 1)  # never 0: no adjacent repeats
-            seq = np.concatenate([[first], (first + np.cumsum(steps)) % self.n_symbols]).tolist()
+            seq = self._sequence(rng)
             words, mask = [], []
             for t in range(len(seq)):
                 y = khop_target(seq[: t + 1], self.k)
