@@ -109,8 +109,8 @@ class ShardSource:
         if self.size == 0:
             what = "training" if split == "train" else f"validation (val_fraction={cfg.val_fraction})"
             raise DataError(
-                f"{self.dir}: the {'validation set' if whole else what} region has {self.stop - self.start} tokens, fewer than seq_len+1 = "
-                f"{seq_len + 1}; use more data, a shorter seq_len"
+                f"{self.dir}: the {'validation set' if whole else what} region has {self.stop - self.start} tokens, "
+                f"fewer than seq_len+1 = {seq_len + 1}; use more data, a shorter seq_len"
                 + ("" if split == "train" else " or a larger val_fraction")
             )
 
@@ -121,9 +121,7 @@ class ShardSource:
         toks = self.shards.gather(a, L + 1)
         inp = toks[:, :-1].astype(np.int64)
         lab = toks[:, 1:].astype(np.int64)
-        docs = None
-        if want_docs:
-            docs = self.shards.gather_doc_ids(a, L, relative=True)
+        docs = self.shards.gather_doc_ids(a, L, relative=True) if want_docs else None
         return inp, lab, docs
 
 
@@ -131,7 +129,6 @@ class SyntheticSource:
     """Rows of one synthetic task; finite when the task's split is finite, else unbounded."""
 
     def __init__(self, cfg: DataConfig, split: str, seq_len: int):
-
         args = dict(cfg.task_args)
         n_val = int(args.pop("n_val", 512))
         seed = int(args.pop("seed", cfg.seed))
@@ -306,9 +303,7 @@ class Loader:
     @property
     def num_sequences(self) -> int | None:
         """Sequences per epoch (for a mixture: the sum over components); None if unbounded."""
-        if any(s is None for s in self._sizes):
-            return None
-        return int(sum(self._sizes))
+        return None if any(s is None for s in self._sizes) else int(sum(self._sizes))
 
     @property
     def epoch(self) -> int:

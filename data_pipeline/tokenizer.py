@@ -69,10 +69,8 @@ BYTES = "bytes"  # the byte tokenizer's name wherever a tokenizer is given (reci
 class ByteTokenizer:
     """UTF-8 bytes as token ids, vocabulary 256, EOS (end of document) = 255, no BOS; pad = EOS.
 
-    Why EOS is 255 and not a 257th id: UTF-8 never contains the byte 0xFF, so id 255 is free for EOS
-    without growing the vocabulary. Every byte-level model this repository trains has 256 ids, and one
-    trained before EOS existed (raw text, classification) reads text exactly as it did: the same tokenizer,
-    evaluable and resumable as it is. Text with a 0xFF byte is not UTF-8 and is refused where text is read.
+    UTF-8 never contains the byte 0xFF, so EOS needs no 257th id and a model trained before EOS existed
+    reads text as it did (docs/TRAINING.md, "Raw text"). Text with a 0xFF byte is refused where it is read.
     """
 
     kind = BYTES
@@ -116,9 +114,7 @@ class Tokenizer:
     def __init__(self, path: str | os.PathLike):
         self.path = str(Path(path).resolve())
         p = Path(self.path)
-        self._sp = None
-        self._hf = None
-        self._tt = None
+        self._sp = self._hf = self._tt = None
         if p.is_dir() and (p / TIKTOKEN_FILE).is_file():
             p = p / TIKTOKEN_FILE
         if p.is_file() and p.suffix == ".tiktoken":
@@ -127,11 +123,7 @@ class Tokenizer:
         if p.is_file() and p.suffix == ".model":
             p = p.parent
             self.path = str(p)
-        if (
-            (p / SP_MODEL).is_file()
-            and not (p / "tokenizer.json").is_file()
-            and not (p / "tokenizer_config.json").is_file()
-        ):
+        if (p / SP_MODEL).is_file() and not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             import sentencepiece as spm  # deferred: heavy
 
             self.kind = "sentencepiece"
@@ -162,9 +154,7 @@ class Tokenizer:
                     file_sha256(p / name, h)
             self.identity = "hf:" + h.hexdigest()[:16]
             self.vocab_size = int(len(self._hf))
-            eos = self._hf.eos_token_id
-            if eos is None:
-                eos = self._hf.sep_token_id
+            eos = self._hf.eos_token_id if self._hf.eos_token_id is not None else self._hf.sep_token_id
             if eos is None:
                 raise DataError(
                     f"{self.path}: this HF tokenizer defines no eos_token (nor sep_token); documents are separated "
@@ -300,10 +290,12 @@ def train_sentencepiece(
     import sentencepiece as spm  # deferred: heavy
 
     files = [Path(f) for f in inputs]
+    if not files:
+        raise DataError("tokenizer train: no --input files given; pass one or more local text files")
+    for f in files:
+        if not f.is_file():
+            raise DataError(f"tokenizer train: input file {f} does not exist; check the path (local files only)")
     if any(f.suffix == ".jsonl" for f in files):
-        for f in files:
-            if not f.is_file():
-                raise DataError(f"tokenizer train: input file {f} does not exist; check the path")
         Path(out).mkdir(parents=True, exist_ok=True)
         lines_file = Path(out) / "tokenizer_input.tmp.txt"
         try:
@@ -318,11 +310,7 @@ def train_sentencepiece(
             )
         finally:
             lines_file.unlink(missing_ok=True)
-    if not files:
-        raise DataError("tokenizer train: no --input files given; pass one or more local text files")
     for f in files:
-        if not f.is_file():
-            raise DataError(f"tokenizer train: input file {f} does not exist; check the path (local text files only)")
         if f.stat().st_size == 0:
             raise DataError(f"tokenizer train: input file {f} is empty; remove it from --input or fill it with text")
     if vocab_size < 1:
@@ -529,19 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             tok = load_tokenizer(args.path)
-            print(
-                json.dumps(
-                    {
-                        "identity": tok.identity,
-                        "kind": tok.kind,
-                        "vocab_size": tok.vocab_size,
-                        "eos_id": tok.eos_id,
-                        "bos_id": tok.bos_id,
-                        "pad_id": tok.pad_id,
-                    },
-                    indent=2,
-                )
-            )
+            keys = ("identity", "kind", "vocab_size", "eos_id", "bos_id", "pad_id")
+            print(json.dumps({k: getattr(tok, k) for k in keys}, indent=2))
 
     return run_cli(body)
 
