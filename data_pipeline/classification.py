@@ -1,26 +1,16 @@
 """Sequence-classification data: (text, label) examples -> batches of {input_ids, labels}.
 
-Sources (the recipe's `data.source`, after the `classify:` prefix the trainer routes on):
+Sources (the recipe's `data.source`, after the `classify:` prefix the trainer routes on; the other
+`data` keys: docs/CLASSIFICATION.md):
 
     classify:data/reviews.jsonl        one JSON object per line with a text and a label field
     classify:data/reviews.csv          a CSV with a header row naming those fields
     classify:hf:yelp_polarity          a HuggingFace dataset (train split; val = its test split)
 
-Other `data` keys: `text_field` ("text"), `label_field` ("label"), `tokenizer` ("bytes" = the byte
-tokenizer of data_pipeline.tokenizer, vocab 256, or a tokenizer dir from data_pipeline.tokenizer), `pad_id` (default 0 for
-bytes, the tokenizer's pad id otherwise), `val_fraction` (0.05; the share of a local file held
-out for validation), `val_source` (a separate validation file instead), `max_examples` (cap on
-examples read per split, e.g. for a quick run on yelp_polarity), `seed`.
-
 Labels are integers 0..C-1; string labels (in a CSV, or names) are mapped to ids in sorted
 order, or as integers when they all parse as integers. Texts are truncated to `seq_len` tokens
 and padded on the right with `pad_id`; NUL bytes are dropped under the byte tokenizer (0 is
 its pad).
-
-Order: global sample k of epoch e is example Permutation(n, key(seed, e))(k) (train) or k
-(validation, in file order, cycling). A rank takes its share of each global batch; the state
-is the number of global samples consumed, so a resume (with any world size) continues the
-same order exactly.
 
 `make_toy_dataset` writes a small local file whose label is learnable (sentiment words),
 used by the tests and the CPU recipe:

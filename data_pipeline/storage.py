@@ -62,9 +62,7 @@ def _touch(path: Path) -> None:
 def default_cache_dir() -> Path:
     """$DATA_PIPELINE_CACHE_DIR, else a per-user folder in the node-local temp directory."""
     env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    return Path(tempfile.gettempdir()) / f"data_pipeline_cache-{os.getuid()}"
+    return Path(env) if env else Path(tempfile.gettempdir()) / f"data_pipeline_cache-{os.getuid()}"
 
 
 class RemoteStore:
@@ -379,7 +377,7 @@ class RemoteShardSet(ShardSet):
             try:
                 with open(tmp, "wb") as f:
                     for b in range(self._nblocks(i)):
-                        data = self._block(i, b, fetch=False)
+                        data = self._cached_block(i, b)
                         if data is None:  # evicted meanwhile: try again later
                             return
                         h.update(data)
@@ -408,15 +406,14 @@ class RemoteShardSet(ShardSet):
             _, old = self._mem.popitem(last=False)
             self._mem_bytes -= len(old)
 
-    def _block(self, i: int, b: int, fetch: bool = True) -> bytes | None:
+    def _cached_block(self, i: int, b: int) -> bytes | None:
+        """Block b of shard i from memory or the node's cache; None where neither holds it."""
         key = (i, b)
         data = self._mem.get(key)
         if data is not None:
             self._mem.move_to_end(key)
             return data
         data = self.cache.get(self.cache.block_path(self.names[i], b), self._block_len(i, b))
-        if data is None and fetch:
-            data = self._fetch_blocks(i, [b])[b]
         if data is not None:
             self._remember(key, data)
         return data
@@ -449,7 +446,7 @@ class RemoteShardSet(ShardSet):
     def _blocks(self, i: int, needed) -> dict[int, bytes]:
         have, missing = {}, []
         for b in needed:
-            data = self._block(i, b, fetch=False)
+            data = self._cached_block(i, b)
             if data is None:
                 missing.append(b)
             else:

@@ -1,28 +1,11 @@
 """`text:PATH` sources: UTF-8 text files read by the byte tokenizer, with no preparation step.
 
 For quick runs on raw text (WikiText-2, a lab's own file of prompts and answers). PATH is a file
-(a .jsonl file: each record's "text", as in data/sample/) or a directory of `*.txt` files (sorted); a relative PATH that does not exist is taken relative to
-the repository. The `data` keys besides `source` and `seed`:
-
-    val_fraction: 0.05      the held-out tail: of the bytes (documents: stream) or of the lines (documents: lines)
-    documents: stream       stream: the files' bytes are one stream; a newline is a byte like any other
-                            lines: every non-empty line is a document, its newline replaced by EOS (id 255)
-    windows: stream         stream: windows of seq_len + 1 tokens cut anywhere in the stream
-                            documents: windows start at a document and hold whole documents (packed
-                            greedily; a document longer than a window continues in the next one), the
-                            rest of a window is padding (EOS inputs, labels -100: not scored)
-    return_doc_ids: false   true (documents: lines): batches carry `doc_ids`, each position's document
-                            in its window (an EOS belongs to the document it ends), so the model masks
-                            attention to each document and restarts its positions there
-
-A file with one example per line (`12+7=19`) trains as documents with
-`documents: lines` and `windows: documents`: no example is cut by a window, and each ends in EOS,
-so a model learns where an answer stops.
-
-The loader keeps the data pipeline's contract: each `next()` returns this rank's share [B // W, T]
-of one global batch; the state is the GLOBAL number of sequences consumed, so a resume with another
-world size continues the same order. The default (`stream`, `stream`) reads the data exactly as
-earlier versions did, so older runs resume unchanged.
+(a .jsonl file: each record's "text", as in data/sample/) or a directory of `*.txt` files (sorted);
+a relative PATH that does not exist is taken relative to the repository. The `data` keys
+(`documents`, `windows`, `return_doc_ids`, `val_fraction`) are described in docs/TRAINING.md,
+"Raw text"; the defaults (`stream`, `stream`) read the data exactly as earlier versions did, so
+older runs resume unchanged.
 """
 
 from __future__ import annotations
