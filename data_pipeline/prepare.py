@@ -34,7 +34,6 @@ import numpy as np
 from common.cli import CliParser, run_cli
 from common.errors import DataError
 
-from ._encode import encode_docs, init_worker
 from .progress import progress_bar
 from .shards import FORMAT_VERSION, MANIFEST, PROGRESS, atomic_write_json, dtype_for_vocab, shard_name, write_shard
 from .tokenizer import load_tokenizer
@@ -380,6 +379,31 @@ def _free_space(path: Path) -> str:
     except OSError:
         return "unknown"
     return f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB"
+
+
+_TOK = None  # a worker process's tokenizer (workers are spawned: each imports this module afresh)
+
+
+def init_worker(tokenizer_path: str) -> None:
+    global _TOK
+    _TOK = load_tokenizer(tokenizer_path)
+
+
+def encode_docs(texts: list[str], tok=None, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    """(tokens with EOS after each kept doc, per-doc lengths incl. EOS, max id). Whitespace-only documents
+    get length 0 and no tokens: skipping them by a fixed rule keeps shards identical however the work is split.
+    """
+    tok = tok or _TOK
+    lengths = np.zeros(len(texts), dtype=np.int64)
+    keep = [i for i, t in enumerate(texts) if t and not t.isspace()]
+    if not keep:
+        return np.zeros(0, dtype=np.int64), lengths, -1
+    encoded = tok.encode_batch([texts[i] for i in keep], num_threads=num_threads)
+    for i, ids in zip(keep, encoded):
+        ids.append(tok.eos_id)
+        lengths[i] = len(ids)
+    flat = np.fromiter((t for ids in encoded for t in ids), dtype=np.int64, count=int(lengths.sum()))
+    return flat, lengths, int(flat.max())
 
 
 def _encoded(batches, tok, workers: int):
