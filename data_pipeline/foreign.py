@@ -102,10 +102,8 @@ class ForeignShards(ShardSet):
         self.where = location
         kind, _, rest = location.partition(":")
         self.dir = Path(rest.split(",")[0])
-        self._opened = {}
         self._maps: list[np.ndarray] = []
         self._doc_offsets: list[np.ndarray | None] = []
-        self.paths: list[Path] = []
         shards, digest = [], hashlib.sha256(location.encode())
         if kind + ":" == MEGATRON:
             dtype, sizes, pointers, docs = read_megatron_index(rest)
@@ -155,7 +153,6 @@ class ForeignShards(ShardSet):
                 f"{path}: token id {top} >= data.vocab_size={vocab_size}; the recipe's vocabulary does not match "
                 "this dataset. Fix: set data.vocab_size to the tokenizer's size"
             )
-        self.paths.append(path)
         self._maps.append(tokens)
         self._doc_offsets.append(None)
         return top, eos

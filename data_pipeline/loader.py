@@ -508,13 +508,9 @@ def build_loader(
     if split not in aliases:
         raise DataError(f"build_loader: split must be 'train' or 'val', got {split!r}")
     split = aliases[split]
-    for name, v, lo in (
-        ("seq_len", seq_len, 1),
-        ("global_batch_size", global_batch_size, 1),
-        ("dp_world_size", dp_world_size, 1),
-    ):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise DataError(f"build_loader: {name} must be an int >= {lo}, got {v!r}")
+    for name, v in (("seq_len", seq_len), ("global_batch_size", global_batch_size), ("dp_world_size", dp_world_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise DataError(f"build_loader: {name} must be an int >= 1, got {v!r}")
     if not isinstance(dp_rank, int) or not 0 <= dp_rank < dp_world_size:
         raise DataError(f"build_loader: dp_rank must be in [0, {dp_world_size}), got {dp_rank!r}")
     if global_batch_size % dp_world_size:
@@ -533,7 +529,7 @@ def build_loader(
         sources = [ShardSource(e["path"], cfg, split, seq_len, verify_record) for e in entries]
         weights = [e["weight"] for e in entries]
         first = sources[0]
-        for e, s in zip(entries[1:], sources[1:]):
+        for s in sources[1:]:
             if (s.tokenizer_id, s.vocab_size) != (first.tokenizer_id, first.vocab_size):
                 raise DataError(
                     f"mixture: {s.dir}/manifest.json has tokenizer {s.tokenizer_id} (vocab {s.vocab_size}) but "
