@@ -93,6 +93,12 @@ def read_documents(files: list[Path]) -> list[bytes]:
     return docs
 
 
+def _split_part(items, val_fraction: float, split: str):
+    """The held-out tail (`val_fraction` of `items`) for split "val", the rest for "train"."""
+    cut = len(items) - int(len(items) * val_fraction)
+    return items[cut:] if split == "val" else items[:cut]
+
+
 def pack_windows(doc_lengths: np.ndarray, span: int) -> np.ndarray:
     """(start, end) token offsets of windows of at most `span` tokens that begin at a document start
     and hold whole documents; a document longer than `span` is cut into windows that overlap by one
@@ -142,20 +148,15 @@ class TextLoader(RankShare):
         super().__init__(data.source, data.seed, seq_len, global_batch_size, dp_rank, dp_world_size)
         self.documents, self.windows, self.return_doc_ids = data.documents, data.windows, data.return_doc_ids
         self.split = split
-        frac = data.val_fraction
         files = text_files(self.source)
-        eos = BYTE_TOKENIZER.eos_id
+        self.spans = None
         if self.documents == "stream":
             tokens = np.frombuffer(b"".join(_read_checked(f) for f in files), dtype=np.uint8)
-            n_val = int(len(tokens) * frac)
-            self.tokens = tokens[len(tokens) - n_val :] if split == "val" else tokens[: len(tokens) - n_val]
-            self.spans = None
+            self.tokens = _split_part(tokens, data.val_fraction, split)
         else:
-            docs = read_documents(files)
-            n_val = int(len(docs) * frac)
-            docs = docs[len(docs) - n_val :] if split == "val" else docs[: len(docs) - n_val]
-            self.tokens = np.frombuffer(b"".join(d + bytes([eos]) for d in docs), dtype=np.uint8)
-            self.spans = None
+            docs = _split_part(read_documents(files), data.val_fraction, split)
+            eos = bytes([BYTE_TOKENIZER.eos_id])
+            self.tokens = np.frombuffer(b"".join(d + eos for d in docs), dtype=np.uint8)
             if self.windows == "documents":
                 self.spans = pack_windows(np.asarray([len(d) + 1 for d in docs], dtype=np.int64), self.T + 1)
         self.n_windows = len(self.spans) if self.spans is not None else (len(self.tokens) - 1) // self.T
