@@ -9,8 +9,9 @@ process each `torch.load` scans the file and loads it weights-only from the same
 
 from __future__ import annotations
 
-import runpy
 import sys
+
+from common.deepspeed_import import run_module
 
 from .pickle_scan import guarded_torch_load
 
@@ -19,10 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         sys.exit("usage: python -m checkpoint.guarded_run MODULE [ARGS ...]")
-    module, rest = argv[0], argv[1:]
-    sys.argv = [module, *rest]
     with guarded_torch_load():
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        run_module(argv[0], argv[1:])
 
 
 if __name__ == "__main__":
