@@ -218,15 +218,6 @@ class ClassificationLoader(RankShare):
         idx = self._index(ks)
         return {"input_ids": torch.from_numpy(self.input_ids[idx]), "labels": torch.from_numpy(self.labels[idx])}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        if d.get("fingerprint", self.fingerprint) != self.fingerprint:
-            raise DataError(
-                f"loader state is for {d.get('source')!r} (seed {d.get('seed')}, fingerprint "
-                f"{d.get('fingerprint')}), but the recipe gives {self.source!r} (seed {self.seed}, "
-                f"fingerprint {self.fingerprint}); resume with the same data"
-            )
-        self.samples_seen = int(d["samples_seen"])
-
 
 # ---- a small learnable data set ------------------------------------------------------------
 POSITIVE = ["great", "excellent", "wonderful", "delicious", "friendly", "amazing", "lovely", "perfect"]

@@ -110,7 +110,8 @@ class MixtureSchedule:
 class RankShare:
     """Iterator of this rank's share [B // W] of each global batch of B samples (the `text:` and
     `classify:` loaders). The state is the global sample count, so a resume with any world size
-    continues the same order; `_batch` turns the global sample indices into tensors."""
+    continues the same order; `_batch` turns the global sample indices into tensors, and a state
+    of other data (source, seed or fingerprint) is refused."""
 
     fingerprint: str
 
@@ -141,3 +142,16 @@ class RankShare:
             "seed": self.seed,
             "fingerprint": self.fingerprint,
         }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if (
+            d.get("source", self.source) != self.source
+            or d.get("seed", self.seed) != self.seed
+            or d.get("fingerprint", self.fingerprint) != self.fingerprint
+        ):
+            raise DataError(
+                f"loader state is for source={d.get('source')!r} seed={d.get('seed')} (fingerprint "
+                f"{d.get('fingerprint')}), but the recipe has source={self.source!r} seed={self.seed} "
+                f"(fingerprint {self.fingerprint}). Fix: resume with the same data settings"
+            )
+        self.samples_seen = int(d["samples_seen"])

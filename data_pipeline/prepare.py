@@ -302,7 +302,6 @@ def prepare(
                 f"(or use another --out), then re-run the same command: it resumes at shard {len(shards)}"
             ) from e
         shards.append(info)
-        state["shards"] = shards
         state["next_doc"] = int(next_doc)
         buf_tokens, buf_lengths, buf_count = [], [], 0
 

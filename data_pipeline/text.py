@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -203,16 +202,3 @@ class TextLoader(RankShare):
         if self.return_doc_ids:
             batch["doc_ids"] = torch.from_numpy(eos_document_ids(x))
         return batch
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        if (
-            d.get("source", self.source) != self.source
-            or d.get("seed", self.seed) != self.seed
-            or d.get("fingerprint", self.fingerprint) != self.fingerprint
-        ):
-            raise DataError(
-                f"loader state is for source={d.get('source')!r} seed={d.get('seed')} (fingerprint "
-                f"{d.get('fingerprint')}), but the recipe has source={self.source!r} seed={self.seed} "
-                f"(fingerprint {self.fingerprint}). Fix: resume with the same data settings"
-            )
-        self.samples_seen = int(d["samples_seen"])
