@@ -55,10 +55,8 @@ def read_examples(
 ) -> list[tuple[str, Any]]:
     """(text, raw label) pairs of a local jsonl/csv file or of `hf:NAME` (split train or test)."""
     if source.startswith("hf:"):
-        try:
-            import datasets  # deferred: heavy (pyarrow, pandas)
-        except ImportError as e:  # pragma: no cover
-            raise DataError("data.source=hf:...: the `datasets` package is not installed") from e
+        import datasets  # deferred: heavy (pyarrow, pandas)
+
         name = source[3:]
         hf_split = "train" if split == "train" else "test"
         if max_examples:

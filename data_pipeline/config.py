@@ -288,13 +288,7 @@ def parse_data(data: Any, seed: int = 1234) -> DataSource:
             "'synthetic:<task>', 'text:PATH' or 'classify:FILE'"
         )
     source = str(data["source"]).strip()
-    cls = (
-        TextData
-        if source.startswith(TEXT_PREFIX)
-        else ClassifyData
-        if source.startswith(CLASSIFY_PREFIX)
-        else DataConfig
-    )
+    cls = {TEXT_PREFIX: TextData, CLASSIFY_PREFIX: ClassifyData}.get(source.split(":", 1)[0] + ":", DataConfig)
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
