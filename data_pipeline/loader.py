@@ -268,20 +268,13 @@ class Loader:
         dp_rank: int,
         dp_world_size: int,
     ):
-        self.sources = sources
-        self.cfg = cfg
-        self.split = split
-        self.seq_len = seq_len
-        self.global_batch_size = global_batch_size
-        self.dp_rank = dp_rank
-        self.dp_world_size = dp_world_size
+        self.sources, self.cfg, self.split, self.seq_len = sources, cfg, split, seq_len
+        self.global_batch_size, self.dp_rank, self.dp_world_size = global_batch_size, dp_rank, dp_world_size
         self.local_batch_size = global_batch_size // dp_world_size
         self._samples_seen = 0
         s0 = sources[0]
-        self.vocab_size = s0.vocab_size
-        self.tokenizer_id = s0.tokenizer_id
-        self.eos_id = s0.eos_id
-        self.pad_id = s0.pad_id
+        self.vocab_size, self.tokenizer_id = s0.vocab_size, s0.tokenizer_id
+        self.eos_id, self.pad_id = s0.eos_id, s0.pad_id
         self._sizes = [s.size for s in sources]
         self._mixture = None
         if split == "train" and len(sources) > 1:
