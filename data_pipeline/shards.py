@@ -313,10 +313,8 @@ class ShardSet:
         self.dtype = np.dtype(self.manifest["dtype"])
         shards = self.manifest["shards"]
         self.names = [s["name"] for s in shards]
-        self.tok_starts = np.zeros(len(shards) + 1, dtype=np.int64)
-        self.tok_starts[1:] = np.cumsum([s["num_tokens"] for s in shards])
-        self.doc_starts = np.zeros(len(shards) + 1, dtype=np.int64)
-        self.doc_starts[1:] = np.cumsum([s["num_docs"] for s in shards])
+        self.tok_starts = np.cumsum([0] + [s["num_tokens"] for s in shards], dtype=np.int64)
+        self.doc_starts = np.cumsum([0] + [s["num_docs"] for s in shards], dtype=np.int64)
         self.num_tokens = int(self.tok_starts[-1])
         self._bins: dict[int, np.ndarray] = {}
         self._idx: dict[int, np.ndarray] = {}
@@ -325,26 +323,23 @@ class ShardSet:
     def _path(self, i: int, ext: str = "bin") -> Path:
         return self.dir / f"{self.names[i]}.{ext}"
 
-    def _changed(self, i: int, st: os.stat_result | None) -> str | None:
-        want = int(self.manifest["shards"][i]["num_tokens"]) * self.dtype.itemsize
-        if st is None:
-            return "is gone"
-        if st.st_size != want:
-            return f"has {st.st_size} bytes but the manifest says {want} (truncated or overwritten)"
-        old = self._opened.get(i)
-        if old is not None and (st.st_ino, st.st_mtime_ns) != (old.st_ino, old.st_mtime_ns):
-            return "was replaced or modified (inode or mtime changed) while this run was reading it"
-        return None
-
     def _check_live(self, i: int) -> None:
+        """Shard i is still the file mapped: present, of the manifest's size, with the same inode and mtime."""
         p = self._path(i)
+        want = int(self.manifest["shards"][i]["num_tokens"]) * self.dtype.itemsize
+        old = self._opened.get(i)
         try:
             st = p.stat()
         except FileNotFoundError:
-            st = None
-        why = self._changed(i, st)
-        if why:
-            raise DataError(f"shard {p} {why}; {FIX_SHARDS}, then resume from the last checkpoint")
+            why = "is gone"
+        else:
+            if st.st_size != want:
+                why = f"has {st.st_size} bytes but the manifest says {want} (truncated or overwritten)"
+            elif old is not None and (st.st_ino, st.st_mtime_ns) != (old.st_ino, old.st_mtime_ns):
+                why = "was replaced or modified (inode or mtime changed) while this run was reading it"
+            else:
+                return
+        raise DataError(f"shard {p} {why}; {FIX_SHARDS}, then resume from the last checkpoint")
 
     def _bin(self, i: int) -> np.ndarray:
         self._check_live(i)  # size first: never map a short file
