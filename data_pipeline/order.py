@@ -2,8 +2,9 @@
 
 Why: sequence k of epoch e must be a pure function of (seed, e, k) so that any rank can
 compute its share of any global batch without communication, a resume needs only the
-global position, and a changed world size continues the same order. Both tools below
-are stateless and vectorised over numpy arrays of indices.
+global position, and a changed world size continues the same order. `Permutation` and
+`MixtureSchedule` are stateless and vectorised over numpy arrays of indices; `RankShare` walks a
+rank through its share of the global batches, its one state the global position.
 """
 
 from __future__ import annotations
