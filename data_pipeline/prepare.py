@@ -217,6 +217,11 @@ def prepare(
         raise DataError(f"prepare: --workers must be >= 1, got {workers}")
     if shard_tokens < 1:
         raise DataError(f"prepare: --shard-tokens must be >= 1, got {shard_tokens}")
+
+    def say(text: str) -> None:
+        if progress:
+            print(f"[prepare] {text}", file=sys.stderr, flush=True)
+
     spec = resolve_source(source)
     where = parse_where(where)
     tok = load_tokenizer(tokenizer)
@@ -236,11 +241,7 @@ def prepare(
     if mpath.is_file():
         m = json.loads(mpath.read_text())
         if m.get("config") == config and m.get("complete"):
-            if progress:
-                print(
-                    f"[prepare] {out} is already complete ({m['num_tokens']} tokens in {len(m['shards'])} shards)",
-                    file=sys.stderr,
-                )
+            say(f"{out} is already complete ({m['num_tokens']} tokens in {len(m['shards'])} shards)")
             return m
         raise DataError(
             f"prepare: {mpath} was written by a different prepare run (source, tokenizer or shard size differ); "
@@ -262,12 +263,8 @@ def prepare(
     delay = float(os.environ.get(DELAY_ENV, "0") or 0)
     shards: list[dict] = list(state["shards"])
     done_tokens = sum(s["num_tokens"] for s in shards)
-    if shards and progress:
-        print(
-            f"[prepare] resuming at shard {len(shards)} (document {state['next_doc']}, {done_tokens} tokens done)",
-            file=sys.stderr,
-            flush=True,
-        )
+    if shards:
+        say(f"resuming at shard {len(shards)} (document {state['next_doc']}, {done_tokens} tokens done)")
 
     buf_tokens: list[np.ndarray] = []
     buf_lengths: list[np.ndarray] = []
@@ -362,13 +359,8 @@ def prepare(
     }
     atomic_write_json(mpath, manifest)
     ppath.unlink(missing_ok=True)
-    if progress:
-        dt = time.time() - t0
-        print(
-            f"[prepare] wrote {len(shards)} shards, {num_tokens} tokens ({new_tokens / max(dt, 1e-9):,.0f} tok/s this run) -> {out}",
-            file=sys.stderr,
-            flush=True,
-        )
+    rate = new_tokens / max(time.time() - t0, 1e-9)
+    say(f"wrote {len(shards)} shards, {num_tokens} tokens ({rate:,.0f} tok/s this run) -> {out}")
     return manifest
 
 
