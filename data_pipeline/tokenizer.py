@@ -321,12 +321,7 @@ def train_sentencepiece(
     out.mkdir(parents=True, exist_ok=True)
     total = sum(f.stat().st_size for f in files)
     t0 = time.time()
-    if not quiet:
-        print(
-            f"[tokenizer] training BPE vocab={vocab_size} on {len(files)} file(s), {total / 1e6:.1f} MB ...",
-            file=sys.stderr,
-            flush=True,
-        )
+    _say(quiet, f"training BPE vocab={vocab_size} on {len(files)} file(s), {total / 1e6:.1f} MB ...")
     prefix = out / "tokenizer.tmp"
     try:
         _train(spm, files, prefix, vocab_size, character_coverage, max_sentences)
@@ -359,13 +354,13 @@ def train_sentencepiece(
         "inputs": [str(f) for f in files],
     }
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
-    if not quiet:
-        print(
-            f"[tokenizer] done in {time.time() - t0:.1f}s: {tok.identity} vocab={tok.vocab_size} -> {out}",
-            file=sys.stderr,
-            flush=True,
-        )
+    _say(quiet, f"done in {time.time() - t0:.1f}s: {tok.identity} vocab={tok.vocab_size} -> {out}")
     return tok
+
+
+def _say(quiet: bool, text: str) -> None:
+    if not quiet:
+        print(f"[tokenizer] {text}", file=sys.stderr, flush=True)
 
 
 def jsonl_lines(files: list[Path], text_field: str, max_lines: int, out: Path) -> int:
