@@ -468,14 +468,7 @@ class RemoteShardSet(ShardSet):
         return np.frombuffer(raw, dtype=self.dtype)
 
     def _slice(self, i: int, lo: int, hi: int) -> np.ndarray:
-        arr = self._bin(i)
-        if arr is not None:
-            return arr[lo:hi]
-        if hi <= lo:
-            return np.zeros(0, self.dtype)
-        isz, B = self.dtype.itemsize, self.block_bytes
-        blocks = self._blocks(i, range(lo * isz // B, (hi * isz - 1) // B + 1))
-        return self._span(blocks, lo * isz, hi * isz)
+        return self._rows(i, np.array([lo]), hi - lo)[0] if hi > lo else np.zeros(0, self.dtype)
 
     def _rows(self, i: int, los: np.ndarray, n: int) -> np.ndarray:
         arr = self._bin(i)
