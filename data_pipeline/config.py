@@ -238,17 +238,13 @@ class TextData:
             raise DataError(f"data.documents={self.documents!r} must be one of {DOCUMENTS}")
         if self.windows not in WINDOWS:
             raise DataError(f"data.windows={self.windows!r} must be one of {WINDOWS}")
-        if self.windows == "documents" and self.documents != "lines":
-            raise DataError(
-                "data.windows=documents needs document boundaries. Fix: set data.documents=lines "
-                "(every line a document)"
-            )
         if not isinstance(self.return_doc_ids, bool):
             raise DataError(f"data.return_doc_ids must be true or false, got {self.return_doc_ids!r}")
-        if self.return_doc_ids and self.documents != "lines":
-            raise DataError(
-                "data.return_doc_ids needs document boundaries. Fix: set data.documents=lines (every line a document)"
-            )
+        for key, on in (("windows=documents", self.windows == "documents"), ("return_doc_ids", self.return_doc_ids)):
+            if on and self.documents != "lines":
+                raise DataError(
+                    f"data.{key} needs document boundaries. Fix: set data.documents=lines (every line a document)"
+                )
 
 
 @dataclass
