@@ -9,6 +9,7 @@ are read, cached, verified and retried: docs/TRAINING.md, "How remote shards are
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -53,10 +54,8 @@ def local_path(location: str | os.PathLike) -> str:
 
 def _touch(path: Path) -> None:
     """Mark a cache file as recently used (eviction goes by mtime); it may have been evicted meanwhile."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.utime(path)
-    except FileNotFoundError:
-        pass
 
 
 def default_cache_dir() -> Path:
