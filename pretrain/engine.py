@@ -1,30 +1,24 @@
 """The model under a DeepSpeed engine for one layout, and what one optimizer step does.
 
-Identically for every layout: each data-parallel rank takes its share of the global batch,
-splits it into micro-batches, and the loss of every micro-batch is the SUM of its token
-cross-entropies times dp * grad_accum / (scored tokens in the whole global batch). DeepSpeed
-divides by grad_accum and averages over dp, so the gradient is exactly that of the mean token
-loss over the global batch, whatever the layout (the per-rank mean of means would not be,
-when ranks hold different numbers of scored tokens).
+On every layout, the loss of each micro-batch is the SUM of its token cross-entropies times
+dp * grad_accum / (scored tokens in the whole global batch): after DeepSpeed divides by grad_accum
+and averages over dp, the gradient is exactly that of the mean token loss over the global batch
+(a per-rank mean of means would not be, when ranks hold different numbers of scored tokens).
 
-Freezing: the engine (and so the optimizer, gradient buffers and all-reduce) covers only the
-parameters with requires_grad at the current step; `rebuild` applies a new trainable set
-(pretrain/freeze_transitions.py carries the Adam moments across).
+Freezing: the engine covers only the parameters with requires_grad at the current step; `rebuild`
+applies a new trainable set (pretrain/freeze_transitions.py carries the Adam moments across).
 
-Non-finite values never reach the weights: a non-finite loss is detected after the forward and
-before the boundary `engine.step()` (every rank agrees through an all-reduce), and `StepGate` then
-makes the wrapped inner optimizer skip its update. A NaN can also appear in the gradients alone (a
-backward that overflows while the loss is finite): on every layout the gate checks the norm of the
-gradients it is about to apply (after DeepSpeed's reduction and clipping, over every rank) and skips
-the update when it is not finite; where DeepSpeed's ZeRO optimizer finds the overflow first and skips
-the step itself, it reports an infinite norm, which is treated the same way. So a NaN never reaches the
-weights or the Adam moments; what happens next is the loop's `train.nan_policy` (pretrain/loop.py).
+Non-finite values never reach the weights or the Adam moments: a non-finite loss (all ranks agree
+before the boundary `engine.step()`) or a non-finite norm of the gradients about to be applied
+makes `StepGate` skip the inner optimizer's update; what happens next is the loop's
+`train.nan_policy` (pretrain/loop.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
 from typing import Any
 
@@ -67,16 +61,12 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
 
 
 class StepGate:
-    """Wraps the innermost optimizer's `step` so that one optimizer step's update can be skipped.
-
-    DeepSpeed calls the inner (torch) optimizer on every rank after gradient reduction and
-    clipping (once per optimizer step, or once per parameter sub-group under ZeRO-3); skipping
-    it leaves the fp32 master weights, the moments and the Adam step count untouched (ZeRO
-    copies the unchanged master weights back to the model). `begin(skip)` opens an optimizer
-    step; at its first inner call the gate decides for the whole step: skip when asked to
-    (a non-finite loss) or when the norm of the gradients it holds, over every rank, is not
-    finite (under ZeRO-3 that is the first sub-group's; ZeRO-3 checks the global norm itself
-    before any inner call). `end()` says whether the update was skipped."""
+    """Wraps the innermost (torch) optimizer's `step`, which DeepSpeed calls on every rank after
+    gradient reduction and clipping, so that one optimizer step's update can be skipped: the fp32
+    master weights, the moments and the Adam step count stay untouched. `begin(skip)` opens a step;
+    at its first inner call the gate decides for the whole step: skip when asked to (a non-finite
+    loss) or when the norm of the gradients it holds, over every rank, is not finite (under ZeRO-3,
+    whose inner calls are per sub-group, the first sub-group's). `end()` says whether it skipped."""
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
@@ -116,12 +106,6 @@ class StepGate:
         if self.skip:
             return None
         return self._step(*args, **kwargs)
-
-
-def install_step_gate(engine) -> StepGate:
-    """Gate the innermost optimizer of a DeepSpeed engine."""
-    opt = engine.optimizer
-    return StepGate(getattr(opt, "optimizer", opt))
 
 
 def any_rank(flag: bool | torch.Tensor, device: torch.device, group=None) -> bool:
@@ -190,7 +174,7 @@ class ModelEngine:
             model=module, model_parameters=param_groups(module, self.cfg), config=ds_config
         )
         self.model, self.module, self.engine = model, module, engine
-        self.gate = install_step_gate(engine)  # skips the update of a step with a non-finite loss or gradient norm
+        self.gate = StepGate(self.inner_optimizer)  # skips the update of a step with a non-finite loss or gradient norm
         self.trainable_step = step
         self.name_of = {id(p): n for n, p in model.named_parameters()}
         self.local_ids = {id(p) for p in module.parameters()}
@@ -213,12 +197,13 @@ class ModelEngine:
         return getattr(opt, "optimizer", opt)
 
     # -- tensors --------------------------------------------------------------------------
-    def gathered(self, params):
-        """Full parameters inside the block (ZeRO-3 gathers its partitions; otherwise a no-op)."""
+    def gathered(self, params, modifier_rank: int | None = None):
+        """Full parameters inside the block (ZeRO-3 gathers its partitions, and with `modifier_rank`
+        scatters that rank's changes on exit; otherwise a no-op)."""
         if self.zero3:
             deepspeed = import_deepspeed()
 
-            return deepspeed.zero.GatheredParameters(list(params), modifier_rank=None)
+            return deepspeed.zero.GatheredParameters(list(params), modifier_rank=modifier_rank)
         return contextlib.nullcontext()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -240,17 +225,8 @@ class ModelEngine:
             for n, p in self.model.named_parameters()
             if n in tensors and not p.requires_grad and id(p) in self.local_ids
         ]
-        if not params:
-            return 0
-        if self.zero3:
-            deepspeed = import_deepspeed()
-
-            with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0):
-                with torch.no_grad():
-                    for n, p in params:
-                        p.copy_(tensors[n].to(p.dtype))
-        else:
-            with torch.no_grad():
+        if params:
+            with self.gathered([p for _, p in params], modifier_rank=0), torch.no_grad():
                 for n, p in params:
                     p.copy_(tensors[n].to(device=p.device, dtype=p.dtype))
         return len(params)
@@ -258,9 +234,7 @@ class ModelEngine:
     # -- one step -------------------------------------------------------------------------
     @property
     def dp_group(self):
-        if self.pipe:
-            return self.engine.grid.get_data_parallel_group()
-        return None
+        return self.engine.grid.get_data_parallel_group() if self.pipe else None
 
     @property
     def dp_rank(self) -> int:
@@ -350,56 +324,43 @@ class ModelEngine:
         self.nonfinite = skipped or not math.isfinite(loss) or (gn is not None and not math.isfinite(gn))
         return loss, gn
 
-    @torch.no_grad()
+    @contextlib.contextmanager
+    def _evaluating(self):
+        """Eval mode and no gradients inside the block; training mode after."""
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.engine.train()
+
+    def _eval_batch(self, batch) -> tuple[float, float, float]:
+        """(summed token cross-entropy, tokens scored, their mean) of one batch, all ranks together."""
+        mbs = self._micro_batches(batch)
+        n_tokens, scale = self._scale(mbs)
+        if self.pipe:  # the last stage's mean over the batch's scored tokens
+            data = iter([(x, (y, scale)) for x, y, _ in mbs])
+            mean = float(self.engine.eval_batch(data_iter=data, num_micro_batches=len(mbs)))
+            return mean * float(n_tokens), float(n_tokens), mean
+        total = torch.zeros((), device=self.device)
+        for x, y, d in mbs:
+            total += self._ce_sum(x, y, d)
+        dist.all_reduce(total)
+        return float(total), float(n_tokens), float(total / n_tokens)
+
     def eval_sums(self, batches, max_batches: int) -> tuple[float, float]:
         """(summed token cross-entropy, tokens scored) over up to `max_batches` of `batches`, all ranks
         together: the parts of a loss pooled over several validation sets."""
-        self.engine.eval()
         ce_total, n_total = 0.0, 0.0
-        try:
-            for i, batch in enumerate(batches):
-                if i >= max_batches:
-                    break
-                mbs = self._micro_batches(batch)
-                n_tokens, scale = self._scale(mbs)
-                if self.pipe:  # the last stage's mean over the batch's scored tokens
-                    data = iter([(x, (y, scale)) for x, y, _ in mbs])
-                    mean = float(self.engine.eval_batch(data_iter=data, num_micro_batches=len(mbs)))
-                    ce = mean * float(n_tokens)
-                else:
-                    total = torch.zeros((), device=self.device)
-                    for x, y, d in mbs:
-                        total += self._ce_sum(x, y, d)
-                    dist.all_reduce(total)
-                    ce = float(total)
-                if ce != 0.0:  # n_tokens is clamped to 1 for a batch of padding only, which scores nothing
-                    ce_total, n_total = ce_total + ce, n_total + float(n_tokens)
-        finally:
-            self.engine.train()
+        with self._evaluating():
+            for batch in itertools.islice(batches, max_batches):
+                ce, n, _ = self._eval_batch(batch)
+                if ce != 0.0:  # n is clamped to 1 for a batch of padding only, which scores nothing
+                    ce_total, n_total = ce_total + ce, n_total + n
         return ce_total, n_total
 
-    @torch.no_grad()
     def eval_loss(self, loader, batches: int) -> float:
-        self.engine.eval()
-        losses = []
-        try:
-            for _ in range(batches):
-                try:
-                    batch = next(loader)
-                except StopIteration:
-                    break
-                mbs = self._micro_batches(batch)
-                n_tokens, scale = self._scale(mbs)
-                if self.pipe:
-                    data = iter([(x, (y, scale)) for x, y, _ in mbs])
-                    out = self.engine.eval_batch(data_iter=data, num_micro_batches=len(mbs))
-                    losses.append(float(out))
-                else:
-                    total = torch.zeros((), device=self.device)
-                    for x, y, d in mbs:
-                        total += self._ce_sum(x, y, d)
-                    dist.all_reduce(total)
-                    losses.append(float(total / n_tokens))
-        finally:
-            self.engine.train()
+        """The mean over up to `batches` batches of each batch's mean token loss."""
+        with self._evaluating():
+            losses = [self._eval_batch(batch)[2] for batch in itertools.islice(loader, batches)]
         return sum(losses) / max(1, len(losses))

@@ -7,16 +7,9 @@ the batch, log it), `stop` (raise `NonFiniteLoss` naming the step and the batch)
 the last complete checkpoint and step over the offending batch). More than `train.max_nan_skips`
 events stop the run.
 
-Whether to save is decided collectively after every step: one all-reduce carries the stop
-request (a signal on any rank) and whether `checkpoint.every_minutes` have passed since the
-last save by rank 0's clock, so every rank enters the (collective) save at the same step.
-
-The learning rate (`lr_at`): linear warmup, then cosine, linear, constant or warmup-stable-decay.
-`wsd` holds the peak rate after warmup and decays only at the end, so one stable run serves every
-token budget: a cooldown branch resumes its checkpoint at step S with `optim.decay_start=S` and a
-larger `train.max_steps`. The decay is 1-sqrt (Hägele et al. 2024, "Scaling Laws and Compute-Optimal
-Training Beyond Fixed Training Durations": it matches cosine at every budget, linear falls short),
-and reaches min_lr at the last step."""
+Whether to save is decided collectively after every step (one all-reduce of the stop request and
+of rank 0's `checkpoint.every_minutes` clock), so every rank enters the collective save at the same step.
+"""
 
 from __future__ import annotations
 
@@ -45,13 +38,6 @@ from .metrics import Logger, memory_gib, train_flops_per_token
 from .preemption import StopRequest
 from .profiling import StepProfiler
 from .run_dir import restart_count
-
-
-def describe_nonfinite(loss: float, grad_norm: float | None) -> str:
-    """'non-finite loss (nan)' or, when the loss was finite, 'non-finite gradient norm (...)'."""
-    if not math.isfinite(loss):
-        return f"non-finite loss ({loss})"
-    return f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
 
 
 class NanGuard:
@@ -113,23 +99,19 @@ def skip_marked_batches(loader, guard: NanGuard) -> int:
     return n
 
 
-def wsd_decay_start(cfg: RunConfig) -> int:
-    """The first step of the wsd decay: `optim.decay_start`, else the last `decay_fraction` of max_steps."""
-    o = cfg.optim
-    if o.decay_start is not None:
-        return o.decay_start
-    return max(o.warmup_steps, cfg.max_steps - round(o.decay_fraction * cfg.max_steps))
-
-
 def lr_at(cfg: RunConfig, step: int) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr."""
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine, linear or no decay
+    to min_lr, or `wsd`: the peak rate until `optim.decay_start` (default: the last `decay_fraction` of
+    max_steps), then 1-sqrt to min_lr at the last step (cooldown branches, docs/SCALING.md)."""
     o = cfg.optim
     if step < o.warmup_steps:
         return o.lr * (step + 1) / o.warmup_steps
     if o.decay == "constant":
         return o.lr
     if o.decay == "wsd":
-        start = wsd_decay_start(cfg)
+        start = o.decay_start
+        if start is None:
+            start = max(o.warmup_steps, cfg.max_steps - round(o.decay_fraction * cfg.max_steps))
         if step < start:
             return o.lr
         progress = min(1.0, (step - start + 1) / max(1, cfg.max_steps - start))
@@ -216,9 +198,7 @@ class TrainingLoop:
                 "or train.nan_policy=skip"
             )
         st = tag_format.read_state(tag_dir)
-        if self.mcfg.frozen_groups_at(int(st["trainable_step"])) != self.mcfg.frozen_groups_at(
-            self.model_engine.trainable_step
-        ):
+        if self._changes_trainable_set(int(st["trainable_step"])):
             self.model_engine.rebuild(int(st["trainable_step"]))
         engine_checkpoint.load(self.model_engine, tag_dir, False, self.cfg.seed)
         self.loader.load_state_dict(st["loader"])
@@ -249,10 +229,17 @@ class TrainingLoop:
         return out
 
     # -- one step -----------------------------------------------------------------------------
+    def _changes_trainable_set(self, step: int) -> bool:
+        """The freeze schedule's trainable set at `step` is not the engine's."""
+        return self.mcfg.frozen_groups_at(step) != self.mcfg.frozen_groups_at(self.model_engine.trainable_step)
+
     def _on_nonfinite(self, loss: float, grad_norm: float | None, position: int | None) -> None:
         """The update was skipped on every rank: apply the policy (raises for stop)."""
         cfg = self.cfg
-        what = describe_nonfinite(loss, grad_norm)
+        if math.isfinite(loss):
+            what = f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
+        else:
+            what = f"non-finite loss ({loss})"
         action = self.guard.on_nonfinite(self.step, position, cfg.global_batch_size, what)
         end = position + cfg.global_batch_size if position is not None else "?"
         self.logger.message(
@@ -260,19 +247,9 @@ class TrainingLoop:
             f"update skipped ({action}; {self.guard.events}/{cfg.train.max_nan_skips} allowed)"
         )
         if self.rank == 0:
+            rec = {"step": self.step + 1, "samples": position, "loss": str(loss), "grad_norm": str(grad_norm)}
             with open(self.run_dir / "nonfinite.jsonl", "a") as f:
-                f.write(
-                    json.dumps(
-                        {
-                            "step": self.step + 1,
-                            "samples": position,
-                            "loss": str(loss),
-                            "grad_norm": str(grad_norm),
-                            "action": action,
-                        }
-                    )
-                    + "\n"
-                )
+                f.write(json.dumps({**rec, "action": action}) + "\n")
         if action == "rollback":
             self.rollback()
 
@@ -285,14 +262,8 @@ class TrainingLoop:
         if do_eval:
             rec.update(self.evaluate())
             self.result.val_losses[step] = rec["val_loss"]
-            rec.update(
-                run_hooks(
-                    self.hooks,
-                    self.model_engine.model,
-                    step,
-                    self.model_engine.gathered(self.model_engine.model.parameters()),
-                )
-            )
+            model = self.model_engine.model
+            rec.update(run_hooks(self.hooks, model, step, self.model_engine.gathered(model.parameters())))
         if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
             fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
             tps = cfg.tokens_per_step / dt
@@ -324,7 +295,7 @@ class TrainingLoop:
         cfg, model_engine, result = self.cfg, self.model_engine, self.result
         flags = torch.zeros(2, device=self.device)
         while self.step < cfg.max_steps:
-            if self.mcfg.frozen_groups_at(self.step) != self.mcfg.frozen_groups_at(model_engine.trainable_step):
+            if self._changes_trainable_set(self.step):
                 self.logger.message(
                     f"after step {self.step}: the freeze schedule changes the trainable set to "
                     f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine"
