@@ -64,9 +64,8 @@ class ModelConfig:
     tie_embeddings: bool = False
     bias: bool = False  # biases on every projection (the reference turned them on)
     init_std: float = 0.02
-    qk_init_std: float | None = (
-        None  # std of Q/K when they start frozen; None -> 1/sqrt(hidden) (the paper; the reference code used 0.02)
-    )
+    # std of Q/K when they start frozen; None -> 1/sqrt(hidden) (the paper; the reference code used 0.02)
+    qk_init_std: float | None = None
     # Variant and freezing
     variant: str = "standard"
     frozen_groups: list[str] | None = None  # None -> the variant's preset
@@ -76,9 +75,7 @@ class ModelConfig:
     mixit_seed: int = 0
     mixit_rng: str = "philox"  # how M's entries are drawn from the seed: MIXIT_RNGS (model/rng.py)
     mixit_beta: float = 1.0
-    mixit_depth_alpha: float = (
-        0.0  # != 0 selects the reference's other path (no identity, sigma=1/sqrt(T), branch scale)
-    )
+    mixit_depth_alpha: float = 0.0  # != 0: the reference's other path (no identity, sigma=1/sqrt(T), branch scale)
     mixit_depth_base_layers: int = 2  # L_base in the branch scale (L_base / L) ** alpha
     mixit_residual_scale: float | None = 0.5  # s in h <- s h + sqrt(1-s^2) f(norm(h)); None -> plain residual
     mixit_leaky_c: float | None = -1.0  # gated LeakyReLU slope a = 1 + c/sqrt(d); None -> SwiGLU
@@ -92,9 +89,7 @@ class ModelConfig:
     mixit_impl: str = "auto"
     mixit_block_size: int = 128
     compile_blocks: bool = False  # torch.compile each decoder block (CPU and GPU)
-    loss_chunk_tokens: int = (
-        1024  # loss from `labels` in chunks of this many tokens, never full logits; 0 -> full logits
-    )
+    loss_chunk_tokens: int = 1024  # loss from `labels` in chunks of this many tokens; 0 -> full logits
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -309,6 +304,7 @@ class ModelConfig:
 
 # A size ladder for scaling studies. The big ones are the Llama-3 shapes
 # (Llama-3.2-1B/3B, Llama-3-8B); the small ones run on a CPU.
+_LLAMA3 = dict(num_kv_heads=8, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, max_seq_len=2048)
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=192),
     "xs": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384),
@@ -316,41 +312,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "m": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536),
     "l": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=2048),
     "xl": dict(hidden_size=1024, num_layers=16, num_heads=16, num_kv_heads=8, intermediate_size=2816),
-    "1b": dict(
-        hidden_size=2048,
-        num_layers=16,
-        num_heads=32,
-        num_kv_heads=8,
-        intermediate_size=8192,
-        vocab_size=128256,
-        tie_embeddings=True,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        max_seq_len=2048,
-    ),
-    "3b": dict(
-        hidden_size=3072,
-        num_layers=28,
-        num_heads=24,
-        num_kv_heads=8,
-        intermediate_size=8192,
-        vocab_size=128256,
-        tie_embeddings=True,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        max_seq_len=2048,
-    ),
-    "8b": dict(
-        hidden_size=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        intermediate_size=14336,
-        vocab_size=128256,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        max_seq_len=2048,
-    ),
+    "1b": dict(_LLAMA3, hidden_size=2048, num_layers=16, num_heads=32, intermediate_size=8192, tie_embeddings=True),
+    "3b": dict(_LLAMA3, hidden_size=3072, num_layers=28, num_heads=24, intermediate_size=8192, tie_embeddings=True),
+    "8b": dict(_LLAMA3, hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=14336),
 }
 
 

@@ -263,30 +263,9 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
     drift = drift.contiguous()
     t = tiles(dh, block)
     grid = (b * Hr, triton.cdiv(n - row_start, t.BM))
-    fwd[grid](
-        v,
-        cs,
-        out,
-        keys,
-        sig,
-        drift,
-        n,
-        row_start,
-        p.T,
-        p.beta,
-        v.stride(0),
-        v.stride(1),
-        v.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        drift.stride(0),
-        Hr,
-        DH=dh,
-        IDENT=p.identity,
-        CAUSAL=p.causal,
-        **launch_meta(t, n, p.generator),
-    )
+    strides = (*v.stride()[:3], *out.stride()[:3], drift.stride(0))
+    meta = dict(DH=dh, IDENT=p.identity, CAUSAL=p.causal, **launch_meta(t, n, p.generator))
+    fwd[grid](v, cs, out, keys, sig, drift, n, row_start, p.T, p.beta, *strides, Hr, **meta)
     return out
 
 
@@ -301,22 +280,8 @@ def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block:
     sig = torch.tensor(p.sigmas, dtype=torch.float32, device=g.device)
     t = tiles(dh, block)
     grid = (b * Hr, triton.cdiv(n, t.BN))
-    bwd[grid](
-        g,
-        dv,
-        keys,
-        sig,
-        n,
-        p.T,
-        p.beta,
-        g.stride(0),
-        g.stride(1),
-        g.stride(2),
-        Hr,
-        DH=dh,
-        CAUSAL=p.causal,
-        **launch_meta(t, n, p.generator),
-    )
+    meta = dict(DH=dh, CAUSAL=p.causal, **launch_meta(t, n, p.generator))
+    bwd[grid](g, dv, keys, sig, n, p.T, p.beta, *g.stride()[:3], Hr, **meta)
     dg = drift[None, :, :n, None] * g
     if p.causal:
         dv -= p.beta * dg.flip(2).cumsum(2).flip(2)
