@@ -1,21 +1,12 @@
-"""Sequence classification on top of any variant's backbone (plain PyTorch).
+"""Sequence classification on top of any variant's backbone (plain PyTorch; docs/CLASSIFICATION.md).
 
     clf = SequenceClassifier(backbone, num_labels=2, pooling="last", pad_id=0)
     logits = clf(input_ids)                  # (b, num_labels)
     loss = clf(input_ids, labels)            # mean cross-entropy over sequences (labels (b,))
 
-The backbone's final hidden states are normalised with its final RMSNorm, pooled (at the last
-non-pad token, or the mean over non-pad tokens) and mapped to `num_labels` logits by `score`.
-Parameter names are `model.<backbone name>` and `score.*`, so model/freezing.py puts the head
-in group "head" and every backbone tensor in its usual group: variants, overrides and
-schedules apply unchanged. The backbone's `lm_head` is not used and is frozen (unless tied to
-the embeddings, in which case it is the embedding matrix).
-
-Padding is on the right. With a bidirectional (model.causal=false) softmax backbone, real
-tokens are masked from the pads (per-document masking), so padding does not change the
-logits; MixiT (no scores to mask) and shaped attention (its identity/centering terms have no
-masked form here) do mix the (constant) pad tokens into real tokens.
-With a causal backbone, right padding never reaches real tokens.
+Parameter names are `model.<backbone name>` and `score.*`, so model/freezing.py puts the head in
+group "head" and every backbone tensor in its usual group. Padding is on the right; a bidirectional
+softmax backbone masks real tokens from the pads.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""Checkpoints written off the step's path (`checkpoint.background: true`).
+"""Checkpoints written off the step's path (`checkpoint.background: true`; docs/TRAINING.md).
 
-The step is blocked only while a save copies this rank's state into host memory (DeepSpeed's state
-dicts and the frozen tensors into the tensors of the previous save's copy, and the RNG states; on a
-GPU this is the copy to the host). A writer thread then writes and fsyncs the files, and the ranks agree over a gloo process group of their
-own (so training's collectives on the default group go on beside it) that every rank's files are on
-disk; only then does rank 0 mark the tag COMPLETE and move `latest`. That is the protocol of a
-synchronous save (pretrain/engine_checkpoint.py), run later: a kill during the background write
-leaves a tag without its marker, which `--resume auto` passes over, as after a kill during a
-synchronous write. At most one save is in flight: the next save, a rollback and the end of the run
-wait for it, and a failed background write (a full disk) raises its CheckpointWriteFailed there,
-on every rank at the same step.
-
-DeepSpeed's own decoupled checkpoint engine commits each rank's files on its own, without a moment
-at which every rank's files are known to be on disk, so it cannot move `latest` as this run's
-guarantees require; this writer keeps the marker protocol and only moves it off the step.
+The step is blocked only while a save copies this rank's state into host memory. A writer thread
+then runs the protocol of a synchronous save (pretrain/engine_checkpoint.py): write and fsync, the
+ranks agree over a gloo process group of their own (so training's collectives go on beside it),
+and rank 0 marks the tag COMPLETE and moves `latest`. At most one save is in flight: the next save,
+a rollback and the end of the run wait for it, and a failed background write raises there, on every
+rank at the same step. (DeepSpeed's decoupled checkpoint engine commits each rank's files on its
+own, with no moment at which every rank's are known to be on disk, so it cannot move `latest`.)
 """
 
 from __future__ import annotations

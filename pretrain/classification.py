@@ -1,4 +1,5 @@
-"""Sequence classification through the pretraining trainer (recipe `task: classification`).
+"""Sequence classification through the pretraining trainer (recipe `task: classification`;
+docs/CLASSIFICATION.md).
 
     task: classification
     classification:
@@ -8,13 +9,8 @@
     model: {preset: tiny, causal: false}
     data: {source: "classify:data/toy_sentiment.jsonl", tokenizer: bytes}
 
-The model is model.classifier.SequenceClassifier around the variant's backbone; its head is
-`score` (freezing group "head"). The loss is the mean cross-entropy over the sequences of the
-global batch (each sequence is one scored "token" in the trainer's scaling). With `init_from`,
-the backbone's config is the checkpoint's, with the recipe's explicit `model` keys (except
-`preset`) applied on top (e.g. causal: false, variant, frozen_groups); the weights must fit.
-Pipeline parallelism is refused (the stage split assumes the LM head). The recipe schema is
-checked in pretrain/recipe_checks.py; reading a classifier back is checkpoint/consolidate.py's job.
+The recipe schema is checked in pretrain/recipe_checks.py; reading a classifier back is
+checkpoint/consolidate.py's job.
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """Writing and reading the engine's checkpoints (the tag-dir format is checkpoint/tag_format.py).
 
 A save is collective: every rank writes its DeepSpeed files, the data-parallel rank 0 of each
-pipeline stage its frozen tensors, every rank its RNG state, and fsyncs what it wrote; only
-when every rank reports success does rank 0 mark the tag complete (fsynced, with the list of
-its files) and move `latest`.
+pipeline stage its frozen tensors, every rank its RNG state, and fsyncs what it wrote; only when
+every rank reports success does rank 0 mark the tag complete and move `latest`.
 
-A write that fails (a full disk raises OSError from Python, RuntimeError from torch.save,
-SafetensorError from safetensors) is caught where it happens, on the rank where it happens,
-and that rank goes on through the save's remaining collectives without writing; DeepSpeed's
-writes go through `_RankWrites.engine_writes`, so its internal barriers still pair up. The
-ranks then agree (one all-reduce) to abandon the checkpoint: rank 0 removes the partial tag
-dir after every rank has stopped writing, and every rank raises the same
-`CheckpointWriteFailed`, at once rather than at the collective timeout.
+A failed write (OSError, torch's RuntimeError, SafetensorError) is caught on the rank where it
+happens, which then goes on through the save's remaining collectives without writing (DeepSpeed's
+writes go through `_RankWrites.engine_writes`, so its internal barriers still pair up). The ranks
+then agree to abandon the checkpoint: rank 0 removes the partial tag dir and every rank raises the
+same `CheckpointWriteFailed`, at once rather than at the collective timeout.
 
-A load scans every pickle before DeepSpeed starts, and DeepSpeed's own loads read each file
-weights-only from the same open file that was scanned (`guarded_torch_load`).
+A load scans every pickle before DeepSpeed starts, and DeepSpeed reads each file weights-only from
+the same open file that was scanned (`guarded_torch_load`).
 """
 
 from __future__ import annotations
@@ -64,13 +61,12 @@ class _RankWrites:
     def engine_writes(
         self, engine, deferred: list[Callable[[], None]] | None = None, staging: dict[str, Any] | None = None
     ) -> Iterator[None]:
-        """Route DeepSpeed's writes during `save_checkpoint` through `run`: its checkpoint engine's
-        `save` (model, optimizer and pipeline layer files) and the recovery-script copy. With
-        `deferred`, each state dict is copied into host memory now (the live optimizer state moves on
-        with training) and its write appended there instead of done: into the tensors of the same
-        file's copy at the last save, kept in `staging` (memory already touched copies several times
-        faster than fresh allocations), else into new CPU tensors. DeepSpeed's own copy for `torch.save`
-        is turned off meanwhile (`preserves_storage_sharing`), so each tensor is copied once."""
+        """Route DeepSpeed's writes during `save_checkpoint` (its checkpoint engine's `save` and the
+        recovery-script copy) through `run`. With `deferred`, each state dict is copied into host memory
+        now (training moves the live state on) and its write appended there: the copy goes into the
+        tensors of the same file's copy at the last save, kept in `staging` (touched memory copies
+        several times faster than fresh allocations), and DeepSpeed's own copy for `torch.save` is off
+        (`preserves_storage_sharing`), so each tensor is copied once."""
         ce = engine.checkpoint_engine
         if deferred is None:
             real_save = ce.save
@@ -146,14 +142,9 @@ def _agree(writes: _RankWrites, tag_dir: Path, run_dir: Path, device: torch.devi
     if dist.get_rank() == 0:
         tag_format.discard(tag_dir)  # every rank has stopped writing into it
     dist.barrier(group=group)
-    raise write_failed([(r, e) for r, e in enumerate(errors) if e is not None], tag_dir, run_dir)
-
-
-def write_failed(errors: list[tuple[int, str]], tag_dir: Path, run_dir: Path) -> CheckpointWriteFailed:
-    """What failed, what is still good, and what to do."""
     latest = tag_format.latest_checkpoint(run_dir)
-    which = "; ".join(f"rank {r}: {e}" for r, e in errors[:4])
-    return CheckpointWriteFailed(
+    which = "; ".join([f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None][:4])
+    raise CheckpointWriteFailed(
         f"could not write checkpoint {tag_dir.name} ({which}); "
         f"every rank abandoned it, the partial files were removed and the last complete checkpoint "
         f"{latest if latest else '(none yet)'} is untouched. Fix: free space under {run_dir} (or lower "

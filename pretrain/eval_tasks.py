@@ -1,16 +1,11 @@
-"""Downstream evaluations during training, as recipe keys: `eval.tasks`.
+"""Downstream evaluations during training, as recipe keys: `eval.tasks` (docs/TRAINING.md).
 
     eval:
       tasks: [bits_per_byte, induction, exact_match:prompts.jsonl]
 
-Each task becomes a training hook (pretrain/hooks.py), so it runs at the validation cadence
-(`train.eval_every_steps` and the last step) on the plain model, and what it returns is logged with
-that step under `eval/...` to metrics.jsonl and TensorBoard:
-- `bits_per_byte`: every named validation set (`data.val_sets`) whole, through eval's perplexity:
-  `eval/bpb/<set>` and `eval/bpb` over all their bytes (the tokenizer decodes each set once, at start);
-- `induction`: eval's induction score on random repeated segments (`eval/induction/acc`, ...);
-- `exact_match:FILE`: greedy continuations of FILE's prompts (`eval/exact_match/<stem>/exact_match`, `.../char_acc`).
-A bad task, a missing file or a missing tokenizer is refused before the engine is built.
+Each task becomes a training hook (pretrain/hooks.py), run at the validation cadence on the plain
+model, and what it returns is logged with that step under `eval/...`. A bad task, a missing file or
+a missing tokenizer is refused before the engine is built.
 """
 
 from __future__ import annotations

@@ -2,14 +2,11 @@
 
     train(recipe, overrides, hooks=[probe])      # probe(model, step) -> {"name": number, ...}
 
-A hook is any callable `(model, step) -> dict`. It is called every `train.eval_every_steps`
-(and at the last step), after validation, on every rank (a hook may use collectives), with the
-plain model (not the DeepSpeed engine) in eval mode under `torch.no_grad()`, its full weights
-gathered under ZeRO-3; training mode is restored after. Rank 0 logs what the hooks return with
-that step's record: numbers to metrics.jsonl and TensorBoard, other JSON values (per-head
-lists) to metrics.jsonl only. The recipe's `eval.tasks` become hooks the same way
-(pretrain/eval_tasks.py); a study passes its own probes in.
-Pipeline parallelism splits the model across ranks, so hooks are refused there.
+A hook is called every `train.eval_every_steps` (and at the last step), after validation, on every
+rank (it may use collectives), with the plain model in eval mode under `torch.no_grad()`, its full
+weights gathered under ZeRO-3. Rank 0 logs what it returns with that step's record: numbers to
+metrics.jsonl and TensorBoard, other JSON values (per-head lists) to metrics.jsonl only. Pipeline
+parallelism splits the model across ranks, so hooks are refused there.
 """
 
 from __future__ import annotations

@@ -227,12 +227,5 @@ def memory_estimate(
     in_flight = min(pp, layout.grad_accum) if pp > 1 else 1
     logits = min(s * b, loss_chunk_tokens) * vocab * 4 if loss_chunk_tokens else s * b * vocab * 4 * 2
     acts = per_layer * layers / pp * in_flight + logits
-    total = weights + grads + optim + acts
-    gib = 1024**3
-    return {
-        "weights_gib": weights / gib,
-        "grads_gib": grads / gib,
-        "optimizer_gib": optim / gib,
-        "activations_gib": acts / gib,
-        "total_gib": total / gib,
-    }
+    parts = {"weights": weights, "grads": grads, "optimizer": optim, "activations": acts}
+    return {f"{k}_gib": v / 1024**3 for k, v in {**parts, "total": sum(parts.values())}.items()}

@@ -1,17 +1,13 @@
 """Stop a rank whose launcher is gone, through the trainer's SIGTERM path (checkpoint, then exit).
 
-Why: SIGKILL to launch.sh's process group (an OOM kill, a lost login shell) kills only the shell.
-DeepSpeed's runner, its per-node launcher and the ranks sit in a process group of their own, so they
-trained on to the last step, holding devices and writing into a run dir that a restarted job owns.
-
-Two ways a rank learns that its launcher died; both send SIGTERM to the rank itself, so the trainer
-(checkpoint.save_on_signal) saves a complete checkpoint and stops. Ranks agree on stopping through
-the per-step all-reduce of the stop flag, so one rank noticing is enough.
-* Its parent (DeepSpeed's launch.py, torchrun, slurmstepd) dies: PR_SET_PDEATHSIG on Linux, and a
-  poll of the parent PID elsewhere. Only for launched ranks (LOCAL_RANK set): a plain
-  `nohup python -m pretrain.train` must survive its shell.
-* The launch.sh that started the job dies: it exports LAUNCHER_ENV="HOST PID"; a daemon thread polls
-  that PID (on that host only: srun carries the variable to other nodes, where the PID means nothing).
+Why: SIGKILL to launch.sh's process group (an OOM kill, a lost login shell) kills only the shell;
+DeepSpeed's runner and the ranks, in a process group of their own, would train on, holding devices
+and writing into a run dir that a restarted job owns. A rank sends itself SIGTERM when
+* its parent (DeepSpeed's launch.py, torchrun, slurmstepd) dies: PR_SET_PDEATHSIG on Linux, a poll of
+  the parent PID elsewhere; launched ranks only (LOCAL_RANK set), so a plain `nohup python -m
+  pretrain.train` survives its shell;
+* the launch.sh that started the job dies: it exports LAUNCHER_ENV="HOST PID", polled on that host only.
+The per-step all-reduce of the stop flag makes every rank stop when one notices.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Each rank's model, built where it lives, with parallelism applied from outside in one place.
 
-`build_local` runs in a fixed order (after torchtitan): construct the module without allocating
-it (on the meta device; under ZeRO-3 inside `deepspeed.zero.Init`, which partitions each
-submodule as soon as it is built), apply activation checkpointing, split out this rank's
-pipeline stage, then materialise only what this rank owns. Each tensor comes from a given state
-(a freeze boundary, a classifier's pretrained backbone) or from the model's `initial_value`, a
-function of the init seed and the tensor's name alone (model/init.py). So no rank ever holds the
-whole model on the host: a ZeRO-3 rank holds its partitions (and the small tensors ZeRO-3
-persists), a pipeline rank its stage's layers (the others stay on the meta device), and the
-weights are a single process's whatever the layout.
+`build_local` (after torchtitan): construct the module without allocating it (on the meta device;
+under ZeRO-3 inside `deepspeed.zero.Init`, which partitions each submodule as it is built), apply
+activation checkpointing, split out this rank's pipeline stage, then materialise only what this rank
+owns, each tensor from a given state or the model's `initial_value` (a function of the init seed and
+the tensor's name: model/init.py). So no rank holds the whole model on the host, and the weights are
+a single process's whatever the layout.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The Transformer as a DeepSpeed PipelineModule (Megatron-style stages).
 
-Layers, in order: token embedding, [MixiT position embedding], one layer per block,
-final norm, head. With tied embeddings the embedding and the head are the same
-`TiedLayerSpec("embed", ...)`: DeepSpeed keeps one copy per stage that holds it and
-all-reduces its gradient between the first and last stage.
-
-Every layer wraps the submodules of one `model.Transformer`, built on the meta device:
-DeepSpeed builds only this stage's layers, and `materialise` then allocates just their tensors
-(pretrain/parallelize.py), so a rank never holds another stage's weights. The pipeline computes
-exactly the function of the plain model and starts from the same weights.
-checkpoint/consolidate.py's `layer_key_map` maps each layer's state-dict keys back to
-Transformer names (keep the two in the same order).
+Layers, in order: token embedding, [MixiT position embedding], one layer per block, final norm,
+head; with tied embeddings the embedding and the head are one `TiedLayerSpec("embed", ...)`. Every
+layer wraps submodules of one `model.Transformer` built on the meta device, and only this stage's
+tensors are allocated (pretrain/parallelize.py). checkpoint/consolidate.py's `layer_key_map` maps
+each layer's state-dict keys back to Transformer names (keep the two in the same order).
 
 The last layer hands the loss the final hidden states and the head matrix, never logits: DeepSpeed
 gives the labels to `loss_fn` only, so the chunked loss (model/kernels/loss.py) runs there.

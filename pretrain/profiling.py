@@ -7,9 +7,7 @@
       with_stack: false     # Python stacks (large traces)
       memory: true          # CUDA: torch.cuda.memory snapshot of those steps (pytorch.org/memory_viz)
 
-Writes RUN_DIR/profile/rank<R>.steps<A>-<B>.pt.trace.json (Chrome trace format: chrome://tracing,
-Perfetto, or TensorBoard's PyTorch profiler plugin, which reads *.pt.trace.json) and, with memory on
-CUDA, rank<R>.steps<A>-<B>.memory.pickle. On a CPU run `memory` says so once and the run goes on.
+The files it writes under RUN_DIR/profile/ and how to read them: docs/TRAINING.md.
 """
 
 from __future__ import annotations

@@ -4,12 +4,9 @@
       wandb: {project: variants, group: scaling, name: std-n27k, tags: [cpu], mode: offline}
       mlflow: {tracking_uri: file:./mlruns, experiment: variants, group: scaling}
 
-Rank 0 sends every numeric scalar of a metrics.jsonl record (loss, per-source validation, lr,
-tokens/s, MFU, grad norm, eval/...) at its step; the resolved recipe is the run's config. The
-tracked run's id is kept in RUN_DIR/trackers.json, so `--resume` continues the same tracked run.
-Neither package is needed to train: a recipe that asks for one without it installed is refused
-with one error line before any work. MLflow's local file store (`file:` URIs) is in maintenance
-mode in MLflow 3, which opens it only with MLFLOW_ALLOW_FILE_STORE=true; a `file:` URI sets that.
+What they receive, and resuming the same tracked run (RUN_DIR/trackers.json): docs/TRAINING.md.
+MLflow 3 opens its local file store (`file:` URIs) only with MLFLOW_ALLOW_FILE_STORE=true; a `file:`
+URI sets that.
 """
 
 from __future__ import annotations

@@ -5,15 +5,7 @@
 
 Runs as one plain process (world size 1; the process group is set up here with gloo or
 nccl) or under `deepspeed` / `launch.sh` / torchrun. `train(recipe, overrides)` is the
-same thing as a Python function (world size 1 in-process, or inside a launched process).
-
-A run, in order (each step in its own module):
-  the recipe (config.py) -> the process group (distributed.py) -> where to resume from (resume.py)
-  -> the data, whose vocabulary sizes the model (config.py's cfg.loader, task_model.py) -> the layout (layout.py)
-  -> the run dir it owns (run_dir.py) -> the RunContext (context.py) the components build from: the
-  engine (engine.py), the loader, the logger (metrics.py), the checkpointer (engine_checkpoint.py)
-  -> the loop over them (loop.py: steps, preemption.py, freeze_transitions.py; a caller's probes
-  through hooks.py).
+same thing as a Python function. A run's steps, each in its own module, are docs/ARCHITECTURE.md's.
 """
 
 from __future__ import annotations

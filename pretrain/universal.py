@@ -3,15 +3,12 @@
     python -m pretrain.universal --checkpoint RUN/checkpoints/step_00000100 --out RUN/universal
     python -m pretrain.train --recipe R.yaml --resume RUN/universal/step_00000100 [new layout overrides]
 
-Runs DeepSpeed's `ds_to_universal` on the tag dir (which needs the `UNIVERSAL_CHECKPOINT_INFO`
-client state every checkpoint of pretrain.train carries), then copies the trainer's own files
-(trainer_state.json marked universal, frozen tensors) and marks the result complete (fsynced,
-with its file list). The input is verified against its marker and every pickle in it is scanned
-first; the converter, which unpickles in full, runs under `checkpoint.guarded_run`, so it reads
-each file weights-only from the same open file that was scanned. Resuming from it sets `"checkpoint": {"load_universal": true}`
-in the DeepSpeed config automatically. The loader position is global, so the data order
-continues unchanged under the new data-parallel size. Per-rank RNG files are not copied
-(ranks change meaning across layouts); they are re-seeded.
+The input is verified against its marker and every pickle in it scanned first; DeepSpeed's
+`ds_to_universal` (which needs the `UNIVERSAL_CHECKPOINT_INFO` client state every checkpoint of
+pretrain.train carries) runs under `checkpoint.guarded_run`, reading each file weights-only from the
+same open file that was scanned. The trainer's own files follow (trainer_state.json marked universal,
+the frozen tensors; not the per-rank RNG files, re-seeded on resume) and the result is marked
+complete (docs/TRAINING.md).
 """
 
 from __future__ import annotations
