@@ -80,22 +80,6 @@ def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
     return {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
 
 
-def to_llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    sd = {}
-    for k, v in model.state_dict().items():
-        sd[k if k.startswith("lm_head.") else f"model.{k}"] = v
-    return sd
-
-
-def to_hf_llama(model: Transformer) -> LlamaForCausalLM:
-    """An in-memory LlamaForCausalLM with our weights (same dtype, on CPU)."""
-    hf = LlamaForCausalLM(llama_config(model.cfg)).to(next(model.parameters()).dtype)
-    missing, unexpected = hf.load_state_dict(to_llama_state_dict(model), strict=False)
-    if unexpected or [m for m in missing if not (model.cfg.tie_embeddings and m == "lm_head.weight")]:
-        raise RuntimeError(f"HF export mismatch: missing={missing} unexpected={unexpected}")
-    return hf.eval()
-
-
 # ---- every other variant (registered class) -----------------------------------------------
 class TrainablePartsConfig(PretrainedConfig):
     model_type = MODEL_TYPE
@@ -152,11 +136,19 @@ AutoModelForCausalLM.register(TrainablePartsConfig, TrainablePartsForCausalLM, e
 
 # ---- export / import --------------------------------------------------------------------
 def to_hf(model: Transformer) -> PreTrainedModel:
+    """An in-memory HF model with our weights (same dtype, on CPU): a LlamaForCausalLM where the network
+    is one (our names with a `model.` prefix), else the registered TrainablePartsForCausalLM."""
+    dtype = next(model.parameters()).dtype
     if not is_llama(model.cfg):
         hf = TrainablePartsForCausalLM(TrainablePartsConfig(trainable_parts=model.cfg.to_dict()))
         hf.model.load_state_dict(model.state_dict())
-        return hf.to(next(model.parameters()).dtype).eval()
-    return to_hf_llama(model)
+        return hf.to(dtype).eval()
+    hf = LlamaForCausalLM(llama_config(model.cfg)).to(dtype)
+    sd = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in model.state_dict().items()}
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    if unexpected or [m for m in missing if not (model.cfg.tie_embeddings and m == "lm_head.weight")]:
+        raise RuntimeError(f"HF export mismatch: missing={missing} unexpected={unexpected}")
+    return hf.eval()
 
 
 def export_hf(model: Transformer, out_dir: str | os.PathLike) -> Path:

@@ -22,23 +22,20 @@ WEIGHTS_NAME, CONFIG_NAME = "model.safetensors", "config.json"
 FORMAT = "trainable-parts-native-v1"
 
 
-def state_dict_for_save(model: Transformer) -> dict[str, torch.Tensor]:
-    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    if model.cfg.tie_embeddings:
-        sd.pop("lm_head.weight", None)
-    return sd
-
-
 def save_native(
     model: Transformer,
     out_dir: str | os.PathLike,
     meta: dict[str, Any] | None = None,
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write weights (true dtypes, frozen tensors included) and config+meta atomically."""
+    """Write weights (true dtypes, frozen tensors included; tied embeddings once) and config+meta atomically."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sd = state_dict if state_dict is not None else state_dict_for_save(model)
+    sd = state_dict
+    if sd is None:
+        sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        if model.cfg.tie_embeddings:
+            sd.pop("lm_head.weight", None)
     tmp = out / (WEIGHTS_NAME + ".tmp")
     save_file(sd, str(tmp), metadata={"format": FORMAT})
     os.replace(tmp, out / WEIGHTS_NAME)

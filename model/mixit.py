@@ -55,11 +55,9 @@ def mixing_matrix(
     if not 1 <= t <= cfg.max_seq_len:
         raise ValueError(f"sequence length {t} is outside [1, max_seq_len={cfg.max_seq_len}]")
     idx = torch.arange(t, device=device)
-    causal = (
-        torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        if cfg.causal
-        else torch.ones(t, t, dtype=torch.bool, device=device)
-    )
+    causal = torch.ones(t, t, dtype=torch.bool, device=device)
+    if cfg.causal:
+        causal = causal.tril()
     count = causal.sum(dim=1, keepdim=True).to(torch.float32)  # entries averaged per row
     eye = torch.eye(t, device=device)
     sigmas = head_sigmas(cfg, layer)

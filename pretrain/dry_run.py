@@ -53,17 +53,7 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     fpt, src = train_flops_per_token(mcfg, cfg.train.seq_len, 0)
-    mem = memory_estimate(
-        cfg,
-        layout,
-        trainable,
-        total - trainable,
-        mcfg.hidden_size,
-        mcfg.num_layers,
-        mcfg.num_heads,
-        mcfg.vocab_size,
-        mcfg.loss_chunk_tokens,
-    )
+    mem = memory_estimate(cfg, layout, mcfg, trainable, total - trainable)
     zero = build_ds_config(cfg, layout, on_cpu=cfg.train.device == "cpu", hidden_size=mcfg.hidden_size).get(
         "zero_optimization", {}
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import RecipeError
+from model import ModelConfig
 
 from .config import RunConfig, resolve_ds_config_path
 
@@ -184,15 +185,7 @@ def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool, hidden_size: i
 
 
 def memory_estimate(
-    cfg: RunConfig,
-    layout: Layout,
-    n_trainable: int,
-    n_frozen: int,
-    hidden: int,
-    layers: int,
-    heads: int,
-    vocab: int,
-    loss_chunk_tokens: int = 0,
+    cfg: RunConfig, layout: Layout, mcfg: ModelConfig, n_trainable: int, n_frozen: int
 ) -> dict[str, float]:
     """Rough bytes per rank: weights, gradients, optimizer state (ZeRO-sharded), activations.
 
@@ -219,6 +212,7 @@ def memory_estimate(
     if layout.offload_param:
         weights = 0.0
     s, b = cfg.train.seq_len, layout.micro_batch
+    hidden, heads, vocab, loss_chunk_tokens = mcfg.hidden_size, mcfg.num_heads, mcfg.vocab_size, mcfg.loss_chunk_tokens
     per_layer = (
         s * b * hidden * 2 * wb
         if cfg.train.activation_checkpointing
@@ -226,6 +220,6 @@ def memory_estimate(
     )
     in_flight = min(pp, layout.grad_accum) if pp > 1 else 1
     logits = min(s * b, loss_chunk_tokens) * vocab * 4 if loss_chunk_tokens else s * b * vocab * 4 * 2
-    acts = per_layer * layers / pp * in_flight + logits
+    acts = per_layer * mcfg.num_layers / pp * in_flight + logits
     parts = {"weights": weights, "grads": grads, "optimizer": optim, "activations": acts}
     return {f"{k}_gib": v / 1024**3 for k, v in {**parts, "total": sum(parts.values())}.items()}

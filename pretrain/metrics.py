@@ -9,7 +9,6 @@ benchmarks/bench_model.py uses too; each record names the peak's source (`mfu_pe
 from __future__ import annotations
 
 import json
-import math
 import resource
 import sys
 from pathlib import Path
@@ -20,6 +19,8 @@ from tqdm import tqdm
 
 from data_pipeline.progress import is_terminal
 from model.flops import flops_per_token
+
+from .trackers import scalars
 
 
 def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
@@ -97,9 +98,8 @@ class Logger:
             f.write(json.dumps(rec) + "\n")
         step = rec["step"]
         if self.tb is not None:
-            for k, v in rec.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.tb.add_scalar(_tb_name(k), v, step)
+            for k, v in scalars(rec).items():
+                self.tb.add_scalar(_tb_name(k), v, step)
         for tracker in self.trackers:
             tracker.log(rec)
         line = format_line(rec)

@@ -104,14 +104,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         gh, gw = ctx.saved_tensors
-        return (
-            None if gh is None else gh * g.to(gh.dtype),
-            None if gw is None else gw * g.to(gw.dtype),
-            None,
-            None,
-            None,
-            None,
-        )
+        dh = None if gh is None else gh * g.to(gh.dtype)
+        dw = None if gw is None else gw * g.to(gw.dtype)
+        return dh, dw, None, None, None, None
 
 
 REDUCTIONS = ("mean", "sum")
