@@ -45,6 +45,17 @@ def _bad(field_name: str, problem: str, fix: str) -> ConfigError:
     return ConfigError(f"model.{field_name}: {problem}. Fix: {fix}.")
 
 
+def did_you_mean(word: str, choices) -> str:
+    """ "did you mean 'x'? " for the closest of `choices` to `word`, or "" when none is close."""
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _is_int(value: Any, low: int) -> bool:
+    """An int (not a bool) >= low."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 @dataclass
 class ModelConfig:
     # Shape
@@ -118,11 +129,10 @@ class ModelConfig:
             "mixit_block_size",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_int(value, 1):
                 raise _bad(name, f"must be a positive integer, got {value!r}", f"set {name} to an integer >= 1")
         if self.variant not in VARIANTS:
-            close = difflib.get_close_matches(self.variant, VARIANTS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = did_you_mean(self.variant, VARIANTS)
             raise _bad("variant", f"unknown variant {self.variant!r}", f"{hint}choose one of {sorted(VARIANTS)}")
         if self.hidden_size % self.num_heads:
             raise _bad(
@@ -158,7 +168,7 @@ class ModelConfig:
                 f"{self.mixit_residual_scale} is outside (0, 1]",
                 "use a value in (0, 1], e.g. 0.5, or null for the plain residual",
             )
-        if self.shaped_tau0 <= 0 or not isinstance(self.shaped_width_base, int) or self.shaped_width_base < 1:
+        if self.shaped_tau0 <= 0 or not _is_int(self.shaped_width_base, 1):
             raise _bad(
                 "shaped_tau0/shaped_width_base",
                 f"got {self.shaped_tau0!r}/{self.shaped_width_base!r}",
@@ -177,11 +187,7 @@ class ModelConfig:
                 f"must be true or false, got {self.compile_blocks!r}",
                 "set compile_blocks to a boolean",
             )
-        if (
-            not isinstance(self.loss_chunk_tokens, int)
-            or isinstance(self.loss_chunk_tokens, bool)
-            or self.loss_chunk_tokens < 0
-        ):
+        if not _is_int(self.loss_chunk_tokens, 0):
             raise _bad(
                 "loss_chunk_tokens",
                 f"must be an integer >= 0, got {self.loss_chunk_tokens!r}",
@@ -198,8 +204,7 @@ class ModelConfig:
             groups += sched_groups
         for g in groups:
             if g not in PARAM_GROUPS:
-                close = difflib.get_close_matches(g, PARAM_GROUPS, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                hint = did_you_mean(g, PARAM_GROUPS)
                 raise _bad("frozen_groups", f"unknown parameter group {g!r}", f"{hint}choose from {list(PARAM_GROUPS)}")
         steps = [s for s, _ in self.freeze_schedule]
         if steps != sorted(set(steps)):
@@ -242,7 +247,7 @@ class ModelConfig:
                 "use Llama-3.1's factor 8, low_freq_factor 1, high_freq_factor 4 (Llama-3.2: factor 32)",
             )
         old = rs["original_max_position_embeddings"]
-        if not isinstance(old, int) or isinstance(old, bool) or old < 1:
+        if not _is_int(old, 1):
             raise _bad(
                 "rope_scaling",
                 f"original_max_position_embeddings must be a positive integer, got {old!r}",
@@ -268,10 +273,6 @@ class ModelConfig:
         if self.shaped:
             return 1.0 / (self.shaped_tau0 * math.sqrt(self.head_dim) * (self.hidden_size / self.shaped_width_base))
         return 1.0 / math.sqrt(self.head_dim)
-
-    def initial_frozen_groups(self) -> set[str]:
-        """Groups frozen at step 0 (the variant preset, or the explicit override)."""
-        return self.frozen_groups_at(0)
 
     def frozen_groups_at(self, step: int) -> set[str]:
         """Frozen groups in effect at optimizer step `step` under the freeze schedule."""
@@ -321,8 +322,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """A ModelConfig from the size ladder, with field overrides."""
     if name not in PRESETS:
-        close = difflib.get_close_matches(name, PRESETS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        hint = did_you_mean(name, PRESETS)
         raise ConfigError(f"model.preset: unknown preset {name!r}. Fix: {hint}choose one of {list(PRESETS)}.")
     return ModelConfig(**{**PRESETS[name], **overrides})
 

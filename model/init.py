@@ -19,14 +19,9 @@ def draw_seed() -> int:
     return int(torch.randint(0, 2**62, (), device="cpu"))
 
 
-def tensor_generator(seed: int, name: str) -> torch.Generator:
-    """A CPU generator seeded from (seed, name) by SHA-256 (stable across processes and Python runs)."""
-    digest = hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()
-    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
 def normal(shape, std: float, seed: int, name: str) -> torch.Tensor:
-    """N(0, std) fp32 on the CPU, drawn from the tensor's own generator."""
-    return torch.empty(tuple(shape), dtype=torch.float32, device="cpu").normal_(
-        0.0, std, generator=tensor_generator(seed, name)
-    )
+    """N(0, std) fp32 on the CPU, drawn from a CPU generator seeded from (seed, name) by SHA-256 (stable
+    across processes and Python runs)."""
+    digest = hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()
+    generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return torch.empty(tuple(shape), dtype=torch.float32, device="cpu").normal_(0.0, std, generator=generator)

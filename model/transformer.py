@@ -1,8 +1,5 @@
-"""The Llama-3 decoder with every variant, in plain PyTorch (no DeepSpeed here).
-
-The model is split into three stages (embed -> blocks -> head) that the pipeline
-wrapper in pretrain/ reuses as-is; `forward` is just their composition.
-"""
+"""The Llama-3 decoder with every variant, in plain PyTorch (no DeepSpeed here; the pipeline
+stages of pretrain/pipeline.py wrap its submodules)."""
 
 from __future__ import annotations
 
@@ -70,28 +67,13 @@ class Transformer(nn.Module):
             return torch.zeros(tuple(shape), device="cpu")
         if "layernorm" in name or name.startswith("norm."):
             return torch.ones(tuple(shape), device="cpu")
-        qk_std = cfg.qk_init_std if "qk" in cfg.initial_frozen_groups() else cfg.init_std
+        qk_std = cfg.qk_init_std if "qk" in cfg.frozen_groups_at(0) else cfg.init_std
         std = qk_std if ".q_proj." in name or ".k_proj." in name else cfg.init_std
         return init.normal(shape, std, self.init_seed, name)
 
     def set_step(self, step: int) -> list[str]:
         """Apply the freeze schedule in effect at optimizer step `step`; returns frozen names."""
         return apply_freeze(self, self.cfg.frozen_groups_at(step), tied=self.cfg.tie_embeddings)
-
-    # ---- the three stages --------------------------------------------------------------
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        if self.embed_positions is not None:
-            h = h + self.embed_positions(positions)
-        return h
-
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if self.cfg.mixer == "mixit":
-            return None, None
-        return rope_cos_sin(self.cfg, positions)
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(h))
 
     # ---- forward -----------------------------------------------------------------------
     def forward(
@@ -118,16 +100,16 @@ class Transformer(nn.Module):
             positions, attn_mask = doc_positions_and_mask(doc_ids)
         else:
             positions = torch.arange(past, past + t, device=input_ids.device)
-        h = self.embed(input_ids, positions)
-        cos, sin = self.rope(positions)
+        h = self.embed_tokens(input_ids)
+        if self.embed_positions is not None:
+            h = h + self.embed_positions(positions)
+        cos, sin = (None, None) if self.cfg.mixer == "mixit" else rope_cos_sin(self.cfg, positions)
         for block in self.layers:
             h = block(h, cos, sin, cache, attn_mask)
         if return_hidden:
             return h
-        if labels is not None:
-            # the head's own forward: chunked (never the full logits) unless loss_chunk_tokens=0
-            return self.lm_head(self.norm(h), labels, reduction)
-        return self.head(h)
+        # the logits, or with labels the loss of the head's own forward (chunked unless loss_chunk_tokens=0)
+        return self.lm_head(self.norm(h), labels, reduction)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.num_layers)

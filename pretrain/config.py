@@ -28,6 +28,7 @@ from common.errors import RecipeError
 from data_pipeline.config import DataSource, parse_data
 from data_pipeline.loader import build_loader, build_val_sets
 from model import PRESETS, ModelConfig, preset
+from model.config import did_you_mean
 from model.mfu import peak_tflops
 
 from .context import RunContext
@@ -166,8 +167,7 @@ class ModelSection:
         d = dict(d)
         name = d.pop("preset", "tiny")
         if name not in PRESETS:
-            close = difflib.get_close_matches(str(name), PRESETS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = did_you_mean(str(name), PRESETS)
             raise RecipeError(f"model.preset: unknown preset {name!r}. Fix: {hint}choose one of {list(PRESETS)}")
         hints = typing.get_type_hints(ModelConfig)
         for k, v in d.items():

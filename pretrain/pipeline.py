@@ -50,10 +50,8 @@ class BlockPipe(nn.Module):
         self.block = model.layers[i]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.cfg.mixer == "mixit":
-            cos = sin = None
-        else:
-            cos, sin = rope_cos_sin(self.cfg, torch.arange(h.shape[1], device=h.device))
+        positions = torch.arange(h.shape[1], device=h.device)
+        cos, sin = (None, None) if self.cfg.mixer == "mixit" else rope_cos_sin(self.cfg, positions)
         return self.block(h, cos, sin)
 
 
