@@ -34,8 +34,7 @@ def philox(key: int, c0: torch.Tensor, c1: torch.Tensor | int = 0, rounds: int =
     k0, k1 = key & _MASK32, (key >> 32) & _MASK32
     c0 = c0.to(torch.int64) & _MASK32
     c1 = torch.as_tensor(c1, dtype=torch.int64, device=c0.device).expand_as(c0) & _MASK32
-    c2 = torch.zeros_like(c0)
-    c3 = torch.zeros_like(c0)
+    c2 = c3 = torch.zeros_like(c0)
     for _ in range(rounds):
         hi_b, lo_b = _mul_hi_lo(_ROUND_B, c2)
         hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)

@@ -90,7 +90,7 @@ def materialise(module: nn.Module, names: dict[int, str], values: Values, device
     """Allocate every parameter of `module` still on the meta device, on `device`, with its value.
     The Parameter objects stay the same (torch.utils.swap_tensors): ties, requires_grad and
     attributes DeepSpeed set on them carry over."""
-    for p in {id(p): p for p in module.parameters()}.values():
+    for p in module.parameters():
         if not p.is_meta:
             continue
         value = values(names[id(p)], p.shape)
@@ -139,20 +139,12 @@ def resident_parameter_bytes(model: nn.Module) -> int:
     """Bytes of parameter storage allocated on this rank: tensors not on the meta device, plus
     ZeRO-3's partitions (`ds_tensor`; a gathered or persisted tensor also counts in full)."""
     total = 0
-    for p in {id(p): p for p in model.parameters()}.values():
+    for p in model.parameters():
         if not p.is_meta:
             total += p.numel() * p.element_size()
         part = getattr(p, "ds_tensor", None)
         if part is not None:
             total += part.numel() * part.element_size()
-    return total
-
-
-def model_parameter_bytes(model: nn.Module) -> int:
-    """Bytes of the whole model's parameters in their current dtype (ZeRO-3: the full shapes)."""
-    total = 0
-    for p in {id(p): p for p in model.parameters()}.values():
-        total += int(getattr(p, "ds_numel", p.numel())) * p.element_size()
     return total
 
 
@@ -165,4 +157,6 @@ def residency(model: nn.Module, device: torch.device) -> str:
     shown = (
         ", ".join(f"{b:,}" for b in per_rank) if len(per_rank) <= 8 else f"min {min(per_rank):,}, max {max(per_rank):,}"
     )
-    return f"parameter bytes resident per rank: {shown} (the whole model: {model_parameter_bytes(model):,})"
+    # the whole model in its current dtype (ZeRO-3: the full shapes)
+    whole = sum(int(getattr(p, "ds_numel", p.numel())) * p.element_size() for p in model.parameters())
+    return f"parameter bytes resident per rank: {shown} (the whole model: {whole:,})"

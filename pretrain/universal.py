@@ -40,20 +40,9 @@ def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) ->
     out = Path(out_root) / tag_dir.name
     if out.exists():
         shutil.rmtree(out)
-    cmd = [
-        sys.executable,
-        "-m",
-        "checkpoint.guarded_run",
-        "deepspeed.checkpoint.ds_to_universal",
-        "--input_folder",
-        str(tag_dir),
-        "--output_folder",
-        str(out),
-        "--num_extract_workers",
-        str(workers),
-        "--num_merge_workers",
-        str(workers),
-    ]
+    cmd = [sys.executable, "-m", "checkpoint.guarded_run", "deepspeed.checkpoint.ds_to_universal"]
+    cmd += ["--input_folder", str(tag_dir), "--output_folder", str(out)]
+    cmd += ["--num_extract_workers", str(workers), "--num_merge_workers", str(workers)]
     print("+ " + " ".join(cmd), flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
     subprocess.run(cmd, check=True, env=env)
