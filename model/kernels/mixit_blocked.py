@@ -161,13 +161,17 @@ def _work(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-class _BlockedMix(torch.autograd.Function):
+class SinkAndRandomHeads(torch.autograd.Function):
+    """A V: the sink head elementwise, the random heads 1..H-1 by `heads`, a (forward, backward) pair
+    (blocked_forward and blocked_backward above, or the Triton kernels' in mixit_triton.py)."""
+
     @staticmethod
-    def forward(ctx, v, p, drift, row_start, block):
+    def forward(ctx, v, p, drift, row_start, block, heads):
         ctx.p, ctx.drift, ctx.row_start, ctx.block, ctx.n, ctx.dtype = p, drift, row_start, block, v.shape[2], v.dtype
+        ctx.heads = heads
         vf = _work(v)
         out0 = sink_forward(vf[:, 0], row_start)
-        rest = blocked_forward(p, vf[:, 1:], drift, row_start, block) if v.shape[1] > 1 else vf[:, 1:, row_start:]
+        rest = heads[0](p, vf[:, 1:], drift, row_start, block) if v.shape[1] > 1 else vf[:, 1:, row_start:]
         return torch.cat([out0[:, None], rest], 1).to(v.dtype)
 
     @staticmethod
@@ -175,10 +179,10 @@ class _BlockedMix(torch.autograd.Function):
         gf = _work(g)
         dv0 = sink_backward(gf[:, 0], ctx.row_start, ctx.n)
         if g.shape[1] > 1:
-            rest = blocked_backward(ctx.p, gf[:, 1:], ctx.drift, ctx.row_start, ctx.n, ctx.block)
+            rest = ctx.heads[1](ctx.p, gf[:, 1:], ctx.drift, ctx.row_start, ctx.n, ctx.block)
         else:
             rest = gf.new_zeros(g.shape[0], 0, ctx.n, g.shape[3])
-        return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None
+        return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None, None
 
 
 def mixit_blocked(
@@ -187,4 +191,4 @@ def mixit_blocked(
     """A V for rows row_start..n-1 (A the layer's mixing matrices), v: (b, H, n, dh).
 
     drift: (H-1, >= n) from compute_drift (causal: for any n' >= n; bidirectional: for n)."""
-    return _BlockedMix.apply(v, p, drift, row_start, block)
+    return SinkAndRandomHeads.apply(v, p, drift, row_start, block, (blocked_forward, blocked_backward))

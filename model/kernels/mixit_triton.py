@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from .mixit_blocked import MixitParams, sink_backward, sink_forward
+from .mixit_blocked import MixitParams, SinkAndRandomHeads
 
 # kernel argument -> Triton signature type, for compiling the kernels ahead of time without a GPU
 # (tests/test_kernels_hopper.py, benchmarks/mixit_sass.py); a new kernel argument is added here
@@ -251,9 +251,10 @@ def tiles(dh: int, block: int) -> Tiles:
 
 
 def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
-    """Heads 1..H-1: v (b, H-1, n, dh) float32 contiguous -> (b, H-1, n - row_start, dh) float32."""
+    """Heads 1..H-1: v (b, H-1, n, dh) -> (b, H-1, n - row_start, dh), computed in float32."""
     import triton  # deferred: heavy
 
+    v = v.float().contiguous()
     fwd = _kernels()[0]
     b, Hr, n, dh = v.shape
     cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
@@ -269,12 +270,17 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
     return out
 
 
-def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block: int) -> torch.Tensor:
-    """Heads 1..H-1, row_start == 0: g (b, H-1, n, dh) float32 contiguous -> dV = A^T g."""
+def triton_backward(
+    p: MixitParams, g: torch.Tensor, drift: torch.Tensor, row_start: int, n: int, block: int
+) -> torch.Tensor:
+    """Heads 1..H-1, row_start == 0: g (b, H-1, n, dh) -> dV = A^T g, computed in float32."""
     import triton  # deferred: heavy
 
+    if row_start:
+        raise NotImplementedError("MixiT triton backward with a KV-cache offset (decoding is inference-only)")
+    g = g.float().contiguous()
     bwd = _kernels()[1]
-    b, Hr, n, dh = g.shape
+    b, Hr, _, dh = g.shape
     dv = torch.empty_like(g)
     keys = torch.tensor(p.keys, dtype=torch.int64, device=g.device)
     sig = torch.tensor(p.sigmas, dtype=torch.float32, device=g.device)
@@ -292,33 +298,8 @@ def triton_backward(p: MixitParams, g: torch.Tensor, drift: torch.Tensor, block:
     return dv
 
 
-class _TritonMix(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, v, p, drift, row_start, block):
-        ctx.p, ctx.drift, ctx.row_start, ctx.block, ctx.n, ctx.dtype = p, drift, row_start, block, v.shape[2], v.dtype
-        vf = v.float()
-        out0 = sink_forward(vf[:, 0], row_start)
-        if v.shape[1] > 1:
-            rest = triton_forward(p, vf[:, 1:].contiguous(), drift, row_start, block)
-        else:
-            rest = vf[:, 1:, row_start:]
-        return torch.cat([out0[:, None], rest], 1).to(v.dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        if ctx.row_start:
-            raise NotImplementedError("MixiT triton backward with a KV-cache offset (decoding is inference-only)")
-        gf = g.float()
-        dv0 = sink_backward(gf[:, 0], 0, ctx.n)
-        if g.shape[1] > 1:
-            rest = triton_backward(ctx.p, gf[:, 1:].contiguous(), ctx.drift, ctx.block)
-        else:
-            rest = gf.new_zeros(g.shape[0], 0, ctx.n, g.shape[3])
-        return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None
-
-
 def mixit_triton(
     v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0, block: int = 64
 ) -> torch.Tensor:
     """A V for rows row_start..n-1 via the fused kernel; same contract as mixit_blocked."""
-    return _TritonMix.apply(v, p, drift, row_start, block)
+    return SinkAndRandomHeads.apply(v, p, drift, row_start, block, (triton_forward, triton_backward))
