@@ -1,14 +1,8 @@
 """The one MFU definition, shared by the trainer (pretrain/metrics.py, loop.py) and
-benchmarks/bench_model.py, so a throughput has one MFU wherever it is reported.
-
-MFU = achieved training FLOP/s per device (model/flops.py) / the device's peak, where the peak is,
-in this order:
-  1. `configured`: a number the recipe gives (logging.peak_tflops);
-  2. `measured`: the best of a few large square matmuls on the device itself (bf16 on CUDA,
-     float32 on CPU), when asked for (logging.measure_peak; the benchmark always measures);
-  3. `table:NAME`: the vendor data-sheet dense bf16 figure for the GPU's name;
-otherwise MFU is not reported. The measured peak is what the device attains, the data-sheet
-figure what it is sold as, so every MFU is logged with the source of its peak.
+benchmarks/bench_model.py: achieved training FLOP/s per device (model/flops.py) over the device's
+peak, which is, in this order, `configured` (logging.peak_tflops), `measured` (the best of a few large
+square matmuls, when logging.measure_peak asks), `table:NAME` (the data-sheet dense bf16 figure for
+the GPU's name), else unknown (no MFU). Every MFU is logged with its peak's source (docs/TRAINING.md).
 """
 
 from __future__ import annotations
@@ -67,7 +61,7 @@ def table_peak_tflops(device_name: str) -> tuple[float | None, str]:
 
 
 def peak_tflops(configured: float | None, measure: bool, device: torch.device) -> tuple[float | None, str]:
-    """(peak TFLOP/s per device, its source) by the rule of the module docstring."""
+    """(peak TFLOP/s per device, its source) in the module docstring's order."""
     device = torch.device(device)
     if configured:
         return float(configured), "configured"

@@ -1,12 +1,10 @@
-"""Next-token loss without full-vocabulary logits for the whole batch at once.
+"""Next-token loss without full-vocabulary logits for the whole batch at once (docs/PERFORMANCE.md).
 
-`linear_cross_entropy(h, W, labels)` = cross_entropy((h @ W^T).float(), labels), the mean (or
-sum) over scored tokens (IGNORE_INDEX skipped), computed `chunk` tokens at a time. The gradients
-w.r.t. h and W are produced chunk by chunk in the forward pass (the loss is a scalar,
-so backward only rescales them), hence at most chunk x vocab logits are ever alive.
-Weight gradients are computed only when W trains, input gradients only when h needs them.
-Nothing in the loop waits for the device (no data-dependent branch), so on a GPU the chunks
-queue back to back. On CUDA, Liger's fused linear cross-entropy is used instead when it is installed.
+`linear_cross_entropy(h, W, labels)` = cross_entropy((h @ W^T).float(), labels), the mean (or sum)
+over scored tokens, computed `chunk` tokens at a time. The gradients w.r.t. h and W (each only when
+needed) are produced chunk by chunk in the forward pass (the loss is a scalar, so backward only
+rescales them), hence at most chunk x vocab logits are ever alive. Nothing in the loop waits for the
+device, so on a GPU the chunks queue back to back. On CUDA, Liger's fused kernel is used when installed.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""MixiT mixing without materialising A: the memory-light PyTorch path.
+"""MixiT mixing without materialising A: the memory-light PyTorch path (the algebra, shared with the
+Triton path: docs/PERFORMANCE.md).
 
-With M_h the raw random matrix (model/mixit.py) and drift_h its causal row means,
-
-    (A_h V)_i   = V_i + beta ((M_h V)_i - drift_h[i] cumsum(V)_i)                  (forward)
-    (A_h^T G)_j = G_j + beta (sum_{i>=j} M_h[i, j] G_i - sum_{i>=j} drift_h[i] G_i)  (backward)
-
-(no identity term on the depth_alpha path; bidirectional: sums over all t positions and
-drift averaged over t). M is regenerated slab by slab from the counter-based RNG
-(rows [r0, r0 + block) x the columns those rows see), so memory is O(t * block) per
-head instead of O(t^2); drift_h is an O(T) vector computed the same way once and cached
-by the caller. Head 0 is the sink head (A_0[i, i] = A_0[i, 0] = 1/2), done elementwise.
-
-A is fixed, so the backward pass needs only dV = A^T dO: nothing is saved for it.
-Row offsets (`row_start`) serve incremental decoding: rows row_start..n-1 against keys 0..n-1.
+M is regenerated slab by slab from the counter-based RNG (rows [r0, r0 + block) x the columns those
+rows see), so memory is O(t * block) per head instead of O(t^2); drift_h is an O(T) vector computed
+the same way once and cached by the caller. A is fixed, so the backward pass needs only dV = A^T dO:
+nothing is saved for it. Row offsets (`row_start`) serve incremental decoding: rows row_start..n-1
+against keys 0..n-1.
 """
 
 from __future__ import annotations

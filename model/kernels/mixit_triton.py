@@ -1,18 +1,11 @@
 """MixiT mixing as a Triton kernel that regenerates M in registers (no T x T tensor anywhere).
 
-Each program owns a (batch, head, row block) tile and walks key blocks j <= i only
-(blocks above the diagonal are skipped). M_h[i, j] = sigma_h * tl.randn(key_h, i*T + j)
-(`mixit_rng: philox`; with philox4x, tl.randn4x gives four columns per call), the same
-counter-based Philox numbers as model/rng.py's matrix_normals, so the dense reference
-(model/mixit.py) is generated from the same RNG and the two can be compared. The
-centering (- drift_i cumsum(V)_i) and identity terms are fused into the epilogue;
-cumsum(V) and drift_h (an O(T) vector per head, cached by the caller) come from PyTorch.
-
-Backward: dV = A^T dO, the same walk over row blocks i >= j with M^T, plus the reverse
-cumulative sum of drift_i dO_i (PyTorch, O(t d)). The sink head 0 is elementwise and is
-done in PyTorch (model/kernels/mixit_blocked.py) in both directions.
-
-Runs on CUDA, and on CPU tensors under TRITON_INTERPRET=1 (the tests do that at small sizes).
+Each program owns a (batch, head, row block) tile and walks key blocks j <= i only. M_h[i, j] is
+sigma_h * tl.randn(key_h, i*T + j) (`mixit_rng: philox`; with philox4x, tl.randn4x gives four
+columns per call): model/rng.py's matrix_normals, so the dense reference can be compared with it.
+Centering and identity are fused into the epilogue; cumsum(V), drift_h and the sink head 0 come
+from PyTorch (the algebra: docs/PERFORMANCE.md). Backward: dV = A^T dO, the same walk over row
+blocks i >= j with M^T. Runs on CUDA, and on CPU tensors under TRITON_INTERPRET=1 (the tests).
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Run-time choice of the attention and MixiT backends, logged once per distinct choice.
-
-Softmax attention:  eager (when a probe records attention maps, or attn_impl="eager"),
-flash-attn 2 (CUDA, fp16/bf16, package installed; causal or bidirectional, and its varlen
-entry point for packed documents), otherwise PyTorch SDPA.
-MixiT mixing (cfg.mixit_impl="auto"): on CUDA, the dense cached matrix while every layer's
-matrix together takes at most MIXIT_DENSE_MEMORY_FRACTION of the device's memory (one matmul per
-layer, nothing regenerated), above that the Triton kernel when Triton imports (no T x T tensor;
-M is regenerated in the forward, the backward and any activation-checkpoint recompute), else the
-blocked path; elsewhere the dense matrix while max_seq_len <= MIXIT_DENSE_MAX_T, else blocked.
-"""
+"""Run-time choice of the attention and MixiT backends, logged once per distinct choice (the rules:
+docs/PERFORMANCE.md's implementations table)."""
 
 from __future__ import annotations
 
