@@ -1,14 +1,8 @@
-"""The experiment recipe: one YAML file loaded into dataclasses, with dotted overrides.
+"""The experiment recipe: one YAML file loaded into dataclasses, with dotted overrides (docs/TRAINING.md).
 
-A recipe has the sections `model`, `data`, `train`, `optim`, `parallel`, `checkpoint`,
-`logging`, `eval`, `profile` (plus `name` and `seed`). Every key is checked: an unknown key is an error
-that names the closest valid key. Command-line overrides are `section.key=value`
-(values parsed as YAML, so `train.lr=3e-4`, `model.tie_embeddings=true`,
-`data.task_args.n_pairs=8` all work).
-
-Batch sizes are stated either in sequences (`train.global_batch_sequences`) or in
-tokens (`train.global_batch_tokens`, which must be a multiple of `train.seq_len`);
-`train.micro_batch_sequences` is per data-parallel rank per forward pass.
+Every key is checked: an unknown key is an error that names the closest valid key. Command-line
+overrides are `section.key=value`, values parsed as YAML (`train.lr=3e-4`, `model.tie_embeddings=true`,
+`data.task_args.n_pairs=8`).
 """
 
 from __future__ import annotations

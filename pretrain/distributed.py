@@ -83,14 +83,10 @@ def shutdown_distributed(finished: bool = False) -> None:
 
 
 def exit_process(code: int) -> NoReturn:
-    """End a launched process once its work is done and written, skipping interpreter teardown.
-
-    Why: at interpreter exit, torch, gloo and DeepSpeed objects are destroyed in no particular
-    order while their threads may still run, and on a loaded machine that occasionally aborts
-    (SIGABRT, "terminate called without an active exception") a rank whose run had completed,
-    so the launcher reports a failed job. Everything the run owns is closed before this point
-    (checkpoints, metrics, TensorBoard); only stdio and `logging` are flushed here.
-    """
+    """End a launched process once its work is done and written, skipping interpreter teardown: there,
+    torch, gloo and DeepSpeed objects are destroyed in no particular order while their threads may
+    still run, which on a loaded machine occasionally aborts (SIGABRT) a rank whose run had completed.
+    Everything the run owns is closed before this point; only stdio and `logging` are flushed here."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

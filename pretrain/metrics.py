@@ -1,10 +1,5 @@
-"""Throughput accounting and the log sinks: metrics.jsonl, TensorBoard, console, and the recipe's
-trackers (W&B, MLflow: pretrain/trackers.py).
-
-FLOPs per token come from `model.flops.flops_per_token` (frozen weights' gradient work
-excluded, the freeze schedule applied). MFU and its peak follow model/mfu.py, the definition
-benchmarks/bench_model.py uses too; each record names the peak's source (`mfu_peak`).
-"""
+"""Throughput accounting (FLOPs: model/flops.py; MFU: model/mfu.py) and the log sinks: metrics.jsonl,
+TensorBoard, console, and the recipe's trackers (W&B, MLflow: pretrain/trackers.py)."""
 
 from __future__ import annotations
 

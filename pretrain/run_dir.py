@@ -1,9 +1,5 @@
 """The run directory a run owns: where it is, what config it records, and refusing to write
-into a directory that holds another run.
-
-An output directory that already holds a run is refused unless the run is resumed (with the
-same identity: model, data, batch, seed ...) or `--overwrite` is given.
-"""
+into a directory that holds another run."""
 
 from __future__ import annotations
 
@@ -87,13 +83,9 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: str | None, overwrite: bool) -> None:
-    """Refuse to write into a run directory that holds another run (rank 0, before any work).
-
-    - the directory holds a run and `--resume never`: refuse unless `overwrite` (which clears the
-      run's checkpoints, metrics and TensorBoard files);
-    - `--resume auto` and the stored config.yaml describes another run (model, data, batch,
-      seed ...): refuse, naming the differences, unless `overwrite`.
-    """
+    """Refuse a run directory that holds another run (rank 0, before any work): with `--resume never`,
+    or with `--resume auto` when its config.yaml describes another run (model, data, batch, seed ...;
+    the differences named); `overwrite` instead clears its checkpoints, metrics and TensorBoard files."""
     run_dir = Path(run_dir)
     cfg_file = run_dir / "config.yaml"
     holds_run = cfg_file.is_file() or (run_dir / "checkpoints").is_dir() or (run_dir / "metrics.jsonl").is_file()
