@@ -67,9 +67,7 @@ class OptimConfig:
     decay_steps: int | None = None  # cosine/linear: None -> max_steps - warmup_steps
     decay_fraction: float = 0.2  # wsd: the last share of max_steps that decays (1-sqrt) to min_lr
     decay_start: int | None = None  # wsd: the first decaying step; None -> max_steps * (1 - decay_fraction)
-    no_decay: list[str] = field(
-        default_factory=lambda: ["bias", "norm", "embed"]
-    )  # name substrings without weight decay
+    no_decay: list[str] = field(default_factory=lambda: ["bias", "norm", "embed"])  # names without weight decay
     torch_adam: bool = True  # torch.optim.AdamW (no JIT build); false -> DeepSpeed's fused Adam
     fused: bool = True  # torch AdamW's fused kernel (CPU and CUDA: ~4x its foreach step on CPU)
 
@@ -379,10 +377,7 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
     for k in d:
         if k not in TOP_KEYS:
             raise _unknown("", k, TOP_KEYS)
-    kwargs: dict[str, Any] = {}
-    for k in ("name", "seed", "task"):
-        if k in d:
-            kwargs[k] = d[k]
+    kwargs: dict[str, Any] = {k: d[k] for k in ("name", "seed", "task") if k in d}
     for sec in ("model", "data", "classification"):
         if sec in d:
             if not isinstance(d[sec], dict):

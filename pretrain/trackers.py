@@ -80,14 +80,20 @@ def _require(package: str, key: str):
         ) from None
 
 
+def _settings(logging_cfg) -> tuple[WandbSettings | None, MlflowSettings | None]:
+    """The recipe's tracker sections, typed (None where absent)."""
+    wb = parse_settings(WandbSettings, "logging.wandb", logging_cfg.wandb)
+    return wb, parse_settings(MlflowSettings, "logging.mlflow", logging_cfg.mlflow)
+
+
 def check_trackers(logging_cfg) -> None:
     """Refuse bad tracker settings or a missing package before any work (every rank)."""
-    wb = parse_settings(WandbSettings, "logging.wandb", logging_cfg.wandb)
+    wb, ml = _settings(logging_cfg)
     if wb is not None:
         if wb.mode not in WANDB_MODES:
             raise RecipeError(f"logging.wandb.mode must be one of {list(WANDB_MODES)}, got {wb.mode!r}")
         _require("wandb", "logging.wandb")
-    if parse_settings(MlflowSettings, "logging.mlflow", logging_cfg.mlflow) is not None:
+    if ml is not None:
         _require("mlflow", "logging.mlflow")
 
 
@@ -181,11 +187,10 @@ class MlflowTracker:
 
 def build_trackers(logging_cfg, run_dir: Path, run_name: str, config: dict[str, Any]) -> list:
     """The recipe's trackers (rank 0 only calls this)."""
+    wb, ml = _settings(logging_cfg)
     out: list = []
-    wb = parse_settings(WandbSettings, "logging.wandb", logging_cfg.wandb)
     if wb is not None:
         out.append(WandbTracker(wb, run_dir, run_name, config))
-    ml = parse_settings(MlflowSettings, "logging.mlflow", logging_cfg.mlflow)
     if ml is not None:
         out.append(MlflowTracker(ml, run_dir, run_name, config))
     return out
