@@ -234,26 +234,21 @@ class RunConfig:
             raise RecipeError(
                 "data.source is required. Fix: add a data section (a shard dir, 'synthetic:<task>', 'text:PATH', ...)"
             )
-        return build_loader(
-            self.data,
-            split=split,
-            seq_len=self.train.seq_len,
-            global_batch_size=self.global_batch_size,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            verify_record=verify_record,
-        )
+        return build_loader(self.data, split=split, **self._batching(dp_rank, dp_world_size, verify_record))
 
     def val_sets(self, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None, tokenizer_id=None):
         """Loaders of the recipe's named validation sets (`data.val_sets`), or None when it names none."""
-        return build_val_sets(
-            self.data,
+        batching = self._batching(dp_rank, dp_world_size, verify_record)
+        return build_val_sets(self.data, tokenizer_id=tokenizer_id, **batching)
+
+    def _batching(self, dp_rank: int, dp_world_size: int, verify_record: Path | None) -> dict[str, Any]:
+        """The loader arguments every split shares: the batch's shape and this rank's share of it."""
+        return dict(
             seq_len=self.train.seq_len,
             global_batch_size=self.global_batch_size,
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
             verify_record=verify_record,
-            tokenizer_id=tokenizer_id,
         )
 
     def validate(self) -> None:
@@ -425,12 +420,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 # Short aliases so `train.lr=3e-4` works as written in the issue (lr lives in optim).
-ALIASES = {
-    ("train", "lr"): ("optim", "lr"),
-    ("train", "min_lr"): ("optim", "min_lr"),
-    ("train", "warmup_steps"): ("optim", "warmup_steps"),
-    ("train", "weight_decay"): ("optim", "weight_decay"),
-}
+ALIASES = {("train", k): ("optim", k) for k in ("lr", "min_lr", "warmup_steps", "weight_decay")}
 
 
 def apply_overrides(d: dict[str, Any], overrides: list[str] | tuple[str, ...] | dict | None) -> dict[str, Any]:
