@@ -3,12 +3,4 @@
 from .config import PRESETS, VARIANTS, ModelConfig, param_count, preset
 from .transformer import Transformer, build_model
 
-__all__ = [
-    "ModelConfig",
-    "PRESETS",
-    "VARIANTS",
-    "preset",
-    "param_count",
-    "Transformer",
-    "build_model",
-]
+__all__ = ["ModelConfig", "PRESETS", "VARIANTS", "preset", "param_count", "Transformer", "build_model"]

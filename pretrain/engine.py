@@ -243,20 +243,14 @@ class ModelEngine:
     def _micro_batches(self, batch: dict[str, torch.Tensor]):
         """[(input_ids, labels, doc_ids or None)] per micro-batch, on the device."""
         ids, labels, docs = batch["input_ids"], batch["labels"], batch.get("doc_ids")
-        mb = self.layout.micro_batch
-        if ids.shape[0] != mb * self.layout.grad_accum:
+        mb, n = self.layout.micro_batch, self.layout.grad_accum
+        if ids.shape[0] != mb * n:
             raise RuntimeError(
-                f"loader returned {ids.shape[0]} sequences per rank; expected "
-                f"{mb * self.layout.grad_accum} (micro {mb} x grad-accum {self.layout.grad_accum})"
+                f"loader returned {ids.shape[0]} sequences per rank; expected {mb * n} (micro {mb} x grad-accum {n})"
             )
-        return [
-            (
-                ids[i : i + mb].to(self.device),
-                labels[i : i + mb].to(self.device),
-                None if docs is None else docs[i : i + mb].to(self.device),
-            )
-            for i in range(0, ids.shape[0], mb)
-        ]
+        ids, labels = ids.to(self.device).split(mb), labels.to(self.device).split(mb)
+        docs = [None] * n if docs is None else docs.to(self.device).split(mb)
+        return list(zip(ids, labels, docs))
 
     def _scale(self, mbs) -> tuple[torch.Tensor, torch.Tensor]:
         # counted on the device: no host read per micro-batch
