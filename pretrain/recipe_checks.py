@@ -31,11 +31,7 @@ def _type_ok(value: Any, tp: Any) -> bool:
         return value is None
     if origin in (list, tuple):
         args = typing.get_args(tp)
-        return (
-            isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value)
-            if args
-            else isinstance(value, (list, tuple))
-        )
+        return isinstance(value, (list, tuple)) and (not args or all(_type_ok(v, args[0]) for v in value))
     if origin is dict:
         return isinstance(value, dict)
     if tp is bool:
@@ -66,15 +62,8 @@ def check_types(section: str, obj: Any) -> None:
 
 def check_name(name: Any) -> None:
     """`name` picks runs/<name>: one plain path component, so nothing is written outside runs/."""
-    if (
-        not isinstance(name, str)
-        or not name
-        or name in (".", "..")
-        or "/" in name
-        or "\\" in name
-        or "\0" in name
-        or os.path.isabs(name)
-    ):
+    plain = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+    if not plain or os.path.isabs(name):
         raise RecipeError(
             f"name={name!r} must be a single directory name (no '/', '..' or absolute path): it "
             "becomes runs/<name>. Fix: name: my_run, or give --run-dir DIR"
