@@ -158,14 +158,11 @@ class ModelConfig:
                 f"{self.max_seq_len} exceeds the MixiT limit {MAX_MIXIT_SEQ_LEN} (32-bit RNG counters)",
                 f"use max_seq_len <= {MAX_MIXIT_SEQ_LEN}",
             )
-        if (
-            self.variant == "mixit"
-            and self.mixit_residual_scale is not None
-            and not 0.0 < self.mixit_residual_scale <= 1.0
-        ):
+        scale = self.mixit_residual_scale
+        if self.variant == "mixit" and scale is not None and not 0.0 < scale <= 1.0:
             raise _bad(
                 "mixit_residual_scale",
-                f"{self.mixit_residual_scale} is outside (0, 1]",
+                f"{scale} is outside (0, 1]",
                 "use a value in (0, 1], e.g. 0.5, or null for the plain residual",
             )
         if self.shaped_tau0 <= 0 or not _is_int(self.shaped_width_base, 1):

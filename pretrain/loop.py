@@ -52,12 +52,9 @@ class NanGuard:
         """`what` says what was not finite (e.g. 'non-finite loss (nan)'). Returns 'skip' or
         'rollback'; raises NonFiniteLoss for 'stop' or too many events."""
         self.events += 1
-        where = (
-            f"optimizer step {step + 1} (batch of global samples [{position}, {position + batch_size}) "
-            f"of the data order)"
-            if position is not None
-            else f"optimizer step {step + 1}"
-        )
+        where = f"optimizer step {step + 1}"
+        if position is not None:
+            where += f" (batch of global samples [{position}, {position + batch_size}) of the data order)"
         if self.policy == "stop":
             raise NonFiniteLoss(
                 f"{what} at {where}; the update was not applied and nothing was saved after it. "
@@ -210,15 +207,11 @@ class TrainingLoop:
         """`val_loss` on the held-out split; with `data.val_sets`, `val_loss/<name>` per set (each read
         from its start, at most `train.eval_batches` batches) and `val_loss` pooled over their tokens."""
         cfg = self.cfg
+        dp_rank, dp = self.model_engine.dp_rank, self.ctx.layout.data_parallel
         if self._val_sets is None:
-            self._val_sets = (
-                cfg.val_sets(self.model_engine.dp_rank, self.ctx.layout.data_parallel, self.run_dir, self.tokenizer_id)
-                or {}
-            )
+            self._val_sets = cfg.val_sets(dp_rank, dp, self.run_dir, self.tokenizer_id) or {}
         if not self._val_sets:
-            val = cfg.loader(
-                "val", self.model_engine.dp_rank, self.ctx.layout.data_parallel, verify_record=self.run_dir
-            )
+            val = cfg.loader("val", dp_rank, dp, verify_record=self.run_dir)
             return {"val_loss": self.model_engine.eval_loss(iter(val), cfg.train.eval_batches)}
         out, ce_all, n_all = {"val_loss": math.nan}, 0.0, 0.0
         for name, loader in self._val_sets.items():
