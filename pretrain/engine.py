@@ -260,9 +260,8 @@ class ModelEngine:
         return n, torch.tensor([self.layout.data_parallel * self.layout.grad_accum], device=self.device) / n
 
     def _ce_sum(self, x: torch.Tensor, y: torch.Tensor, docs: torch.Tensor | None) -> torch.Tensor:
-        """Summed token cross-entropy of one micro-batch (0 when it scores no token), from the
-        model's own loss: chunked, never the full [b, t, vocab] logits, unless model.loss_chunk_tokens=0.
-        Under ZeRO-3 too: the loss runs inside the head's forward, whose parameters ZeRO-3 gathers.
+        """Summed token cross-entropy of one micro-batch (0 when it scores no token), from the model's own
+        (chunked) loss, which runs inside the head's forward, so ZeRO-3 gathers its parameters for it.
         `docs` (data.return_doc_ids) masks attention to each document and restarts its positions."""
         extra = {} if docs is None else {"doc_ids": docs}  # a classifier's forward takes no doc_ids
         return self.engine(x, labels=y, reduction="sum", **extra).float()

@@ -135,8 +135,7 @@ class RunResult:
 
 class TrainingLoop:
     """One run's loop over optimizer steps from the resume point's step to `cfg.max_steps`, over the
-    components the run built (pretrain/train.py): the engine, the loader, the logger, the checkpointer.
-    A checkpoint records the state of each that carries some (`checkpoint_state`)."""
+    components the run built (pretrain/train.py); a checkpoint records the state of each that has some."""
 
     def __init__(
         self,
