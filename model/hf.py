@@ -63,7 +63,8 @@ def llama_config(cfg: ModelConfig) -> LlamaConfig:
         max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=cfg.rope_theta,
-        rope_parameters=rope_parameters(cfg),
+        # HF's rope_parameters: the default RoPE, or llama3 scaling with the same four numbers
+        rope_parameters={"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta},
         tie_word_embeddings=cfg.tie_embeddings,
         attention_bias=cfg.bias,
         mlp_bias=cfg.bias,
@@ -73,11 +74,6 @@ def llama_config(cfg: ModelConfig) -> LlamaConfig:
         eos_token_id=None,
         trainable_parts=cfg.to_dict(),
     )
-
-
-def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
-    """HF's rope_parameters for our RoPE: the default one, or llama3 scaling with the same four numbers."""
-    return {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
 
 
 # ---- every other variant (registered class) -----------------------------------------------

@@ -32,13 +32,6 @@ from .config import RunConfig
 from .recipe_checks import classification_settings
 
 
-def _num_labels(cfg: RunConfig) -> int:
-    s = classification_settings(cfg)
-    if s["num_labels"] is not None:
-        return int(s["num_labels"])
-    return cfg.loader("train").num_labels
-
-
 def _pretrained(path) -> Transformer:
     """The backbone of any checkpoint (a classifier's backbone if it is one)."""
     p = Path(path)
@@ -72,7 +65,8 @@ def classification_model_builder(
     """(construct, start_state) of a SequenceClassifier (pretrain/task_model.py): a fresh backbone, or
     the `init_from` weights as the start state of `mcfg`'s backbone (checked to fit, by name and shape)."""
     s = classification_settings(cfg)
-    num_labels, pad_id = _num_labels(cfg), resolve_pad_id(cfg.data)
+    num_labels = cfg.loader("train").num_labels if s["num_labels"] is None else int(s["num_labels"])
+    pad_id = resolve_pad_id(cfg.data)
     construct = functools.partial(build_classifier, mcfg, num_labels, s["pooling"], pad_id, seed=seed)
     if not s["init_from"]:
         return construct, None

@@ -84,16 +84,10 @@ def loader_position(loader) -> int | None:
         return None
 
 
-def skip_marked_batches(loader, guard: NanGuard) -> int:
-    """Advance the loader past batches that a rollback marked as offending; returns how many."""
-    n = 0
-    while guard.skip_positions:
-        pos = loader_position(loader)
-        if pos is None or pos not in guard.skip_positions:
-            break
+def skip_marked_batches(loader, guard: NanGuard) -> None:
+    """Advance the loader past batches that a rollback marked as offending."""
+    while guard.skip_positions and loader_position(loader) in guard.skip_positions:
         next(loader)
-        n += 1
-    return n
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
