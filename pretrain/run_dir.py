@@ -61,10 +61,8 @@ def resolved_config(cfg: RunConfig, mcfg) -> dict[str, Any]:
 def run_identity(resolved: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for sec, body in resolved.items():
-        if sec == "name":
-            continue
         keep = MUTABLE.get(sec, ())
-        if keep is None:
+        if sec == "name" or keep is None:
             continue
         out[sec] = {k: v for k, v in body.items() if k not in keep} if isinstance(body, dict) else body
     return out
