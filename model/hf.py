@@ -1,13 +1,10 @@
 """HuggingFace interop: export to / import from `transformers` checkpoints (safetensors).
 
-Softmax variants (standard, frozen_qk, frozen_mlp, random_transformer) are Llama-3
-networks and export to a plain `LlamaForCausalLM` directory: parameter names already
-match, so export is adding the `model.` prefix. The config's `trainable_parts` entry
-keeps our ModelConfig (variant, freeze schedule) so an import restores it exactly.
-
+Softmax variants (standard, frozen_qk, frozen_mlp, random_transformer) are Llama-3 networks and export
+to a plain `LlamaForCausalLM` directory (parameter names already match: export adds the `model.`
+prefix); the config's `trainable_parts` entry keeps our ModelConfig, so an import restores it exactly.
 MixiT, shaped attention and bidirectional models are not Llamas: they export to
-`TrainablePartsForCausalLM`, a PreTrainedModel subclass registered with the Auto classes
-when this module is imported (no remote code).
+`TrainablePartsForCausalLM`, registered with the Auto classes when this module is imported (no remote code).
 """
 
 from __future__ import annotations
