@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 from pathlib import Path
 
@@ -24,3 +25,17 @@ def file_sha256(path: str | Path, h=None):
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h
+
+
+def free_space(path: str | Path) -> str:
+    """The space free to this user on `path`'s filesystem, in human units ("unknown" if it cannot be read)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return "unknown"
+    n = st.f_bavail * st.f_frsize
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "unknown"

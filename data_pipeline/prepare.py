@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from common.cli import CliParser, run_cli
+from common.constants import free_space
 from common.errors import DataError
 
 from .progress import progress_bar
@@ -295,7 +296,7 @@ def prepare(
                 stray.unlink(missing_ok=True)
             raise DataError(
                 f"prepare: could not write {shard_name(len(shards))} into {out} ({e.strerror or e}; "
-                f"{_free_space(out)} free there); the {len(shards)} shards already written are kept. Fix: free space "
+                f"{free_space(out)} free there); the {len(shards)} shards already written are kept. Fix: free space "
                 f"(or use another --out), then re-run the same command: it resumes at shard {len(shards)}"
             ) from e
         shards.append(info)
@@ -362,14 +363,6 @@ def prepare(
     rate = new_tokens / max(time.time() - t0, 1e-9)
     say(f"wrote {len(shards)} shards, {num_tokens} tokens ({rate:,.0f} tok/s this run) -> {out}")
     return manifest
-
-
-def _free_space(path: Path) -> str:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return "unknown"
-    return f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB"
 
 
 _TOK = None  # a worker process's tokenizer (workers are spawned: each imports this module afresh)

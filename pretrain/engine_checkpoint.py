@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from checkpoint import tag_format
 from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
+from common.constants import free_space
 from common.errors import CheckpointWriteFailed
 
 from . import faults
@@ -53,7 +54,7 @@ class _RankWrites:
             first = (str(e).strip().splitlines() or [""])[0][:300]
             self.error = (
                 f"{type(e).__name__}: {first}" if first else type(e).__name__
-            ) + f", with {_free_space(self.where)} free on that filesystem"
+            ) + f", with {free_space(self.where)} free on that filesystem"
             return
         self.paths += [str(p) for p in paths]
 
@@ -115,19 +116,6 @@ def copy_to_host(item, into=None):
         into = into if isinstance(into, dict) else {}
         return type(item)({k: copy_to_host(v, into.get(k)) for k, v in item.items()})
     return item
-
-
-def _free_space(path: Path) -> str:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return "unknown"
-    n = st.f_bavail * st.f_frsize
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "unknown"
 
 
 def _agree(writes: _RankWrites, tag_dir: Path, run_dir: Path, device: torch.device, group=None) -> None:
