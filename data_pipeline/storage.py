@@ -509,7 +509,7 @@ class RemoteShardSet(ShardSet):
         return a
 
 
-def open_shards(location: str | os.PathLike, manifest: dict | None = None, **remote) -> ShardSet:
+def open_shards(location: str | os.PathLike, **remote) -> ShardSet:
     """A `ShardSet` for a local directory or a `RemoteShardSet` for an fsspec URL.
 
     ``remote`` (ignored for local paths): storage_options, cache_dir, cache_max_bytes,
@@ -518,4 +518,4 @@ def open_shards(location: str | os.PathLike, manifest: dict | None = None, **rem
     if is_remote(location):
         return RemoteShardSet(str(location), **remote)
     path = local_path(location)
-    return ShardSet(path, manifest or read_manifest(path))
+    return ShardSet(path, read_manifest(path))
