@@ -49,7 +49,7 @@ def window_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int]]
         b += stride
 
 
-def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[list[int], int]:
+def file_stream(path: str | Path, tokenizer) -> tuple[list[int], int]:
     """Tokens of a text file (EOS first, so every text token is scored) and its UTF-8 byte count."""
     p = Path(path)
     if not p.is_file():
@@ -58,7 +58,7 @@ def file_stream(path: str | Path, tokenizer, prefix_eos: bool = True) -> tuple[l
         raise EvalError("perplexity on a text file needs a tokenizer (--tokenizer DIR or --tokenizer bytes)")
     text = file_bytes(p).decode("utf-8")  # a .jsonl file: its texts
     ids = tokenizer.encode(text)
-    return ([tokenizer.eos_id] + list(ids) if prefix_eos else ids), len(text.encode("utf-8"))
+    return [tokenizer.eos_id] + list(ids), len(text.encode("utf-8"))
 
 
 def shard_stream(
