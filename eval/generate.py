@@ -22,7 +22,7 @@ import torch
 from common.cli import CliParser, run_cli
 from common.errors import EvalError
 
-from .loading import check_tokenizer, load_checkpoint, load_tokenizer, missing_tokenizer_error, run_tokenizer
+from .loading import load_checkpoint, missing_tokenizer_error, pick_tokenizer
 
 
 def is_greedy(top_k: int | None = None, top_p: float | None = None, temperature: float | None = None) -> bool:
@@ -155,8 +155,7 @@ def _prompt_ids(text: str) -> list[int]:
 
 def run(a: argparse.Namespace) -> int:
     model, info = load_checkpoint(a.checkpoint, a.device)
-    tok = load_tokenizer(a.tokenizer) if a.tokenizer else run_tokenizer(info)
-    check_tokenizer(tok, model, info)
+    tok = pick_tokenizer(a.tokenizer, model, info)
     if a.prompt_ids:
         ids = _prompt_ids(a.prompt_ids)
         if not ids or max(ids) >= model.cfg.vocab_size or min(ids) < 0:

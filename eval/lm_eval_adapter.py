@@ -34,7 +34,7 @@ from data_pipeline.progress import progress_bar
 
 from . import exact_match as em
 from .generate import generate, is_greedy
-from .loading import check_tokenizer, load_checkpoint, load_tokenizer, missing_tokenizer_error, run_tokenizer
+from .loading import load_checkpoint, missing_tokenizer_error, pick_tokenizer
 
 TASK_DIR = Path(__file__).parent / "tasks"
 
@@ -58,10 +58,9 @@ class TrainablePartsLM(TemplateLM):
             if checkpoint is None:
                 raise ValueError("TrainablePartsLM needs model= or checkpoint=")
             model, info = load_checkpoint(checkpoint, device or "cpu")
-        tokenizer = load_tokenizer(tokenizer) if tokenizer is not None else run_tokenizer(info)
+        tokenizer = pick_tokenizer(tokenizer, model, info)
         if tokenizer is None:
             raise missing_tokenizer_error(info, "lm_eval")
-        check_tokenizer(tokenizer, model, info)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8

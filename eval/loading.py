@@ -1,6 +1,6 @@
 """Checkpoints and tokenizers for evaluation: (model, info) from any checkpoint the checkpoint
 layer reads (native, HF, DeepSpeed tag, run dir), and tokenizers with identity checks; without a
-tokenizer given, the one the checkpoint records (`run_tokenizer`).
+tokenizer given, the one the checkpoint records (`pick_tokenizer`).
 """
 
 from __future__ import annotations
@@ -94,22 +94,23 @@ def _repo_path(p: str) -> Path:
     return path if path.is_absolute() or path.exists() else REPO_ROOT / path
 
 
-def check_tokenizer(tok, model, info: dict[str, Any]) -> None:
-    """Refuse a tokenizer whose identity or vocabulary does not fit the checkpoint."""
-    if tok is None:
-        return
+def pick_tokenizer(spec: Any, model, info: dict[str, Any]):
+    """The tokenizer `spec` names (`load_tokenizer`), or with none given the checkpoint's own (`run_tokenizer`,
+    None when not found); refused if its identity or vocabulary does not fit the checkpoint."""
+    tok = load_tokenizer(spec) if spec is not None else run_tokenizer(info)
     want = info.get("tokenizer_id")
-    if want and getattr(tok, "identity", None) and want != tok.identity:
+    if tok is not None and want and getattr(tok, "identity", None) and want != tok.identity:
         raise EvalError(
             f"tokenizer mismatch: checkpoint {info.get('path')} was trained with tokenizer {want}, "
             f"but the given tokenizer is {tok.identity} ({getattr(tok, 'path', tok)}). "
             "Fix: omit --tokenizer to use the run's own, or pass the tokenizer the run was trained with."
         )
-    if tok.vocab_size > model.cfg.vocab_size:
+    if tok is not None and tok.vocab_size > model.cfg.vocab_size:
         raise EvalError(
             f"tokenizer mismatch: tokenizer {tok.identity} has {tok.vocab_size} tokens but the "
             f"checkpoint's vocabulary has {model.cfg.vocab_size}. Fix: use the run's tokenizer."
         )
+    return tok
 
 
 # ---- checkpoints -------------------------------------------------------------------------

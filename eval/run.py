@@ -48,7 +48,7 @@ from . import mechanisms, retrieval
 from . import perplexity as ppl
 from .classification import evaluate_classification
 from .in_context import icl_score
-from .loading import check_tokenizer, load_checkpoint, load_tokenizer, missing_tokenizer_error, run_tokenizer
+from .loading import load_checkpoint, load_tokenizer, missing_tokenizer_error, pick_tokenizer
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
 from .synthetic_tasks import evaluate_task, get_task
 
@@ -253,8 +253,7 @@ def evaluate_model(
     """Run `tasks` on an already-loaded model; returns {"checkpoint": info, "tasks": {...}, "metrics": {...}}."""
     opts = opts or EvalOptions()
     tasks = validate_tasks(tasks)
-    tok = load_tokenizer(opts.tokenizer) if opts.tokenizer is not None else run_tokenizer(info)
-    check_tokenizer(tok, model, info)
+    tok = pick_tokenizer(opts.tokenizer, model, info)
     needs = [t for t in tasks if task_of(t).needs_tokenizer(opts)]
     if tok is None and needs:
         raise missing_tokenizer_error(info, f"task {needs[0]}")
