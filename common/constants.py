@@ -11,6 +11,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 IGNORE_INDEX = -100  # a label position that is not scored (torch's cross-entropy default)
 
 
+def repo_path(p: str | Path) -> Path:
+    """`p`, or for a relative `p` not found from here, the same path in the repository if it is there."""
+    path = Path(p)
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        return REPO_ROOT / path
+    return path
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous or a test server)."""
     with socket.socket() as s:

@@ -31,19 +31,12 @@ import numpy as np
 import torch
 
 from common.cli import CliParser, run_cli
-from common.constants import REPO_ROOT
+from common.constants import repo_path
 from common.errors import DataError
 
 from .config import CLASSIFY_PREFIX, ClassifyData
 from .order import Permutation, RankShare, derive_key
 from .tokenizer import BYTE_TOKENIZER, BYTES, load_tokenizer
-
-
-def _repo_path(p: str) -> Path:
-    path = Path(p)
-    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
-        return REPO_ROOT / path
-    return path
 
 
 def read_examples(
@@ -75,7 +68,7 @@ def read_examples(
                     "Fix: set data.text_field / data.label_field"
                 )
         return list(zip(ds[text_field], ds[label_field]))
-    path = _repo_path(source)
+    path = repo_path(source)
     if not path.is_file():
         raise DataError(f"classification data {source!r} not found (a .jsonl or .csv file, or hf:NAME)")
     out: list[tuple[str, Any]] = []
@@ -123,7 +116,7 @@ def load_encoder(spec: str | None):
     """The tokenizer of `data.tokenizer`: the byte tokenizer by default, or a tokenizer directory."""
     if spec is None or str(spec) == BYTES:
         return BYTE_TOKENIZER
-    return load_tokenizer(_repo_path(str(spec)))
+    return load_tokenizer(repo_path(str(spec)))
 
 
 def default_pad_id(enc) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from checkpoint import load_for_eval
-from common.constants import REPO_ROOT
+from common.constants import REPO_ROOT, repo_path
 from common.errors import EvalError
 from data_pipeline.shards import MANIFEST, read_manifest
 from data_pipeline.tokenizer import BYTE_TOKENIZER, BYTES
@@ -67,7 +67,7 @@ def run_tokenizer(info: dict[str, Any]):
         return BYTE_TOKENIZER
     for spec in _candidate_tokenizers(info.get("meta") or {}):
         try:
-            tok = load_data_tokenizer(spec if spec == BYTES else _repo_path(spec))
+            tok = load_data_tokenizer(spec if spec == BYTES else repo_path(spec))
         except ValueError:
             continue
         if tok.identity == want:
@@ -87,11 +87,6 @@ def missing_tokenizer_error(info: dict[str, Any], needs: str) -> EvalError:
         f"{needs} needs a tokenizer and {where}. Fix: pass --tokenizer DIR (the tokenizer the run was "
         "trained with) or --tokenizer bytes"
     )
-
-
-def _repo_path(p: str) -> Path:
-    path = Path(p)
-    return path if path.is_absolute() or path.exists() else REPO_ROOT / path
 
 
 def pick_tokenizer(spec: Any, model, info: dict[str, Any]):

@@ -16,13 +16,12 @@ checkpoint/consolidate.py's job.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from checkpoint import load_for_eval
-from common.constants import REPO_ROOT
+from common.constants import repo_path
 from common.errors import RecipeError
 from data_pipeline.classification import resolve_pad_id
 from model import ModelConfig, Transformer
@@ -34,10 +33,7 @@ from .recipe_checks import classification_settings
 
 def _pretrained(path) -> Transformer:
     """The backbone of any checkpoint (a classifier's backbone if it is one)."""
-    p = Path(path)
-    if not p.exists() and (REPO_ROOT / p).exists():
-        p = REPO_ROOT / p
-    model, _ = load_for_eval(p)
+    model, _ = load_for_eval(repo_path(path))
     return model.model if isinstance(model, SequenceClassifier) else model
 
 
