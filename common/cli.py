@@ -29,6 +29,16 @@ def print_error(e: BaseException | str, fix: str | None = None) -> None:
     print(f"error: {msg}", file=sys.stderr, flush=True)
 
 
+def ints(text: str) -> list[int]:
+    """A comma-separated option's integers: '16,32' -> [16, 32] (empty items dropped)."""
+    return [int(x) for x in text.split(",") if x]
+
+
+def floats(text: str) -> list[float]:
+    """A comma-separated option's numbers: '0.5,1' -> [0.5, 1.0] (empty items dropped)."""
+    return [float(x) for x in text.split(",") if x]
+
+
 class CliParser(argparse.ArgumentParser):
     """argparse with usage errors as one `error: ... Fix: see PROG --help` line (exit 2)."""
 

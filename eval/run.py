@@ -33,12 +33,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from checkpoint import run_checkpoints
-from common.cli import CliParser, run_cli
+from common.cli import CliParser, floats, ints, run_cli
 from common.errors import EvalError
 from data_pipeline.progress import progress_bar
 
@@ -63,10 +63,10 @@ class EvalOptions:
     stride: int | None = None  # default: window (no overlap)
     max_tokens: int | None = None
     batch_size: int = 8
-    lengths: tuple[int, ...] = (16, 32, 64)  # induction
-    num_pairs: tuple[int, ...] = (2, 4, 8)  # kv_recall
-    passkey_lengths: tuple[int, ...] = (128, 256, 512)
-    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    lengths: Sequence[int] = (16, 32, 64)  # induction
+    num_pairs: Sequence[int] = (2, 4, 8)  # kv_recall
+    passkey_lengths: Sequence[int] = (128, 256, 512)
+    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
     n: int = 32  # samples per length (probes)
     synthetic_n: int = 256
     task_args: dict = field(default_factory=dict)  # for synthetic:<task>
@@ -336,14 +336,6 @@ def write_reports(results_by_run: dict[str, list[dict[str, Any]]], out_dir: str 
     }
 
 
-def _ints(s: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in s.split(",") if x)
-
-
-def _floats(s: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in s.split(",") if x)
-
-
 def parse_val_dirs(entries: list[str]) -> tuple[str | None, dict[str, str]]:
     """`--val-dir DIR` (one split) or `--val-dir NAME=DIR ...` (named sets) -> (DIR, {}) or (None, sets)."""
     if not entries:
@@ -388,10 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stride", type=int)
     ap.add_argument("--max-tokens", type=int)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--lengths", type=_ints, default=(16, 32, 64), help="induction lengths")
-    ap.add_argument("--num-pairs", type=_ints, default=(2, 4, 8), help="kv_recall pair counts")
-    ap.add_argument("--passkey-lengths", type=_ints, default=(128, 256, 512))
-    ap.add_argument("--depths", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
+    ap.add_argument("--lengths", type=ints, default=(16, 32, 64), help="induction lengths")
+    ap.add_argument("--num-pairs", type=ints, default=(2, 4, 8), help="kv_recall pair counts")
+    ap.add_argument("--passkey-lengths", type=ints, default=(128, 256, 512))
+    ap.add_argument("--depths", type=floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
     ap.add_argument("--n", type=int, default=32, help="samples per length for the probes")
     ap.add_argument("--synthetic-n", type=int, default=256)
     ap.add_argument("--task-args", type=json.loads, default={}, help="JSON, e.g. '{\"n_pairs\": 4}'")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import run_cli
+from common.cli import ints, run_cli
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
 from eval.run import EvalOptions, evaluate_checkpoint
@@ -37,7 +37,7 @@ from pretrain.train import train
 
 from .retrieval import AccuracyProbe, first_step
 from .rows import append_row, read_rows
-from .shared import check_variants, ints, names, ran_to_end, study_parser
+from .shared import check_variants, names, ran_to_end, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/paper_addition.yaml"

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.cli import CliParser, run_cli
+from common.cli import CliParser, floats, ints, run_cli
 from common.errors import NonFiniteLoss, StudyError
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
@@ -46,7 +46,7 @@ from pretrain.metrics import read_metrics
 from pretrain.train import train
 
 from .rows import append_row, read_rows
-from .shared import check_variants, floats, ints, names, ran_to_end
+from .shared import check_variants, names, ran_to_end
 from .spread import Spread
 
 RECIPE = "recipes/retrieval_kv.yaml"

@@ -26,14 +26,6 @@ def names(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
 
-def ints(text: str) -> list[int]:
-    return [int(x) for x in names(text)]
-
-
-def floats(text: str) -> list[float]:
-    return [float(x) for x in names(text)]
-
-
 def positive_ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
