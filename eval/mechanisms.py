@@ -129,5 +129,4 @@ def save_heatmap(maps: torch.Tensor, prev: torch.Tensor, ind: torch.Tensor, path
             ax.set_title(f"L{layer} H{h}", fontsize=7)
             ax.set(xticks=[], yticks=[])
     fig.suptitle(title + "  (row i reads column j)", fontsize=9)
-    fig.tight_layout()
     return save_figure(fig, path, dpi=80)

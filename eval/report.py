@@ -79,11 +79,12 @@ def new_figure(*args: Any, **kwargs: Any):
 
 
 def save_figure(fig, path: str | Path, dpi: int = 90) -> Path:
-    """Write `fig` to `path` (PNG; its directory made) and free it."""
+    """Lay `fig` out, write it to `path` (PNG; its directory made) and free it."""
     import matplotlib.pyplot as plt  # deferred: heavy (imported already by new_figure)
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
@@ -150,7 +151,6 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
         ax.set_title(m, fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        fig.tight_layout()
         safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", m).strip("_")
         paths.append(save_figure(fig, out_dir / f"{safe}.png", dpi=80))
     return paths

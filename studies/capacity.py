@@ -48,14 +48,14 @@ from checkpoint import load_for_eval
 from common.cli import run_cli
 from common.errors import StudyError
 from data_pipeline.synthetic import get_task
-from eval.report import markdown_table, new_figure
+from eval.report import markdown_table, new_figure, save_figure
 from eval.synthetic_tasks import evaluate_task
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config
 from pretrain.train import train
 
-from .shared import finish, label_axes, names, positive_ints, ran_to_end, study_parser, without
+from .shared import label_axes, names, positive_ints, ran_to_end, study_parser, without
 from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
@@ -265,7 +265,7 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     right.set_xticks(widths)
     title = "bits stored per trainable parameter (dashed: the paper's)"
     label_axes(right, "width (hidden size)", "bits / trainable parameter", title)
-    return finish(fig, Path(out_dir) / "capacity.png")
+    return save_figure(fig, Path(out_dir) / "capacity.png")
 
 
 def run_sweep(

@@ -23,10 +23,9 @@ from typing import Any
 
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
-from eval.report import markdown_table, new_figure
+from eval.report import markdown_table, new_figure, save_figure
 
 from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, finished_cells
-from .shared import finish
 from .spread import Spread
 
 KEY = "bits_per_trainable_param"
@@ -121,7 +120,7 @@ def plot(trend: dict[str, dict[int, Spread]], out: Path, width: int) -> Path:
     left.set_title(f"width {width}: bits per trainable parameter vs steps (dashed: the paper's)", fontsize=10)
     right.set_ylabel("fraction of standard's bits / trainable parameter")
     right.set_title("each variant relative to standard (dashed: the paper's ratios)", fontsize=10)
-    return finish(fig, out)
+    return save_figure(fig, out)
 
 
 def _order(variant: str) -> int:

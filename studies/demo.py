@@ -34,13 +34,13 @@ import torch
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
-from eval.report import markdown_table, new_figure
+from eval.report import markdown_table, new_figure, save_figure
 from eval.run import EvalOptions, evaluate_checkpoint
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 
 from .scaling_runs import DONE, run_chains, threads_per_job, train_once
-from .shared import check_variants, finish, label_axes, names
+from .shared import check_variants, label_axes, names
 from .spread import Spread
 
 
@@ -315,7 +315,7 @@ def plot(
                     ax.plot(*zip(*pts), label=v if s == 0 else None, color=f"C{i}", alpha=0.8 if s == 0 else 0.4)
         ax.set_yscale("log")
         label_axes(ax, "step", "training loss", t.label, grid=False)
-    return finish(fig, out / "demo.png", dpi=110)
+    return save_figure(fig, out / "demo.png", dpi=110)
 
 
 def _positive(kind):

@@ -47,7 +47,7 @@ from data_pipeline.text import TextLoader, read_documents, text_files
 from data_pipeline.tokenizer import train_sentencepiece
 from eval.in_context import icl_score
 from eval.mechanisms import mechanism_scores
-from eval.report import markdown_table, new_figure
+from eval.report import markdown_table, new_figure, save_figure
 from eval.retrieval import induction, repeated
 from model import VARIANTS
 from pretrain.config import load_recipe
@@ -56,7 +56,7 @@ from pretrain.run_dir import read_config
 from pretrain.train import train
 
 from .rows import replace_rows
-from .shared import check_variants, finish, names, positive_ints, ran_to_end, study_parser, without
+from .shared import check_variants, names, positive_ints, ran_to_end, study_parser, without
 from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
@@ -509,7 +509,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path:
     fig.suptitle(
         f"{layers} layer models {data}, probes at every evaluation (one line per run; up to {seeds} seeds)", fontsize=11
     )
-    return finish(fig, path)
+    return save_figure(fig, path)
 
 
 def finished_runs(out: Path) -> list[dict[str, Any]]:

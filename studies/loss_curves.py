@@ -20,11 +20,11 @@ from pathlib import Path
 
 from common.cli import CliParser, run_cli
 from common.errors import StudyError
-from eval.report import markdown_table, new_figure
+from eval.report import markdown_table, new_figure, save_figure
 from pretrain.run_dir import read_config
 
 from .capacity import loss_drop, training_losses
-from .shared import finish, label_axes
+from .shared import label_axes
 
 
 def parse_run(arg: str) -> tuple[Path, str]:
@@ -81,7 +81,7 @@ def plot(runs, out: Path, points: int, fraction: bool) -> Path:
         ax.plot(xs, ys, lw=1.2, label=label)
     xlabel = "fraction of the run's train.max_steps" if fraction else "step"
     label_axes(ax, xlabel, f"training loss (mean over 1/{points} of the logged steps)")
-    return finish(fig, out)
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,11 +42,11 @@ from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from data_pipeline.text import eos_document_ids
 from data_pipeline.tokenizer import BYTE_TOKENIZER
-from eval.report import markdown_table, new_figure
+from eval.report import markdown_table, new_figure, save_figure
 from pretrain.config import load_recipe
 from pretrain.train import train
 
-from .shared import check_variants, finish, label_axes, names, ran_to_end, study_parser
+from .shared import check_variants, label_axes, names, ran_to_end, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/packed_modadd.yaml"
@@ -218,7 +218,7 @@ def plot(results: dict[tuple[str, str], list[dict[str, Any]]], variants, layouts
     fig.suptitle(
         "modular addition (p = 31) as bytes: held-out accuracy vs where the example sits (dotted: chance)", fontsize=10
     )
-    return finish(fig, path)
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import StudyError
-from eval.report import new_figure
-
-from .shared import finish
+from eval.report import new_figure, save_figure
 
 
 @dataclass
@@ -137,7 +135,7 @@ def plot_fits(
             label = f"{variant}: {fit.E:.2f} + {fit.A:.3g}·x^-{fit.alpha:.2f}"
             ax.plot(grid, fit.predict(grid), "-", color=color, alpha=0.8, label=label)
     _style(ax, xlabel, y_key.replace("_", " "))
-    return finish(fig, out_png, dpi=120)
+    return save_figure(fig, out_png, dpi=120)
 
 
 def _style(ax, xlabel: str, ylabel: str) -> None:
@@ -395,4 +393,4 @@ def plot_frontier(rows: list[dict], report: dict, y_key: str, out_png: str | Pat
     xlabel = "training FLOPs (each variant's own: frozen weights' gradients excluded)"
     for ax, ylabel in ((left, y_key.replace("_", " ")), (right, "frontier loss gap to standard")):
         _style(ax, xlabel, ylabel)
-    return finish(fig, out_png, dpi=120)
+    return save_figure(fig, out_png, dpi=120)

@@ -1,5 +1,5 @@
 """What several studies share: their command line's parser and list options, the variant check, the
-check that a training run reached its end, and their figures' labels and layout."""
+check that a training run reached its end, and their figures' labels."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import argparse
 
 from common.cli import CliParser
 from common.errors import StudyError
-from eval.report import save_figure
 from model import VARIANTS
 
 
@@ -63,12 +62,6 @@ def label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, grid: boo
     if grid:
         ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-
-
-def finish(fig, path, dpi: int = 90):
-    """Lay the figure out and write it to `path` (returned)."""
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=dpi)
 
 
 def ran_to_end(res, run_dir):
