@@ -33,8 +33,12 @@ from model.mfu import measure_matmul_tflops, mfu  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 VARIANT_NAMES = ["standard", "frozen_qk", "frozen_mlp", "mixit", "random_transformer"]
-# more entries by name: a variant with model settings (mixit_philox4x: M drawn four entries per Philox call)
-NAMED_KINDS = {"mixit_philox4x": ("mixit", {"mixit_rng": "philox4x"})}
+# more entries by name: a variant with model settings (mixit_philox4x: M drawn four entries per Philox
+# call; mixit_dense: the cached matrix whatever the memory rule of model/kernels/select.py picks)
+NAMED_KINDS = {
+    "mixit_philox4x": ("mixit", {"mixit_rng": "philox4x"}),
+    "mixit_dense": ("mixit", {"mixit_impl": "dense"}),
+}
 
 
 def parse_size(s: str) -> tuple[int, int, int]:
@@ -129,16 +133,19 @@ class Entry:
 
 
 def _worker_main(conn, args, size: str, kind: str):
-    """Build one entry, warm it up, then time `steps` steps (or profile one) whenever asked."""
+    """Build one entry, warm it up, then time `steps` steps (or profile one) whenever asked. Every
+    entry stays resident but only one runs at a time, so each hands its cached device memory back
+    before it replies: the entries' activations need not fit side by side."""
     e = Entry(args, size, kind)
     e.step()  # warm-up (and compilation)
     e.step()
+    release = torch.cuda.empty_cache if e.device.type == "cuda" else (lambda: None)
+    release()
     conn.send((e.tokens, e.flops))
     while (msg := conn.recv()) is not None:
-        if isinstance(msg, tuple):  # ("profile", top)
-            conn.send(e.profile(msg[1]))
-        else:
-            conn.send(e.timed(msg))
+        reply = e.profile(msg[1]) if isinstance(msg, tuple) else e.timed(msg)  # ("profile", top) or steps
+        release()
+        conn.send(reply)
 
 
 class Worker:

@@ -21,7 +21,9 @@
 #                  with the uninterrupted run's (standard, frozen_qk, mixit x zero1, zero3)
 #         bench:T2048, bench:T8192   benchmarks/bench_model.py, 1b shape, standard vs frozen_qk vs mixit (both generators), then
 #                  one profiled step of each (its 20 costliest kernels: where MixiT's time goes)
-#         bench:compiled:T2048       the same at T 2048 with torch.compile (compile_blocks): the MFU target's setting
+#                  (GPU_CHECK_BENCH_VARIANTS overrides the list, e.g. "standard mixit mixit_philox4x mixit_dense")
+#         bench:compiled:T2048       standard and mixit at T 2048 with torch.compile (compile_blocks), no memory
+#                  run (each would compile again): the MFU and MixiT-speed targets' setting
 #         bench:mixit_memory         MixiT dense vs Triton peak memory at T 4k/16k/32k
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else .venv/bin/python, else python3),
 # OUT, SITE, GPU_CHECK_WORK (run dirs and checkpoints, default /tmp/gpu_check_work; deleted stage by
@@ -221,7 +223,7 @@ PYEOF
 }
 
 bench_keys() {  # the per-model lines of bench_model.py's table: name, tok/s, MFU
-  awk '$1 ~ /^(standard|frozen_qk|mixit)$/ { mfu = ""; for (i = 2; i <= NF; i++) if ($i ~ /%$/) { mfu = $i; break }
+  awk '$1 ~ /^(standard|frozen_qk|mixit|mixit_[a-z0-9]+)$/ { mfu = ""; for (i = 2; i <= NF; i++) if ($i ~ /%$/) { mfu = $i; break }
        printf "%s%s %s tok/s%s", sep, $1, $2, (mfu ? " MFU " mfu : ""); sep = "; " }' "$WORK_LOG" > "$KEYS"
 }
 
@@ -247,7 +249,9 @@ stage_bench() {  # SEQ [compiled] | mixit_memory
       --no-hf --profile 20 | tee "$WORK_LOG" || return 1
   else
     common=(--device cuda --dtype bf16 --vocab 128256 --rounds 3 --steps 3)
-    [ "${2:-}" = compiled ] && compiled=(--compile)
+    local variants
+    read -ra variants <<< "${GPU_CHECK_BENCH_VARIANTS:-standard frozen_qk mixit mixit_philox4x}"
+    [ "${2:-}" = compiled ] && compiled=(--compile --no-memory) && variants=(standard mixit)
     if [ "$1" = mixit_memory ]; then
       "$PYTHON" benchmarks/bench_model.py "${common[@]}" --variants --mixit-memory 4096 16384 32768 \
         --mixit-impls dense triton | tee "$WORK_LOG" || return 1
@@ -256,7 +260,7 @@ stage_bench() {  # SEQ [compiled] | mixit_memory
     fi
     # the 1b shape's layers and width (bench_model.py: heads = width / 64 = 32), 8192 tokens per step
     "$PYTHON" benchmarks/bench_model.py "${common[@]}" "${compiled[@]}" --sizes "16x2048x$1" \
-      --batch $((8192 / $1 > 0 ? 8192 / $1 : 1)) --variants standard frozen_qk mixit mixit_philox4x --no-hf --profile 20 \
+      --batch $((8192 / $1 > 0 ? 8192 / $1 : 1)) --variants "${variants[@]}" --no-hf --profile 20 \
       | tee "$WORK_LOG" || return 1
   fi
   bench_keys
@@ -277,7 +281,7 @@ if [ "$rehearse" = 1 ]; then seqs="64"; else seqs="2048 8192"; fi
 # stage name | time limit (s) | function and arguments
 plan=("wheels|120|wheels" "probe|120|probe" "pytest|300|pytest")
 for v in $VARIANTS; do for z in $ZERO; do plan+=("train:$v:$z|300|train $v $z"); done; done
-for t in $seqs; do plan+=("bench:T$t|300|bench $t"); done
+for t in $seqs; do plan+=("bench:T$t|420|bench $t"); done
 plan+=("bench:compiled:T${seqs%% *}|420|bench ${seqs%% *} compiled")
 plan+=("bench:mixit_memory|300|bench mixit_memory")
 
