@@ -306,7 +306,7 @@ class MixingAttention(nn.Module):
         full_t = self.cfg.max_seq_len if self.cfg.causal else t
         key = (str(device), dtype, full_t)
         if key not in self._cache:
-            self._cache[key] = mixit.mixing_matrix(self.cfg, self.layer, full_t, device).to(dtype)
+            self._cache[key] = mixit.mixing_matrix(self.cfg, self.layer, full_t, device, dtype)
         return self._cache[key][:, :t, :t]
 
     def document_matrix(self, attn_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -347,7 +347,10 @@ class MixingAttention(nn.Module):
         impl = self.impl(x.device, v.dtype)
         if impl == "dense":
             a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]  # rows of the new positions
-            out = torch.matmul(a, v)  # (b, H, t, dh)
+            # one product per head over the whole batch, (H, t, total) @ (H, total, b*dh): a broadcast
+            # matmul would first copy A to every sequence (b*H*t^2 entries a step)
+            vh = v.permute(1, 2, 0, 3).reshape(cfg.num_heads, total, b * cfg.head_dim)
+            out = torch.bmm(a, vh).view(cfg.num_heads, t, b, cfg.head_dim).permute(2, 0, 1, 3)  # (b, H, t, dh)
         else:
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)

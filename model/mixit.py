@@ -47,34 +47,41 @@ def raw_block(
     return rng.matrix_normals(key, rows, cols, cfg.max_seq_len, cfg.mixit_rng) * sigma
 
 
+# entries of one row block while the dense matrix is built: the generator's int64 temporaries of a
+# whole T x T head (8 GiB each at T = 32768) do not fit beside the matrix on a GPU
+BUILD_BLOCK_ENTRIES = 1 << 22
+
+
 def mixing_matrix(
-    cfg: ModelConfig, layer: int, t: int | None = None, device: torch.device | str | None = None
+    cfg: ModelConfig,
+    layer: int,
+    t: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The dense mixing matrices A of one layer, shape (H, t, t), float32 (the reference path)."""
+    """The dense mixing matrices A of one layer, shape (H, t, t) (the reference path).
+
+    Computed in float32 a block of rows at a time and stored in `dtype`, so that building it needs
+    little beyond the matrix itself."""
     t = cfg.max_seq_len if t is None else t
     if not 1 <= t <= cfg.max_seq_len:
         raise ValueError(f"sequence length {t} is outside [1, max_seq_len={cfg.max_seq_len}]")
     idx = torch.arange(t, device=device)
-    causal = torch.ones(t, t, dtype=torch.bool, device=device)
-    if cfg.causal:
-        causal = causal.tril()
-    count = causal.sum(dim=1, keepdim=True).to(torch.float32)  # entries averaged per row
-    eye = torch.eye(t, device=device)
     sigmas = head_sigmas(cfg, layer)
-    out = torch.empty(cfg.num_heads, t, t, device=device)
-    for h in range(cfg.num_heads):
-        if h == 0:
-            sink = torch.zeros(t, t, device=device)
-            sink[idx, idx] = 0.5
-            sink[:, 0] = 0.5
-            out[0] = sink
-            continue
-        m = raw_block(cfg, layer, h, idx, idx, float(sigmas[h])) * causal
-        drift = m.sum(dim=1, keepdim=True) / count
-        a = cfg.mixit_beta * (m - drift)
-        if cfg.mixit_depth_alpha == 0:
-            a = a + eye
-        out[h] = a * causal
+    out = torch.zeros(cfg.num_heads, t, t, device=device, dtype=dtype)
+    out[0, idx, idx] = 0.5  # the sink head
+    out[0, :, 0] = 0.5
+    step = max(1, BUILD_BLOCK_ENTRIES // t)
+    for r in range(0, t, step):
+        rows = idx[r : r + step]
+        seen = rows[:, None] >= idx[None, :] if cfg.causal else torch.ones(1, t, dtype=torch.bool, device=device)
+        count = seen.sum(dim=1, keepdim=True).to(torch.float32)  # entries averaged per row
+        for h in range(1, cfg.num_heads):
+            m = raw_block(cfg, layer, h, rows, idx, float(sigmas[h])) * seen
+            a = cfg.mixit_beta * (m - m.sum(dim=1, keepdim=True) / count)
+            if cfg.mixit_depth_alpha == 0:
+                a[torch.arange(len(rows), device=device), rows] += 1.0
+            out[h, r : r + step] = a * seen
     return out
 
 

@@ -10,7 +10,7 @@ import torch
 
 from model import build_model, preset
 from model.kernels import select
-from model.kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked, raw_slab
+from model.kernels.mixit_blocked import MixitParams, compute_drift, cumsum_rows, mixit_blocked, raw_slab
 from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_bytes
 from model.mixit import mixing_matrix, raw_block
 
@@ -63,6 +63,14 @@ def test_blocked_equals_dense_forward_and_backward(kw, n, row_start):
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 37, 8), (1, 1, 1, 4), (1, 5, 200, 1)])
+def test_cumsum_rows_equals_torch_cumsum(shape):
+    x = torch.randn(shape, dtype=torch.float64)
+    torch.testing.assert_close(cumsum_rows(x), x.cumsum(2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cumsum_rows(x, reverse=True), x.flip(2).cumsum(2).flip(2), rtol=1e-12, atol=1e-12)
+    assert cumsum_rows(x).is_contiguous()
+
+
 def test_drift_is_cached_row_means_and_block_size_free():
     cfg = cfg_()
     p = MixitParams(cfg, 3)
@@ -104,8 +112,9 @@ def test_model_blocked_equals_dense_end_to_end(kw):
         torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-5)
 
 
-def test_blocked_cached_decoding_equals_full_forward():
-    model = build_model(cfg_(mixit_impl="blocked", mixit_block_size=8), seed=0).eval()
+@pytest.mark.parametrize("impl", ["dense", "blocked"])
+def test_cached_decoding_equals_full_forward(impl):
+    model = build_model(cfg_(mixit_impl=impl, mixit_block_size=8), seed=0).eval()
     x = torch.randint(0, 50, (2, 20))
     with torch.no_grad():
         full = model(x)
@@ -126,14 +135,16 @@ def test_auto_dispatch_rule():
 def test_cuda_dispatch_rule_dense_where_it_fits_triton_above(monkeypatch):
     """On CUDA: the dense cached matrices while all layers' fit in MIXIT_DENSE_MEMORY_FRACTION of the
     device, the Triton kernel above (blocked without Triton); evaluated here for device sizes."""
-    cuda, h100 = torch.device("cuda"), 80 * 2**30
+    cuda, h100, h200 = torch.device("cuda"), 80 * 2**30, 140 * 2**30
     c = preset("1b", variant="mixit")
     at = lambda t, nbytes=2: mixit_dense_bytes(c.num_heads, c.num_layers, t, nbytes)  # noqa: E731
     assert at(2048) == 4 * 2**30  # 16 layers x 32 heads x 2048^2 x bf16
     assert mixit_backend("auto", 2048, cuda, at(2048), h100)[0] == "dense"
     assert mixit_backend("auto", 2048, cuda, at(2048, 4), h100)[0] == "dense"  # fp32: 8 GiB
     assert mixit_backend("auto", 8192, cuda, at(8192), h100)[0] == "triton"  # 64 GiB
-    assert mixit_backend("auto", 2048, cuda, at(2048), 24 * 2**30)[0] == "triton"  # a 24 GiB card
+    assert mixit_backend("auto", 8192, cuda, at(8192), h200)[0] == "dense"
+    assert mixit_backend("auto", 2048, cuda, at(2048), 24 * 2**30)[0] == "dense"  # a 24 GiB card
+    assert mixit_backend("auto", 2048, cuda, at(2048), 6 * 2**30)[0] == "triton"  # a 6 GiB card
     budget = int(select.MIXIT_DENSE_MEMORY_FRACTION * h100)
     assert mixit_backend("auto", 1, cuda, budget, h100)[0] == "dense"
     assert mixit_backend("auto", 1, cuda, budget + 1, h100)[0] == "triton"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from model import ModelConfig, build_model, preset, rng
+from model import ModelConfig, build_model, mixit, preset, rng
 from model.io import check_compatible, load_native, save_native
 from model.mixit import head_sigmas, mixing_matrix
 
@@ -93,6 +93,17 @@ def test_prefix_consistency():
     for t in (1, 5, 17):
         # the same numbers; only the summation order of the row means may differ
         torch.testing.assert_close(mixing_matrix(cfg, 0, t), full[:, :t, :t], rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": False}, {"mixit_depth_alpha": 1.0}])
+def test_matrix_built_in_row_blocks_is_the_one_block_matrix(kw, monkeypatch):
+    """Built a few rows at a time (as a long T is, to bound the generator's temporaries) the matrix
+    is exactly the one built in one block; stored in bf16 it is that matrix rounded."""
+    cfg = cfg_(**kw)
+    whole = mixing_matrix(cfg, 1)
+    monkeypatch.setattr(mixit, "BUILD_BLOCK_ENTRIES", 3 * cfg.max_seq_len)  # 3 rows a block
+    assert torch.equal(mixing_matrix(cfg, 1), whole)
+    assert torch.equal(mixing_matrix(cfg, 1, dtype=torch.bfloat16), whole.to(torch.bfloat16))
 
 
 def test_same_seed_same_matrix_different_elsewhere():

@@ -103,13 +103,28 @@ def sink_backward(g0: torch.Tensor, row_start: int, n: int) -> torch.Tensor:
     return dv
 
 
+def cumsum_rows(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Prefix sums of (b, H, n, dh) along n (suffix sums when `reverse`), as a contiguous tensor.
+
+    Scanned with n innermost: CUDA's scan over an outer dimension gives one thread to each of the
+    b*H*dh columns and walks n in sequence (3 ms at 31 x 8192 x 64 on an H200, a fifth of MixiT's
+    Triton step); the innermost scan runs in parallel along n."""
+    rows = x.transpose(-1, -2).contiguous()
+    if reverse:
+        rows = rows.flip(-1)
+    rows = rows.cumsum(-1)
+    if reverse:
+        rows = rows.flip(-1)
+    return rows.transpose(-1, -2).contiguous()
+
+
 # ---- the random heads 1..H-1 --------------------------------------------------------------
 def blocked_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
     """v: (b, H-1, n, dh) float32; drift (H-1, >=n) -> (b, H-1, n - row_start, dh)."""
     n = v.shape[2]
     dev = v.device
     keys, sigmas = p.key_tensor(dev), p.sigma_tensor(dev)
-    cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v)
+    cs = cumsum_rows(v) if p.causal else v.sum(2, keepdim=True).expand_as(v)
     out = torch.empty(v.shape[0], v.shape[1], n - row_start, v.shape[3], dtype=v.dtype, device=dev)
     for r0 in range(row_start, n, block):
         rows = torch.arange(r0, min(r0 + block, n), device=dev)
@@ -133,7 +148,7 @@ def blocked_backward(
     dv = torch.zeros(b, Hr, n, dh, dtype=g.dtype, device=dev)
     dg = drift[None, :, row_start:n, None].to(g.dtype) * g  # drift_i G_i
     if p.causal:
-        rc = dg.flip(2).cumsum(2).flip(2)  # sum_{i >= j, i in rows}
+        rc = cumsum_rows(dg, reverse=True)  # sum_{i >= j, i in rows}
         dv[:, :, row_start:] -= p.beta * rc
         if row_start > 0:
             dv[:, :, :row_start] -= p.beta * rc[:, :, :1]

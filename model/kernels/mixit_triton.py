@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from .mixit_blocked import MixitParams, SinkAndRandomHeads
+from .mixit_blocked import MixitParams, SinkAndRandomHeads, cumsum_rows
 
 # kernel argument -> Triton signature type, for compiling the kernels ahead of time without a GPU
 # (tests/test_kernels_hopper.py, benchmarks/mixit_sass.py); a new kernel argument is added here
@@ -250,7 +250,7 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
     v = v.float().contiguous()
     fwd = _kernels()[0]
     b, Hr, n, dh = v.shape
-    cs = v.cumsum(2) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
+    cs = cumsum_rows(v) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
     out = torch.empty(b, Hr, n - row_start, dh, dtype=torch.float32, device=v.device)
     keys = torch.tensor(p.keys, dtype=torch.int64, device=v.device)
     sig = torch.tensor(p.sigmas, dtype=torch.float32, device=v.device)
@@ -283,7 +283,7 @@ def triton_backward(
     bwd[grid](g, dv, keys, sig, n, p.T, p.beta, *g.stride()[:3], Hr, **meta)
     dg = drift[None, :, :n, None] * g
     if p.causal:
-        dv -= p.beta * dg.flip(2).cumsum(2).flip(2)
+        dv -= p.beta * cumsum_rows(dg, reverse=True)
     else:
         dv -= p.beta * dg.sum(2, keepdim=True)
     if p.identity:

@@ -16,8 +16,10 @@ log = logging.getLogger("model.kernels")
 # for the life of the model; above this length the memory-light blocked path is used instead.
 MIXIT_DENSE_MAX_T = 1024
 # On CUDA: the dense matrices of all layers (H * T^2 * element bytes each, in the compute dtype)
-# may take this share of the device's memory; the 1b preset at T 2048 in bf16 needs 4 GiB.
-MIXIT_DENSE_MEMORY_FRACTION = 0.125
+# may take this share of the device's memory; the 1b preset needs 4 GiB at T 2048 in bf16, 64 GiB at
+# T 8192. Half, because dense is the fast path wherever it fits: on an H200 the 1b step at T 8192 ran
+# 2.7x faster dense than with the Triton kernel, peaking at 90 of the 140 GiB (docs/PERFORMANCE.md).
+MIXIT_DENSE_MEMORY_FRACTION = 0.5
 
 _logged: set[tuple] = set()
 
