@@ -33,11 +33,13 @@ from model.mfu import measure_matmul_tflops, mfu  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 VARIANT_NAMES = ["standard", "frozen_qk", "frozen_mlp", "mixit", "random_transformer"]
-# more entries by name: a variant with model settings (mixit_philox4x: M drawn four entries per Philox
-# call; mixit_dense: the cached matrix whatever the memory rule of model/kernels/select.py picks)
+# more entries by name: MixiT on one path whatever the memory rule of model/kernels/select.py picks
+# (mixit_dense: the cached matrix; mixit_triton: the kernel), and the kernel drawing M four entries per
+# Philox call (mixit_philox4x)
 NAMED_KINDS = {
-    "mixit_philox4x": ("mixit", {"mixit_rng": "philox4x"}),
     "mixit_dense": ("mixit", {"mixit_impl": "dense"}),
+    "mixit_triton": ("mixit", {"mixit_impl": "triton"}),
+    "mixit_philox4x": ("mixit", {"mixit_impl": "triton", "mixit_rng": "philox4x"}),
 }
 
 

@@ -19,9 +19,10 @@
 #         train:VARIANT:ZERO   bf16 training of the 1b shape through launch.sh --gpus 1: 5 steps with a
 #                  checkpoint at step 3, then --resume auto runs steps 4-5 again; their losses are compared
 #                  with the uninterrupted run's (standard, frozen_qk, mixit x zero1, zero3)
-#         bench:T2048, bench:T8192   benchmarks/bench_model.py, 1b shape, standard vs frozen_qk vs mixit (both generators), then
-#                  one profiled step of each (its 20 costliest kernels: where MixiT's time goes)
-#                  (GPU_CHECK_BENCH_VARIANTS overrides the list, e.g. "standard mixit mixit_philox4x mixit_dense")
+#         bench:T2048, bench:T8192   benchmarks/bench_model.py, 1b shape: standard, frozen_qk, mixit on the path
+#                  the memory rule picks, mixit on the Triton kernel with each generator; then one profiled
+#                  step of each (its 20 costliest kernels: where MixiT's time goes). GPU_CHECK_BENCH_VARIANTS
+#                  overrides the list (bench_model.py names the MixiT entries)
 #         bench:compiled:T2048       standard and mixit at T 2048 with torch.compile (compile_blocks), no memory
 #                  run (each would compile again): the MFU and MixiT-speed targets' setting
 #         bench:mixit_memory         MixiT dense vs Triton peak memory at T 4k/16k/32k
@@ -250,7 +251,7 @@ stage_bench() {  # SEQ [compiled] | mixit_memory
   else
     common=(--device cuda --dtype bf16 --vocab 128256 --rounds 3 --steps 3)
     local variants
-    read -ra variants <<< "${GPU_CHECK_BENCH_VARIANTS:-standard frozen_qk mixit mixit_philox4x}"
+    read -ra variants <<< "${GPU_CHECK_BENCH_VARIANTS:-standard frozen_qk mixit mixit_triton mixit_philox4x}"
     [ "${2:-}" = compiled ] && compiled=(--compile --no-memory) && variants=(standard mixit)
     if [ "$1" = mixit_memory ]; then
       "$PYTHON" benchmarks/bench_model.py "${common[@]}" --variants --mixit-memory 4096 16384 32768 \
