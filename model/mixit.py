@@ -69,8 +69,9 @@ def mixing_matrix(
     idx = torch.arange(t, device=device)
     sigmas = head_sigmas(cfg, layer)
     out = torch.zeros(cfg.num_heads, t, t, device=device, dtype=dtype)
-    out[0, idx, idx] = 0.5  # the sink head
-    out[0, :, 0] = 0.5
+    sink = out[0]
+    sink[idx, idx] = 0.5
+    sink[:, 0] = 0.5
     step = max(1, BUILD_BLOCK_ENTRIES // t)
     for r in range(0, t, step):
         rows = idx[r : r + step]
