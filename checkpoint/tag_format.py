@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from common.constants import file_sha256
+from common.constants import atomic_write, file_sha256, fsync_path
 from common.errors import UnsafeCheckpoint
 
 from .pickle_scan import safe_torch_load
@@ -127,27 +127,6 @@ def newest_good_checkpoint(run_dir: str | os.PathLike) -> tuple[Path | None, lis
 
 def read_state(tag_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(tag_dir) / STATE).read_text())
-
-
-def fsync_path(path: str | os.PathLike) -> None:
-    """Flush a file's (or a directory's entries') data to stable storage."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Readers see the old file or the whole new one, also after a power loss: the new text is
-    fsynced before the rename, and the directory after it."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
 
 
 def file_list(tag_dir: Path) -> dict[str, dict[str, Any]]:

@@ -35,6 +35,27 @@ def file_sha256(path: str | Path, h=None):
     return h
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's (or a directory's entries') data to stable storage."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Readers see the old file or the whole new one, also after a power loss: the new text is
+    fsynced before the rename, and the directory after it."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
 def free_space(path: str | Path) -> str:
     """The space free to this user on `path`'s filesystem, in human units ("unknown" if it cannot be read)."""
     try:

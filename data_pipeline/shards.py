@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.constants import file_sha256
+from common.constants import atomic_write, file_sha256
 from common.errors import DataError
 
 MANIFEST = "manifest.json"
@@ -48,10 +48,7 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj) -> None:
-    """Write to ``path.tmp``, fsync, rename: readers see the old file or the whole new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    _write_synced(tmp, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def write_shard(out: Path, index: int, tokens: np.ndarray, offsets: np.ndarray, *, delay_s: float = 0.0) -> dict:
@@ -282,9 +279,7 @@ def verify_shards(
             "bytes": sum(sz for _, sz, _ in state),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": 1, "verified": entries}, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, record)
+        atomic_write(record, json.dumps({"version": 1, "verified": entries}, indent=1, sort_keys=True) + "\n")
     return "hashed"
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.constants import atomic_write
+
 from .config import ModelConfig
 from .transformer import Transformer
 
@@ -40,9 +42,7 @@ def save_native(
     save_file(sd, str(tmp), metadata={"format": FORMAT})
     os.replace(tmp, out / WEIGHTS_NAME)
     doc = {"format": FORMAT, "model": model.cfg.to_dict(), "meta": dict(meta or {})}
-    tmp = out / (CONFIG_NAME + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
-    os.replace(tmp, out / CONFIG_NAME)
+    atomic_write(out / CONFIG_NAME, json.dumps(doc, indent=2, sort_keys=True))
     return out
 
 

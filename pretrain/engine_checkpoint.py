@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from checkpoint import tag_format
 from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
-from common.constants import free_space
+from common.constants import free_space, fsync_path
 from common.errors import CheckpointWriteFailed
 
 from . import faults
@@ -97,7 +97,7 @@ class _RankWrites:
                 del engine._copy_recovery_script
 
     def fsync(self) -> None:
-        self.run(lambda: [tag_format.fsync_path(p) for p in dict.fromkeys(self.paths)])
+        self.run(lambda: [fsync_path(p) for p in dict.fromkeys(self.paths)])
 
 
 def copy_to_host(item, into=None):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.constants import atomic_write
 from common.errors import RecipeError
 
 from .recipe_checks import check_types
@@ -111,10 +112,7 @@ def _ids(run_dir: Path) -> dict[str, str]:
 
 
 def _save_id(run_dir: Path, key: str, value: str) -> None:
-    ids = {**_ids(run_dir), key: value}
-    tmp = run_dir / (IDS + ".tmp")
-    tmp.write_text(json.dumps(ids, indent=2))
-    os.replace(tmp, run_dir / IDS)
+    atomic_write(run_dir / IDS, json.dumps({**_ids(run_dir), key: value}, indent=2))
 
 
 def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from checkpoint import tag_format as ckpt
 from checkpoint.pickle_scan import verify_checkpoint_dir
 from common.cli import CliParser, run_cli
-from common.constants import REPO_ROOT
+from common.constants import REPO_ROOT, atomic_write
 from common.errors import RunStopped
 
 
@@ -51,7 +51,7 @@ def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) ->
     state = ckpt.read_state(tag_dir)
     state["universal"] = True
     state["converted_from"] = str(tag_dir)
-    ckpt.atomic_write(out / ckpt.STATE, json.dumps(state, indent=1, sort_keys=True, default=str))
+    atomic_write(out / ckpt.STATE, json.dumps(state, indent=1, sort_keys=True, default=str))
     ckpt.mark_complete(out)
     return out
 

@@ -314,7 +314,7 @@ def test_node_cache_shared_by_concurrent_ranks(served, tmp_path):
     ]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
-    assert not list((tmp_path / "shared").rglob("*.tmp"))
+    assert not list((tmp_path / "shared").rglob("*.tmp*"))
 
 
 @pytest.mark.parametrize("backend", ["http", "s3"])
