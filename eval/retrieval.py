@@ -118,7 +118,7 @@ def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16, devic
     """The caller's sequences (e.g. chunks of held-out text), each shown twice: accuracy and loss on the
     repeat and on the same tokens the first time (`_repeat_scores`)."""
     device = device or next(model.parameters()).device
-    L = len(halves[0])
+    L = len(halves[0]) if halves else 0
     if not halves or any(len(h) != L for h in halves) or 2 * L > model.cfg.max_seq_len + 1:
         raise EvalError(f"repeated: need equal-length halves with 2L <= max_seq_len + 1 ({model.cfg.max_seq_len + 1})")
     rep, first = (_summ(s) for s in _repeat_scores(model, halves, device, batch_size))

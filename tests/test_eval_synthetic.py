@@ -145,3 +145,6 @@ def test_probes_on_the_callers_own_sequences():
     assert rep["first_half_loss"] == pytest.approx(float(nll[:, : L - 1].mean()), rel=1e-5)
     with pytest.raises(ValueError, match="halves"):
         mechanism_scores(model, halves=[[1, 2, 3], [1, 2]])
+    for bad in ([], [[1, 2, 3], [1, 2]]):
+        with pytest.raises(EvalError, match="equal-length halves"):
+            repeated(model, bad)
