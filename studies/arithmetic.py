@@ -20,24 +20,18 @@ import argparse
 import hashlib
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-
-import torch
 
 from common.cli import ints, run_cli
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
-from eval.run import EvalOptions, evaluate_checkpoint
 from model import VARIANTS
 from pretrain.config import load_recipe
-from pretrain.metrics import read_metrics
-from pretrain.train import train
 
-from .retrieval import AccuracyProbe, first_step
+from .retrieval import first_step, train_scored
 from .rows import append_row, read_rows
-from .shared import check_variants, names, ran_to_end, study_parser
+from .shared import check_variants, names, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/paper_addition.yaml"
@@ -82,12 +76,7 @@ def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) ->
     lr = load_recipe(args.recipe, overrides).optim.lr
     run_dir = Path(args.out) / "runs" / run_name(digits, variant, seed, args.steps, args.override)
     task = get_task(TASK, seed=base.seed + seed, **targs)
-    wall0, cpu0 = time.time(), time.process_time()
-    probe = AccuracyProbe(task, args.probe_samples, ("exact_match", "acc", "loss"))
-    ran_to_end(train(args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[probe]), run_dir.name)
-    opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=base.seed + seed, progress=False)
-    scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
-    curve = [(r["step"], r["probe/exact_match"]) for r in read_metrics(run_dir) if "probe/exact_match" in r]
+    run = train_scored(args.recipe, overrides, run_dir, task, args, keys=("exact_match", "acc", "loss"))
     command = f"python -m studies.arithmetic --digits {digits} --variants {variant} --seed-list {seed}"
     command += f" --steps {args.steps}" + "".join(f" --override {o}" for o in args.override)
     return {
@@ -101,13 +90,8 @@ def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) ->
         "seed": seed,
         "lr": lr,
         "steps": args.steps,
-        **{k: scores[k] for k in ("acc", "exact_match", "loss")},
-        "eval_samples": scores["samples"],
-        "curve": curve,
-        "step_solved": first_step(curve, SOLVED),
-        "wall_s": round(time.time() - wall0, 1),
-        "cpu_s": round(time.process_time() - cpu0, 1),
-        "torch_threads": torch.get_num_threads(),
+        **run,
+        "step_solved": first_step(run["curve"], SOLVED),
     }
 
 

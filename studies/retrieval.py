@@ -197,6 +197,39 @@ def command_for(cell: Cell, recipe: str) -> str:
     return command + (f" --recipe {shlex.quote(recipe)}" if recipe != RECIPE else "")
 
 
+def train_scored(recipe: str, overrides: list[str], run_dir: Path, task, args, keys=("acc", "loss"), may_diverge=False):
+    """Train one run (resuming a partial run dir) with an `AccuracyProbe` of `keys`, score its final checkpoint
+    on --eval-samples held-out examples of `task`, and return what every study row of it holds: the scores,
+    the probe curve of keys[0], the time spent. With `may_diverge`, a non-finite loss is recorded as
+    `diverged` (a rate too high for the variant: a row that no sweep picks) with no scores."""
+    wall0, cpu0 = time.time(), time.process_time()
+    diverged = None
+    try:
+        res = train(
+            recipe, overrides, run_dir=run_dir, resume="auto", hooks=[AccuracyProbe(task, args.probe_samples, keys)]
+        )
+    except NonFiniteLoss as e:
+        if not may_diverge:
+            raise
+        diverged = str(e)
+    else:
+        ran_to_end(res, run_dir.name)
+    scores = {k: None for k in keys} | {"samples": 0}
+    if diverged is None:
+        opts = EvalOptions(task_args=task.args, synthetic_n=args.eval_samples, task_seed=task.seed, progress=False)
+        scores = evaluate_checkpoint(run_dir, [f"synthetic:{task.name}"], opts)["tasks"][f"synthetic:{task.name}"]
+    records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []  # none: diverged at step 1
+    return {
+        **({"diverged": diverged} if may_diverge else {}),
+        **{k: scores[k] for k in keys},
+        "eval_samples": scores["samples"],
+        "curve": [(r["step"], r[f"probe/{keys[0]}"]) for r in records if f"probe/{keys[0]}" in r],
+        "wall_s": round(time.time() - wall0, 1),
+        "cpu_s": round(time.process_time() - cpu0, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
     """Train one cell (resuming a partial run dir), evaluate it, and return its row."""
     seed = load_recipe(args.recipe).seed + cell.seed
@@ -214,27 +247,10 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
         "data.task_args=" + json.dumps(targs),
         *args.override,
     ]
-    run_dir = Path(args.out) / "runs" / cell.name
     task = get_task(TASK, seed=seed, **targs)
-    wall0, cpu0 = time.time(), time.process_time()
-    diverged = None
-    try:
-        res = train(
-            args.recipe, overrides, run_dir=run_dir, resume="auto", hooks=[AccuracyProbe(task, args.probe_samples)]
-        )
-    except NonFiniteLoss as e:  # a rate too high for this variant: a row that no sweep picks
-        diverged = str(e)
-    else:
-        ran_to_end(res, cell.name)
-    if diverged is None:
-        opts = EvalOptions(task_args=targs, synthetic_n=args.eval_samples, task_seed=seed, progress=False)
-        scores = evaluate_checkpoint(run_dir, [f"synthetic:{TASK}"], opts)["tasks"][f"synthetic:{TASK}"]
-    else:
-        scores = {"acc": None, "loss": None, "samples": 0}
-    curve = [(r["step"], r["probe/acc"]) for r in read_metrics(run_dir) if "probe/acc" in r]
-    final = scores["acc"] if scores["acc"] is not None else float("inf")
+    run = train_scored(args.recipe, overrides, Path(args.out) / "runs" / cell.name, task, args, may_diverge=True)
+    final = run["acc"] if run["acc"] is not None else float("inf")
     return {
-        "diverged": diverged,
         "command": command_for(cell, args.recipe),
         "recipe": args.recipe,
         "overrides": overrides,
@@ -244,15 +260,9 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
         "seed": cell.seed,
         "lr": cell.lr,
         "steps": cell.steps,
-        "acc": scores["acc"],
-        "loss": scores["loss"],
-        "eval_samples": scores["samples"],
-        "curve": curve,
-        "step_90pct_of_final": first_step(curve, 0.9 * final),
-        "step_solved": first_step(curve, SOLVED),
-        "wall_s": round(time.time() - wall0, 1),
-        "cpu_s": round(time.process_time() - cpu0, 1),
-        "torch_threads": torch.get_num_threads(),
+        **run,
+        "step_90pct_of_final": first_step(run["curve"], 0.9 * final),
+        "step_solved": first_step(run["curve"], SOLVED),
         "stage": args.stage,
     }
 

@@ -139,3 +139,13 @@ def test_time_to_solve_fits_a_power_law_to_the_solved_medians_and_extrapolates()
     assert "step ≈ 25 · pairs^2.00" in lines and "16 pairs ~6,400 steps." in lines  # more than the 3000 trained
     rows[-1]["steps"] = rows[-2]["steps"] = 8000
     assert "16 pairs ~6,400 steps (below the steps trained there" in "\n".join(time_to_solve(rows))
+
+
+def test_a_rate_that_diverges_gets_a_row_without_scores(tmp_path):
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--stage", "curve", "--lr", "1e30", "--seeds", "1", "--pairs", "2", "--variants", "standard"]
+    argv += ["--steps", "4", "--probe-every", "2", "--probe-samples", "8", "--rows", str(rows_path)]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    (row,) = read_rows(rows_path)
+    assert "non-finite" in row["diverged"] and row["acc"] is None and row["loss"] is None
+    assert row["eval_samples"] == 0 and row["step_solved"] is None and row["cpu_s"] > 0
