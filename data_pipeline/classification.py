@@ -36,7 +36,7 @@ from common.errors import DataError
 
 from .config import CLASSIFY_PREFIX, ClassifyData
 from .order import Permutation, RankShare, derive_key
-from .tokenizer import BYTE_TOKENIZER, BYTES, load_tokenizer
+from .tokenizer import BYTES, load_tokenizer
 
 
 def read_examples(
@@ -114,22 +114,14 @@ def label_mapping(raw_labels) -> dict[Any, int]:
 
 def load_encoder(spec: str | None):
     """The tokenizer of `data.tokenizer`: the byte tokenizer by default, or a tokenizer directory."""
-    if spec is None or str(spec) == BYTES:
-        return BYTE_TOKENIZER
-    return load_tokenizer(repo_path(str(spec)))
+    spec = str(spec or BYTES)
+    return load_tokenizer(spec if spec == BYTES else repo_path(spec))
 
 
 def default_pad_id(enc) -> int:
     """Classification pads byte-level texts with 0 (NUL, dropped from the texts), as it always has, so
     classifiers trained before the byte tokenizer had an EOS keep their pad; others use their own pad id."""
     return 0 if enc.identity == BYTES else int(enc.pad_id)
-
-
-def encode_texts(enc, texts: list[str]) -> list[list[int]]:
-    ids = enc.encode_batch(texts)
-    if enc.identity == BYTES:
-        ids = [[b for b in t if b != 0] for t in ids]
-    return ids
 
 
 def resolve_pad_id(data: ClassifyData) -> int:
@@ -180,7 +172,9 @@ class ClassificationLoader(RankShare):
         self.tokenizer_id = enc.identity
         self.vocab_size = int(enc.vocab_size)
         self.pad_id = data.pad_id if data.pad_id is not None else default_pad_id(enc)
-        ids = encode_texts(enc, [t for t, _ in rows])
+        ids = enc.encode_batch([t for t, _ in rows])
+        if enc.identity == BYTES:  # NUL is the byte models' pad
+            ids = [[b for b in t if b != 0] for t in ids]
         self.n = len(rows)
         self.input_ids = np.full((self.n, seq_len), self.pad_id, dtype=np.int64)
         for i, toks in enumerate(ids):
@@ -190,7 +184,6 @@ class ClassificationLoader(RankShare):
         self.fingerprint = hashlib.sha1(
             f"{self.source}|{self.seed}|{seq_len}|{self.n}|{self.tokenizer_id}".encode()
         ).hexdigest()[:12]
-        self._perm_epoch, self._perm = -1, None
 
     def __len__(self) -> int:
         return self.n
@@ -216,15 +209,6 @@ NEGATIVE = ["awful", "terrible", "rude", "bland", "dirty", "horrible", "slow", "
 FILLER = "the food was and service staff place really our table very we ordered pizza coffee room night again".split()
 
 
-def make_toy_example(rng: np.random.Generator) -> tuple[str, int]:
-    label = int(rng.integers(2))
-    words = list(rng.choice(FILLER, size=int(rng.integers(4, 9))))
-    cue = POSITIVE if label else NEGATIVE
-    for w in rng.choice(cue, size=int(rng.integers(1, 3)), replace=False):
-        words.insert(int(rng.integers(len(words) + 1)), str(w))
-    return " ".join(words), label
-
-
 def make_toy_dataset(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
     """Write `n` jsonl examples {text, label}: label 1 iff the text holds positive (not negative) words."""
     rng = np.random.default_rng(seed)
@@ -232,8 +216,11 @@ def make_toy_dataset(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(n):
-            text, label = make_toy_example(rng)
-            f.write(json.dumps({"text": text, "label": label}) + "\n")
+            label = int(rng.integers(2))
+            words = list(rng.choice(FILLER, size=int(rng.integers(4, 9))))
+            for w in rng.choice(POSITIVE if label else NEGATIVE, size=int(rng.integers(1, 3)), replace=False):
+                words.insert(int(rng.integers(len(words) + 1)), str(w))
+            f.write(json.dumps({"text": " ".join(words), "label": label}) + "\n")
     return path
 
 

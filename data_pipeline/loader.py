@@ -89,7 +89,6 @@ class ShardSource:
                 verify_shards(self.dir, manifest, mode=cfg.verify, record_dir=verify_record, manifest_sha=sha)
                 _VERIFIED.add(key)
             self.shards = ShardSet(self.dir, manifest)
-        self.manifest = manifest
         self.fingerprint = sha[:16]
         self.tokenizer_id = manifest["tokenizer_id"]
         self.vocab_size = int(manifest["vocab_size"])
@@ -297,11 +296,6 @@ class Loader:
     def num_sequences(self) -> int | None:
         """Sequences per epoch (for a mixture: the sum over components); None if unbounded."""
         return None if any(s is None for s in self._sizes) else int(sum(self._sizes))
-
-    @property
-    def epoch(self) -> int:
-        n = self.num_sequences
-        return 0 if n is None else self._samples_seen // n
 
     # -- order ----------------------------------------------------------------------------
     def _perm(self, comp: int, epoch: int) -> Permutation:

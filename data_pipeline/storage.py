@@ -347,10 +347,9 @@ class RemoteShardSet(ShardSet):
         return min(self.block_bytes, self._nbytes(i) - b * self.block_bytes)
 
     # -- whole cached shards: memory-mapped, like local ones -------------------------------------
-    def _check_live(self, i: int) -> None:
-        pass  # cache files are only ever renamed into place after their sha256 check
-
     def _bin(self, i: int) -> np.ndarray | None:
+        """The whole shard from the cache, or None. (No `_check_live`: cache files are only ever renamed
+        into place after their sha256 check.)"""
         a = self._bins.get(i)
         if a is None:
             p = self.cache.whole_path(self.names[i])
@@ -430,40 +429,28 @@ class RemoteShardSet(ShardSet):
             )
         self._sized.add(i)
 
-    def _fetch_blocks(self, i: int, blocks) -> dict[int, bytes]:
-        self._check_size(i)
-        name = self.names[i]
-        B = self.block_bytes
-        reqs = [(name + ".bin", b * B, b * B + self._block_len(i, b)) for b in blocks]
-        got = dict(zip(blocks, self.store.read_ranges(reqs)))
-        for b, data in got.items():
-            self.cache.put(self.cache.block_path(name, b), data)
-        if self.cache.count_blocks(name) >= self._nblocks(i):
-            self._promote(i)
-        return got
-
     def _blocks(self, i: int, needed) -> dict[int, bytes]:
-        have, missing = {}, []
-        for b in needed:
-            data = self._cached_block(i, b)
-            if data is None:
-                missing.append(b)
-            else:
-                have[b] = data
+        """Blocks `needed` of shard i: from memory or the node's cache, the rest in one ranged read."""
+        have = {b: self._cached_block(i, b) for b in needed}
+        missing = [b for b, data in have.items() if data is None]
         if missing:
-            for b, data in self._fetch_blocks(i, missing).items():
-                self._remember((i, b), data)
+            self._check_size(i)
+            name, B = self.names[i], self.block_bytes
+            reqs = [(name + ".bin", b * B, b * B + self._block_len(i, b)) for b in missing]
+            for b, data in zip(missing, self.store.read_ranges(reqs)):
+                self.cache.put(self.cache.block_path(name, b), data)
                 have[b] = data
+            if self.cache.count_blocks(name) >= self._nblocks(i):
+                self._promote(i)
+            for b in missing:
+                self._remember((i, b), have[b])
         return have
 
     def _span(self, blocks: dict[int, bytes], a: int, b: int) -> np.ndarray:
         """Bytes [a, b) of a shard from its blocks, as tokens."""
         B = self.block_bytes
         first, last = a // B, (b - 1) // B
-        if first == last:
-            raw = blocks[first][a - first * B : b - first * B]
-        else:
-            raw = b"".join(blocks[k] for k in range(first, last + 1))[a - first * B : b - first * B]
+        raw = b"".join(blocks[k] for k in range(first, last + 1))[a - first * B : b - first * B]
         return np.frombuffer(raw, dtype=self.dtype)
 
     def _slice(self, i: int, lo: int, hi: int) -> np.ndarray:
