@@ -26,10 +26,10 @@ EARLY, LATE, OLSSON_CONTEXT = 50, 500, 512
 
 
 @torch.no_grad()
-def loss_by_position(model, tokens, window: int, n_windows: int, batch_size: int = 8, device=None) -> torch.Tensor:
+def loss_by_position(model, tokens, window: int, n_windows: int, batch_size: int = 8) -> torch.Tensor:
     """Mean next-token loss (nats) of token k = 1..window-1 of each window, over `n_windows` windows:
     a float64 tensor whose entry k-1 is the loss of token k."""
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     t = torch.as_tensor(np.array(tokens, dtype=np.int64))  # a copy: the caller's array may be read-only
     if window < 2 or window - 1 > model.cfg.max_seq_len:
         raise EvalError(
@@ -73,11 +73,10 @@ def icl_score(
     n_windows: int = 64,
     band: int | None = None,
     batch_size: int = 8,
-    device=None,
 ) -> dict[str, Any]:
     """{"icl_score": late-band loss - early-band loss, the two losses, the bands, and the loss curve}."""
     window = window or model.cfg.max_seq_len + 1
-    curve = loss_by_position(model, tokens, window, n_windows, batch_size, device)
+    curve = loss_by_position(model, tokens, window, n_windows, batch_size)
     (e0, e1), (l0, l1) = bands(window, band)
     early = float(curve[e0 - 1 : e1].mean())
     late = float(curve[l0 - 1 : l1].mean())

@@ -37,7 +37,6 @@ def attention_maps(
     L: int = 32,
     n: int = 8,
     seed: int = 0,
-    device=None,
     token_range: tuple[int, int] | None = None,
     halves: list[list[int]] | None = None,
 ) -> tuple[torch.Tensor, bool]:
@@ -45,7 +44,7 @@ def attention_maps(
     Tokens are drawn from `token_range` [lo, hi) (default: the whole vocabulary); a text model
     is better probed with tokens it has seen (e.g. printable bytes, (32, 127)), or with `halves`:
     the caller's own first halves (n sequences of L tokens, e.g. held-out text), each shown twice."""
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     t = 2 * L
     if t > model.cfg.max_seq_len:
         raise ValueError(f"mechanisms: 2*L={t} exceeds max_seq_len={model.cfg.max_seq_len}")
@@ -80,7 +79,6 @@ def mechanism_scores(
     L: int = 32,
     n: int = 8,
     seed: int = 0,
-    device=None,
     heatmap: str | Path | None = None,
     token_range: tuple[int, int] | None = None,
     halves: list[list[int]] | None = None,
@@ -88,7 +86,7 @@ def mechanism_scores(
     """Per-head scores as nested lists [layer][head]; the max over heads as headline numbers.
     `halves` (the caller's first halves, e.g. held-out text) replaces the random tokens."""
     L = len(halves[0]) if halves else min(L, model.cfg.max_seq_len // 2)
-    maps, fixed = attention_maps(model, L, n, seed, device, token_range, halves)
+    maps, fixed = attention_maps(model, L, n, seed, token_range, halves)
     prev, ind = _scores(maps, L)
     out: dict[str, Any] = {
         "source": "mixing_matrix" if fixed else "attention",

@@ -98,11 +98,10 @@ def perplexity(
     stride: int | None = None,
     batch_size: int = 8,
     n_bytes: int | None = None,
-    device: str | torch.device | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Token-weighted loss / perplexity / bits-per-byte of `tokens` (any int sequence)."""
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
     if t.numel() and int(t.max()) >= model.cfg.vocab_size:
         raise EvalError(

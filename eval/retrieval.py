@@ -82,14 +82,13 @@ def induction(
     seed: int = 0,
     tokenizer=None,
     batch_size: int = 16,
-    device=None,
     progress: bool = True,
     token_low: int | None = None,
     token_high: int | None = None,
 ) -> dict[str, Any]:
     """Repeated random tokens [x_1..x_L, x_1..x_L] (ids in [token_low, token_high)): accuracy and loss
     on the repeat, per L."""
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     lo, hi = _token_range(model, tokenizer, token_low, token_high)
     by_len: dict[str, Any] = {}
     all_rep, all_first = [], []
@@ -114,10 +113,10 @@ def induction(
     }
 
 
-def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16, device=None) -> dict[str, float]:
+def repeated(model, halves: Sequence[Sequence[int]], batch_size: int = 16) -> dict[str, float]:
     """The caller's sequences (e.g. chunks of held-out text), each shown twice: accuracy and loss on the
     repeat and on the same tokens the first time (`_repeat_scores`)."""
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     L = len(halves[0]) if halves else 0
     if not halves or any(len(h) != L for h in halves) or 2 * L > model.cfg.max_seq_len + 1:
         raise EvalError(f"repeated: need equal-length halves with 2L <= max_seq_len + 1 ({model.cfg.max_seq_len + 1})")
@@ -132,12 +131,11 @@ def kv_recall(
     seed: int = 0,
     tokenizer=None,
     batch_size: int = 16,
-    device=None,
     progress: bool = True,
     token_low: int | None = None,
 ) -> dict[str, Any]:
     """`k1 v1 ... kn vn kq` -> vq with distinct random key ids; accuracy/loss of vq, per number of pairs."""
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     lo, hi = _token_range(model, tokenizer, token_low)
     by_n: dict[str, Any] = {}
     scores_all = []
@@ -184,13 +182,12 @@ def passkey(
     depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
     n: int = 4,
     seed: int = 0,
-    device=None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Exact-match retrieval of a 5-digit pass key, per length and depth."""
     if tokenizer is None:
         raise EvalError("passkey is a text probe and needs a tokenizer (--tokenizer DIR, or --tokenizer bytes)")
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     grid: dict[str, Any] = {}
     scores_all = []
     T = model.cfg.max_seq_len

@@ -282,14 +282,12 @@ def evaluate_checkpoint(
     return evaluate_model(model, info, tasks, opts)
 
 
-def evaluate_run(
-    run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None, results_path: str | Path | None = None
-) -> list[dict[str, Any]]:
+def evaluate_run(run_dir: str | Path, tasks: list[str] | str, opts: EvalOptions | None = None) -> list[dict[str, Any]]:
     """Evaluate every complete checkpoint of a run not yet in RUN/eval/results.jsonl (same tasks+options)."""
     opts = opts or EvalOptions()
     tasks = validate_tasks(tasks)
     run_dir = Path(run_dir)
-    results_path = Path(results_path or run_dir / "eval" / "results.jsonl")
+    results_path = run_dir / "eval" / "results.jsonl"
     if not run_dir.is_dir():
         raise EvalError(f"run dir {run_dir} does not exist")
     ckpts = run_checkpoints(run_dir)

@@ -34,13 +34,10 @@ def evaluate_task(
     n: int = 256,
     split: str = "test",
     batch_size: int = 64,
-    device=None,
     info: dict | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Token accuracy / loss / exact match of `task` (a name or a data_pipeline task object) on `n` samples."""
-    if isinstance(task, str):
-        task = get_task(task)
+    """Token accuracy / loss / exact match of `task` (a data_pipeline task object) on `n` samples."""
     if task.vocab_size > model.cfg.vocab_size:
         raise EvalError(
             f"task {task.tokenizer_id} needs {task.vocab_size} token ids but the checkpoint has "
@@ -49,7 +46,7 @@ def evaluate_task(
     want = (info or {}).get("tokenizer_id")
     if want and want != task.tokenizer_id:
         raise EvalError(f"tokenizer mismatch: checkpoint was trained with {want}, task uses {task.tokenizer_id}")
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     size = task.size(split)
     n = min(n, size) if size is not None else n
     groups: dict[int, list[tuple[list[int], list[int]]]] = defaultdict(list)

@@ -24,20 +24,13 @@ WEIGHTS_NAME, CONFIG_NAME = "model.safetensors", "config.json"
 FORMAT = "trainable-parts-native-v1"
 
 
-def save_native(
-    model: Transformer,
-    out_dir: str | os.PathLike,
-    meta: dict[str, Any] | None = None,
-    state_dict: dict[str, torch.Tensor] | None = None,
-) -> Path:
+def save_native(model: Transformer, out_dir: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:
     """Write weights (true dtypes, frozen tensors included; tied embeddings once) and config+meta atomically."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sd = state_dict
-    if sd is None:
-        sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        if model.cfg.tie_embeddings:
-            sd.pop("lm_head.weight", None)
+    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
     tmp = out / (WEIGHTS_NAME + ".tmp")
     save_file(sd, str(tmp), metadata={"format": FORMAT})
     os.replace(tmp, out / WEIGHTS_NAME)
@@ -61,10 +54,8 @@ def read_native_config(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     return ModelConfig.from_dict(doc["model"]), doc.get("meta", {})
 
 
-def load_native(
-    path: str | os.PathLike, device: torch.device | str = "cpu", expect: ModelConfig | None = None
-) -> tuple[Transformer, dict[str, Any]]:
-    """Rebuild the model from a native checkpoint; `expect` checks variant and shape first."""
+def load_native(path: str | os.PathLike, device: torch.device | str = "cpu") -> tuple[Transformer, dict[str, Any]]:
+    """Rebuild the model from a native checkpoint."""
     path = Path(path)
     if not is_native(path):
         raise FileNotFoundError(
@@ -72,8 +63,6 @@ def load_native(
             "export one with `python -m pretrain.export --checkpoint RUN/checkpoints/TAG --out DIR`"
         )
     cfg, meta = read_native_config(path)
-    if expect is not None:
-        check_compatible(expect, cfg, str(path))
     model = Transformer(cfg)
     sd = load_file(str(path / WEIGHTS_NAME))
     if cfg.tie_embeddings:
