@@ -316,7 +316,7 @@ def ours_retrieval(data_dir: Path) -> str:
     def score(rs: list[dict]) -> tuple[int, float]:
         return len(rs), mean_std([r["acc"] for r in rs])[0]
 
-    for key in {(r["task_args"]["n_pairs"], r["variant"], r["lr"]) for r in rows}:
+    for key in sorted({(r["task_args"]["n_pairs"], r["variant"], r["lr"]) for r in rows}):  # ties: the lower rate
         rs = [r for r in rows if (r["task_args"]["n_pairs"], r["variant"], r["lr"]) == key]
         if key[:2] not in best or score(rs) > score(best[key[:2]]):
             best[key[:2]] = rs

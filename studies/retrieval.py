@@ -319,7 +319,7 @@ def run_stage(args: argparse.Namespace, log=print) -> int | None:
             log(
                 f"[{args.stage}] CPU budget spent ({spent / 3600:.2f} h of {args.budget_cpu_h} h); {len(todo)} cells left"
             )
-            return trained
+            return None
         cell = todo[0]
         log(f"[{args.stage}] {cell.name}: training ({len(todo)} cells left, {spent / 3600:.2f} CPU-h spent)")
         row = train_cell(cell, args)

@@ -149,3 +149,10 @@ def test_a_rate_that_diverges_gets_a_row_without_scores(tmp_path):
     (row,) = read_rows(rows_path)
     assert "non-finite" in row["diverged"] and row["acc"] is None and row["loss"] is None
     assert row["eval_samples"] == 0 and row["step_solved"] is None and row["cpu_s"] > 0
+
+
+def test_stage_all_stops_where_the_budget_is_spent(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    assert main(["--stage", "all", "--budget-cpu-h", "0", "--rows", str(rows), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[sweep] CPU budget spent" in out and "[seeds]" not in out and not rows.exists()
