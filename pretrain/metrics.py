@@ -3,6 +3,7 @@ TensorBoard, console, and the recipe's trackers (W&B, MLflow: pretrain/trackers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import sys
@@ -37,6 +38,15 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every record a run's Logger wrote to RUN_DIR/metrics.jsonl, in order (what studies and plots read)."""
     text = (Path(run_dir) / "metrics.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def last_step(run_dir: str | Path) -> int:
+    """The last step in a run's metrics.jsonl (0: none yet), read while its process may be writing a line."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    for line in reversed(metrics.read_text().splitlines() if metrics.is_file() else []):
+        with contextlib.suppress(json.JSONDecodeError, KeyError):
+            return int(json.loads(line)["step"])
+    return 0
 
 
 class Logger:

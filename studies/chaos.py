@@ -31,6 +31,7 @@ from checkpoint import tag_format
 from common.cli import print_error
 from common.constants import REPO_ROOT, free_port
 from eval.report import markdown_table
+from pretrain.metrics import last_step, read_metrics
 
 RECIPE = "recipes/tiny_cpu.yaml"
 LAYOUTS = {
@@ -101,12 +102,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 
 def step_losses(run_dir: Path) -> dict[int, float]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[int(rec["step"])] = float(rec["loss"])
-    return out
+    return {int(r["step"]): float(r["loss"]) for r in read_metrics(run_dir) if "loss" in r}
 
 
 def compare_losses(ref: dict[int, float], got: dict[int, float], steps: int) -> tuple[int, float]:
@@ -126,13 +122,7 @@ def incomplete_dirs(run_dir: Path) -> list[str]:
 def last_logged_step(run_dir: Path, since: float) -> int:
     """The last step logged by a process started at `since` (an older metrics file says nothing)."""
     m = run_dir / "metrics.jsonl"
-    if not m.is_file() or m.stat().st_mtime < since:
-        return 0
-    lines = [ln for ln in m.read_text().splitlines() if ln.strip()]
-    try:
-        return int(json.loads(lines[-1])["step"]) if lines else 0
-    except (json.JSONDecodeError, KeyError):
-        return 0
+    return last_step(run_dir) if m.is_file() and m.stat().st_mtime >= since else 0
 
 
 def _saving(run_dir: Path, since: float) -> Path | None:

@@ -37,7 +37,7 @@ from data_pipeline.progress import progress_bar
 from eval.report import markdown_table, new_figure, save_figure
 from eval.run import EvalOptions, evaluate_checkpoint
 from pretrain.config import load_recipe
-from pretrain.metrics import read_metrics
+from pretrain.metrics import last_step, read_metrics
 
 from .scaling_runs import DONE, run_chains, threads_per_job, train_once
 from .shared import check_variants, label_axes, names
@@ -155,7 +155,7 @@ def train_all(
     finished = threading.Event()
 
     def refresh() -> None:
-        bar.n = sum(min(_steps_done(_run_dir(out, t, v, i)), total[(t.name, v)]) for t, v, i in jobs)
+        bar.n = sum(min(last_step(_run_dir(out, t, v, i)), total[(t.name, v)]) for t, v, i in jobs)
         with running_lock:
             labels = sorted(running)
         bar.set_postfix_str(", ".join(labels) or "done")
@@ -179,18 +179,6 @@ def train_all(
             "cause and run the same command again (finished runs are kept)"
         )
     return {(t.name, v, i): _run_dir(out, t, v, i) for t, v, i in jobs}
-
-
-def _steps_done(run_dir: Path) -> int:
-    """The last step in a run's metrics.jsonl, which its process may be writing (a torn line is skipped)."""
-    metrics = run_dir / "metrics.jsonl"
-    step = 0
-    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
-        try:
-            step = max(step, int(json.loads(line).get("step", 0)))
-        except (json.JSONDecodeError, ValueError):
-            pass
-    return step
 
 
 def _final_val_loss(run_dir: Path) -> float:

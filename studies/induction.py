@@ -100,25 +100,6 @@ FINAL_KEYS = {
     "copy": ("induction_score", "prev_token_score", "repeat_random_acc", "repeat_random_loss"),
 }
 DROP_KEY = {"text": "probe/icl_score", "copy": "probe/repeat_random_loss"}
-# what a data row keeps of each evaluation (studies.induction --rows)
-EVAL_KEYS = {
-    "step",
-    "tokens_seen",
-    "val_loss",
-    "probe/source",
-    "probe/induction_score",
-    "probe/prev_token_score",
-    "probe/repeat_random_acc",
-    "probe/repeat_random_loss",
-    "probe/induction_score_text",
-    "probe/prev_token_score_text",
-    "probe/repeat_text_acc",
-    "probe/repeat_text_loss",
-    "probe/repeat_text_first_loss",
-    "probe/icl_score",
-    "probe/icl_early_loss",
-    "probe/icl_late_loss",
-}
 
 
 def text_halves(tokens, n: int, L: int) -> list[list[int]]:
@@ -332,10 +313,19 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _row_key(key: str) -> bool:
+    """What a data row keeps of an evaluation: the step, the losses and every scalar the probe wrote."""
+    return (
+        key in ("step", "tokens_seen", "val_loss")
+        or key.startswith(("val_loss/", "probe/"))
+        and not key.endswith("_heads")
+    )
+
+
 def study_row(run: dict[str, Any], command: str) -> dict[str, Any]:
     """One data row per run (docs/data/induction/runs.jsonl): what trained it and, per evaluation, the
     held-out losses and the probes' scalar scores (the per-head lists stay in the run's metrics)."""
-    evals = [{k: v for k, v in r.items() if k in EVAL_KEYS or k.startswith("val_loss/")} for r in run["rows"]]
+    evals = [{k: v for k, v in r.items() if _row_key(k)} for r in run["rows"]]
     what = {k: run[k] for k in ("recipe", "variant", "layers", "seed", "lr", "kind")}
     return {"command": command, "run": run["name"], **what, "steps": evals[-1]["step"] if evals else 0, "evals": evals}
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
 import pytest
 import yaml
 
-from pretrain.metrics import Logger
+from pretrain.metrics import Logger, last_step
 from studies.loss_curves import binned, main, parse_run, read_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -70,3 +71,10 @@ def test_parse_run_and_refusals(tmp_path, capsys):
         main([str(a), "--points", "0"])
     assert e.value.code == 2 and "--points 0 is not a positive count. Fix:" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_last_step_reads_a_metrics_file_being_written(tmp_path):
+    assert last_step(tmp_path) == 0  # nothing logged yet
+    lines = [json.dumps({"step": 1, "loss": 2.0}), json.dumps({"step": 2, "loss": 1.5}), '{"step": 3, "lo']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
+    assert last_step(tmp_path) == 2  # the torn last line is skipped

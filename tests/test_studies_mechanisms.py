@@ -54,6 +54,8 @@ def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
     data_rows = read_rows(tmp_path / "rows.jsonl")
     assert sorted(r["run"] for r in data_rows) == ["mixit-L2-s0", "standard-L2-s0"]
     assert [e["step"] for e in data_rows[0]["evals"]] == [2, 4]
+    assert "probe/icl_score" in data_rows[0]["evals"][-1]  # the probe's scalars, not its per-head lists
+    assert not any(k.endswith("_heads") for e in data_rows[0]["evals"] for k in e)
     assert "--rows" not in data_rows[0]["command"] and "--smoke" in data_rows[0]["command"]
     rendered = induction.render_rows(data_rows)
     assert md.strip() in rendered and "| standard | 2 | 1 | " in rendered.split("against step")[1]
