@@ -21,11 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.cli import CliParser, run_cli
+from common.cli import run_cli
 from common.errors import StudyError
 from eval.report import markdown_table, new_figure, save_figure
 
 from .capacity import DEFAULT_VARIANTS, PAPER_BITS_PER_PARAM, finished_cells
+from .shared import study_parser
 from .spread import Spread
 
 KEY = "bits_per_trainable_param"
@@ -128,7 +129,7 @@ def _order(variant: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m studies.capacity_trend", description=__doc__.split("\n\n")[0], epilog=__doc__)
+    ap = study_parser("studies.capacity_trend", __doc__)
     ap.add_argument("dirs", nargs="+", type=Path, help="studies.capacity out-dirs (one training length each)")
     ap.add_argument("--width", type=int, default=8, help="the width to follow across the studies")
     ap.add_argument("--out", type=Path, default=Path("capacity_trend.png"), help="where the figure goes")

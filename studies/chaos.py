@@ -15,7 +15,6 @@ would. Prints a table and writes OUT/<layout>/chaos.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -32,6 +31,8 @@ from common.cli import print_error
 from common.constants import REPO_ROOT, free_port
 from eval.report import markdown_table
 from pretrain.metrics import last_step, read_metrics
+
+from .shared import study_parser
 
 RECIPE = "recipes/tiny_cpu.yaml"
 LAYOUTS = {
@@ -221,12 +222,7 @@ def table(results: list[ChaosResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m studies.chaos",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    ap = study_parser("studies.chaos", __doc__)
     ap.add_argument("--layout", choices=[*LAYOUTS, "all"], default="all")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--kills", type=int, default=6)

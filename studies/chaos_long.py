@@ -20,7 +20,6 @@ Writes OUT/chaos_long.json and prints a table (docs/RELIABILITY.md reports it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -36,6 +35,7 @@ from common.constants import REPO_ROOT
 from eval.report import markdown_table
 
 from .chaos import compare_losses, incomplete_dirs, last_logged_step, step_losses
+from .shared import study_parser
 from .static_server import http_server
 
 RANKS = 4
@@ -232,7 +232,7 @@ def table(r: LongChaosResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m studies.chaos_long", description=__doc__.split("\n\n")[0])
+    ap = study_parser("studies.chaos_long", __doc__)
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--seed", type=int, help="fault steps and victims (default: random, printed)")
     ap.add_argument("--out", default="runs/chaos_long")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import CliParser, run_cli
+from common.cli import run_cli
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from eval.report import markdown_table, new_figure, save_figure
@@ -40,7 +40,7 @@ from pretrain.config import load_recipe
 from pretrain.metrics import last_step, read_metrics
 
 from .scaling_runs import DONE, run_chains, threads_per_job, train_once
-from .shared import check_variants, label_axes, names
+from .shared import check_variants, label_axes, names, study_parser
 from .spread import Spread
 
 
@@ -362,9 +362,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(
-        prog="python -m studies.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = study_parser("studies.demo", __doc__)
     ap.add_argument("--suite", default="demo", choices=sorted(SUITES))
     ap.add_argument("--out", help="default: outputs/<suite>")
     ap.add_argument("--variants", help="default: the suite's")

@@ -18,13 +18,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common.cli import CliParser, run_cli
+from common.cli import run_cli
 from common.errors import StudyError
 from eval.report import markdown_table, new_figure, save_figure
 from pretrain.run_dir import read_config
 
 from .capacity import loss_drop, training_losses
-from .shared import label_axes
+from .shared import label_axes, study_parser
 
 
 def parse_run(arg: str) -> tuple[Path, str]:
@@ -85,7 +85,7 @@ def plot(runs, out: Path, points: int, fraction: bool) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m studies.loss_curves", description=__doc__.split("\n\n")[0], epilog=__doc__)
+    ap = study_parser("studies.loss_curves", __doc__)
     ap.add_argument("runs", nargs="+", help="run directories, each optionally DIR=LABEL")
     ap.add_argument("--points", type=int, default=50, help="stretches of steps averaged into one point")
     ap.add_argument("--fraction", action="store_true", help="x axis: fraction of each run's train.max_steps")

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.cli import CliParser, floats, ints, run_cli
+from common.cli import floats, ints, run_cli
 from common.errors import NonFiniteLoss, StudyError
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
@@ -46,7 +46,7 @@ from pretrain.metrics import read_metrics
 from pretrain.train import train
 
 from .rows import append_row, read_rows
-from .shared import check_variants, names, ran_to_end
+from .shared import check_variants, names, ran_to_end, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/retrieval_kv.yaml"
@@ -495,9 +495,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = CliParser(
-        prog="python -m studies.retrieval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = study_parser("studies.retrieval", __doc__)
     ap.add_argument(
         "--stage", choices=("sweep", "seeds", "curve", "all"), default="sweep", help="all: the PLAN, in order"
     )

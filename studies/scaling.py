@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from common.cli import CliParser, run_cli
+from common.cli import run_cli
 from common.errors import StudyError
 from data_pipeline.progress import progress_bar
 from eval.report import markdown_table
@@ -51,7 +51,7 @@ from .scaling_fit import (
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
 from .scaling_runs import DONE, RowLog, collect_run, tracker_overrides, train_once, write_array_script
-from .shared import check_variants
+from .shared import check_variants, study_parser
 
 __all__ = ["branch_overrides", "main"]
 
@@ -384,9 +384,7 @@ def same_shape_gaps(rows: list[dict[str, Any]], y: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(
-        prog="python -m studies.scaling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = study_parser("studies.scaling", __doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def trainer(name: str, what: str, sizes: str, sizes_help: str | None = None) -> argparse.ArgumentParser:
