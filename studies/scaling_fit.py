@@ -181,11 +181,6 @@ def predict_joint(params: dict[str, float], N, D) -> np.ndarray:
     return params["E"] + params["A"] * N ** -params["alpha"] + params["B"] * D ** -params["beta"]
 
 
-def _huber(r: np.ndarray, delta: float) -> np.ndarray:
-    """Huber loss of the residuals: quadratic within delta, linear beyond."""
-    return np.where(np.abs(r) <= delta, 0.5 * r**2, delta * (np.abs(r) - 0.5 * delta))
-
-
 # Starting points (a, alpha, b, beta, e) besides the linear one: corners of the middle of Chinchilla's
 # grid (alpha, beta in 0..2, e in -1..1, a, b in 0..25). With a Huber delta this small many local fits
 # stall where they start, so every fit also starts from `_linear_start`.
@@ -246,6 +241,7 @@ def _minimise(starts, logN, logD, logL, delta) -> tuple[np.ndarray, float]:
     f_scale=delta minimises exactly sum Huber_delta(residual) (its cost is 0.5 f^2 rho((r/f)^2)),
     by a bounded trust-region method that needs far fewer evaluations than L-BFGS on this objective."""
     from scipy.optimize import least_squares  # deferred: heavy
+    from scipy.special import huber  # deferred: heavy
 
     best_theta, best_value = None, math.inf
     lower = [-np.inf, 0.0, -np.inf, 0.0, -np.inf]
@@ -255,7 +251,7 @@ def _minimise(starts, logN, logD, logL, delta) -> tuple[np.ndarray, float]:
         res = least_squares(
             _residuals, x0, jac=_jacobian, args=data, loss="huber", f_scale=delta, bounds=(lower, upper), method="trf"
         )
-        value = float(_huber(res.fun, delta).sum())
+        value = float(huber(delta, res.fun).sum())
         if np.isfinite(value) and value < best_value:
             best_theta, best_value = res.x, value
     if best_theta is None:
@@ -327,6 +323,8 @@ def flops_curve(N, flops_per_token) -> Callable[[np.ndarray], np.ndarray]:
     """Training FLOPs per token as a function of N, through the ladder's own (N, FLOPs per token)
     points: piecewise linear in log-log, the end segments extended. A frozen variant's points already
     leave out the gradients it does not compute, so each variant gets its own curve."""
+    from scipy.interpolate import make_interp_spline  # deferred: heavy
+
     order = np.argsort(np.asarray(N, dtype=float))
     logN = np.log(np.asarray(N, dtype=float)[order])
     logf = np.log(np.asarray(flops_per_token, dtype=float)[order])
@@ -335,16 +333,8 @@ def flops_curve(N, flops_per_token) -> Callable[[np.ndarray], np.ndarray]:
     if len(logN) < 2:
         raise StudyError("a FLOPs-per-token curve needs >= 2 sizes. Fix: more sizes in the ladder")
 
-    def curve(x: np.ndarray) -> np.ndarray:
-        lx = np.log(np.asarray(x, dtype=float))
-        y = np.interp(lx, logN, logf)
-        lo_slope = (logf[1] - logf[0]) / (logN[1] - logN[0])
-        hi_slope = (logf[-1] - logf[-2]) / (logN[-1] - logN[-2])
-        y = np.where(lx < logN[0], logf[0] + lo_slope * (lx - logN[0]), y)
-        y = np.where(lx > logN[-1], logf[-1] + hi_slope * (lx - logN[-1]), y)
-        return np.exp(y)
-
-    return curve
+    line = make_interp_spline(logN, logf, k=1)  # linear pieces; extrapolates the end segments
+    return lambda x: np.exp(line(np.log(np.asarray(x, dtype=float))))
 
 
 def frontier(params: dict[str, float], flops: Callable, C: np.ndarray, N_grid: np.ndarray) -> dict[str, np.ndarray]:
