@@ -146,8 +146,8 @@ def save(
     step: int,
     trainer_state: dict[str, Any],
     keep_last: int,
-    writer: CheckpointWriter | None = None,
-    timing: SaveTiming | None = None,
+    writer: CheckpointWriter | None,
+    timing: SaveTiming,
 ) -> Path:
     """Collective: write, fsync and mark complete the checkpoint of `step` (raises
     CheckpointWriteFailed on every rank when any rank could not write). With `writer`, the state is
@@ -180,8 +180,7 @@ def save(
             writes.run(lambda: tag_format.save_frozen(tag_dir, stage, frozen), frozen_path)
         writes.run(lambda: tag_format.save_rng(tag_dir, rank), rng_path)
         _commit(writes, run_dir, tag_dir, step, trainer_state, keep_last, device)
-        if timing is not None:
-            timing.complete_s = time.perf_counter() - started
+        timing.complete_s = time.perf_counter() - started
         return tag_dir
     if model_engine.dp_rank == 0:
         frozen = writer.staging["frozen"] = copy_to_host(frozen, writer.staging.get("frozen"))
@@ -191,7 +190,7 @@ def save(
     cpu = torch.device("cpu")  # the writer's group is gloo
     writer.submit(
         lambda: _commit(writes, run_dir, tag_dir, step, trainer_state, keep_last, cpu, deferred, writer.group),
-        timing or SaveTiming(step, 0.0),
+        timing,
         started,
     )
     return tag_dir
