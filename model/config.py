@@ -75,7 +75,9 @@ class ModelConfig:
     tie_embeddings: bool = False
     bias: bool = False  # biases on every projection (the reference turned them on)
     init_std: float = 0.02
-    # std of Q/K when they start frozen; None -> 1/sqrt(hidden) (the paper; the reference code used 0.02)
+    # std of W_q, W_k at init in every variant, trained or frozen, so that standard and frozen_qk differ
+    # only in freezing. None -> 1/sqrt(hidden) (the paper's rule for frozen Q/K); 0.02 is the reference
+    # code's (and Llama's) choice for both.
     qk_init_std: float | None = None
     # Variant and freezing
     variant: str = "standard"
@@ -91,6 +93,10 @@ class ModelConfig:
     mixit_residual_scale: float | None = 0.5  # s in h <- s h + sqrt(1-s^2) f(norm(h)); None -> plain residual
     mixit_leaky_c: float | None = -1.0  # gated LeakyReLU slope a = 1 + c/sqrt(d); None -> SwiGLU
     mixit_width_base: int | None = 512  # projection outputs times sqrt(base/fan_in); None -> off
+    mixit_down_width_base: int | None = None  # down_proj's base; None -> mixit_width_base (the reference: 1)
+    mixit_head_width_base: int | None = (
+        None  # the LM head's output times sqrt(base/hidden); None -> off (reference: 512)
+    )
     mixit_pos_embedding: bool = True  # learned absolute positions added to token embeddings
     shaped_tau0: float = 1.0  # shaped attention temperature: tau = tau0 sqrt(d_h) (d / d_base)
     shaped_width_base: int = 512  # d_base in that temperature
@@ -158,6 +164,11 @@ class ModelConfig:
                 f"{self.max_seq_len} exceeds the MixiT limit {MAX_MIXIT_SEQ_LEN} (32-bit RNG counters)",
                 f"use max_seq_len <= {MAX_MIXIT_SEQ_LEN}",
             )
+        for name in ("mixit_width_base", "mixit_down_width_base", "mixit_head_width_base"):
+            if getattr(self, name) is not None and not _is_int(getattr(self, name), 1):
+                raise _bad(
+                    name, f"must be a positive integer or null, got {getattr(self, name)!r}", "e.g. 512, or null"
+                )
         scale = self.mixit_residual_scale
         if self.variant == "mixit" and scale is not None and not 0.0 < scale <= 1.0:
             raise _bad(

@@ -25,16 +25,21 @@ from .kernels.select import attention_backend, log_choice, mixit_backend, mixit_
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """RMSNorm; `out_scale` multiplies the output (the final norm carries MixiT's LM-head width factor, so
+    every head that reads it, pipeline stages and classifiers included, sees the same logits)."""
+
+    def __init__(self, dim: int, eps: float, out_scale: float = 1.0):
         super().__init__()
         self.eps = eps
+        self.out_scale = out_scale
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32, cast back, then scale: the same order as HF Llama.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        y = self.weight * xf.to(x.dtype)
+        return y if self.out_scale == 1.0 else y * self.out_scale
 
 
 class ScaledLinear(nn.Linear):
@@ -67,10 +72,15 @@ class LMHead(nn.Linear):
         )
 
 
-def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:
-    if cfg.mixer == "mixit" and cfg.mixit_width_base is not None:
-        return ScaledLinear(fan_in, fan_out, cfg.bias, math.sqrt(cfg.mixit_width_base / fan_in))
-    return nn.Linear(fan_in, fan_out, bias=cfg.bias)
+def width_factor(cfg: ModelConfig, fan_in: int, base: int | None) -> float:
+    """MixiT's width factor sqrt(base / fan_in) (1 for other mixers, or without a base)."""
+    return math.sqrt(base / fan_in) if cfg.mixer == "mixit" and base is not None else 1.0
+
+
+def linear(cfg: ModelConfig, fan_in: int, fan_out: int, base: int | None = None) -> nn.Linear:
+    """A projection; under MixiT its output times sqrt(base / fan_in), `base` defaulting to mixit_width_base."""
+    scale = width_factor(cfg, fan_in, cfg.mixit_width_base if base is None else base)
+    return nn.Linear(fan_in, fan_out, bias=cfg.bias) if scale == 1.0 else ScaledLinear(fan_in, fan_out, cfg.bias, scale)
 
 
 def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
@@ -120,7 +130,7 @@ class MLP(nn.Module):
         d, f = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = linear(cfg, d, f)
         self.up_proj = linear(cfg, d, f)
-        self.down_proj = linear(cfg, f, d)
+        self.down_proj = linear(cfg, f, d, cfg.mixit_down_width_base)
         self.leaky_slope = None
         if cfg.mixer == "mixit" and cfg.mixit_leaky_c is not None:
             self.leaky_slope = 1.0 + cfg.mixit_leaky_c / math.sqrt(d)

@@ -9,7 +9,7 @@ from torch import nn
 from . import init
 from .config import ModelConfig
 from .freezing import apply_freeze
-from .layers import Block, KVCache, LMHead, RMSNorm, rope_cos_sin
+from .layers import Block, KVCache, LMHead, RMSNorm, rope_cos_sin, width_factor
 
 
 def doc_positions_and_mask(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,7 +40,7 @@ class Transformer(nn.Module):
             nn.Embedding(cfg.max_seq_len, d) if cfg.mixer == "mixit" and cfg.mixit_pos_embedding else None
         )
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.norm = RMSNorm(d, cfg.rms_norm_eps, width_factor(cfg, d, cfg.mixit_head_width_base))
         self.lm_head = LMHead(d, cfg.vocab_size, cfg.loss_chunk_tokens)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -60,15 +60,14 @@ class Transformer(nn.Module):
 
     def initial_value(self, name: str, shape) -> torch.Tensor:
         """The initial value of parameter `name` (fp32, CPU): N(0, init_std) for matrices and
-        embeddings, ones for norm gains, zeros for biases; Q/K that start frozen use qk_init_std
-        (1/sqrt(d) by default, as in the paper). Random ones depend on (init_seed, name) only."""
+        embeddings, ones for norm gains, zeros for biases; Q/K use qk_init_std in every variant (1/sqrt(d)
+        by default, as the paper's frozen Q/K). Random ones depend on (init_seed, name) only."""
         cfg = self.cfg
         if name.endswith("bias"):
             return torch.zeros(tuple(shape), device="cpu")
         if "layernorm" in name or name.startswith("norm."):
             return torch.ones(tuple(shape), device="cpu")
-        qk_std = cfg.qk_init_std if "qk" in cfg.frozen_groups_at(0) else cfg.init_std
-        std = qk_std if ".q_proj." in name or ".k_proj." in name else cfg.init_std
+        std = cfg.qk_init_std if ".q_proj." in name or ".k_proj." in name else cfg.init_std
         return init.normal(shape, std, self.init_seed, name)
 
     def set_step(self, step: int) -> list[str]:

@@ -77,16 +77,37 @@ def test_frozen_tensors_unchanged_and_stateless(variant):
     assert all(id(p) not in state_ids for n, p in model.named_parameters() if n in frozen)
 
 
-def test_frozen_qk_init_std_is_configurable():
+def test_qk_init_std_is_one_key_for_trained_and_frozen_qk():
     d = 256
-    cfg = preset("s", variant="frozen_qk", vocab_size=V, max_seq_len=T)
-    model = build_model(cfg, seed=0)
-    q = model.layers[0].self_attn.q_proj.weight
-    assert abs(q.std().item() - d**-0.5) < 0.05 * d**-0.5  # paper: N(0, 1/d)
-    model = build_model(cfg.replace(qk_init_std=0.02), seed=0)  # reference code: 0.02
-    assert abs(model.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002
-    std = build_model(preset("s", vocab_size=V, max_seq_len=T), seed=0)  # standard: 0.02 for Q/K too
-    assert abs(std.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002
+    for variant in ("frozen_qk", "standard"):  # the same initial Q/K: freezing is the only difference
+        cfg = preset("s", variant=variant, vocab_size=V, max_seq_len=T)
+        q = build_model(cfg, seed=0).layers[0].self_attn.q_proj.weight
+        assert abs(q.std().item() - d**-0.5) < 0.05 * d**-0.5, variant  # paper: N(0, 1/d)
+        model = build_model(cfg.replace(qk_init_std=0.02), seed=0)  # reference code: 0.02
+        assert abs(model.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002, variant
+        assert abs(model.layers[0].self_attn.v_proj.weight.std().item() - 0.02) < 0.002, variant
+    a = build_model(preset("s", variant="standard", vocab_size=V, max_seq_len=T), seed=0)
+    b = build_model(preset("s", variant="frozen_qk", vocab_size=V, max_seq_len=T), seed=0)
+    assert all(torch.equal(p, dict(b.named_parameters())[n]) for n, p in a.named_parameters())
+
+
+def test_mixit_width_factors_of_the_reference():
+    """The reference's MixiT at width 64: every projection and the LM head times sqrt(512/64), down_proj
+    times sqrt(1/256); the logits are the head's plain product with that factor."""
+    cfg = tiny("mixit", hidden_size=64, intermediate_size=256, mixit_width_base=512)
+    ref = cfg.replace(mixit_down_width_base=1, mixit_head_width_base=512)
+    plain, scaled = build_model(cfg, seed=0), build_model(ref, seed=0)
+    assert plain.layers[0].mlp.down_proj.out_scale == pytest.approx((512 / 256) ** 0.5)
+    assert scaled.layers[0].mlp.down_proj.out_scale == pytest.approx(1 / 16)
+    assert scaled.layers[0].mlp.up_proj.out_scale == pytest.approx(8**0.5)
+    x = torch.randint(0, V, (2, 8))
+    h = scaled(x, return_hidden=True)
+    want = (
+        torch.nn.functional.rms_norm(h, (64,), scaled.norm.weight, cfg.rms_norm_eps) * 8**0.5 @ scaled.lm_head.weight.T
+    )
+    torch.testing.assert_close(scaled(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="mixit_head_width_base"):
+        cfg.replace(mixit_head_width_base=0)
 
 
 def test_freeze_schedule_unfreezes():

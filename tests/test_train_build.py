@@ -56,7 +56,7 @@ def test_meta_build_materialises_the_single_process_weights_tensor_by_tensor(var
     assert not torch.equal(other["layers.0.mlp.up_proj.weight"], full["layers.0.mlp.up_proj.weight"])
 
 
-def test_frozen_qk_keeps_its_own_init_scale():
+def test_frozen_qk_keeps_the_qk_init_scale():
     cfg = preset("tiny", variant="frozen_qk", vocab_size=V, max_seq_len=T)
     m = build_model(cfg, seed=0)
     q, up = m.layers[0].self_attn.q_proj.weight, m.layers[0].mlp.up_proj.weight
