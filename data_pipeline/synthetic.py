@@ -148,34 +148,56 @@ def _digits(n: int, width: int) -> list[str]:
 
 
 class Addition(Task):
-    """Reversed decimal addition: ``rev(a) + rev(b) = rev(a+b) <eos>``; scored: the sum and <eos>.
+    """Reversed decimal addition: ``rev(a) + rev(b) = rev(a+b) <eos>``.
 
     Reversed digits put the least significant digit first, so the carry flows left-to-right
-    the way an autoregressive model generates.
+    the way an autoregressive model generates. Two layouts:
+
+    - ``padded`` (the default): operands of up to ``n_digits`` digits written with leading zeros, the
+      sum with ``n_digits + 1``, in the operands' digit tokens; scored: every sum digit and ``<eos>``.
+    - ``reference``: the reference implementation's ``additionstream_N``: operands of exactly
+      ``n_digits`` digits (no leading zero), the sum without leading zeros in answer tokens of its own
+      (``a0``..``a9``), then ``<stop>``, then ``<fill>`` when the sum has only ``n_digits`` digits (its
+      pad, which it scores), so every example has 3N + 4 tokens before ``<eos>``. Scored as there:
+      every answer token after the first, ``<stop>`` and ``<fill>`` (N + 1 per example); the first
+      sum digit is neither trained nor scored.
     """
 
     name = "addition"
-    DEFAULTS = {"n_digits": 4}
+    DEFAULTS = {"n_digits": 4, "layout": "padded"}
+    LAYOUTS = ("padded", "reference")
     word_sep = ""
     score_eos = True
 
     def build_symbols(self):
-        return [str(d) for d in range(10)] + ["+", "="]
+        digits = [str(d) for d in range(10)]
+        if self.layout == "reference":
+            return digits + ["+", "="] + [f"a{d}" for d in range(10)] + ["<stop>", "<fill>"]
+        return digits + ["+", "="]
 
     def check(self):
         if not 1 <= self.n_digits <= 18:
             raise DataError(f"addition: n_digits must be in [1, 18], got {self.n_digits}")
+        if self.layout not in self.LAYOUTS:
+            raise DataError(f"addition: layout must be one of {list(self.LAYOUTS)}, got {self.layout!r}")
+        self.score_eos = self.layout == "padded"
 
     @property
     def max_len(self):
-        return 3 * self.n_digits + 4
+        return 3 * self.n_digits + (4 if self.layout == "padded" else 5)
 
     def generate(self, rng, index, split):
         n = self.n_digits
-        a, b = (int(x) for x in rng.integers(0, 10**n, size=2))
-        prompt = _digits(a, n)[::-1] + ["+"] + _digits(b, n)[::-1] + ["="]
-        answer = _digits(a + b, n + 1)[::-1]
-        return prompt + answer, [0] * len(prompt) + [1] * len(answer)
+        if self.layout == "padded":
+            a, b = (int(x) for x in rng.integers(0, 10**n, size=2))
+            prompt = _digits(a, n)[::-1] + ["+"] + _digits(b, n)[::-1] + ["="]
+            answer = _digits(a + b, n + 1)[::-1]
+            return prompt + answer, [0] * len(prompt) + [1] * len(answer)
+        a, b = (int(x) for x in rng.integers(10 ** (n - 1), 10**n, size=2))
+        prompt = list(str(a)[::-1]) + ["+"] + list(str(b)[::-1]) + ["="]
+        answer = [f"a{c}" for c in str(a + b)[::-1]] + ["<stop>"]
+        answer += ["<fill>"] * (n + 2 - len(answer))
+        return prompt + answer, [0] * (len(prompt) + 1) + [1] * (len(answer) - 1)
 
 
 def _balanced(s) -> bool:
@@ -249,25 +271,32 @@ class Dyck1(Task):
 
 
 class KVRetrieval(Task):
-    """Key-value retrieval / needle in a haystack: ``k v k v ... ? k -> v``; scored: the value.
+    """Key-value retrieval / needle in a haystack; scored: the value.
 
-    Between ``min_pairs`` and ``n_pairs`` distinct keys, each with a random value; the query
-    is one of them. Raising ``n_pairs`` turns it into a longer haystack.
+    Between ``min_pairs`` and ``n_pairs`` distinct keys (from ``n_keys``), each with a random value (from
+    ``n_values``); the query is one of them. ``query: marker`` writes ``k v k v ... ? k v``;
+    ``query: token`` writes the queried key as a token of its own, ``k v k v ... qk v``, the layout of
+    the reference implementation's ``condattendstream_N`` (there with n_keys = n_pairs = N and 255
+    values). Raising ``n_pairs`` turns it into a longer haystack.
     """
 
     name = "kv_retrieval"
-    DEFAULTS = {"n_pairs": 8, "min_pairs": 1, "n_keys": 16, "n_values": 16}
+    DEFAULTS = {"n_pairs": 8, "min_pairs": 1, "n_keys": 16, "n_values": 16, "query": "marker"}
+    QUERIES = ("marker", "token")
 
     def build_symbols(self):
-        return [f"k{i}" for i in range(self.n_keys)] + [f"v{i}" for i in range(self.n_values)] + ["?"]
+        keys, values = [f"k{i}" for i in range(self.n_keys)], [f"v{i}" for i in range(self.n_values)]
+        return keys + values + (["?"] if self.query == "marker" else [f"q{i}" for i in range(self.n_keys)])
 
     def check(self):
         if not 1 <= self.min_pairs <= self.n_pairs <= self.n_keys:
             raise DataError(f"kv_retrieval: need 1 <= min_pairs <= n_pairs <= n_keys, got {self.args}")
+        if self.query not in self.QUERIES:
+            raise DataError(f"kv_retrieval: query must be one of {list(self.QUERIES)}, got {self.query!r}")
 
     @property
     def max_len(self):
-        return 2 * self.n_pairs + 4
+        return 2 * self.n_pairs + (4 if self.query == "marker" else 3)
 
     def generate(self, rng, index, split):
         n = int(rng.integers(self.min_pairs, self.n_pairs + 1))
@@ -277,7 +306,8 @@ class KVRetrieval(Task):
         words = []
         for k, v in zip(keys, vals):
             words += [f"k{k}", f"v{v}"]
-        words += ["?", f"k{keys[q]}", f"v{vals[q]}"]
+        words += ["?", f"k{keys[q]}"] if self.query == "marker" else [f"q{keys[q]}"]
+        words += [f"v{vals[q]}"]
         return words, [0] * (len(words) - 1) + [1]
 
 

@@ -278,3 +278,47 @@ def test_finite_task_epochs_and_val():
 def test_seq_len_too_short_for_task():
     with pytest.raises(DataError, match="use seq_len >= 19"):
         _ld("kv_retrieval", seq_len=16)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_addition_in_the_reference_layout(n):
+    """additionstream_N: exactly N-digit operands, the sum without leading zeros in answer tokens of its
+    own, <stop>, <fill> after an N-digit sum; 3N + 4 tokens before <eos>; scored: the answer tokens after
+    the first, <stop> and <fill> (N + 1), as the reference trains and scores them."""
+    t = get_task("addition", n_digits=n, layout="reference")
+    short = long = 0
+    for i in range(300):
+        toks, mask = t.sample(i)
+        w = [t.symbols[x] for x in toks]
+        assert len(w) == 3 * n + 5 and w[-1] == "<eos>" and mask[-1] == 0
+        plus, eq = w.index("+"), w.index("=")
+        a, b = int("".join(w[:plus])[::-1]), int("".join(w[plus + 1 : eq])[::-1])
+        assert 10 ** (n - 1) <= a < 10**n and 10 ** (n - 1) <= b < 10**n
+        stop = w.index("<stop>")
+        answer = [x[1] for x in w[eq + 1 : stop]]
+        assert all(x.startswith("a") for x in w[eq + 1 : stop]) and int("".join(answer)[::-1]) == a + b
+        assert answer[-1] != "0"  # no leading zero in the (reversed) sum
+        assert w[stop + 1 :] == (["<fill>", "<eos>"] if len(answer) == n else ["<eos>"])
+        assert sum(mask) == n + 1 and mask[: eq + 2] == [0] * (eq + 2) and all(mask[eq + 2 : 3 * n + 4])
+        short, long = short + (len(answer) == n), long + (len(answer) == n + 1)
+    assert short and long
+    assert t.max_len == 3 * n + 5
+    with pytest.raises(DataError, match="layout"):
+        get_task("addition", layout="other")
+
+
+def test_kv_retrieval_with_the_query_as_its_own_token():
+    """condattendstream_N: keys from the N pairs' symbols, the queried key as a token of its own (no
+    marker); the only scored token is its value."""
+    t = get_task("kv_retrieval", n_pairs=8, n_keys=8, n_values=255, query="token")
+    assert t.vocab_size == 2 + 8 + 255 + 8 and "?" not in t.symbols
+    for i in range(200):
+        toks, mask = t.sample(i)
+        w = [t.symbols[x] for x in toks]
+        assert w[-1] == "<eos>" and len(w) <= t.max_len == 2 * 8 + 3
+        q = next(j for j, x in enumerate(w) if x.startswith("q"))
+        pairs = dict(zip(w[:q:2], w[1:q:2]))
+        assert len(pairs) == q // 2 and all(k.startswith("k") for k in pairs)
+        assert _scored(t, toks, mask) == [pairs["k" + w[q][1:]]] == [w[q + 1]]
+    with pytest.raises(DataError, match="query"):
+        get_task("kv_retrieval", query="both")
