@@ -50,7 +50,7 @@ from .classification import evaluate_classification
 from .in_context import icl_score
 from .loading import load_checkpoint, load_tokenizer, missing_tokenizer_error, pick_tokenizer
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
-from .synthetic_tasks import evaluate_task, get_task
+from .synthetic_tasks import evaluate_task, get_task, task_to_score
 
 
 @dataclass
@@ -69,8 +69,9 @@ class EvalOptions:
     depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
     n: int = 32  # samples per length (probes)
     synthetic_n: int = 256
-    task_args: dict = field(default_factory=dict)  # for synthetic:<task>
-    task_seed: int = 1234
+    task_args: dict | None = None  # synthetic:<task>: None -> the arguments the checkpoint trained with
+    task_seed: int | None = None  # None -> the trained seed (1234 for a checkpoint without one)
+    other_task: bool = False  # allow task_args/task_seed that differ from the trained ones
     lm_eval_limit: int | float | None = None
     heatmap_dir: str | None = None
     seed: int = 0
@@ -167,8 +168,16 @@ def _mechanisms(model, info, tok, opts, t, prog):
 
 
 def _synthetic(model, info, tok, opts, t, prog):
-    task = get_task(t.split(":", 1)[1], opts.task_args, opts.task_seed)
-    return evaluate_task(model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info, progress=prog)
+    task, trained = task_to_score(t.split(":", 1)[1], info, opts.task_args, opts.task_seed, opts.other_task)
+    res = evaluate_task(model, task, opts.synthetic_n, "test", max(opts.batch_size, 64), info=info, progress=prog)
+    res["task_args"] = json.dumps({**task.args, "seed": task.seed}, sort_keys=True)  # a string: not a metric
+    if trained is not None:
+        res["trained_task_args"] = json.dumps(trained, sort_keys=True)
+        print(
+            f"warning: synthetic:{task.name} scored with {res['task_args']}; trained on {res['trained_task_args']}",
+            file=sys.stderr,
+        )
+    return res
 
 
 def _lm_eval(model, info, tok, opts, t, prog):
@@ -384,8 +393,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--depths", type=floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
     ap.add_argument("--n", type=int, default=32, help="samples per length for the probes")
     ap.add_argument("--synthetic-n", type=int, default=256)
-    ap.add_argument("--task-args", type=json.loads, default={}, help="JSON, e.g. '{\"n_pairs\": 4}'")
-    ap.add_argument("--task-seed", type=int, default=1234)
+    ap.add_argument(
+        "--task-args",
+        type=json.loads,
+        help="synthetic tasks: JSON, e.g. '{\"n_pairs\": 4}' (default: the arguments the checkpoint trained with)",
+    )
+    ap.add_argument("--task-seed", type=int, help="synthetic tasks: the task's seed (default: the trained one)")
+    ap.add_argument(
+        "--other-task",
+        action="store_true",
+        help="score a synthetic task with --task-args/--task-seed that differ from the trained ones (printed in the results)",
+    )
     ap.add_argument("--lm-eval-limit", type=float)
     ap.add_argument("--heatmap-dir")
     ap.add_argument("--seed", type=int, default=0)

@@ -27,6 +27,42 @@ def get_task(name: str, task_args: dict | None = None, seed: int = 1234):
         raise EvalError(f"{e} (available: {list_tasks()})") from e
 
 
+def trained_task(name: str, info: dict | None):
+    """The task `synthetic:<name>` exactly as the checkpoint trained on it (its arguments and seed, from
+    the recipe the checkpoint records, read as the loader reads them), or None when it trained on
+    something else or records no recipe."""
+    data = ((info or {}).get("meta") or {}).get("data") or {}
+    if data.get("source") != f"synthetic:{name}":
+        return None
+    args = dict(data.get("task_args") or {})
+    args.pop("n_val", None)
+    seed = int(args.pop("seed", data.get("seed", 1234)))
+    return get_task(name, args, seed)
+
+
+def task_to_score(
+    name: str, info: dict | None, task_args: dict | None, task_seed: int | None, other: bool = False
+) -> tuple[Any, dict | None]:
+    """(the task to score, the trained task's arguments where they differ from it, else None).
+
+    A checkpoint trained on `name` is scored on the task it trained on; `task_args` change some of its
+    arguments. Arguments or a seed that differ from the trained ones are refused unless `other` says so: a model trained on 8 pairs and scored on
+    16 silently reports a number about another task."""
+    trained = trained_task(name, info)
+    if trained is None:
+        return get_task(name, task_args, 1234 if task_seed is None else task_seed), None
+    task = get_task(name, {**trained.args, **(task_args or {})}, trained.seed if task_seed is None else task_seed)
+    if (task.args, task.seed) == (trained.args, trained.seed):
+        return task, None
+    if not other:
+        raise EvalError(
+            f"synthetic:{name}: the checkpoint trained on task_args {trained.args} (seed {trained.seed}) but "
+            f"{task.args} (seed {task.seed}) were given. Fix: drop --task-args/--task-seed to score the "
+            "trained task, or add --other-task to score another one on purpose"
+        )
+    return task, {**trained.args, "seed": trained.seed}
+
+
 @torch.no_grad()
 def evaluate_task(
     model,

@@ -1,5 +1,7 @@
 """Trained-task accuracy (scored only at marked positions), retrieval probes per length, mechanism heatmaps."""
 
+import json
+
 import pytest
 import torch
 
@@ -8,10 +10,11 @@ from common.errors import EvalError
 from data_pipeline.tokenizer import ByteTokenizer
 from eval.mechanisms import mechanism_scores
 from eval.retrieval import induction, kv_recall, passkey, repeated
-from eval.run import evaluate_checkpoint
+from eval.run import evaluate_checkpoint, main
 from eval.synthetic_tasks import evaluate_task, get_task
 from model import build_model, preset
 from model.io import save_native
+from pretrain.train import train
 
 torch.set_num_threads(1)
 TASK_ARGS = {"n_pairs": 3, "n_keys": 6, "n_values": 6}
@@ -148,3 +151,37 @@ def test_probes_on_the_callers_own_sequences():
     for bad in ([], [[1, 2, 3], [1, 2]]):
         with pytest.raises(EvalError, match="equal-length halves"):
             repeated(model, bad)
+
+
+def test_a_trained_synthetic_run_is_scored_on_the_task_it_trained_on(tmp_path, capsys):
+    """Without --task-args the checkpoint's own task (arguments and seed, from its recorded recipe) is
+    scored; arguments that differ are refused unless asked for, and then the trained ones are reported."""
+    args = '{"n_pairs": 3, "min_pairs": 1, "n_keys": 6, "n_values": 6}'
+    train(
+        "recipes/tiny_cpu.yaml",
+        ["train.max_steps=2", "data.seed=7", f"data.task_args={args}"],
+        run_dir=tmp_path / "run",
+    )
+    res = evaluate_checkpoint(tmp_path / "run", ["synthetic:kv_retrieval"], synthetic_n=64, progress=False)
+    scored = res["tasks"]["synthetic:kv_retrieval"]
+    assert json.loads(scored["task_args"]) == {
+        "n_pairs": 3,
+        "min_pairs": 1,
+        "n_keys": 6,
+        "n_values": 6,
+        "query": "marker",
+        "seed": 7,
+    }
+    assert set(scored["by_length"]) <= {"6", "8", "10"} and "trained_task_args" not in scored
+    with pytest.raises(EvalError, match="trained on task_args"):
+        evaluate_checkpoint(tmp_path / "run", ["synthetic:kv_retrieval"], task_args={"n_pairs": 2}, progress=False)
+    other = evaluate_checkpoint(
+        tmp_path / "run", ["synthetic:kv_retrieval"], task_args={"n_pairs": 2}, other_task=True, progress=False
+    )["tasks"]["synthetic:kv_retrieval"]
+    assert json.loads(other["task_args"])["n_pairs"] == 2 and json.loads(other["task_args"])["n_keys"] == 6
+    assert json.loads(other["trained_task_args"])["n_pairs"] == 3
+    cli = ["--checkpoint", str(tmp_path / "run"), "--tasks", "synthetic:kv_retrieval", "--no-progress"]
+    capsys.readouterr()
+    assert main([*cli, "--task-args", '{"n_pairs": 2}']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: synthetic:kv_retrieval: the checkpoint trained on")
