@@ -1,22 +1,26 @@
-"""Key-value retrieval at the paper's size: does attention retrieve where MixiT cannot?
+"""Key-value retrieval at the paper's size: does attention retrieve where MixiT cannot, and is it trained
+Q/K or their initial scale that decides?
 
     python -m studies.retrieval --baselines --pairs 16                       # chance and context guesses, no training
-    python -m studies.retrieval --stage sweep --pairs 16                     # 3 variants x the rate grid, seed 0
-    python -m studies.retrieval --stage seeds --pairs 16                     # 5 seeds per variant at its best rate
-    python -m studies.retrieval --stage curve --pairs 4,8,12 --variants standard   # time-to-solve against pairs
+    python -m studies.retrieval --stage sweep --pairs 16                     # every arm x the rate grid, seed 0
+    python -m studies.retrieval --stage seeds --pairs 16                     # 5 seeds per arm at its best rate
+    python -m studies.retrieval --stage seeds --pairs 30 --lr-pairs 16       # at the rates chosen at 16 pairs
+    python -m studies.retrieval --stage all                                  # the page's plan, in order
     python -m studies.retrieval --render                                     # the page's table from the rows
 
-Trains recipes/retrieval_kv.yaml (keys and values from 32 symbols each, 1 to --pairs pairs per
+Trains recipes/retrieval_kv.yaml (keys from 32 symbols, values from --values, 1 to --pairs pairs per
 example) one run at a time in this process, with a hook (pretrain/hooks.py) scoring held-out accuracy
 on the answer token (eval/synthetic_tasks.py) every `train.eval_every_steps`, then the final
-checkpoint on --eval-samples held-out examples (eval/run.py). Each finished run appends its row
-(`train_cell`) to --rows (JSONL); a cell whose row exists is skipped, so a later session resumes from
-the committed rows; run dirs under --out are scratch. The sweep picks each variant's rate by final
-accuracy (then held-out loss); when the best rate sits at an edge of the grid the grid grows by a
-factor of 3 that way (at most --extend times). The seeds stage trains seeds 0..N-1 at that rate (seed
-0 is the sweep's run). The curve stage trains at the rate chosen at --lr-pairs. Training stops once
-the rows' CPU seconds reach --budget-cpu-h. Seed i trains with the recipe's seed + i (init, data
-order, the task's held-out draw) and MixiT matrices of seed i.
+checkpoint on --eval-samples held-out examples (eval/run.py). An arm is a variant, or VARIANT@STD: its
+Q/K initialised at that std instead of the recipe's (standard@0.02, frozen_qk@0.02: the controls that
+separate freezing from the initial scale). Each finished run appends its row (`train_cell`) to --rows
+(JSONL); a cell whose row exists is skipped, so a later session resumes from the committed rows; run
+dirs under --out are scratch. The sweep picks each arm's rate by final accuracy (then held-out loss);
+when the best rate sits at an edge of the grid the grid grows by a factor of 3 that way (at most
+--extend times). The seeds stage trains seeds 0..N-1 at that rate (seed 0 is the sweep's run), or at
+the rate chosen at --lr-pairs and --lr-values. Training stops once the rows' CPU seconds reach
+--budget-cpu-h. Seed i trains with the recipe's seed + i (init, data order, the task's held-out draw)
+and MixiT matrices of seed i.
 """
 
 from __future__ import annotations
@@ -40,28 +44,29 @@ from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
 from eval.run import EvalOptions, evaluate_checkpoint
 from eval.synthetic_tasks import evaluate_task
-from model import VARIANTS
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
 from .rows import append_row, read_rows
-from .shared import check_variants, names, ran_to_end, study_parser
+from .shared import arm_order, arm_overrides, check_variants, names, ran_to_end, split_arm, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/retrieval_kv.yaml"
 ROWS = "docs/data/retrieval/runs.jsonl"
 PAGE = "docs/results/retrieval.md"
 TASK = "kv_retrieval"
-GRID = (3e-4, 1e-3, 3e-3)
+GRID = (3e-3, 1e-2, 3e-2)
 SOLVED = 0.9  # held-out accuracy that counts as having left the plateau
-# --stage all, in order (docs/results/retrieval.md, "Plan"): the sweep and 5 seeds at 16 pairs; standard's
-# time-to-solve at fewer pairs; 5 seeds at 30 pairs at the rates chosen at 16.
+# --stage all, in order (docs/results/retrieval.md, "Plan"): the sweep and 5 seeds at 16 pairs and 32 values; then
+# 30 pairs, then 255 values at 16 and 30 pairs, each at the rates chosen at 16 pairs and 32 values.
+ARMS = ["standard", "frozen_qk", "mixit", "standard@0.02", "frozen_qk@0.02"]
 PLAN = (
-    ("sweep", {"pairs": [16]}),
-    ("seeds", {"pairs": [16]}),
-    ("curve", {"pairs": [4, 8, 12], "variants": ["standard"], "seeds": 3, "lr_pairs": 16}),
-    ("seeds", {"pairs": [30], "lr_pairs": 16}),
+    ("sweep", {"pairs": [16], "values": 32}),
+    ("seeds", {"pairs": [16], "values": 32}),
+    ("seeds", {"pairs": [30], "values": 32, "lr_pairs": 16}),
+    ("seeds", {"pairs": [16], "values": 255, "lr_pairs": 16, "lr_values": 32}),
+    ("seeds", {"pairs": [30], "values": 255, "lr_pairs": 16, "lr_values": 32}),
 )
 TABLE_BEGIN, TABLE_END = "<!-- table:retrieval -->", "<!-- /table:retrieval -->"  # as studies.results_page
 
@@ -71,7 +76,7 @@ class Cell:
     """One training run: what identifies its row."""
 
     n_pairs: int
-    variant: str
+    arm: str  # a variant, or VARIANT@STD: its Q/K initialised at that std (studies/shared.py)
     lr: float
     seed: int  # seed index: the recipe's seed + seed
     steps: int
@@ -80,15 +85,19 @@ class Cell:
 
     @property
     def name(self) -> str:
-        return f"p{self.n_pairs}-{self.variant}-lr{self.lr:g}-s{self.seed}-n{self.steps}"
+        return f"p{self.n_pairs}-{self.arm}-lr{self.lr:g}-s{self.seed}-n{self.steps}-v{self.n_values}"
 
     def key(self) -> tuple:
-        return (self.n_pairs, self.variant, float(self.lr), self.seed, self.steps, self.n_keys, self.n_values)
+        return (self.n_pairs, self.arm, float(self.lr), self.seed, self.steps, self.n_keys, self.n_values)
+
+
+def arm_of(row: dict) -> str:
+    return row.get("arm", row["variant"])
 
 
 def row_key(row: dict) -> tuple:
     a = row["task_args"]
-    return (a["n_pairs"], row["variant"], float(row["lr"]), row["seed"], row["steps"], a["n_keys"], a["n_values"])
+    return (a["n_pairs"], arm_of(row), float(row["lr"]), row["seed"], row["steps"], a["n_keys"], a["n_values"])
 
 
 # -- baselines --------------------------------------------------------------------------------------
@@ -165,11 +174,14 @@ def first_step(curve: list[tuple[int, float]], threshold: float) -> int | None:
     return next((s for s, a in curve if a >= threshold), None)
 
 
-def best_lr(rows: list[dict], n_pairs: int, variant: str, steps: int) -> tuple[float | None, list[float]]:
-    """(the best rate of the sweep rows of (n_pairs, variant, seed 0, steps), the rates swept); by final
-    accuracy, ties by held-out loss. None when nothing was swept."""
-    swept = [r for r in rows if r["task_args"]["n_pairs"] == n_pairs and r["variant"] == variant]
+def best_lr(
+    rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: int | None = None
+) -> tuple[float | None, list[float]]:
+    """(the best rate of the sweep rows of (n_pairs, arm, seed 0, steps[, n_values]), the rates swept); by
+    final accuracy, ties by held-out loss. None when nothing was swept."""
+    swept = [r for r in rows if r["task_args"]["n_pairs"] == n_pairs and arm_of(r) == arm]
     swept = [r for r in swept if r["seed"] == 0 and r["steps"] == steps]
+    swept = [r for r in swept if n_values is None or r["task_args"]["n_values"] == n_values]
     if not swept:
         return None, []
     best = max(swept, key=lambda r: (-1.0, 0.0) if r["acc"] is None else (r["acc"], -r["loss"]))
@@ -190,9 +202,7 @@ class AccuracyProbe:
 
 def command_for(cell: Cell, recipe: str) -> str:
     """The command that trains exactly this cell (and skips it once its row exists)."""
-    command = (
-        f"python -m studies.retrieval --stage seeds --pairs {cell.n_pairs} --variants {cell.variant} --lr {cell.lr:g}"
-    )
+    command = f"python -m studies.retrieval --stage seeds --pairs {cell.n_pairs} --variants {cell.arm} --lr {cell.lr:g}"
     command += f" --seed-list {cell.seed} --steps {cell.steps} --keys {cell.n_keys} --values {cell.n_values}"
     return command + (f" --recipe {shlex.quote(recipe)}" if recipe != RECIPE else "")
 
@@ -235,11 +245,10 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
     seed = load_recipe(args.recipe).seed + cell.seed
     targs = {"n_pairs": cell.n_pairs, "min_pairs": 1, "n_keys": cell.n_keys, "n_values": cell.n_values}
     overrides = [
-        f"model.variant={cell.variant}",
+        *arm_overrides(cell.arm),
         f"model.mixit_seed={cell.seed}",
         f"seed={seed}",
         f"optim.lr={cell.lr}",
-        f"optim.min_lr={cell.lr / 10}",
         f"train.max_steps={cell.steps}",
         f"train.seq_len={2 * cell.n_pairs + 4}",
         f"train.eval_every_steps={args.probe_every}",
@@ -256,7 +265,8 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
         "overrides": overrides,
         "task": TASK,
         "task_args": targs,
-        "variant": cell.variant,
+        "variant": split_arm(cell.arm)[0],
+        "arm": cell.arm,
         "seed": cell.seed,
         "lr": cell.lr,
         "steps": cell.steps,
@@ -269,9 +279,9 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
 
 def cells_for(args: argparse.Namespace, rows: list[dict], pairs: int, variant: str) -> list[Cell]:
     """The cells this stage still needs for (pairs, variant), given the rows so far."""
-    base = dict(n_pairs=pairs, variant=variant, steps=args.steps, n_keys=args.keys, n_values=args.values)
+    base = dict(n_pairs=pairs, arm=variant, steps=args.steps, n_keys=args.keys, n_values=args.values)
     if args.stage == "sweep":
-        best, swept = best_lr(rows, pairs, variant, args.steps)
+        best, swept = best_lr(rows, pairs, variant, args.steps, args.values)
         rates = sorted(set(args.grid) | set(swept))
         added = len(set(swept) - set(args.grid))
         if best is not None and set(rates) == set(swept) and added < args.extend:
@@ -284,7 +294,7 @@ def cells_for(args: argparse.Namespace, rows: list[dict], pairs: int, variant: s
         lr = args.lr
     else:
         lr_pairs = args.lr_pairs or pairs
-        lr, swept = best_lr(rows, lr_pairs, variant, args.steps)
+        lr, swept = best_lr(rows, lr_pairs, variant, args.steps, args.lr_values or args.values)
         if lr is None:
             raise StudyError(
                 f"no sweep rows for {variant} at {lr_pairs} pairs and {args.steps} steps. Fix: run --stage sweep "
@@ -310,7 +320,7 @@ def run_stage(args: argparse.Namespace, log=print) -> int | None:
         todo = [c for p in args.pairs for v in args.variants for c in cells_for(args, rows, p, v)]
         todo = [c for c in todo if c.key() not in done]
         # seed-major: a stage the budget cuts short leaves every variant with the same seeds
-        todo.sort(key=lambda c: (c.n_pairs, c.seed, args.variants.index(c.variant), c.lr))
+        todo.sort(key=lambda c: (c.n_pairs, c.seed, args.variants.index(c.arm), c.lr))
         if not todo:
             log(f"[{args.stage}] nothing left to train ({len(rows)} rows in {rows_path})")
             return trained
@@ -336,8 +346,10 @@ def run_stage(args: argparse.Namespace, log=print) -> int | None:
 def render(rows: list[dict]) -> str:
     """Markdown: per (pairs, steps, variant) the rows at the rate with the most seeds (then the best
     mean), mean ± std over seeds, how many solved, the baselines under each pair count; then the sweep."""
+    if not rows:
+        return "(no runs yet)"
     lines = [
-        "| pairs | variant | rate | steps | seeds | held-out accuracy (mean ± std) | per seed (%) | solved (≥ 90 %) | "
+        "| pairs (keys, values) | variant | rate | steps | seeds | held-out accuracy (mean ± std) | per seed (%) | solved (≥ 90 %) | "
         "median step solved |",
         "|---:|---|---:|---:|---:|---:|---|---:|---:|",
     ]
@@ -346,7 +358,7 @@ def render(rows: list[dict]) -> str:
         if r["acc"] is None:  # diverged: in the sweep's table only
             continue
         a = r["task_args"]
-        groups.setdefault((a["n_pairs"], a["n_keys"], a["n_values"], r["steps"], r["variant"], r["lr"]), []).append(r)
+        groups.setdefault((a["n_pairs"], a["n_keys"], a["n_values"], r["steps"], arm_of(r), r["lr"]), []).append(r)
     chosen: dict[tuple, dict[str, list[dict]]] = {}
     for (*setting, variant, lr), rs in sorted(groups.items()):
         score = (len(rs), Spread.of(r["acc"] for r in rs).mean)
@@ -354,22 +366,28 @@ def render(rows: list[dict]) -> str:
         if cur is None or score > (len(cur), Spread.of(r["acc"] for r in cur).mean):
             chosen[tuple(setting)][variant] = rs
     for (p, k, v, steps), per_variant in sorted(chosen.items()):
-        for variant in sorted(per_variant, key=list(VARIANTS).index):
+        for variant in sorted(per_variant, key=arm_order):
             rs = sorted(per_variant[variant], key=lambda r: r["seed"])
             acc = Spread.of(r["acc"] for r in rs)
             solved = sorted(r["step_solved"] for r in rs if r["step_solved"] is not None)
             median = f"{solved[len(solved) // 2]}" if solved else "—"
             per_seed = ", ".join(f"{100 * r['acc']:.1f}" for r in rs)
             lines.append(
-                f"| {p} | {variant} | {rs[0]['lr']:g} | {steps} | {len(rs)} | {100 * acc.mean:.1f} ± "
+                f"| {p} ({k}, {v}) | {variant} | {rs[0]['lr']:g} | {steps} | {len(rs)} | {100 * acc.mean:.1f} ± "
                 f"{100 * acc.std:.1f} % | {per_seed} | {len(solved)}/{len(rs)} | {median} |"
             )
-        lines.append(f"| {p} | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |")
+        lines.append(f"| {p} ({k}, {v}) | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |")
         guess = "*in-context guess (most frequent context value, exact)*"
-        lines.append(f"| {p} | {guess} | | | | {100 * mode_guess_exact(p, v):.1f} % | | | |")
+        lines.append(f"| {p} ({k}, {v}) | {guess} | | | | {100 * mode_guess_exact(p, v):.1f} % | | | |")
     sweep = sorted(
         (r for r in rows if r["seed"] == 0 and r.get("stage") != "curve"),
-        key=lambda r: (r["task_args"]["n_pairs"], r["steps"], list(VARIANTS).index(r["variant"]), r["lr"]),
+        key=lambda r: (
+            r["task_args"]["n_pairs"],
+            r["task_args"]["n_values"],
+            r["steps"],
+            arm_order(arm_of(r)),
+            r["lr"],
+        ),
     )
     if sweep:
         lines += ["", "Rate sweep (seed 0; final held-out accuracy and loss):", ""]
@@ -377,9 +395,10 @@ def render(rows: list[dict]) -> str:
         for r in sweep:
             solved = r["step_solved"] if r["step_solved"] is not None else "—"
             acc, loss = ("diverged", "—") if r["acc"] is None else (f"{100 * r['acc']:.1f} %", f"{r['loss']:.3f}")
-            table.append([r["task_args"]["n_pairs"], r["variant"], r["steps"], f"{r['lr']:g}", acc, loss, solved])
-        header = ["pairs", "variant", "steps", "rate", "accuracy", "loss", "step solved"]
-        lines.append(markdown_table(header, table, align="rlrrrrr"))
+            a = r["task_args"]
+            table.append([a["n_pairs"], a["n_values"], arm_of(r), r["steps"], f"{r['lr']:g}", acc, loss, solved])
+        header = ["pairs", "values", "variant", "steps", "rate", "accuracy", "loss", "step solved"]
+        lines.append(markdown_table(header, table, align="rrlrrrrr"))
     lines += time_to_solve(rows)
     spent = sum(r["cpu_s"] for r in rows)
     lines += [
@@ -396,7 +415,7 @@ def time_to_solve(rows: list[dict], variant: str = "standard") -> list[str]:
     pair counts not solved: the budget a setting needs, not a measurement of it."""
     by_pairs: dict[int, list[dict]] = {}
     for r in rows:
-        if r["variant"] == variant and r["acc"] is not None:
+        if arm_of(r) == variant and r["acc"] is not None:
             by_pairs.setdefault(r["task_args"]["n_pairs"], []).append(r)
     if len(by_pairs) < 2:
         return []
@@ -434,9 +453,9 @@ def time_to_solve(rows: list[dict], variant: str = "standard") -> list[str]:
     return lines
 
 
-def baselines_table(pairs: list[int], n_keys: int, n_values: int) -> str:
-    """Markdown: chance and the exact context guesses (and the bag loss) per pair count; tests check the
-    exact formulas against the task's own generator by Monte Carlo and by full enumeration."""
+def baselines_table(settings: list[tuple[int, int]], n_keys: int) -> str:
+    """Markdown: chance and the exact context guesses (and the bag loss) per (pairs, values); tests check
+    the exact formulas against the task's own generator by Monte Carlo and by full enumeration."""
     header = [
         "pairs (keys, values)",
         "chance",
@@ -452,7 +471,7 @@ def baselines_table(pairs: list[int], n_keys: int, n_values: int) -> str:
             f"{100 * mode_guess_exact(p, n_values):.1f} %",
             f"{bag_loss_exact(p, n_values):.2f}",
         ]
-        for p in pairs
+        for p, n_values in settings
     ]
     return markdown_table(header, rows, right_from=0)
 
@@ -500,21 +519,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage", choices=("sweep", "seeds", "curve", "all"), default="sweep", help="all: the PLAN, in order"
     )
     ap.add_argument("--pairs", type=ints, default=[16], help="comma-separated pair counts (default 16)")
-    ap.add_argument("--variants", type=names, default=["standard", "frozen_qk", "mixit"])
+    ap.add_argument(
+        "--variants", type=names, default=ARMS, help="arms: VARIANT or VARIANT@STD (its Q/K initialised at STD)"
+    )
     ap.add_argument("--keys", type=int, default=32)
     ap.add_argument("--values", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=1562)
     ap.add_argument("--grid", type=floats, default=list(GRID), help="the sweep's rates")
     ap.add_argument("--extend", type=int, default=2, help="rates the sweep may add beyond an edge")
     ap.add_argument("--lr", type=float, help="seeds/curve: this rate instead of the sweep's best")
     ap.add_argument("--lr-pairs", type=int, help="seeds/curve: the best rate of the sweep at this many pairs")
+    ap.add_argument("--lr-values", type=int, help="seeds/curve: the best rate of the sweep at this many values")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--seed-list", type=ints, help="these seed indices instead of 0..--seeds-1")
     ap.add_argument("--probe-every", type=int, default=100)
     ap.add_argument("--probe-samples", type=int, default=256)
     ap.add_argument("--eval-samples", type=int, default=2048)
     ap.add_argument(
-        "--budget-cpu-h", type=float, default=4.0, help="stop training once the rows hold this many CPU-hours"
+        "--budget-cpu-h", type=float, default=10.0, help="stop training once the rows hold this many CPU-hours"
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--recipe", default=RECIPE)

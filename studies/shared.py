@@ -48,10 +48,40 @@ def without(argv: list[str], *options: str) -> list[str]:
     return out
 
 
-def check_variants(variants: list[str]) -> None:
-    for v in variants:
+def split_arm(arm: str) -> tuple[str, float | None]:
+    """A study arm, `VARIANT` or `VARIANT@STD` (Q/K initialised at that std, e.g. `standard@0.02`), as
+    (variant, std); None: the recipe's Q/K init."""
+    variant, at, std = arm.partition("@")
+    if not at:
+        return variant, None
+    try:
+        return variant, float(std)
+    except ValueError:
+        raise StudyError(f"arm {arm!r}: {std!r} is not a number. Fix: write VARIANT@STD, e.g. standard@0.02") from None
+
+
+def arm_overrides(arm: str) -> list[str]:
+    """The recipe overrides that make an arm: its variant, and its Q/K init where it names one."""
+    variant, std = split_arm(arm)
+    return [f"model.variant={variant}"] + ([] if std is None else [f"model.qk_init_std={std}"])
+
+
+def arm_order(arm: str) -> tuple[int, float]:
+    """Arms in the order of VARIANTS, the recipe's Q/K init before the named ones."""
+    variant, std = split_arm(arm)
+    return list(VARIANTS).index(variant), -1.0 if std is None else std
+
+
+def check_variants(arms: list[str]) -> None:
+    """Every arm names a known variant (and, with @STD, a positive Q/K std of a variant that has Q/K)."""
+    for arm in arms:
+        v, std = split_arm(arm)
         if v not in VARIANTS:
             raise StudyError(f"unknown variant {v!r}. Fix: choose from {sorted(VARIANTS)}")
+        if std is not None and (std <= 0 or v == "mixit"):
+            raise StudyError(
+                f"arm {arm!r}: a Q/K std needs a positive value and a variant with Q/K. Fix: e.g. standard@0.02"
+            )
 
 
 def label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, grid: bool = True) -> None:

@@ -49,7 +49,7 @@ def test_mode_guess_exact_against_enumeration():
 
 def _row(lr, acc, loss, seed=0):
     return {
-        "task_args": {"n_pairs": 16},
+        "task_args": {"n_pairs": 16, "n_keys": 32, "n_values": 32},
         "variant": "standard",
         "lr": lr,
         "seed": seed,
@@ -65,7 +65,7 @@ def test_best_rate_by_accuracy_then_loss():
     assert best_lr(rows, 30, "standard", 10) == (None, [])
     diverged = {**_row(9e-3, None, None), "curve": [], "step_solved": None, "cpu_s": 1.0}
     assert best_lr([*rows, diverged], 16, "standard", 10) == (3e-3, [3e-4, 1e-3, 3e-3, 9e-3])
-    assert "| 16 | standard | 10 | 0.009 | diverged | — | — |" in render([diverged])
+    assert "| 16 | 32 | standard | 10 | 0.009 | diverged | — | — |" in render([diverged])
 
 
 def test_study_end_to_end_resumes_from_rows(tmp_path, capsys):
@@ -104,13 +104,15 @@ def test_study_end_to_end_resumes_from_rows(tmp_path, capsys):
     assert main(seeds) == 0  # every cell has its row: nothing trains
     assert rows_path.read_text() == before and "nothing left to train" in capsys.readouterr().out
     assert main(["--stage", "curve", "--lr", "1e-3", "--budget-cpu-h", "0", *common]) == 0
-    assert rows_path.read_text() == before and not (tmp_path / "out" / "runs" / "p2-standard-lr0.001-s1-n6").exists()
+    assert (
+        rows_path.read_text() == before and not (tmp_path / "out" / "runs" / "p2-standard-lr0.001-s1-n6-v32").exists()
+    )
 
     page.write_text(f"# page\n\n{TABLE_BEGIN}\nold\n{TABLE_END}\nafter\n")
     assert main(["--render", "--rows", str(rows_path), "--page", str(page)]) == 0
     text = page.read_text()
     for variant in ("standard", "mixit"):
-        line = next(x for x in text.splitlines() if x.startswith(f"| 2 | {variant} |"))
+        line = next(x for x in text.splitlines() if x.startswith(f"| 2 (32, 32) | {variant} |"))
         seed_accs = [100 * r["acc"] for r in rows if r["variant"] == variant and r["seed"] == 1]
         assert "| 6 | 2 |" in line and f"{seed_accs[0]:.1f}" in line  # 6 steps, the best rate's two seeds
     assert "*chance (1/32)* | | | | 3.1 %" in text and "after" in text and "old" not in text
