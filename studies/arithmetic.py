@@ -1,170 +1,319 @@
 """Multi-digit addition, the paper's other half: does MixiT match standard where nothing is retrieved?
 
-    python -m studies.arithmetic --digits 2,3 --seeds 5      # 2 tasks x 3 variants x 5 seeds, one row per run
-    python -m studies.arithmetic --render                    # the table from the rows, nothing trained
-    python -m studies.results_page render                    # docs/results/arithmetic.md from the same rows
+    python -m studies.arithmetic --stage sweep --digits 3                 # every arm x layout x the rate grid, seed 0
+    python -m studies.arithmetic --stage seeds --digits 2,3,5 --lr-digits 3   # 5 seeds at the rates chosen at 3 digits
+    python -m studies.arithmetic --stage all                              # the page's plan, in order
+    python -m studies.arithmetic --render                                 # the table from the rows, nothing trained
 
-Trains recipes/paper_addition.yaml (reversed decimal addition in the paper's format, `rev(a)+rev(b)=rev(a+b)
-<eos>`, the sum and <eos> scored) at each --digits, standard / frozen_qk / mixit, every variant at the
-recipe's rate, one run at a time in this process, with a hook (pretrain/hooks.py) scoring held-out exact
-match (every answer token right) every --probe-every steps; the final checkpoint is scored on
---eval-samples held-out sums (eval/run.py). Each finished run appends its row (`train_run`; `step_solved`: the
-first probed step at >= 90 % exact match, None: not within the budget) to --rows (JSONL); a run whose row
-exists is skipped, so the command resumes from the committed rows; run dirs under --out are scratch.
+Trains recipes/reference_addition.yaml (the reference implementation's model and optimiser) on reversed
+decimal addition in both layouts (`--layouts`): `padded` (operands with leading zeros, the whole sum and
+<eos> scored) and `reference` (the reference's additionstream_N: exact N-digit operands, answer tokens
+of their own, the first sum digit neither trained nor scored). An arm is a variant, or VARIANT@STD: its
+Q/K initialised at that std (the controls standard@0.02, frozen_qk@0.02). One run at a time in this
+process, with a hook (pretrain/hooks.py) scoring held-out exact match (every scored token right) every
+--probe-every steps; the final checkpoint is scored on --eval-samples held-out sums (eval/run.py): exact
+match, and token accuracy over the scored positions (the reference's measure). The sweep trains seed 0
+at every rate of --grid per (digits, layout, arm) and picks by exact match, then token accuracy, then
+loss; a best rate at an edge grows the grid by x3 (at most --extend times) and a seeds stage refuses
+it. Each finished run appends its row to --rows (`step_solved`: the first probed step at >= 90 % exact
+match, None: not within the budget); a run whose row exists is skipped, so the command resumes from the
+committed rows; run dirs under --out are scratch. Training stops once the rows hold --budget-cpu-h.
 Seed i trains with the recipe's seed + i (init, data order, the held-out draw) and MixiT matrices of seed i.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
+import math
+import shlex
 import sys
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import ints, run_cli
+import torch
+
+from common.cli import floats, ints, run_cli
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
-from model import VARIANTS
 from pretrain.config import load_recipe
 
 from .retrieval import first_step, train_scored
 from .rows import append_row, read_rows
-from .shared import check_variants, names, study_parser
+from .shared import (
+    arm_order,
+    arm_overrides,
+    check_variants,
+    chosen_rate,
+    names,
+    rates_to_sweep,
+    split_arm,
+    study_parser,
+)
 from .spread import Spread
 
-RECIPE = "recipes/paper_addition.yaml"
+RECIPE = "recipes/reference_addition.yaml"
 ROWS = "docs/data/arithmetic/runs.jsonl"
 TASK = "addition"
 SOLVED = 0.9  # held-out exact match that counts as solved
-DEFAULT_VARIANTS = ("standard", "frozen_qk", "mixit")
+ARMS = ["standard", "frozen_qk", "mixit", "standard@0.02", "frozen_qk@0.02"]
+GRID = (3e-3, 1e-2, 3e-2)
+LAYOUTS = ("padded", "reference")
+# --stage all, in order (docs/results/arithmetic.md, "Plan"): the sweep and 5 seeds at 3 digits, then 5 and 2
+# digits at the rates chosen at 3.
+PLAN = (
+    ("sweep", {"digits": [3]}),
+    ("seeds", {"digits": [3]}),
+    ("seeds", {"digits": [5], "lr_digits": 3}),
+    ("seeds", {"digits": [2], "lr_digits": 3}),
+)
 
 
-def run_name(digits: int, variant: str, seed: int, steps: int, extra: Sequence[str] = ()) -> str:
-    """The run dir's name; an arm with overrides of its own gets their hash, so it never resumes another's run."""
-    tag = "-" + hashlib.sha256("\n".join(extra).encode()).hexdigest()[:8] if extra else ""
-    return f"d{digits}-{variant}{tag}-s{seed}-n{steps}"
+@dataclass(frozen=True)
+class Cell:
+    """One training run: what identifies its row."""
+
+    digits: int
+    layout: str
+    arm: str
+    lr: float
+    seed: int
+    steps: int
+
+    @property
+    def name(self) -> str:
+        return f"d{self.digits}-{self.layout}-{self.arm}-lr{self.lr:g}-s{self.seed}-n{self.steps}"
+
+    def key(self) -> tuple:
+        return (self.digits, self.layout, self.arm, float(self.lr), self.seed, self.steps)
 
 
 def row_key(r: dict) -> tuple:
-    return (r["task_args"]["n_digits"], r["variant"], r["seed"], r["steps"], r["lr"], tuple(r.get("extra", ())))
+    a = r["task_args"]
+    return (a["n_digits"], a.get("layout", "padded"), r.get("arm", r["variant"]), float(r["lr"]), r["seed"], r["steps"])
 
 
-def arm(r: dict) -> str:
-    """The variant and the overrides every run of its command added (--override), as the table names it."""
-    return r["variant"] + "".join(f" {o}" for o in r.get("extra", ()))
+def score(r: dict) -> tuple:
+    """How a sweep ranks its runs: exact match, then token accuracy, then held-out loss; a diverged run last."""
+    return (-1.0, -1.0, 0.0) if r["acc"] is None else (r["exact_match"], r["acc"], -r["loss"])
 
 
-def train_run(digits: int, variant: str, seed: int, args: argparse.Namespace) -> dict:
+def sweep_rows(rows: list[dict], digits: int, layout: str, arm: str, steps: int) -> list[dict]:
+    return [r for r in rows if row_key(r)[:3] == (digits, layout, arm) and r["seed"] == 0 and r["steps"] == steps]
+
+
+def cells_for(args: argparse.Namespace, rows: list[dict], digits: int, layout: str, arm: str) -> list[Cell]:
+    """The cells this stage still needs for (digits, layout, arm), given the rows so far."""
+    base = dict(digits=digits, layout=layout, arm=arm, steps=args.steps)
+    if args.stage == "sweep":
+        swept = sweep_rows(rows, digits, layout, arm, args.steps)
+        return [Cell(lr=lr, seed=0, **base) for lr in rates_to_sweep(args.grid, swept, score, args.extend)]
+    lr_digits = args.lr_digits or digits
+    lr = args.lr or chosen_rate(
+        sweep_rows(rows, lr_digits, layout, arm, args.steps),
+        score,
+        args.grid,
+        args.extend,
+        f"{arm} at {lr_digits} digits ({layout} layout) and {args.steps} steps",
+        f"run --stage sweep --digits {lr_digits} --layouts {layout}, or give --lr",
+    )
+    seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+    return [Cell(lr=lr, seed=s, **base) for s in seeds]
+
+
+def train_run(cell: Cell, args: argparse.Namespace) -> dict:
     """Train one run (resuming a partial run dir), score its final checkpoint, and return its row."""
     base = load_recipe(args.recipe)
-    targs = {"n_digits": digits}
-    seq_len = get_task(TASK, **targs).max_len
+    targs = {"n_digits": cell.digits, "layout": cell.layout}
+    task = get_task(TASK, seed=base.seed + cell.seed, **targs)
     overrides = [
-        f"model.variant={variant}",
-        f"model.mixit_seed={seed}",
-        f"seed={base.seed + seed}",
-        f"train.max_steps={args.steps}",
-        f"train.seq_len={seq_len}",
-        f"model.max_seq_len={seq_len}",
+        *arm_overrides(cell.arm),
+        f"model.mixit_seed={cell.seed}",
+        f"seed={base.seed + cell.seed}",
+        f"optim.lr={cell.lr}",
+        f"train.max_steps={cell.steps}",
+        f"train.seq_len={task.max_len - 1}",
+        f"model.max_seq_len={task.max_len - 1}",  # the reference's padded length, 3N + 4
         f"train.eval_every_steps={args.probe_every}",
-        f"checkpoint.every_steps={max(args.probe_every, args.steps // 4)}",
         "data.task_args=" + json.dumps(targs),
-        *args.override,
     ]
-    lr = load_recipe(args.recipe, overrides).optim.lr
-    run_dir = Path(args.out) / "runs" / run_name(digits, variant, seed, args.steps, args.override)
-    task = get_task(TASK, seed=base.seed + seed, **targs)
-    run = train_scored(args.recipe, overrides, run_dir, task, args, keys=("exact_match", "acc", "loss"))
-    command = f"python -m studies.arithmetic --digits {digits} --variants {variant} --seed-list {seed}"
-    command += f" --steps {args.steps}" + "".join(f" --override {o}" for o in args.override)
+    run = train_scored(
+        args.recipe,
+        overrides,
+        Path(args.out) / "runs" / cell.name,
+        task,
+        args,
+        ("exact_match", "acc", "loss"),
+        may_diverge=True,
+    )
+    command = f"python -m studies.arithmetic --stage seeds --digits {cell.digits} --layouts {cell.layout}"
+    command += f" --variants {cell.arm} --lr {cell.lr:g} --seed-list {cell.seed} --steps {cell.steps}"
     return {
-        "command": command + (f" --recipe {args.recipe}" if args.recipe != RECIPE else ""),
-        "extra": list(args.override),
+        "command": command + (f" --recipe {shlex.quote(args.recipe)}" if args.recipe != RECIPE else ""),
         "recipe": args.recipe,
         "overrides": overrides,
         "task": TASK,
         "task_args": targs,
-        "variant": variant,
-        "seed": seed,
-        "lr": lr,
-        "steps": args.steps,
+        "variant": split_arm(cell.arm)[0],
+        "arm": cell.arm,
+        "seed": cell.seed,
+        "lr": cell.lr,
+        "steps": cell.steps,
+        "stage": args.stage,
         **run,
         "step_solved": first_step(run["curve"], SOLVED),
     }
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95 %) of a rate of k in n: the solve rate's interval over seeds."""
+    p = k / n
+    centre, half = (
+        (p + z * z / (2 * n)) / (1 + z * z / n),
+        z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n),
+    )
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def render(rows: list[dict]) -> str:
-    """Markdown: per (digits, steps, variant), exact match and token accuracy as mean ± std over seeds,
-    every seed's exact match, how many solved it and the step each one did."""
+    """Markdown: per (digits, layout, steps, arm) at the rate with the most seeds, exact match and token
+    accuracy (mean ± std over seeds), every seed's exact match, how many solved it with the solve rate's
+    95 % interval, and the step each one did; then the sweep."""
+    if not rows:
+        return "(no runs yet)"
     header = [
-        "digits", "variant", "rate", "steps", "seeds", "exact match (mean ± std)", "per seed (%)",
-        "token accuracy", "solved (≥ 90 %)", "step solved, per seed",
+        "digits", "layout", "arm", "rate", "steps", "seeds", "exact match (mean ± std)", "per seed (%)",
+        "token accuracy (the reference's measure)", "solved (≥ 90 %), 95 % interval", "step solved, per seed",
     ]  # fmt: skip
-    table = []
     groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["task_args"]["n_digits"], r["steps"], arm(r), r["lr"]), []).append(r)
-    order = list(VARIANTS)
-    for (digits, steps, variant, lr), rs in sorted(
-        groups.items(), key=lambda kv: (*kv[0][:2], order.index(kv[0][2].split()[0]), kv[0][2])
-    ):
+    for r in (r for r in rows if r["acc"] is not None):  # a diverged run: in the sweep's table only
+        d, layout, arm, lr, _, steps = row_key(r)
+        groups.setdefault((d, layout, steps, arm, lr), []).append(r)
+    chosen: dict[tuple, list[dict]] = {}
+    for (*setting, lr), rs in sorted(groups.items()):  # ties: the lower rate
+        if len(rs) > len(chosen.get(tuple(setting), [])):
+            chosen[tuple(setting)] = rs
+    table = []
+    for (digits, layout, steps, arm), rs in sorted(chosen.items(), key=lambda kv: (*kv[0][:3], arm_order(kv[0][3]))):
         rs = sorted(rs, key=lambda r: r["seed"])
         exact, acc = Spread.of(r["exact_match"] for r in rs), Spread.of(r["acc"] for r in rs)
         solved = [r["step_solved"] for r in rs]
-        per_seed = ", ".join(f"{100 * r['exact_match']:.1f}" for r in rs)
-        steps_solved = ", ".join("—" if x is None else str(x) for x in solved)
+        k = sum(s is not None for s in solved)
+        lo, hi = wilson(k, len(rs))
         table.append(
             [
-                digits, variant, f"{lr:g}", steps, len(rs), f"{100 * exact.mean:.1f} ± {100 * exact.std:.1f} %",
-                per_seed, f"{100 * acc.mean:.1f} ± {100 * acc.std:.1f} %",
-                f"{sum(s is not None for s in solved)}/{len(rs)}", steps_solved,
+                digits, layout, arm, f"{rs[0]['lr']:g}", steps, len(rs), f"{100 * exact.mean:.1f} ± {100 * exact.std:.1f} %",
+                ", ".join(f"{100 * r['exact_match']:.1f}" for r in rs), f"{100 * acc.mean:.1f} ± {100 * acc.std:.1f} %",
+                f"{k}/{len(rs)} ({100 * lo:.0f}-{100 * hi:.0f} %)", ", ".join("—" if x is None else str(x) for x in solved),
             ]
         )  # fmt: skip
+    md = markdown_table(header, table, align="rllrrrrlrrl")
+    sweep = sorted(
+        (r for r in rows if r.get("stage") == "sweep"),
+        key=lambda r: (*row_key(r)[:2], arm_order(row_key(r)[2]), r["lr"]),
+    )
+    if sweep:
+        lines = [
+            [
+                *row_key(r)[:3],
+                f"{r['lr']:g}",
+                *(
+                    ["diverged", "—", "—"]
+                    if r["acc"] is None
+                    else [f"{100 * r['exact_match']:.1f} %", f"{100 * r['acc']:.1f} %", f"{r['loss']:.3f}"]
+                ),
+            ]
+            for r in sweep
+        ]
+        header = ["digits", "layout", "arm", "rate", "exact match", "token accuracy", "loss"]
+        md += "\n\nRate sweep (seed 0):\n\n" + markdown_table(header, lines, align="rllrrrr")
     spent = sum(r["cpu_s"] for r in rows)
-    md = markdown_table(header, table, align="rlrrrrlrrl")
-    return md + f"\n\n{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training."
+    return (
+        md
+        + f"\n\n{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training (`python -m studies.arithmetic --render`)."
+    )
+
+
+def run_stage(args: argparse.Namespace, log=print) -> int | None:
+    """Train every missing cell of the stage, one at a time (seed-major); returns how many were trained
+    (None: the CPU budget is spent)."""
+    rows_path, trained = Path(args.rows), 0
+    while True:  # a sweep may grow its grid after each round
+        rows = read_rows(rows_path)
+        done = {row_key(r) for r in rows}
+        todo = [
+            c
+            for d in args.digits
+            for lay in args.layouts
+            for a in args.variants
+            for c in cells_for(args, rows, d, lay, a)
+        ]
+        todo = sorted(
+            (c for c in todo if c.key() not in done),
+            key=lambda c: (c.seed, c.digits, c.layout, args.variants.index(c.arm), c.lr),
+        )
+        if not todo:
+            log(f"[{args.stage}] nothing left to train ({len(rows)} rows in {rows_path})")
+            return trained
+        spent = sum(r["cpu_s"] for r in rows)
+        if spent >= args.budget_cpu_h * 3600:
+            log(
+                f"[{args.stage}] CPU budget spent ({spent / 3600:.2f} h of {args.budget_cpu_h} h); {len(todo)} cells left"
+            )
+            return None
+        cell = todo[0]
+        log(f"[arithmetic] {cell.name}: training ({len(todo)} cells left, {spent / 3600:.2f} CPU-h spent)")
+        row = train_run(cell, args)
+        append_row(rows_path, row)
+        trained += 1
+        result = (
+            "diverged"
+            if row["acc"] is None
+            else f"exact match {row['exact_match']:.3f}, token accuracy {row['acc']:.3f}"
+        )
+        log(f"[arithmetic] {cell.name}: {result}, solved at {row['step_solved']}, {row['cpu_s']:.0f} s CPU")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = study_parser("studies.arithmetic", __doc__)
+    ap.add_argument("--stage", choices=("sweep", "seeds", "all"), default="seeds", help="all: the PLAN, in order")
     ap.add_argument("--recipe", default=RECIPE)
-    ap.add_argument("--digits", type=ints, default=[2, 3], help="comma-separated operand lengths")
-    ap.add_argument("--variants", type=names, default=list(DEFAULT_VARIANTS))
+    ap.add_argument("--digits", type=ints, default=[3], help="comma-separated operand lengths")
+    ap.add_argument("--layouts", type=names, default=list(LAYOUTS), help=f"comma-separated, from {list(LAYOUTS)}")
+    ap.add_argument(
+        "--variants", type=names, default=ARMS, help="arms: VARIANT or VARIANT@STD (its Q/K initialised at STD)"
+    )
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
     ap.add_argument("--seed-list", type=ints, help="exactly these seed indices (overrides --seeds)")
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--probe-every", type=int, default=100, help="steps between held-out exact-match probes")
+    ap.add_argument("--steps", type=int, default=1250)
+    ap.add_argument("--grid", type=floats, default=list(GRID), help="the sweep's rates")
+    ap.add_argument("--extend", type=int, default=2, help="rates the sweep may add beyond an edge")
+    ap.add_argument("--lr", type=float, help="seeds: this rate instead of the sweep's best")
+    ap.add_argument("--lr-digits", type=int, help="seeds: the best rate of the sweep at this many digits")
+    ap.add_argument("--probe-every", type=int, default=125, help="steps between held-out exact-match probes")
     ap.add_argument("--probe-samples", type=int, default=256)
-    ap.add_argument("--eval-samples", type=int, default=2000, help="held-out sums the final checkpoint is scored on")
+    ap.add_argument("--eval-samples", type=int, default=4000, help="held-out sums the final checkpoint is scored on")
+    ap.add_argument(
+        "--budget-cpu-h", type=float, default=6.0, help="stop training once the rows hold this many CPU-hours"
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--rows", default=ROWS)
     ap.add_argument("--out", default="outputs/arithmetic", help="scratch run dirs")
     ap.add_argument("--render", action="store_true", help="train nothing; print the table of the rows")
-    ap.add_argument("--override", action="append", default=[], help="a recipe override for every run (repeatable)")
     args = ap.parse_args(argv)
 
     def body() -> int:
         check_variants(args.variants)
         for d in args.digits:
-            get_task(TASK, n_digits=d)  # an impossible length is one error line before any training
-        rows_path = Path(args.rows)
+            for layout in args.layouts:
+                get_task(TASK, n_digits=d, layout=layout)  # an impossible setting is one error line before any training
         if not args.render:
-            seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
-            lr = {v: load_recipe(args.recipe, [f"model.variant={v}", *args.override]).optim.lr for v in args.variants}
-            todo = [(d, v, s) for d in args.digits for s in seeds for v in args.variants]  # seed-major
-            for d, v, s in todo:
-                done = {row_key(r) for r in read_rows(rows_path)}
-                if (d, v, s, args.steps, lr[v], tuple(args.override)) in done:
-                    continue
-                print(f"[arithmetic] {run_name(d, v, s, args.steps, args.override)}: training")
-                row = train_run(d, v, s, args)
-                append_row(rows_path, row)
-                print(
-                    f"[arithmetic] {run_name(d, v, s, args.steps, args.override)}: exact match {row['exact_match']:.3f}, "
-                    f"solved at {row['step_solved']}, {row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU"
-                )
-        print(render(read_rows(rows_path)))
+            torch.set_num_threads(args.threads)
+            stages = PLAN if args.stage == "all" else [(args.stage, {})]
+            for stage, changes in stages:
+                if run_stage(argparse.Namespace(**{**vars(args), "stage": stage, **changes})) is None:
+                    break
+        print(render(read_rows(Path(args.rows))))
         return 0
 
     return run_cli(body)

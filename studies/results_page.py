@@ -368,17 +368,20 @@ def ours_induction(data_dir: Path) -> str:
 
 
 def ours_arithmetic(data_dir: Path) -> str:
-    """Per digit count, each variant's held-out exact match and token accuracy (mean ± std over seeds) and how
-    many seeds solved it; the plain variants only (an arm with overrides of its own is on its page)."""
-    rows = [r for r in read_rows(data_dir / "arithmetic" / "runs.jsonl") if not r.get("extra")]  # the plain arms
+    """Per digit count and layout, each main arm's held-out exact match and token accuracy (mean ± std over
+    seeds) and how many seeds solved it (the control arms and the sweep are on its page)."""
+    rows = [r for r in read_rows(data_dir / "arithmetic" / "runs.jsonl") if r["acc"] is not None]
+    rows = [r for r in rows if "@" not in r.get("arm", r["variant"])]
     if not rows:
-        return "not yet trained"
+        return "—"
     parts = []
-    for digits in sorted({r["task_args"]["n_digits"] for r in rows}):
+    for digits, layout in sorted({arithmetic.row_key(r)[:2] for r in rows}):
         cells = []
         for v in VARIANT_ORDER:
-            rs = [r for r in rows if r["task_args"]["n_digits"] == digits and r["variant"] == v]
+            rs = [r for r in rows if arithmetic.row_key(r)[:3] == (digits, layout, v)]
             if rs:
+                lr = max({r["lr"] for r in rs}, key=lambda x: (sum(r["lr"] == x for r in rs), -x))
+                rs = [r for r in rs if r["lr"] == lr]
                 m, s = mean_std([100 * r["exact_match"] for r in rs])
                 tok = mean_std([100 * r["acc"] for r in rs])
                 solved = sum(r["step_solved"] is not None for r in rs)
@@ -386,8 +389,7 @@ def ours_arithmetic(data_dir: Path) -> str:
                     f"{VARIANT_NAMES[v]} {m:.1f} ± {s:.1f} % exact, {tok[0]:.1f} ± {tok[1]:.1f} % token accuracy "
                     f"({solved}/{len(rs)} seeds solve it)"
                 )
-        steps = "/".join(str(x) for x in sorted({r["steps"] for r in rows if r["task_args"]["n_digits"] == digits}))
-        parts.append(f"{digits} digits, {steps} steps: " + ", ".join(cells))
+        parts.append(f"{digits} digits, {layout} layout: " + ", ".join(cells))
     return "; ".join(parts)
 
 

@@ -49,7 +49,18 @@ from pretrain.metrics import read_metrics
 from pretrain.train import train
 
 from .rows import append_row, read_rows
-from .shared import arm_order, arm_overrides, check_variants, names, ran_to_end, split_arm, study_parser
+from .shared import (
+    arm_order,
+    arm_overrides,
+    best_rate,
+    check_variants,
+    chosen_rate,
+    names,
+    ran_to_end,
+    rates_to_sweep,
+    split_arm,
+    study_parser,
+)
 from .spread import Spread
 
 RECIPE = "recipes/retrieval_kv.yaml"
@@ -174,18 +185,27 @@ def first_step(curve: list[tuple[int, float]], threshold: float) -> int | None:
     return next((s for s, a in curve if a >= threshold), None)
 
 
+def retrieval_score(r: dict) -> tuple:
+    """How a sweep ranks its runs: final accuracy, then held-out loss; a diverged run last."""
+    return (-1.0, 0.0) if r["acc"] is None else (r["acc"], -r["loss"])
+
+
+def sweep_rows(rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: int | None = None) -> list[dict]:
+    """The sweep's rows (seed 0) of (n_pairs, arm, steps[, n_values])."""
+    return [
+        r
+        for r in rows
+        if r["task_args"]["n_pairs"] == n_pairs and arm_of(r) == arm and r["seed"] == 0 and r["steps"] == steps
+        and (n_values is None or r["task_args"]["n_values"] == n_values)
+    ]  # fmt: skip
+
+
 def best_lr(
     rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: int | None = None
 ) -> tuple[float | None, list[float]]:
     """(the best rate of the sweep rows of (n_pairs, arm, seed 0, steps[, n_values]), the rates swept); by
     final accuracy, ties by held-out loss. None when nothing was swept."""
-    swept = [r for r in rows if r["task_args"]["n_pairs"] == n_pairs and arm_of(r) == arm]
-    swept = [r for r in swept if r["seed"] == 0 and r["steps"] == steps]
-    swept = [r for r in swept if n_values is None or r["task_args"]["n_values"] == n_values]
-    if not swept:
-        return None, []
-    best = max(swept, key=lambda r: (-1.0, 0.0) if r["acc"] is None else (r["acc"], -r["loss"]))
-    return float(best["lr"]), sorted({float(r["lr"]) for r in swept})
+    return best_rate(sweep_rows(rows, n_pairs, arm, steps, n_values), retrieval_score)
 
 
 # -- training -----------------------------------------------------------------------------------------
@@ -281,30 +301,20 @@ def cells_for(args: argparse.Namespace, rows: list[dict], pairs: int, variant: s
     """The cells this stage still needs for (pairs, variant), given the rows so far."""
     base = dict(n_pairs=pairs, arm=variant, steps=args.steps, n_keys=args.keys, n_values=args.values)
     if args.stage == "sweep":
-        best, swept = best_lr(rows, pairs, variant, args.steps, args.values)
-        rates = sorted(set(args.grid) | set(swept))
-        added = len(set(swept) - set(args.grid))
-        if best is not None and set(rates) == set(swept) and added < args.extend:
-            if best == min(swept):  # best at an edge: one more rate beyond it
-                rates.append(float(f"{best / 3:.3g}"))
-            elif best == max(swept):
-                rates.append(float(f"{best * 3:.3g}"))
-        return [Cell(lr=lr, seed=0, **base) for lr in rates]
+        swept = sweep_rows(rows, pairs, variant, args.steps, args.values)
+        return [Cell(lr=lr, seed=0, **base) for lr in rates_to_sweep(args.grid, swept, retrieval_score, args.extend)]
     if args.lr is not None:
         lr = args.lr
     else:
-        lr_pairs = args.lr_pairs or pairs
-        lr, swept = best_lr(rows, lr_pairs, variant, args.steps, args.lr_values or args.values)
-        if lr is None:
-            raise StudyError(
-                f"no sweep rows for {variant} at {lr_pairs} pairs and {args.steps} steps. Fix: run --stage sweep "
-                f"--pairs {lr_pairs} first, or give --lr"
-            )
-        if lr in (min(swept), max(swept)) and len(swept) < len(args.grid) + args.extend:
-            raise StudyError(
-                f"{variant} at {lr_pairs} pairs: the best rate {lr:g} is at the edge of {swept}. Fix: run "
-                f"--stage sweep --pairs {lr_pairs} again to extend the grid"
-            )
+        lr_pairs, lr_values = args.lr_pairs or pairs, args.lr_values or args.values
+        lr = chosen_rate(
+            sweep_rows(rows, lr_pairs, variant, args.steps, lr_values),
+            retrieval_score,
+            args.grid,
+            args.extend,
+            f"{variant} at {lr_pairs} pairs, {lr_values} values and {args.steps} steps",
+            f"run --stage sweep --pairs {lr_pairs} --values {lr_values}, or give --lr",
+        )
     seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     return [Cell(lr=lr, seed=s, **base) for s in seeds]
 

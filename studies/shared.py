@@ -4,6 +4,7 @@ check that a training run reached its end, and their figures' labels."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from common.cli import CliParser
 from common.errors import StudyError
@@ -102,3 +103,38 @@ def ran_to_end(res, run_dir):
             "command again to resume it"
         )
     return res
+
+
+def best_rate(swept: list[dict], score: Callable[[dict], tuple]) -> tuple[float | None, list[float]]:
+    """(the rate of the best of a sweep's rows by `score`, every rate swept); None when nothing was swept."""
+    if not swept:
+        return None, []
+    return float(max(swept, key=score)["lr"]), sorted({float(r["lr"]) for r in swept})
+
+
+def rates_to_sweep(grid: list[float], swept: list[dict], score: Callable[[dict], tuple], extend: int) -> list[float]:
+    """The rates a sweep needs: the grid and every rate already swept, and, once all of them are swept and
+    the best sits at an edge, the next rate beyond it by x3 (at most `extend` rates beyond the grid)."""
+    best, rates = best_rate(swept, score)
+    todo = sorted(set(grid) | set(rates))
+    if best is not None and set(todo) == set(rates) and len(set(rates) - set(grid)) < extend:
+        if best == min(rates):
+            todo.append(float(f"{best / 3:.3g}"))
+        elif best == max(rates):
+            todo.append(float(f"{best * 3:.3g}"))
+    return todo
+
+
+def chosen_rate(
+    swept: list[dict], score: Callable[[dict], tuple], grid: list[float], extend: int, what: str, fix: str
+) -> float:
+    """The sweep's best rate for the seeds that follow it. Refused while it sits at an edge of a grid that
+    may still grow (an optimum at an edge is not an optimum); `fix` says which sweep to run."""
+    best, rates = best_rate(swept, score)
+    if best is None:
+        raise StudyError(f"no sweep rows for {what}. Fix: {fix}")
+    if best in (min(rates), max(rates)) and len(rates) < len(grid) + extend:
+        raise StudyError(
+            f"{what}: the best rate {best:g} is at the edge of {rates}. Fix: {fix} again to extend the grid"
+        )
+    return best
