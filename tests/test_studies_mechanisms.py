@@ -15,7 +15,12 @@ from studies.rows import read_rows
 
 
 def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
-    out = tmp_path / "ind"
+    out, text = tmp_path / "ind", tmp_path / "text"
+    text.mkdir()  # the recipe's own WikiText-2 copy is outside the repository: generated text in its place
+    rng = random.Random(0)
+    words = "the of and to in a is that for it as was with be by on not he this are or his from at river city".split()
+    lines = (" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) + " ." for _ in range(1500))
+    (text / "train.txt").write_text("\n".join(lines) + "\n")
     assert (
         induction.main(
             [
@@ -27,11 +32,12 @@ def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
                 "--seeds",
                 "1",
                 "--vocab-size",
-                "400",
+                "320",
                 "--repeat-fraction",
                 "0.5",
                 "--rows",
                 str(tmp_path / "rows.jsonl"),
+                f"data.source=text:{text}",
             ]
         )
         == 0
@@ -47,8 +53,8 @@ def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
     assert (out / "induction.png").stat().st_size > 10_000
     # the held-out documents are the shards' tail, and the bursty copies only ever come from training text
     data = out / "data"
-    held = (data / "bpe400_repeat0.5x400_heldout.txt").read_text()
-    full = (data / "bpe400_repeat0.5x400.txt").read_text()
+    held = (data / "bpe320_repeat0.5x400_heldout.txt").read_text()
+    full = (data / "bpe320_repeat0.5x400.txt").read_text()
     assert full.endswith(held) and full.count("\n") > held.count("\n")
     # one data row per run, every evaluation in it; the rows render the table the study wrote
     data_rows = read_rows(tmp_path / "rows.jsonl")
