@@ -32,7 +32,7 @@ from common.errors import StudyError
 from eval.report import markdown_table
 from pretrain.config import load_recipe
 
-from . import arithmetic, induction, retrieval
+from . import arithmetic, induction, parity, retrieval
 from .rows import read_rows
 from .spread import Spread
 
@@ -435,6 +435,10 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
     "capacity-rows": table_capacity_commands,
     "retrieval": lambda _, data_dir: retrieval.render(read_rows(data_dir / "retrieval" / "runs.jsonl")) + "\n",
     "arithmetic": lambda _, data_dir: arithmetic.render(read_rows(data_dir / "arithmetic" / "runs.jsonl")) + "\n",
+    "parity": lambda _, data_dir: (
+        parity.render(read_rows(data_dir / "parity" / "runs.jsonl"), read_rows(data_dir / "parity" / "reference.jsonl"))
+        + "\n"
+    ),
     "induction": lambda _, data_dir: induction.render_rows(read_rows(data_dir / "induction" / "runs.jsonl")),
     "retrieval-baselines": lambda _, data_dir: retrieval.baselines_table(RETRIEVAL_BASELINES, 32) + "\n",
 }
