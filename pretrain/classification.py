@@ -27,6 +27,7 @@ from data_pipeline.classification import resolve_pad_id
 from model import ModelConfig, Transformer
 from model.classifier import SequenceClassifier, build_classifier
 
+from . import loaders
 from .config import RunConfig
 from .recipe_checks import classification_settings
 
@@ -61,7 +62,7 @@ def classification_model_builder(
     """(construct, start_state) of a SequenceClassifier (pretrain/task_model.py): a fresh backbone, or
     the `init_from` weights as the start state of `mcfg`'s backbone (checked to fit, by name and shape)."""
     s = classification_settings(cfg)
-    num_labels = cfg.loader("train").num_labels if s["num_labels"] is None else int(s["num_labels"])
+    num_labels = loaders.loader(cfg, "train").num_labels if s["num_labels"] is None else int(s["num_labels"])
     pad_id = resolve_pad_id(cfg.data)
     construct = functools.partial(build_classifier, mcfg, num_labels, s["pooling"], pad_id, seed=seed)
     if not s["init_from"]:

@@ -20,17 +20,11 @@ import yaml
 from common.constants import REPO_ROOT
 from common.errors import RecipeError
 from data_pipeline.config import DataSource, parse_data
-from data_pipeline.loader import build_loader, build_val_sets
 from model import PRESETS, ModelConfig, preset
 from model.config import did_you_mean
-from model.mfu import peak_tflops
 
-from .context import RunContext
-from .engine_checkpoint import Checkpointer
-from .metrics import Logger
 from .profiling import check_profile
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types, check_value
-from .trackers import build_trackers
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
 DECAYS = ("cosine", "linear", "constant", "wsd")
@@ -90,9 +84,6 @@ class CheckpointConfig:
     load_universal: bool = False  # resume from a universal checkpoint (pretrain.universal)
     background: bool = False  # write, fsync and mark saves on a writer thread (pretrain/checkpoint_writer.py)
 
-    def build(self, ctx: RunContext) -> Checkpointer:
-        return Checkpointer(ctx.run_dir, self.keep_last, self.background)
-
 
 @dataclass
 class LoggingConfig:
@@ -107,19 +98,6 @@ class LoggingConfig:
     def __post_init__(self):
         if isinstance(self.progress_bar, bool):  # YAML reads an unquoted off/on as a boolean
             self.progress_bar = "on" if self.progress_bar else "off"
-
-    def build(self, ctx: RunContext) -> Logger:
-        """Rank 0's sinks (metrics.jsonl cut back to the resume step, TensorBoard, the trackers) and
-        the peak its MFU divides by (model/mfu.py)."""
-        trackers = build_trackers(self, ctx.run_dir, ctx.cfg.name, ctx.resolved) if ctx.rank == 0 else []
-        start = ctx.point.step
-        logger = Logger(
-            ctx.run_dir, ctx.rank == 0, self.tensorboard, self.progress_bar, ctx.cfg.max_steps, start, trackers
-        )
-        if ctx.point.tag_dir is not None:
-            logger.truncate_after(start)
-        logger.peak = peak_tflops(self.peak_tflops, self.measure_peak, ctx.device)
-        return logger
 
 
 @dataclass
@@ -226,30 +204,6 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "model": self.model.to_dict()}
-
-    def loader(self, split: str, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None):
-        """This rank's batches of the recipe's data. `verify_record`: a directory all ranks share (the run
-        dir): shards are sha256-checked once there and recorded; later starts and other ranks check sizes."""
-        if self.data is None:
-            raise RecipeError(
-                "data.source is required. Fix: add a data section (a shard dir, 'synthetic:<task>', 'text:PATH', ...)"
-            )
-        return build_loader(self.data, split=split, **self._batching(dp_rank, dp_world_size, verify_record))
-
-    def val_sets(self, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None, tokenizer_id=None):
-        """Loaders of the recipe's named validation sets (`data.val_sets`), or None when it names none."""
-        batching = self._batching(dp_rank, dp_world_size, verify_record)
-        return build_val_sets(self.data, tokenizer_id=tokenizer_id, **batching)
-
-    def _batching(self, dp_rank: int, dp_world_size: int, verify_record: Path | None) -> dict[str, Any]:
-        """The loader arguments every split shares: the batch's shape and this rank's share of it."""
-        return dict(
-            seq_len=self.train.seq_len,
-            global_batch_size=self.global_batch_size,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            verify_record=verify_record,
-        )
 
     def validate(self) -> None:
         t, o, p, c = self.train, self.optim, self.parallel, self.checkpoint

@@ -1,4 +1,4 @@
-"""What a run's components are built from (`build(ctx)`): the recipe, where the run lives and
+"""What a run's components are built from (pretrain/setup.py): the recipe, where the run lives and
 what it resumes from, this process's place in the world, and the model config and layout the
 data sized. One object, so a component's constructor takes it instead of a list of arguments."""
 
@@ -29,10 +29,3 @@ class RunContext:
     rank: int
     world: int
     resolved: dict[str, Any]  # the resolved recipe, as config.yaml, the trackers and checkpoints record it
-
-    def train_loader(self, dp_rank: int):
-        """This data-parallel rank's training batches, at the resume point's position."""
-        loader = self.cfg.loader("train", dp_rank, self.layout.data_parallel, verify_record=self.run_dir)
-        if self.point.tag_dir is not None:
-            loader.load_state_dict(self.point.state["loader"])
-        return loader

@@ -12,6 +12,7 @@ import yaml
 
 from model import ModelConfig, Transformer
 
+from . import loaders
 from .config import RunConfig
 from .layout import build_ds_config, memory_estimate, plan_layout
 from .metrics import train_flops_per_token
@@ -26,7 +27,7 @@ def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, str]:
     vocab_note = ""
     if vocab is None:
         try:
-            vocab = cfg.loader("train").vocab_size
+            vocab = loaders.loader(cfg, "train").vocab_size
             vocab_note = " (from the data)"
         except Exception as e:  # noqa: BLE001 - a plan reports, it does not need the data
             vocab_note = f" (preset default; data not readable: {e})"
@@ -47,7 +48,8 @@ def print_config(cfg: RunConfig, out=None) -> None:
 def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     """Print the plan; raise RecipeError for an impossible layout. Builds nothing real."""
     mcfg, vocab_note = resolve_model(cfg)
-    layout = plan_layout(cfg, world_size, mcfg.num_layers)
+    layout = plan_layout(cfg, world_size)
+    layout.check_layers(mcfg.num_layers)
     with torch.device("meta"):
         model = Transformer(mcfg)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -61,6 +61,14 @@ class Layout:
             f"x data {self.data_parallel}"
         )
 
+    def check_layers(self, num_layers: int) -> None:
+        """Refuse more pipeline stages than the model has layers (known once the data sized the model)."""
+        if self.pipeline_stages > num_layers:
+            raise RecipeError(
+                f"parallel.pipeline_stages={self.pipeline_stages} exceeds the model's {num_layers} layers. "
+                "Fix: use at most num_layers stages."
+            )
+
 
 def load_template(cfg: RunConfig) -> dict[str, Any]:
     path = resolve_ds_config_path(cfg.parallel.ds_config)
@@ -84,7 +92,7 @@ def load_template(cfg: RunConfig) -> dict[str, Any]:
     return tmpl
 
 
-def plan_layout(cfg: RunConfig, world_size: int, num_layers: int | None = None) -> Layout:
+def plan_layout(cfg: RunConfig, world_size: int) -> Layout:
     """Check the layout for `world_size` ranks; raise RecipeError with the reason if impossible."""
     tmpl = load_template(cfg)
     zero = tmpl.get("zero_optimization", {})
@@ -116,11 +124,6 @@ def plan_layout(cfg: RunConfig, world_size: int, num_layers: int | None = None) 
         )
     if pp > 1 and ("offload_optimizer" in zero or "offload_param" in zero):
         raise RecipeError("CPU offload is not supported with pipeline parallelism. Fix: parallel.ds_config=pipeline.")
-    if num_layers is not None and pp > num_layers:
-        raise RecipeError(
-            f"parallel.pipeline_stages={pp} exceeds the model's {num_layers} layers. "
-            "Fix: use at most num_layers stages."
-        )
     dp = world_size // pp
     mb = cfg.train.micro_batch_sequences
     gbs = cfg.global_batch_size

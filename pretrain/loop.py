@@ -27,7 +27,7 @@ from checkpoint import tag_format
 from common.errors import NonFiniteLoss, RunStopped, UserError
 from model.mfu import mfu
 
-from . import engine_checkpoint, faults
+from . import engine_checkpoint, faults, loaders
 from .checkpoint_writer import SaveTiming
 from .config import RunConfig
 from .context import RunContext
@@ -202,9 +202,9 @@ class TrainingLoop:
         cfg = self.cfg
         dp_rank, dp = self.model_engine.dp_rank, self.ctx.layout.data_parallel
         if self._val_sets is None:
-            self._val_sets = cfg.val_sets(dp_rank, dp, self.run_dir, self.tokenizer_id) or {}
+            self._val_sets = loaders.val_sets(cfg, dp_rank, dp, self.run_dir, self.tokenizer_id) or {}
         if not self._val_sets:
-            val = cfg.loader("val", dp_rank, dp, verify_record=self.run_dir)
+            val = loaders.loader(cfg, "val", dp_rank, dp, verify_record=self.run_dir)
             return {"val_loss": self.model_engine.eval_loss(iter(val), cfg.train.eval_batches)}
         out, ce_all, n_all = {"val_loss": math.nan}, 0.0, 0.0
         for name, loader in self._val_sets.items():

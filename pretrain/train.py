@@ -16,15 +16,13 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from common.cli import STOPPED, CliParser, exit_code, print_error
 from common.constants import free_port
-from common.errors import DataError, RankFailure, RecipeError, RunStopped, UserError
+from common.errors import DataError, RankFailure, RunStopped, UserError
 
 from . import orphan
 from .config import RunConfig, load_recipe
-from .context import RunContext
 from .distributed import (
     collective_failure,
     exit_process,
@@ -34,16 +32,13 @@ from .distributed import (
     shutdown_distributed,
 )
 from .dry_run import dry_run, print_config
-from .engine import ModelEngine
 from .eval_tasks import task_hooks
 from .hooks import TrainHook, check_hooks
-from .layout import plan_layout
-from .loop import RunResult, TrainingLoop
+from .loop import RunResult
 from .parallelize import residency
 from .preemption import stop_on_signals
-from .resume import check_fits, check_layout, resume_point
-from .run_dir import check_run_dir, default_run_dir, resolved_config, write_config
-from .task_model import model_config
+from .run_dir import default_run_dir
+from .setup import build_run
 from .trackers import check_trackers
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -101,59 +96,24 @@ def train(
 def _train(
     cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_after_steps, overwrite, hooks: list[TrainHook]
 ) -> RunResult:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(cfg.seed)
-    point = resume_point(cfg, run_dir, resume, overwrite)
-
-    # Data first: the model's vocabulary comes from it; bad, empty or corrupt data is reported
-    # here, before any model is built.
-    layout = plan_layout(cfg, world)
-    try:
-        # Shards are sha256-checked once per run (the record in the run dir); other ranks and later
-        # starts check sizes only.
-        probe = cfg.loader("train", 0, layout.data_parallel, verify_record=run_dir)
-        if cfg.train.eval_every_steps:  # fail now, not at the first evaluation, if there is no val split
-            tok_id = getattr(probe, "tokenizer_id", None)
-            if cfg.val_sets(0, layout.data_parallel, run_dir, tok_id) is None:
-                cfg.loader("val", 0, layout.data_parallel, verify_record=run_dir)
-    except ValueError as e:  # DataError and the built-in reader's errors name the file and the fix
-        raise RecipeError(f"data: {e}") from None
-    mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
-    layout = plan_layout(cfg, world, mcfg.num_layers)
-    check_fits(point, cfg, mcfg, getattr(probe, "tokenizer_id", None))
-    del probe
-    resolved = resolved_config(cfg, mcfg)
-    if rank == 0 or not overwrite:  # same answer on every rank; only rank 0 clears for --overwrite
-        check_run_dir(run_dir, resolved, resume, overwrite and rank == 0)
-    dist.barrier()
-    check_layout(point, layout, run_dir)
-    ctx = RunContext(cfg, mcfg, layout, device, run_dir, point, rank, world, resolved)
-
-    # The components, each built from the context at the resume point.
-    model_engine = ModelEngine.from_context(ctx)
-    if rank == 0:  # the run dir is this run's once its engine stands
-        write_config(run_dir, resolved)
-    loader = ctx.train_loader(model_engine.dp_rank)
-    logger = cfg.logging.build(ctx)
-    checkpointer = cfg.checkpoint.build(ctx)
-    loop = TrainingLoop(ctx, model_engine, loader, logger, checkpointer, hooks)
-
+    run = build_run(cfg, device, run_dir, resume, overwrite, hooks)
+    point, logger = run.ctx.point, run.logger
     for note in point.notes:
         logger.message(note)
     if point.tag_dir is not None:
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")
-    logger.message(f"layout: {layout.describe()}")
-    logger.message(residency(model_engine.model, device))
+    logger.message(f"layout: {run.ctx.layout.describe()}")
+    logger.message(residency(run.model_engine.model, device))
     if logger.peak[0]:
         logger.message(f"MFU peak: {logger.peak[0]:.1f} TFLOP/s per device ({logger.peak[1]})")
     try:
         with stop_on_signals(cfg.checkpoint.save_on_signal) as stop:
-            result = loop.run(stop, stop_after_steps)
+            result = run.loop.run(stop, stop_after_steps)
     except DataError as e:  # the data was readable at the start: it went away mid-run (a shard server outage)
         raise RunStopped(str(e)) from e
     finally:
         logger.close()
-    model_engine.engine.destroy()
+    run.model_engine.engine.destroy()
     return result
 
 

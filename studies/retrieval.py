@@ -52,7 +52,6 @@ from .rows import append_row, read_rows
 from .shared import (
     arm_order,
     arm_overrides,
-    best_rate,
     check_variants,
     chosen_rate,
     names,
@@ -198,14 +197,6 @@ def sweep_rows(rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: i
         if r["task_args"]["n_pairs"] == n_pairs and arm_of(r) == arm and r["seed"] == 0 and r["steps"] == steps
         and (n_values is None or r["task_args"]["n_values"] == n_values)
     ]  # fmt: skip
-
-
-def best_lr(
-    rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: int | None = None
-) -> tuple[float | None, list[float]]:
-    """(the best rate of the sweep rows of (n_pairs, arm, seed 0, steps[, n_values]), the rates swept); by
-    final accuracy, ties by held-out loss. None when nothing was swept."""
-    return best_rate(sweep_rows(rows, n_pairs, arm, steps, n_values), retrieval_score)
 
 
 # -- training -----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from common.errors import RecipeError
 from model import param_count
 from pretrain.config import load_recipe
 from pretrain.dry_run import dry_run
+from pretrain.loaders import loader
 from pretrain.task_model import model_config
 
 GPU_RECIPE = "recipes/1b_gpu_zero1.yaml"
@@ -29,7 +30,7 @@ def text_source(tmp_path):
 
 
 def _data_vocab(cfg) -> int:
-    return cfg.loader("train").vocab_size
+    return loader(cfg, "train").vocab_size
 
 
 def test_preset_vocabulary_is_kept_over_a_byte_text_source(text_source):

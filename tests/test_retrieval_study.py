@@ -15,15 +15,17 @@ from studies.retrieval import (
     TABLE_BEGIN,
     TABLE_END,
     bag_loss_exact,
-    best_lr,
     context_guesses,
     main,
     mode_guess_exact,
     read_rows,
     render,
+    retrieval_score,
     slot_guess_exact,
+    sweep_rows,
     time_to_solve,
 )
+from studies.shared import best_rate
 
 
 @pytest.mark.parametrize("n_pairs,n_values", [(4, 8), (6, 3)])
@@ -61,10 +63,13 @@ def _row(lr, acc, loss, seed=0):
 
 def test_best_rate_by_accuracy_then_loss():
     rows = [_row(1e-3, 0.5, 2.0), _row(3e-3, 0.5, 1.5), _row(3e-4, 0.4, 1.0), _row(3e-3, 0.9, 0.1, seed=1)]
-    assert best_lr(rows, 16, "standard", 10) == (3e-3, [3e-4, 1e-3, 3e-3])
-    assert best_lr(rows, 30, "standard", 10) == (None, [])
+    assert best_rate(sweep_rows(rows, 16, "standard", 10), retrieval_score) == (3e-3, [3e-4, 1e-3, 3e-3])
+    assert best_rate(sweep_rows(rows, 30, "standard", 10), retrieval_score) == (None, [])
     diverged = {**_row(9e-3, None, None), "curve": [], "step_solved": None, "cpu_s": 1.0}
-    assert best_lr([*rows, diverged], 16, "standard", 10) == (3e-3, [3e-4, 1e-3, 3e-3, 9e-3])
+    assert best_rate(sweep_rows([*rows, diverged], 16, "standard", 10), retrieval_score) == (
+        3e-3,
+        [3e-4, 1e-3, 3e-3, 9e-3],
+    )
     assert "| 16 | 32 | standard | 10 | 0.009 | diverged | — | — |" in render([diverged])
 
 

@@ -14,6 +14,7 @@ from data_pipeline.config import VAL_FRACTION, parse_data
 from pretrain.config import load_recipe
 from pretrain.dry_run import dry_run
 from pretrain.layout import build_ds_config, plan_layout
+from pretrain.loaders import loader
 from pretrain.loop import lr_at
 from pretrain.train import main
 
@@ -235,7 +236,7 @@ def test_print_config_shows_the_resolved_recipe(capsys):
     assert resolved["optim"]["lr"] == 1e-3 and resolved["data"]["task_args"] == {"n_pairs": 4}
     # every default is filled in, the model section resolved with the data's vocabulary
     assert resolved["data"]["val_fraction"] == VAL_FRACTION and resolved["data"]["seed"] == cfg.seed
-    assert resolved["model"]["vocab_size"] == cfg.loader("train").vocab_size and "preset" not in resolved["model"]
+    assert resolved["model"]["vocab_size"] == loader(cfg, "train").vocab_size and "preset" not in resolved["model"]
     assert out.startswith("# resolved recipe; model.vocab_size=") and "(from the data)" in out.splitlines()[0]
 
 

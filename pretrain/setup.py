@@ -1,0 +1,96 @@
+"""The one place a run is put together: from the recipe, in a fixed order, the layout, the resume point,
+the data (which sizes the model), the model engine, the training loader, the logger, the checkpointer and
+the loop. Every check a user's input can fail runs before the first expensive step (docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from common.errors import RecipeError
+from model.mfu import peak_tflops
+
+from . import loaders
+from .config import RunConfig
+from .context import RunContext
+from .engine import ModelEngine
+from .engine_checkpoint import Checkpointer
+from .hooks import TrainHook
+from .layout import plan_layout
+from .loop import TrainingLoop
+from .metrics import Logger
+from .resume import check_fits, check_layout, resume_point
+from .run_dir import check_run_dir, resolved_config, write_config
+from .task_model import model_config
+from .trackers import build_trackers
+
+
+@dataclass
+class Run:
+    """What `build_run` made: the context every component was built from, and the components."""
+
+    ctx: RunContext
+    model_engine: ModelEngine
+    logger: Logger
+    loop: TrainingLoop
+
+
+def check_data(cfg: RunConfig, dp_world_size: int, run_dir: Path):
+    """The training data's first loader (its vocabulary sizes the model), and a held-out split when the
+    run evaluates: bad, empty or corrupt data is reported here, before any model is built. Shards are
+    sha256-checked once per run (the record in the run dir); other ranks and later starts check sizes."""
+    try:
+        probe = loaders.loader(cfg, "train", 0, dp_world_size, verify_record=run_dir)
+        if cfg.train.eval_every_steps:  # fail now, not at the first evaluation, if there is no val split
+            if loaders.val_sets(cfg, 0, dp_world_size, run_dir, getattr(probe, "tokenizer_id", None)) is None:
+                loaders.loader(cfg, "val", 0, dp_world_size, verify_record=run_dir)
+    except ValueError as e:  # DataError and the built-in reader's errors name the file and the fix
+        raise RecipeError(f"data: {e}") from None
+    return probe
+
+
+def build_logger(ctx: RunContext) -> Logger:
+    """Rank 0's sinks (metrics.jsonl cut back to the resume step, TensorBoard, the trackers) and the peak
+    its MFU divides by (model/mfu.py)."""
+    lg = ctx.cfg.logging
+    trackers = build_trackers(lg, ctx.run_dir, ctx.cfg.name, ctx.resolved) if ctx.rank == 0 else []
+    start = ctx.point.step
+    logger = Logger(ctx.run_dir, ctx.rank == 0, lg.tensorboard, lg.progress_bar, ctx.cfg.max_steps, start, trackers)
+    if ctx.point.tag_dir is not None:
+        logger.truncate_after(start)
+    logger.peak = peak_tflops(lg.peak_tflops, lg.measure_peak, ctx.device)
+    return logger
+
+
+def build_run(
+    cfg: RunConfig, device: torch.device, run_dir: Path, resume, overwrite: bool, hooks: list[TrainHook]
+) -> Run:
+    """Build this rank's run, every rank in step; the process group is up."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)
+    point = resume_point(cfg, run_dir, resume, overwrite)
+    layout = plan_layout(cfg, world)
+    probe = check_data(cfg, layout.data_parallel, run_dir)
+    mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
+    layout.check_layers(mcfg.num_layers)
+    check_fits(point, cfg, mcfg, getattr(probe, "tokenizer_id", None))
+    del probe
+    resolved = resolved_config(cfg, mcfg)
+    if rank == 0 or not overwrite:  # same answer on every rank; only rank 0 clears for --overwrite
+        check_run_dir(run_dir, resolved, resume, overwrite and rank == 0)
+    dist.barrier()
+    check_layout(point, layout, run_dir)
+    ctx = RunContext(cfg, mcfg, layout, device, run_dir, point, rank, world, resolved)
+
+    model_engine = ModelEngine.from_context(ctx)
+    if rank == 0:  # the run dir is this run's once its engine stands
+        write_config(run_dir, resolved)
+    loader = loaders.loader(cfg, "train", model_engine.dp_rank, layout.data_parallel, verify_record=run_dir)
+    if point.tag_dir is not None:  # at the resume point's position
+        loader.load_state_dict(point.state["loader"])
+    logger = build_logger(ctx)
+    checkpointer = Checkpointer(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.background)
+    return Run(ctx, model_engine, logger, TrainingLoop(ctx, model_engine, loader, logger, checkpointer, hooks))
