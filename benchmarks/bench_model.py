@@ -26,9 +26,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
 from model import build_model, preset  # noqa: E402
 from model.flops import flops_per_token  # noqa: E402
+from model.hf import llama_config  # noqa: E402
 from model.mfu import measure_matmul_tflops, mfu  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -78,10 +80,6 @@ class Entry:
         )
         torch.manual_seed(0)
         if kind == "hf_llama":
-            from transformers import LlamaForCausalLM
-
-            from model.hf import llama_config
-
             hf_cfg = llama_config(self.cfg.replace(compile_blocks=False))
             hf_cfg._attn_implementation = "sdpa"
             self.model = LlamaForCausalLM(hf_cfg).to(self.device, self.dtype).train()

@@ -16,6 +16,7 @@ from pathlib import Path
 from checkpoint import load_for_eval
 from common.cli import CliParser, run_cli
 from eval.loading import load_checkpoint, run_tokenizer
+from model.hf import export_hf
 from model.io import save_native
 
 
@@ -25,8 +26,6 @@ def export(checkpoint: str | Path, out: str | Path, fmt: str = "native") -> Path
         model, meta = load_for_eval(checkpoint)
         return save_native(model, out, meta)
     if fmt == "hf":
-        from model.hf import export_hf  # deferred: heavy (transformers)
-
         model, info = load_checkpoint(checkpoint)
         export_hf(model, out)
         (out / "trainer_meta.json").write_text(json.dumps(info["meta"], indent=1, default=str))

@@ -5,6 +5,7 @@ defer a heavy optional dependency, said on that line."""
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,73 @@ def test_no_function_level_imports_except_deferred_heavy_ones():
     assert not bad, (
         "imports inside functions (move them to the top, or mark a heavy one `# deferred: ...`):\n" + "\n".join(bad)
     )
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_level_imports(path: Path, known: set[str]) -> set[str]:
+    """The project modules `path` imports at module level (type-checking imports included), as dotted names."""
+    tree = ast.parse(path.read_text())
+    package = _module_name(path).split(".") if path.name == "__init__.py" else _module_name(path).split(".")[:-1]
+    body = list(tree.body)
+    for n in tree.body:
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING":
+            body += n.body
+    out = set()
+    for node in body:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*(package[: len(package) - node.level + 1] if node.level else []), node.module or ""])
+            base = base.strip(".")
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n in known}
+    return out
+
+
+def test_no_import_cycles():
+    """Module-level imports between the project's modules, type-checking ones included, form no cycle (a
+    cycle makes the import order matter and hides which module is the lower one)."""
+    files = {_module_name(f): f for pkg in PACKAGES for f in (REPO / pkg).rglob("*.py")}
+    graph = {m: _module_level_imports(f, set(files)) - {m} for m, f in files.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(" -> ".join(path[path.index(n) :] + [m, n]) if n in path else f"{m} -> {n}")
+            elif n not in state:
+                visit(n, [*path, m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_loading_a_recipe_builds_nothing():
+    """`import pretrain.config` (the recipe) loads no component of a run: no loader, engine, loop, logger,
+    tracker, checkpoint or evaluation module, and few project modules in all (27 today, 14 of them the
+    `model` package, whose __init__ brings the model with its config)."""
+    code = (
+        "import sys, json; before = set(sys.modules); import pretrain.config; "
+        f"print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {list(PACKAGES)!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    builders = [m for m in loaded if m.startswith(("checkpoint", "eval", "studies", "data_pipeline.loader"))]
+    builders += [
+        m
+        for m in loaded
+        if m.startswith("pretrain.") and m not in ("pretrain.config", "pretrain.recipe_checks", "pretrain.profiling")
+    ]
+    assert not builders, f"loading a recipe imports {builders}"
+    assert len(loaded) <= 28, loaded
