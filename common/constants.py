@@ -9,6 +9,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IGNORE_INDEX = -100  # a label position that is not scored (torch's cross-entropy default)
+DEFAULT_SEED = 1234  # a recipe's seed when it names none: init, data order, a synthetic task's content
 
 
 def repo_path(p: str | Path) -> Path:

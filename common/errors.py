@@ -10,6 +10,16 @@ Each layer raises the subclass that names where the problem lies.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str], n: int = 1) -> str:
+    """ "did you mean 'x'? " (up to `n` of the closest `choices` to `word`), or "" when none is close: the
+    hint of every unknown-name error."""
+    close = difflib.get_close_matches(word, list(choices), n=n)
+    return f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+
 
 class UserError(ValueError):
     """Bad input a user can fix; the message ends with `Fix: ...` where the fix is not obvious."""

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from common.constants import DEFAULT_SEED
 from common.errors import DataError
 
 from .foreign import check_foreign, is_foreign
@@ -131,7 +132,7 @@ class DataConfig:
     source: str
     mixture: list[dict] | None = None
     task_args: dict = field(default_factory=dict)
-    seed: int = 1234
+    seed: int = DEFAULT_SEED
     val_fraction: float = VAL_FRACTION
     return_doc_ids: bool = False
     tokenizer: str | None = None
@@ -226,7 +227,7 @@ class TextData:
     return_doc_ids: batches carry each position's document (documents: lines), for document masking."""
 
     source: str
-    seed: int = 1234
+    seed: int = DEFAULT_SEED
     val_fraction: float = VAL_FRACTION
     documents: str = "stream"
     windows: str = "stream"
@@ -256,7 +257,7 @@ class ClassifyData:
     on examples read per split."""
 
     source: str
-    seed: int = 1234
+    seed: int = DEFAULT_SEED
     val_fraction: float = VAL_FRACTION
     text_field: str = "text"
     label_field: str = "label"
@@ -273,7 +274,7 @@ class ClassifyData:
 DataSource = DataConfig | TextData | ClassifyData
 
 
-def parse_data(data: Any, seed: int = 1234) -> DataSource:
+def parse_data(data: Any, seed: int = DEFAULT_SEED) -> DataSource:
     """A recipe's `data` mapping as its typed source; `seed` (the run's) is the default data seed.
     Unknown keys are errors naming the keys that source takes."""
     if isinstance(data, (DataConfig, TextData, ClassifyData)):

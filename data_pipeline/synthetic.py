@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from common.constants import DEFAULT_SEED
 from common.errors import DataError
 
 SPLIT_CODES = {"train": 0, "test": 1, "val": 1, "validation": 1}
@@ -53,7 +54,7 @@ class Task:
     word_sep = " "
     score_eos = False  # the stop token is part of the answer
 
-    def __init__(self, seed: int = 1234, **args):
+    def __init__(self, seed: int = DEFAULT_SEED, **args):
         unknown = set(args) - set(self.DEFAULTS)
         if unknown:
             raise DataError(
@@ -617,7 +618,7 @@ def list_tasks() -> list[str]:
     return sorted(TASKS)
 
 
-def get_task(name: str, seed: int = 1234, **task_args) -> Task:
+def get_task(name: str, seed: int = DEFAULT_SEED, **task_args) -> Task:
     """The task ``name`` with ``task_args`` (see each class's DEFAULTS); ``seed`` fixes its content.
 
     ``n_val`` (the loader's validation size for unbounded tasks) is accepted and ignored, so

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -39,7 +38,7 @@ import torch
 
 from checkpoint import run_checkpoints
 from common.cli import CliParser, floats, ints, run_cli
-from common.errors import EvalError
+from common.errors import EvalError, did_you_mean
 from data_pipeline.progress import progress_bar
 
 from . import distributed as D
@@ -70,7 +69,7 @@ class EvalOptions:
     n: int = 32  # samples per length (probes)
     synthetic_n: int = 256
     task_args: dict | None = None  # synthetic:<task>: None -> the arguments the checkpoint trained with
-    task_seed: int | None = None  # None -> the trained seed (1234 for a checkpoint without one)
+    task_seed: int | None = None  # None -> the trained seed (DEFAULT_SEED for a checkpoint without one)
     other_task: bool = False  # allow task_args/task_seed that differ from the trained ones
     lm_eval_limit: int | float | None = None
     heatmap_dir: str | None = None
@@ -239,8 +238,7 @@ def validate_tasks(tasks: list[str] | str) -> list[str]:
     for t in tasks:
         spec = task_of(t)
         if spec is None:
-            close = difflib.get_close_matches(t, list(BASE_TASKS), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = did_you_mean(t, BASE_TASKS)
             raise EvalError(
                 f"unknown task {t!r}. {hint}Fix: use one of {list(BASE_TASKS)}, synthetic:<task> "
                 "(e.g. synthetic:kv_retrieval), exact_match:FILE.jsonl, lm_eval:<task> "

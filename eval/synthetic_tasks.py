@@ -14,13 +14,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from common.constants import DEFAULT_SEED
 from common.errors import EvalError
 from data_pipeline.progress import progress_bar
 from data_pipeline.synthetic import get_task as _get
 from data_pipeline.synthetic import list_tasks
 
 
-def get_task(name: str, task_args: dict | None = None, seed: int = 1234):
+def get_task(name: str, task_args: dict | None = None, seed: int = DEFAULT_SEED):
     try:
         return _get(name, seed=seed, **(task_args or {}))
     except ValueError as e:  # DataError: unknown task / bad args
@@ -36,7 +37,7 @@ def trained_task(name: str, info: dict | None):
         return None
     args = dict(data.get("task_args") or {})
     args.pop("n_val", None)
-    seed = int(args.pop("seed", data.get("seed", 1234)))
+    seed = int(args.pop("seed", data.get("seed", DEFAULT_SEED)))
     return get_task(name, args, seed)
 
 
@@ -50,7 +51,7 @@ def task_to_score(
     16 silently reports a number about another task."""
     trained = trained_task(name, info)
     if trained is None:
-        return get_task(name, task_args, 1234 if task_seed is None else task_seed), None
+        return get_task(name, task_args, DEFAULT_SEED if task_seed is None else task_seed), None
     task = get_task(name, {**trained.args, **(task_args or {})}, trained.seed if task_seed is None else task_seed)
     if (task.args, task.seed) == (trained.args, trained.seed):
         return task, None

@@ -8,12 +8,11 @@ stored, so checkpoints stay small and two constructions always agree.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.errors import ConfigError
+from common.errors import ConfigError, did_you_mean
 
 # The variants and what each one is made of: which token mixer, and which named
 # parameter groups start frozen. Every variant is a preset of the same freezing
@@ -43,12 +42,6 @@ MAX_MIXIT_SEQ_LEN = 46340
 
 def _bad(field_name: str, problem: str, fix: str) -> ConfigError:
     return ConfigError(f"model.{field_name}: {problem}. Fix: {fix}.")
-
-
-def did_you_mean(word: str, choices) -> str:
-    """ "did you mean 'x'? " for the closest of `choices` to `word`, or "" when none is close."""
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _is_int(value: Any, low: int) -> bool:
@@ -302,8 +295,7 @@ class ModelConfig:
         unknown = [k for k in d if k not in names]
         if unknown:
             k = unknown[0]
-            close = difflib.get_close_matches(k, names, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {sorted(names)}"
+            hint = did_you_mean(k, names).strip() or f"valid keys: {sorted(names)}"
             raise ConfigError(f"model.{k}: unknown key. Fix: {hint}")
         return cls(**d)
 

@@ -17,11 +17,10 @@ from typing import Any
 
 import yaml
 
-from common.constants import REPO_ROOT
-from common.errors import RecipeError
+from common.constants import DEFAULT_SEED, REPO_ROOT
+from common.errors import RecipeError, did_you_mean
 from data_pipeline.config import DataSource, parse_data
 from model import PRESETS, ModelConfig, preset
-from model.config import did_you_mean
 
 from .profiling import check_profile
 from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types, check_value
@@ -169,7 +168,7 @@ class ModelSection:
 @dataclass
 class RunConfig:
     name: str = "run"
-    seed: int = 1234
+    seed: int = DEFAULT_SEED
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSource | None = None  # data_pipeline.config.parse_data: shards, mixture, synthetic, text or classify
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -302,10 +301,8 @@ SYNONYMS = {
 
 def _unknown(where: str, key: str, valid) -> RecipeError:
     valid = sorted(valid)
-    close = difflib.get_close_matches(key, valid, n=3)
-    if close:
-        hint = f"did you mean {', '.join(repr(c) for c in close)}?"
-    else:
+    hint = did_you_mean(key, valid, 3).strip()
+    if not hint:
         everywhere = {f"{sec}.{f.name}": f.name for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
         other = [
             q for q, n in everywhere.items() if n in difflib.get_close_matches(key, list(everywhere.values()), n=2)
@@ -440,8 +437,7 @@ def resolve_ds_config_path(name: str) -> Path:
         if cand.is_file():
             return cand
     names = sorted(x.stem for x in DS_CONFIG_DIR.glob("*.json"))
-    close = difflib.get_close_matches(name, names, n=3)
-    hint = f"did you mean {close}? " if close else ""
+    hint = did_you_mean(name, names, 3)
     raise RecipeError(
         f"parallel.ds_config: {name!r} is neither a file nor a name in ds_configs/. Fix: {hint}choose one of {names}"
     )

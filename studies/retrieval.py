@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from common.cli import floats, ints, run_cli
+from common.constants import DEFAULT_SEED
 from common.errors import NonFiniteLoss, StudyError
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
@@ -166,7 +167,9 @@ def context_guesses(task, samples: int) -> dict[str, float]:
     return {"slot_guess_mc": slot / samples, "mode_guess_mc": mode / samples, "bag_loss_mc": bag / samples}
 
 
-def baselines(n_pairs: int, n_keys: int, n_values: int, samples: int = 20000, seed: int = 1234) -> dict[str, float]:
+def baselines(
+    n_pairs: int, n_keys: int, n_values: int, samples: int = 20000, seed: int = DEFAULT_SEED
+) -> dict[str, float]:
     task = get_task(TASK, seed=seed, n_pairs=n_pairs, min_pairs=1, n_keys=n_keys, n_values=n_values)
     return {
         "chance": 1 / n_values,
