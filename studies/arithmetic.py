@@ -47,6 +47,7 @@ from .shared import (
     chosen_rate,
     names,
     rates_to_sweep,
+    seed_overrides,
     split_arm,
     study_parser,
 )
@@ -128,8 +129,7 @@ def train_run(cell: Cell, args: argparse.Namespace) -> dict:
     task = get_task(TASK, seed=base.seed + cell.seed, **targs)
     overrides = [
         *arm_overrides(cell.arm),
-        f"model.mixit_seed={cell.seed}",
-        f"seed={base.seed + cell.seed}",
+        *seed_overrides(base.seed, cell.seed),
         f"optim.lr={cell.lr}",
         f"train.max_steps={cell.steps}",
         f"train.seq_len={task.max_len - 1}",

@@ -55,7 +55,7 @@ from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config
 from pretrain.train import train
 
-from .shared import label_axes, names, positive_ints, ran_to_end, study_parser, without
+from .shared import label_axes, names, positive_ints, ran_to_end, seed_overrides, study_parser, without
 from .spread import Spread
 
 # Bits per trainable parameter, 2-layer models (Dong et al., "Attention Retrieves, MLP Memorizes").
@@ -103,7 +103,7 @@ def cell_overrides(recipe: str, overrides: list[str], variant: str, width: int, 
     """The recipe overrides that make one cell: the sweep's own, its size, its variant and its seed."""
     over = list(overrides) + size_overrides(width, mlp_ratio) + [f"model.variant={variant}"]
     if seed_index:  # seed 0 is the recipe's own
-        over += [f"seed={load_recipe(recipe, over).seed + seed_index}", f"model.mixit_seed={seed_index}"]
+        over += seed_overrides(load_recipe(recipe, over).seed, seed_index)
     return over
 
 

@@ -40,7 +40,7 @@ from pretrain.config import load_recipe
 from pretrain.metrics import last_step, read_metrics
 
 from .scaling_runs import DONE, run_chains, threads_per_job, train_once
-from .shared import check_variants, label_axes, names, study_parser
+from .shared import check_variants, label_axes, names, seed_overrides, study_parser
 from .spread import Spread
 
 
@@ -140,7 +140,7 @@ def train_all(
         args = ["--recipe", task.recipe, "--run-dir", str(run_dir), "--resume", "auto"]
         args += [f"model.variant={variant}", f"train.max_steps={total[(task.name, variant)]}"]
         if i:  # a new draw of everything random: init, data order, the task, MixiT's fixed matrices
-            args += [f"seed={_recipe_seed(task) + i}", f"model.mixit_seed={i}"]
+            args += seed_overrides(_recipe_seed(task), i)
         label = f"{task.name}/{variant}" + (f"/s{i}" if i else "")
         with running_lock:
             running.add(label)

@@ -56,7 +56,7 @@ from pretrain.run_dir import read_config
 from pretrain.train import train
 
 from .rows import replace_rows
-from .shared import check_variants, names, positive_ints, ran_to_end, study_parser, without
+from .shared import check_variants, names, positive_ints, ran_to_end, seed_overrides, study_parser, without
 from .spread import Spread
 
 RECIPE = "recipes/induction_wikitext2.yaml"
@@ -162,8 +162,7 @@ def cell_overrides(recipe_seed: int, variant: str, layers: int, seed_index: int)
     return [
         f"model.variant={variant}",
         f"model.num_layers={layers}",
-        f"seed={recipe_seed + seed_index}",
-        f"model.mixit_seed={seed_index}",
+        *seed_overrides(recipe_seed, seed_index),
     ]
 
 

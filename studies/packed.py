@@ -46,7 +46,7 @@ from eval.report import markdown_table, new_figure, save_figure
 from pretrain.config import load_recipe
 from pretrain.train import train
 
-from .shared import check_variants, label_axes, names, ran_to_end, study_parser
+from .shared import check_variants, label_axes, names, ran_to_end, seed_overrides, study_parser
 from .spread import Spread
 
 RECIPE = "recipes/packed_modadd.yaml"
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             for x in layouts:
                 for v in variants:
                     cell = layout_overrides(x, files[i].resolve(), datas[i]["val_fraction"], a.model_len)
-                    cell += [f"model.variant={v}", f"seed={base.seed + i}", f"model.mixit_seed={i}"]
+                    cell += [f"model.variant={v}", *seed_overrides(base.seed, i)]
                     load_recipe(a.recipe, overrides + cell)  # every run's recipe is checked before the first trains
                     cells[(x, v, i)] = overrides + cell
         results: dict[tuple[str, str], list[dict[str, Any]]] = {}

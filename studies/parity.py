@@ -41,7 +41,7 @@ from pretrain.config import load_recipe
 
 from .retrieval import train_scored
 from .rows import append_row, read_rows
-from .shared import check_variants, names, study_parser
+from .shared import check_variants, names, seed_overrides, study_parser
 from .spread import Spread
 
 ROWS = "docs/data/parity/runs.jsonl"
@@ -89,8 +89,7 @@ def train_run(name: str, variant: str, seed: int, args: argparse.Namespace) -> d
     task = get_task(spec.task, seed=base.seed + seed, **spec.args)
     overrides = [
         f"model.variant={variant}",
-        f"model.mixit_seed={seed}",
-        f"seed={base.seed + seed}",
+        *seed_overrides(base.seed, seed),
         f"train.max_steps={spec.steps}",
         f"train.seq_len={task.max_len - 1}",
         f"model.max_seq_len={spec.T}",

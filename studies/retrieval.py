@@ -58,6 +58,7 @@ from .shared import (
     names,
     ran_to_end,
     rates_to_sweep,
+    seed_overrides,
     split_arm,
     study_parser,
 )
@@ -256,12 +257,11 @@ def train_scored(recipe: str, overrides: list[str], run_dir: Path, task, args, k
 
 def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
     """Train one cell (resuming a partial run dir), evaluate it, and return its row."""
-    seed = load_recipe(args.recipe).seed + cell.seed
+    recipe_seed = load_recipe(args.recipe).seed
     targs = {"n_pairs": cell.n_pairs, "min_pairs": 1, "n_keys": cell.n_keys, "n_values": cell.n_values}
     overrides = [
         *arm_overrides(cell.arm),
-        f"model.mixit_seed={cell.seed}",
-        f"seed={seed}",
+        *seed_overrides(recipe_seed, cell.seed),
         f"optim.lr={cell.lr}",
         f"train.max_steps={cell.steps}",
         f"train.seq_len={2 * cell.n_pairs + 4}",
@@ -270,7 +270,7 @@ def train_cell(cell: Cell, args: argparse.Namespace) -> dict:
         "data.task_args=" + json.dumps(targs),
         *args.override,
     ]
-    task = get_task(TASK, seed=seed, **targs)
+    task = get_task(TASK, seed=recipe_seed + cell.seed, **targs)
     run = train_scored(args.recipe, overrides, Path(args.out) / "runs" / cell.name, task, args, may_diverge=True)
     final = run["acc"] if run["acc"] is not None else float("inf")
     return {

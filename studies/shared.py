@@ -138,3 +138,9 @@ def chosen_rate(
             f"{what}: the best rate {best:g} is at the edge of {rates}. Fix: {fix} again to extend the grid"
         )
     return best
+
+
+def seed_overrides(recipe_seed: int, i: int) -> list[str]:
+    """Seed i of every study: the recipe's seed + i (init, data order, a synthetic task's content and its
+    held-out draw) and MixiT matrices of seed i."""
+    return [f"seed={recipe_seed + i}", f"model.mixit_seed={i}"]
