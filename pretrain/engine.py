@@ -20,6 +20,7 @@ import contextlib
 import copy
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,6 +59,16 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
             "and model.freeze_schedule"
         )
     return groups
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step, as the loop reads it: the global mean loss, the gradient norm (None where
+    DeepSpeed reports none), and whether the update was applied (False: skipped on every rank)."""
+
+    loss: float
+    grad_norm: float | None
+    finite: bool
 
 
 class StepGate:
@@ -130,9 +141,7 @@ class ModelEngine:
         self.engine = None
         self.model = None
         self.trainable_step = 0
-        self.batch_index: int | None = None  # position of the current batch (fault injection)
         self.poison = faults.loss_poisoner()  # None in production (pretrain/faults.py)
-        self.nonfinite = False
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -270,16 +279,17 @@ class ModelEngine:
         for g in self.engine.optimizer.param_groups:
             g["lr"] = lr
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> tuple[float, float | None]:
-        """One optimizer step on this rank's share of the global batch; returns (global mean loss, grad norm).
-        Sets `nonfinite` when the update was skipped on every rank: a non-finite loss, or a non-finite
-        gradient norm with a finite loss (the step gate's check, or DeepSpeed's own overflow skip)."""
+    def train_step(self, batch: dict[str, torch.Tensor], batch_index: int | None = None) -> StepResult:
+        """One optimizer step on this rank's share of the global batch (`batch_index`: its place in the
+        data order, which fault injection reads). `finite` is False when the update was skipped on every
+        rank: a non-finite loss, or a non-finite gradient norm with a finite loss (the step gate's check,
+        or DeepSpeed's own overflow skip)."""
         mbs = self._micro_batches(batch)
         n_tokens, scale = self._scale(mbs)
         if self.pipe:
             # the scale rides with the labels to the last stage's loss (a fault poisons it there)
             if self.poison is not None:
-                scale = self.poison(scale, self.batch_index)
+                scale = self.poison(scale, batch_index)
             data = iter([(x, (y, scale)) for x, y, _ in mbs])
             self.gate.begin()
             loss = float(self.engine.train_batch(data_iter=data))
@@ -292,7 +302,7 @@ class ModelEngine:
             for i, (x, y, d) in enumerate(mbs):
                 ce = self._ce_sum(x, y, d)
                 if self.poison is not None:
-                    ce = self.poison(ce, self.batch_index)
+                    ce = self.poison(ce, batch_index)
                 bad = bad | ~torch.isfinite(ce.detach())
                 if i == len(mbs) - 1:  # before the boundary step: every rank agrees to skip the update
                     loss_bad = any_rank(bad, self.device)
@@ -314,8 +324,8 @@ class ModelEngine:
         # report an infinite norm (the same on every rank).
         if skipped and self.gate.norm is not None and not math.isfinite(self.gate.norm):
             gn = self.gate.norm
-        self.nonfinite = skipped or not math.isfinite(loss) or (gn is not None and not math.isfinite(gn))
-        return loss, gn
+        finite = not (skipped or not math.isfinite(loss) or (gn is not None and not math.isfinite(gn)))
+        return StepResult(loss, gn, finite)
 
     @contextlib.contextmanager
     def _evaluating(self):

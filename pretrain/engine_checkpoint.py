@@ -30,7 +30,7 @@ import torch.distributed as dist
 from checkpoint import tag_format
 from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
 from common.constants import free_space, fsync_path
-from common.errors import CheckpointWriteFailed
+from common.errors import CheckpointWriteFailed, NonFiniteLoss
 
 from . import faults
 from .checkpoint_writer import CheckpointWriter, SaveTiming
@@ -250,6 +250,29 @@ class Checkpointer:
 
     def since_save_s(self) -> float:
         return time.monotonic() - self.last_save
+
+    def rollback(self, model_engine, seed: int, step: int, log: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+        """Load the newest intact checkpoint into `model_engine` (weights and optimizer, rebuilt first when
+        the checkpoint's trainable set differs) after a non-finite loss at `step`; returns (its tag dir, its
+        trainer state) for the loop to restore its own part (the data position, the step)."""
+        self.wait()  # a save in flight is complete (or abandoned) before choosing one
+        tag_dir, notes = tag_format.newest_good_checkpoint(self.run_dir)
+        for note in notes:
+            log(note)
+        if tag_dir is None:
+            raise NonFiniteLoss(
+                f"non-finite loss at step {step + 1} and train.nan_policy=rollback, but "
+                f"{self.run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
+                "or train.nan_policy=skip"
+            )
+        st = tag_format.read_state(tag_dir)
+        trainable_step = int(st["trainable_step"])
+        if model_engine.mcfg.frozen_groups_at(trainable_step) != model_engine.mcfg.frozen_groups_at(
+            model_engine.trainable_step
+        ):
+            model_engine.rebuild(trainable_step)
+        load(model_engine, tag_dir, False, seed)
+        return tag_dir, st
 
     def wait(self, raise_error: bool = True) -> None:
         """The save in flight, if any, is complete (or abandoned) when this returns."""

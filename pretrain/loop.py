@@ -23,11 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from checkpoint import tag_format
 from common.errors import NonFiniteLoss, RunStopped, UserError
 from model.mfu import mfu
 
-from . import engine_checkpoint, faults, loaders
+from . import faults, loaders
 from .checkpoint_writer import SaveTiming
 from .config import RunConfig
 from .context import RunContext
@@ -177,20 +176,7 @@ class TrainingLoop:
 
     def rollback(self) -> None:
         """Reload the last intact checkpoint (weights, optimizer, data position)."""
-        self.checkpointer.wait()  # a save in flight is complete (or abandoned) before choosing one
-        tag_dir, notes = tag_format.newest_good_checkpoint(self.run_dir)
-        for note in notes:
-            self.logger.message(note)
-        if tag_dir is None:
-            raise NonFiniteLoss(
-                f"non-finite loss at step {self.step + 1} and train.nan_policy=rollback, but "
-                f"{self.run_dir} has no complete checkpoint yet. Fix: set checkpoint.every_steps, "
-                "or train.nan_policy=skip"
-            )
-        st = tag_format.read_state(tag_dir)
-        if self._changes_trainable_set(int(st["trainable_step"])):
-            self.model_engine.rebuild(int(st["trainable_step"]))
-        engine_checkpoint.load(self.model_engine, tag_dir, False, self.cfg.seed)
+        tag_dir, st = self.checkpointer.rollback(self.model_engine, self.cfg.seed, self.step, self.logger.message)
         self.loader.load_state_dict(st["loader"])
         self.step, self.tokens_seen = int(st["step"]), int(st["tokens_seen"])
         self.logger.truncate_after(self.step)
@@ -291,12 +277,12 @@ class TrainingLoop:
             t0 = time.perf_counter()
             skip_marked_batches(self.loader, self.guard)
             position = loader_position(self.loader)
-            model_engine.batch_index = None if position is None else position // cfg.global_batch_size
             batch = next(self.loader)
             lr = lr_at(cfg, self.step)
             model_engine.set_lr(lr)
-            loss, grad_norm = model_engine.train_step(batch)
-            if model_engine.nonfinite:
+            res = model_engine.train_step(batch, None if position is None else position // cfg.global_batch_size)
+            loss, grad_norm = res.loss, res.grad_norm
+            if not res.finite:
                 self._on_nonfinite(loss, grad_norm, position)
                 continue
             if self.device.type == "cuda":
