@@ -457,9 +457,9 @@ def time_to_solve(rows: list[dict], variant: str = "standard") -> list[str]:
     return lines
 
 
-def baselines_table(settings: list[tuple[int, int]], n_keys: int) -> str:
-    """Markdown: chance and the exact context guesses (and the bag loss) per (pairs, values); tests check
-    the exact formulas against the task's own generator by Monte Carlo and by full enumeration."""
+def baselines_table(settings: list[tuple[int, int, int]]) -> str:
+    """Markdown: chance and the exact context guesses (and the bag loss) per (pairs, keys, values); tests
+    check the exact formulas against the task's own generator by Monte Carlo and by full enumeration."""
     header = [
         "pairs (keys, values)",
         "chance",
@@ -475,7 +475,7 @@ def baselines_table(settings: list[tuple[int, int]], n_keys: int) -> str:
             f"{100 * mode_guess_exact(p, n_values):.1f} %",
             f"{bag_loss_exact(p, n_values):.2f}",
         ]
-        for p, n_values in settings
+        for p, n_keys, n_values in settings
     ]
     return markdown_table(header, rows, right_from=0)
 

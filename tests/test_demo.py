@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 from conftest import REPO
 
 from studies.demo import CONTEXT_GUESS, KV, MODADD, aggregate, main, table, verdict
+from studies.retrieval import mode_guess_exact
 from studies.scaling_runs import DONE
 from studies.spread import Spread
 
@@ -101,7 +103,8 @@ def test_verdict_reads_the_numbers():
     bad[("kv_retrieval", "mixit")] = 0.95
     assert "does NOT hold" in verdict(bad, ["standard", "mixit"])
     assert "needs" in verdict(good, ["standard"])
-    assert abs(CONTEXT_GUESS - (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4) < 1e-12
+    assert CONTEXT_GUESS == pytest.approx(mode_guess_exact(4, 8))  # 1-4 pairs of 8 values: 60.7 %
+    assert "(in-context guess 60.7%" in table(good, (MODADD, KV), ["standard", "mixit"])
     md = table(good, (MODADD, KV), ["standard", "mixit"])
     assert "97.0%" in md and "11.2%" in md
 
