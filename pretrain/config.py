@@ -23,10 +23,10 @@ from data_pipeline.config import DataSource, parse_data
 from model import PRESETS, ModelConfig, preset
 
 from .profiling import check_profile
-from .recipe_checks import NAN_POLICIES, check_name, check_task, check_types, check_value
+from .recipe_checks import NanPolicy, check_name, check_task, check_types, check_value
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
-DECAYS = ("cosine", "linear", "constant", "wsd")
+Decay = typing.Literal["cosine", "linear", "constant", "wsd"]
 
 
 @dataclass
@@ -40,11 +40,11 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (fp16 is not supported)
     grad_clip: float = 1.0  # 0 disables clipping
     activation_checkpointing: bool = False
-    device: str = "auto"  # auto | cpu | cuda
+    device: typing.Literal["auto", "cpu", "cuda"] = "auto"
     init_seed: int | None = None  # model init seed; None -> top-level seed
     eval_every_steps: int = 0  # 0: no periodic validation
     eval_batches: int = 4  # validation batches (of global_batch_sequences) per evaluation
-    nan_policy: str = "stop"  # non-finite loss: skip | stop | rollback (pretrain/loop.py)
+    nan_policy: NanPolicy = "stop"  # a non-finite loss (pretrain/loop.py)
     max_nan_skips: int = 5  # more non-finite steps than this in one process stop the run
 
 
@@ -56,7 +56,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 0
-    decay: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay, pretrain/loop.py lr_at)
+    decay: Decay = "cosine"  # wsd: warmup-stable-decay (pretrain/loop.py lr_at)
     decay_steps: int | None = None  # cosine/linear: None -> max_steps - warmup_steps
     decay_fraction: float = 0.2  # wsd: the last share of max_steps that decays (1-sqrt) to min_lr
     decay_start: int | None = None  # wsd: the first decaying step; None -> max_steps * (1 - decay_fraction)
@@ -88,7 +88,7 @@ class CheckpointConfig:
 class LoggingConfig:
     every_steps: int = 1
     tensorboard: bool = True
-    progress_bar: str = "auto"  # auto (tty only) | on | off
+    progress_bar: typing.Literal["auto", "on", "off"] = "auto"  # auto: on a tty only
     peak_tflops: float | None = None  # per-device peak for MFU; None -> measured, or a table (model/mfu.py)
     measure_peak: bool = False  # measure a matmul peak at start when peak_tflops is None
     wandb: dict[str, Any] | None = None  # pretrain/trackers.py: project, group, name, tags, mode, entity
@@ -228,10 +228,6 @@ class RunConfig:
         if t.precision not in ("fp32", "bf16"):
             hint = " (fp16 needs loss scaling and is not supported; use bf16)" if t.precision == "fp16" else ""
             raise RecipeError(f"train.precision must be fp32 or bf16, got {t.precision!r}{hint}")
-        if t.device not in ("auto", "cpu", "cuda"):
-            raise RecipeError(f"train.device must be auto, cpu or cuda, got {t.device!r}")
-        if o.decay not in DECAYS:
-            raise RecipeError(f"optim.decay must be one of {list(DECAYS)}, got {o.decay!r}")
         if not (0.0 <= o.decay_fraction <= 1.0):
             raise RecipeError(f"optim.decay_fraction={o.decay_fraction} must be in [0, 1]. Fix: e.g. 0.2")
         if o.decay_start is not None and o.decay_start < o.warmup_steps:
@@ -254,11 +250,7 @@ class RunConfig:
             )
         if c.keep_last < 0 or c.every_steps < 0 or c.every_minutes < 0:
             raise RecipeError("checkpoint.keep_last, checkpoint.every_steps and checkpoint.every_minutes must be >= 0")
-        if self.logging.progress_bar not in ("auto", "on", "off"):
-            raise RecipeError("logging.progress_bar must be auto, on or off")
         check_name(self.name)
-        if t.nan_policy not in NAN_POLICIES:
-            raise RecipeError(f"train.nan_policy must be one of {list(NAN_POLICIES)}, got {t.nan_policy!r}")
         if t.max_nan_skips < 0 or p.timeout_s <= 0:
             raise RecipeError("train.max_nan_skips must be >= 0 and parallel.timeout_s > 0")
         check_task(self)

@@ -13,10 +13,10 @@ import types
 import typing
 from typing import Any
 
-from common.errors import RecipeError
+from common.errors import RecipeError, did_you_mean
 from model.classifier import DEFAULT_POOLING, POOLINGS
 
-NAN_POLICIES = ("skip", "stop", "rollback")
+NanPolicy = typing.Literal["skip", "stop", "rollback"]
 TASKS = ("lm", "classification")
 CLASSIFICATION_DEFAULTS: dict[str, Any] = {"num_labels": None, "pooling": DEFAULT_POOLING, "init_from": None}
 
@@ -25,6 +25,8 @@ def _type_ok(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
     if tp is Any:
         return True
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         return any(_type_ok(value, a) for a in typing.get_args(tp))
     if tp is type(None):
@@ -47,6 +49,10 @@ def _type_ok(value: Any, tp: Any) -> bool:
 
 def check_value(key: str, v: Any, tp: Any, default: Any = dataclasses.MISSING) -> None:
     """`v` has the declared type `tp` (ints for floats are fine), else one error naming `key`."""
+    if typing.get_origin(tp) is typing.Literal and not _type_ok(v, tp):
+        choices = list(typing.get_args(tp))
+        fix = did_you_mean(str(v), [str(c) for c in choices]).strip() or "use one of them"
+        raise RecipeError(f"{key} must be one of {choices}, got {v!r}. Fix: {fix}")
     if not _type_ok(v, tp):
         want = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
         fix = f". Fix: e.g. {key}={default!r}" if default is not dataclasses.MISSING else ""
