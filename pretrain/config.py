@@ -22,8 +22,7 @@ from common.errors import RecipeError, did_you_mean
 from data_pipeline.config import DataSource, parse_data
 from model import PRESETS, ModelConfig, preset
 
-from .profiling import check_profile
-from .recipe_checks import NanPolicy, check_name, check_task, check_types, check_value
+from .recipe_checks import NanPolicy, check_name, check_profile, check_task, check_types, check_value
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
 Decay = typing.Literal["cosine", "linear", "constant", "wsd"]

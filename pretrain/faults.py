@@ -33,6 +33,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .callbacks import Callback
+
 ENV = "PRETRAIN_FAULTS"
 
 
@@ -85,20 +87,27 @@ def poison_loss(loss: torch.Tensor, batch_index: int | None) -> torch.Tensor:
     return loss
 
 
-def step_killer() -> Callable[[int, Path, int], None] | None:
-    """`kill_after_step` when the fault spec lists kill steps, else None (read once by the loop)."""
-    return kill_after_step if spec().get("kill_steps") else None
+def step_killer(run_dir: Path, rank: int) -> list[Callback]:
+    """[a callback that kills this process after the steps the fault spec lists] when it lists kill steps,
+    else [] (read once, when the run is built)."""
+    return [StepKiller(Path(run_dir), rank)] if spec().get("kill_steps") else []
 
 
-def kill_after_step(step: int, run_dir: Path, rank: int) -> None:
-    s = spec()
-    if step not in s["kill_steps"] or rank != s.get("kill_rank", 0):
-        return
-    marker = Path(run_dir) / f".fault_killed_step{step}"
-    if marker.exists():
-        return
-    marker.touch()
-    os.kill(os.getpid(), signal.SIGKILL)
+class StepKiller(Callback):
+    """SIGKILL after a listed step's record is logged, once per step (a marker file in the run dir)."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.run_dir, self.rank = run_dir, rank
+
+    def after_log(self, step: int) -> None:
+        s = spec()
+        if step not in s["kill_steps"] or self.rank != s.get("kill_rank", 0):
+            return
+        marker = self.run_dir / f".fault_killed_step{step}"
+        if marker.exists():
+            return
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def pause(point: str, step: int) -> None:

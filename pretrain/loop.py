@@ -26,7 +26,8 @@ import torch.distributed as dist
 from common.errors import NonFiniteLoss, RunStopped, UserError
 from model.mfu import mfu
 
-from . import faults, loaders
+from . import loaders
+from .callbacks import Callback
 from .checkpoint_writer import SaveTiming
 from .config import RunConfig
 from .context import RunContext
@@ -35,7 +36,6 @@ from .engine_checkpoint import Checkpointer
 from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
 from .preemption import StopRequest
-from .profiling import StepProfiler
 from .run_dir import restart_count
 
 
@@ -138,6 +138,7 @@ class TrainingLoop:
         logger: Logger,
         checkpointer: Checkpointer,
         hooks: list[TrainHook] | None = None,
+        callbacks: list[Callback] | None = None,
     ):
         cfg, state = ctx.cfg, ctx.point.state
         self.ctx, self.cfg, self.mcfg, self.model_engine = ctx, cfg, ctx.mcfg, model_engine
@@ -152,8 +153,7 @@ class TrainingLoop:
             run_dir=ctx.run_dir, resumed_from=ctx.point.tag_dir, final_step=self.start_step, saves=checkpointer.saves
         )
         self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
-        self.profiler = StepProfiler(cfg.profile, ctx.run_dir, self.rank, self.device, logger.message)
-        self.killer = faults.step_killer()  # None unless PRETRAIN_FAULTS asks (the reliability tests)
+        self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: the profiler, fault injection
         self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
 
     # -- what a checkpoint records besides the engine's tensors (trainer_state.json) ----------
@@ -273,7 +273,8 @@ class TrainingLoop:
                     f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine"
                 )
                 model_engine.rebuild(self.step)
-            self.profiler.before(self.step + 1)
+            for cb in self.callbacks:
+                cb.before_step(self.step + 1)
             t0 = time.perf_counter()
             skip_marked_batches(self.loader, self.guard)
             position = loader_position(self.loader)
@@ -291,10 +292,11 @@ class TrainingLoop:
             self.step += 1
             self.tokens_seen += cfg.tokens_per_step
             result.losses[self.step] = loss
-            self.profiler.after(self.step)
+            for cb in self.callbacks:
+                cb.after_update(self.step)
             self._log(loss, lr, grad_norm, dt)
-            if self.killer is not None:
-                self.killer(self.step, self.run_dir, self.rank)
+            for cb in self.callbacks:
+                cb.after_log(self.step)
             # Preemption and time-based saves: every rank must agree before anyone saves.
             stop_now, minutes_due = self._save_requests(stop, flags)
             if stop_now:
@@ -312,6 +314,7 @@ class TrainingLoop:
                 result.last_checkpoint = self.save()
             elif result.resumed_from is not None and self.step == self.start_step:
                 result.last_checkpoint = result.resumed_from
-        self.profiler.close()
+        for cb in self.callbacks:
+            cb.close()
         result.final_step = self.step
         result.tokens_seen = self.tokens_seen

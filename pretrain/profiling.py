@@ -16,30 +16,25 @@ from pathlib import Path
 
 import torch
 
-from common.errors import RecipeError
+from .callbacks import Callback
 
 
-def check_profile(profile) -> None:
-    steps = profile.steps
-    if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1]):
-        raise RecipeError(f"profile.steps must be [start, end] with 1 <= start <= end, got {steps}. Fix: e.g. [5, 7]")
-    if profile.ranks not in ("0", "all"):
-        raise RecipeError(f'profile.ranks must be "0" or "all", got {profile.ranks!r}')
-
-
-class StepProfiler:
-    """Starts the torch profiler before optimizer step `start` and writes its trace after step `end`."""
+class StepProfiler(Callback):
+    """Starts the torch profiler before optimizer step `start` and writes its trace after step `end`
+    (built only where `profile.steps` asks for a trace on this rank: `wanted`)."""
 
     def __init__(self, profile, run_dir: Path, rank: int, device: torch.device, message):
         self.cfg, self.rank, self.device, self.message = profile, rank, device, message
-        self.on = bool(profile.steps) and (profile.ranks == "all" or rank == 0)
         self.out = Path(run_dir) / "profile"
         self.prof = None
         self.memory = False
 
-    def before(self, step: int) -> None:
-        """Called before optimizer step `step` (1-based) runs."""
-        if not self.on or step != self.cfg.steps[0] or self.prof is not None:
+    @staticmethod
+    def wanted(profile, rank: int) -> bool:
+        return bool(profile.steps) and (profile.ranks == "all" or rank == 0)
+
+    def before_step(self, step: int) -> None:
+        if step != self.cfg.steps[0] or self.prof is not None:
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
@@ -58,8 +53,8 @@ class StepProfiler:
         )
         self.prof.__enter__()
 
-    def after(self, step: int) -> None:
-        """Called after optimizer step `step` finished; the last profiled step writes the files."""
+    def after_update(self, step: int) -> None:
+        """The last profiled step writes the files."""
         if self.prof is not None and step >= self.cfg.steps[1]:
             self.close()
 

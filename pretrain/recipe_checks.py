@@ -114,3 +114,11 @@ def check_task(cfg) -> None:
             "task: classification does not support pipeline parallelism (parallel.pipeline_stages="
             f"{cfg.parallel.pipeline_stages}). Fix: parallel.pipeline_stages=1 with ZeRO (zero1..zero3)"
         )
+
+
+def check_profile(profile) -> None:
+    steps = profile.steps
+    if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1]):
+        raise RecipeError(f"profile.steps must be [start, end] with 1 <= start <= end, got {steps}. Fix: e.g. [5, 7]")
+    if profile.ranks not in ("0", "all"):
+        raise RecipeError(f'profile.ranks must be "0" or "all", got {profile.ranks!r}')

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from common.errors import RecipeError
 from model.mfu import peak_tflops
 
-from . import loaders
+from . import faults, loaders
 from .config import RunConfig
 from .context import RunContext
 from .engine import ModelEngine
@@ -22,6 +22,7 @@ from .hooks import TrainHook
 from .layout import plan_layout
 from .loop import TrainingLoop
 from .metrics import Logger
+from .profiling import StepProfiler
 from .resume import check_fits, check_layout, resume_point
 from .run_dir import check_run_dir, resolved_config, write_config
 from .task_model import model_config
@@ -93,4 +94,8 @@ def build_run(
         loader.load_state_dict(point.state["loader"])
     logger = build_logger(ctx)
     checkpointer = Checkpointer(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.background)
-    return Run(ctx, model_engine, logger, TrainingLoop(ctx, model_engine, loader, logger, checkpointer, hooks))
+    callbacks = faults.step_killer(run_dir, rank)  # [] unless PRETRAIN_FAULTS asks (the reliability tests)
+    if StepProfiler.wanted(cfg.profile, rank):
+        callbacks.insert(0, StepProfiler(cfg.profile, run_dir, rank, device, logger.message))
+    loop = TrainingLoop(ctx, model_engine, loader, logger, checkpointer, hooks, callbacks)
+    return Run(ctx, model_engine, logger, loop)

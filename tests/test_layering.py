@@ -163,7 +163,7 @@ def test_no_import_cycles():
 
 def test_loading_a_recipe_builds_nothing():
     """`import pretrain.config` (the recipe) loads no component of a run: no loader, engine, loop, logger,
-    tracker, checkpoint or evaluation module, and few project modules in all (27 today, 14 of them the
+    tracker, checkpoint or evaluation module, and few project modules in all (26 today, 14 of them the
     `model` package, whose __init__ brings the model with its config)."""
     code = (
         "import sys, json; before = set(sys.modules); import pretrain.config; "
@@ -173,9 +173,7 @@ def test_loading_a_recipe_builds_nothing():
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     builders = [m for m in loaded if m.startswith(("checkpoint", "eval", "studies", "data_pipeline.loader"))]
     builders += [
-        m
-        for m in loaded
-        if m.startswith("pretrain.") and m not in ("pretrain.config", "pretrain.recipe_checks", "pretrain.profiling")
+        m for m in loaded if m.startswith("pretrain.") and m not in ("pretrain.config", "pretrain.recipe_checks")
     ]
     assert not builders, f"loading a recipe imports {builders}"
-    assert len(loaded) <= 28, loaded
+    assert len(loaded) <= 26, loaded
