@@ -31,6 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 PARAM_GROUPS = ("qk", "v", "o", "mlp", "norms", "embeddings", "head", "blocks")
 ATTN_IMPLS = ("auto", "sdpa", "eager", "flash")
 MIXIT_IMPLS = ("auto", "dense", "blocked", "triton")
+PARAMETRIZATIONS = ("standard", "mup")  # model.parametrization: µP scales init, rates and logits by width
 MIXIT_RNGS = ("philox", "philox4x")  # one normal per Philox call, or four (model/rng.py matrix_normals)
 # RoPE scalings model.rope_scaling may name, and the keys each one needs (the HF rope_parameters names).
 ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
@@ -94,6 +95,12 @@ class ModelConfig:
     shaped_tau0: float = 1.0  # shaped attention temperature: tau = tau0 sqrt(d_h) (d / d_base)
     shaped_width_base: int = 512  # d_base in that temperature
     causal: bool = True  # False: bidirectional (sequence classification)
+    # Maximal update parametrisation (Yang et al., Tensor Programs V): "mup" scales, by m = hidden_size /
+    # mup_base_width, the init std of hidden matrices (1/sqrt(m)), their Adam rate (1/m: the optimizer's
+    # param groups), the logits (1/m) and the attention logits (1/d_h in place of 1/sqrt(d_h)), so that
+    # a rate tuned at the base width transfers. "standard": none of these.
+    parametrization: str = "standard"
+    mup_base_width: int = 256
     # Implementation choices (do not change the function computed)
     attn_impl: str = "auto"
     mixit_impl: str = "auto"
@@ -194,6 +201,25 @@ class ModelConfig:
                 f"must be an integer >= 0, got {self.loss_chunk_tokens!r}",
                 "use e.g. 4096, or 0 to compute the loss from full logits",
             )
+        if self.parametrization not in PARAMETRIZATIONS:
+            hint = did_you_mean(str(self.parametrization), PARAMETRIZATIONS)
+            raise _bad(
+                "parametrization", f"unknown {self.parametrization!r}", f"{hint}choose one of {list(PARAMETRIZATIONS)}"
+            )
+        if not _is_int(self.mup_base_width, 1) or (
+            self.parametrization == "mup" and self.mup_base_width % self.num_heads
+        ):
+            raise _bad(
+                "mup_base_width",
+                f"{self.mup_base_width!r} is not a positive multiple of num_heads={self.num_heads}",
+                "use the width the rates were tuned at, e.g. 256",
+            )
+        if self.parametrization == "mup" and self.mixer == "mixit" and self.mixit_width_base is not None:
+            raise _bad(
+                "mixit_width_base",
+                "MixiT's width factors and µP's multipliers both rescale the projections",
+                "set mixit_width_base: null under parametrization: mup",
+            )
         if self.mixit_rng not in MIXIT_RNGS:
             raise _bad("mixit_rng", f"unknown {self.mixit_rng!r}", f"choose one of {list(MIXIT_RNGS)}")
         if self.mixit_impl not in MIXIT_IMPLS:
@@ -273,7 +299,14 @@ class ModelConfig:
         """Softmax logit scale: 1/sqrt(d_h), or shaped attention's 1/tau."""
         if self.shaped:
             return 1.0 / (self.shaped_tau0 * math.sqrt(self.head_dim) * (self.hidden_size / self.shaped_width_base))
+        if self.parametrization == "mup":  # 1/d_h, equal to 1/sqrt(d_h) at the base width
+            return math.sqrt(self.mup_base_width // self.num_heads) / self.head_dim
         return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def width_mult(self) -> float:
+        """µP's m = hidden_size / mup_base_width (1 under the standard parametrisation)."""
+        return self.hidden_size / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     def frozen_groups_at(self, step: int) -> set[str]:
         """Frozen groups in effect at optimizer step `step` under the freeze schedule."""

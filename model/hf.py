@@ -39,8 +39,9 @@ MODEL_TYPE = "trainable_parts"
 
 # ---- Llama (softmax variants) -----------------------------------------------------------
 def is_llama(cfg: ModelConfig) -> bool:
-    """True when the network is exactly a Llama (causal softmax attention, unshaped)."""
-    return cfg.mixer == "softmax" and cfg.causal and not cfg.shaped
+    """True when the network is exactly a Llama (causal softmax attention, unshaped, the standard
+    parametrisation: µP's logit and attention multipliers are not a Llama's)."""
+    return cfg.mixer == "softmax" and cfg.causal and not cfg.shaped and cfg.parametrization == "standard"
 
 
 def llama_config(cfg: ModelConfig) -> LlamaConfig:

@@ -25,3 +25,13 @@ def normal(shape, std: float, seed: int, name: str) -> torch.Tensor:
     digest = hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()
     generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") >> 1)
     return torch.empty(tuple(shape), dtype=torch.float32, device="cpu").normal_(0.0, std, generator=generator)
+
+
+# Matrices whose two dimensions both grow with the width: µP (model.parametrization: mup) scales their
+# initial std by 1/sqrt(m) and their Adam rate by 1/m (pretrain/engine.py's param groups).
+HIDDEN_MATRICES = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight")
+HIDDEN_MATRICES += (".gate_proj.weight", ".up_proj.weight", ".down_proj.weight")
+
+
+def is_hidden_matrix(name: str) -> bool:
+    return name.endswith(HIDDEN_MATRICES)

@@ -3,12 +3,15 @@ stages of pretrain/pipeline.py wrap its submodules)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from . import init
 from .config import ModelConfig
 from .freezing import apply_freeze
+from .init import is_hidden_matrix
 from .layers import Block, KVCache, LMHead, RMSNorm, rope_cos_sin, width_factor
 
 
@@ -40,7 +43,8 @@ class Transformer(nn.Module):
             nn.Embedding(cfg.max_seq_len, d) if cfg.mixer == "mixit" and cfg.mixit_pos_embedding else None
         )
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(d, cfg.rms_norm_eps, width_factor(cfg, d, cfg.mixit_head_width_base))
+        # the logits' multipliers: MixiT's head width factor, µP's 1/m
+        self.norm = RMSNorm(d, cfg.rms_norm_eps, width_factor(cfg, d, cfg.mixit_head_width_base) / cfg.width_mult)
         self.lm_head = LMHead(d, cfg.vocab_size, cfg.loss_chunk_tokens)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -67,7 +71,12 @@ class Transformer(nn.Module):
             return torch.zeros(tuple(shape), device="cpu")
         if "layernorm" in name or name.startswith("norm."):
             return torch.ones(tuple(shape), device="cpu")
-        std = cfg.qk_init_std if ".q_proj." in name or ".k_proj." in name else cfg.init_std
+        if ".q_proj." in name or ".k_proj." in name:
+            std = cfg.qk_init_std  # its default 1/sqrt(d) is fan-in scaled already, as µP's hidden init
+        elif is_hidden_matrix(name):
+            std = cfg.init_std / math.sqrt(cfg.width_mult)  # µP: 1/sqrt(m) (m = 1 under the standard one)
+        else:
+            std = cfg.init_std
         return init.normal(shape, std, self.init_seed, name)
 
     def set_step(self, step: int) -> list[str]:

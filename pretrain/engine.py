@@ -29,6 +29,7 @@ import torch.distributed as dist
 from common.constants import IGNORE_INDEX
 from common.deepspeed_import import import_deepspeed
 from common.errors import RecipeError
+from model.init import is_hidden_matrix
 
 from . import engine_checkpoint, faults, freeze_transitions
 from .config import RunConfig
@@ -37,9 +38,10 @@ from .layout import Layout, build_ds_config
 from .parallelize import build_local
 
 
-def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]]:
-    """AdamW groups over TRAINABLE tensors only: decay for matrices, none for biases/norms/embeddings."""
-    decay, no_decay = [], []
+def param_groups(module: torch.nn.Module, cfg: RunConfig, width_mult: float = 1.0) -> list[dict[str, Any]]:
+    """AdamW groups over TRAINABLE tensors only: decay for matrices, none for biases/norms/embeddings; under
+    µP (`width_mult` m > 1 or < 1) the hidden matrices' group has `lr_scale` 1/m (`set_lr` applies it)."""
+    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
     seen = set()
     for name, p in module.named_parameters():
         if not p.requires_grad or id(p) in seen:
@@ -47,12 +49,13 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig) -> list[dict[str, Any]
         seen.add(id(p))
         lname = name.lower()
         ndim = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 partitioned tensor: its full shape
-        (no_decay if ndim < 2 or any(s in lname for s in cfg.optim.no_decay) else decay).append(p)
-    groups = []
-    if decay:
-        groups.append({"params": decay, "weight_decay": cfg.optim.weight_decay})
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+        decays = not (ndim < 2 or any(s in lname for s in cfg.optim.no_decay))
+        groups.setdefault((decays, width_mult != 1.0 and is_hidden_matrix(name)), []).append(p)
+    groups = [
+        {"params": ps, "weight_decay": cfg.optim.weight_decay if decays else 0.0}
+        | ({"lr_scale": 1.0 / width_mult} if hidden else {})
+        for (decays, hidden), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))
+    ]
     if not groups:
         raise RecipeError(
             "no trainable parameters at this step (every group is frozen); check model.frozen_groups "
@@ -180,7 +183,7 @@ class ModelEngine:
         if load_universal:
             ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
         engine, _, _, _ = deepspeed.initialize(
-            model=module, model_parameters=param_groups(module, self.cfg), config=ds_config
+            model=module, model_parameters=param_groups(module, self.cfg, self.mcfg.width_mult), config=ds_config
         )
         self.model, self.module, self.engine = model, module, engine
         self.gate = StepGate(self.inner_optimizer)  # skips the update of a step with a non-finite loss or gradient norm
@@ -277,7 +280,7 @@ class ModelEngine:
 
     def set_lr(self, lr: float) -> None:
         for g in self.engine.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)
 
     def train_step(self, batch: dict[str, torch.Tensor], batch_index: int | None = None) -> StepResult:
         """One optimizer step on this rank's share of the global batch (`batch_index`: its place in the
