@@ -6,8 +6,8 @@ log(lr) through its lowest final validation loss and the two neighbours, and a l
 end of its grid is an error (the optimum may lie beyond it). The rule is a least-squares fit of
 log(best rate) against log N with one slope shared by the variants and an intercept of each
 (`rate_rule`), evaluated at every ladder size: frozen parts change the effective parametrisation, so
-variants get their own rates. (A µP-style width rule would need µP's initialisation and per-layer
-rates, which the trainer does not have; the fitted line needs nothing but these runs.)
+variants get their own rates. (The ladder's rows were trained under the standard parametrisation; µP,
+`model.parametrization: mup`, now gives the trainer a width rule of its own, which this fit predates.)
 """
 
 from __future__ import annotations
