@@ -39,7 +39,7 @@ from eval.report import markdown_table
 from pretrain.config import load_recipe
 
 from .retrieval import first_step, train_scored
-from .rows import append_row, read_rows
+from .rows import read_rows
 from .shared import (
     arm_order,
     arm_overrides,
@@ -50,6 +50,7 @@ from .shared import (
     seed_overrides,
     split_arm,
     study_parser,
+    train_missing,
 )
 from .spread import Spread
 
@@ -237,9 +238,8 @@ def render(rows: list[dict]) -> str:
 def run_stage(args: argparse.Namespace, log=print) -> int | None:
     """Train every missing cell of the stage, one at a time (seed-major); returns how many were trained
     (None: the CPU budget is spent)."""
-    rows_path, trained = Path(args.rows), 0
-    while True:  # a sweep may grow its grid after each round
-        rows = read_rows(rows_path)
+
+    def todo_of(rows: list[dict]) -> list[Cell]:
         done = {row_key(r) for r in rows}
         todo = [
             c
@@ -248,30 +248,19 @@ def run_stage(args: argparse.Namespace, log=print) -> int | None:
             for a in args.variants
             for c in cells_for(args, rows, d, lay, a)
         ]
-        todo = sorted(
-            (c for c in todo if c.key() not in done),
-            key=lambda c: (c.seed, c.digits, c.layout, args.variants.index(c.arm), c.lr),
-        )
-        if not todo:
-            log(f"[{args.stage}] nothing left to train ({len(rows)} rows in {rows_path})")
-            return trained
-        spent = sum(r["cpu_s"] for r in rows)
-        if spent >= args.budget_cpu_h * 3600:
-            log(
-                f"[{args.stage}] CPU budget spent ({spent / 3600:.2f} h of {args.budget_cpu_h} h); {len(todo)} cells left"
-            )
-            return None
-        cell = todo[0]
-        log(f"[arithmetic] {cell.name}: training ({len(todo)} cells left, {spent / 3600:.2f} CPU-h spent)")
-        row = train_run(cell, args)
-        append_row(rows_path, row)
-        trained += 1
-        result = (
+        todo = [c for c in todo if c.key() not in done]
+        return sorted(todo, key=lambda c: (c.seed, c.digits, c.layout, args.variants.index(c.arm), c.lr))
+
+    def result(row: dict) -> str:
+        return (
             "diverged"
             if row["acc"] is None
             else f"exact match {row['exact_match']:.3f}, token accuracy {row['acc']:.3f}"
         )
-        log(f"[arithmetic] {cell.name}: {result}, solved at {row['step_solved']}, {row['cpu_s']:.0f} s CPU")
+
+    return train_missing(
+        args.stage, Path(args.rows), args.budget_cpu_h, todo_of, lambda c: train_run(c, args), result, log
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,7 +49,7 @@ from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.train import train
 
-from .rows import append_row, read_rows
+from .rows import read_rows
 from .shared import (
     arm_order,
     arm_overrides,
@@ -61,6 +61,7 @@ from .shared import (
     seed_overrides,
     split_arm,
     study_parser,
+    train_missing,
 )
 from .spread import Spread
 
@@ -316,34 +317,22 @@ def cells_for(args: argparse.Namespace, rows: list[dict], pairs: int, variant: s
 def run_stage(args: argparse.Namespace, log=print) -> int | None:
     """Train every missing cell of the stage, one at a time; returns how many were trained (None: the
     CPU budget is spent)."""
-    rows_path = Path(args.rows)
-    trained = 0
-    while True:  # a sweep may grow its grid after each round
-        rows = read_rows(rows_path)
+
+    def todo_of(rows: list[dict]) -> list[Cell]:
         done = {row_key(r) for r in rows}
         todo = [c for p in args.pairs for v in args.variants for c in cells_for(args, rows, p, v)]
-        todo = [c for c in todo if c.key() not in done]
-        # seed-major: a stage the budget cuts short leaves every variant with the same seeds
-        todo.sort(key=lambda c: (c.n_pairs, c.seed, args.variants.index(c.arm), c.lr))
-        if not todo:
-            log(f"[{args.stage}] nothing left to train ({len(rows)} rows in {rows_path})")
-            return trained
-        spent = sum(r["cpu_s"] for r in rows)
-        if spent >= args.budget_cpu_h * 3600:
-            log(
-                f"[{args.stage}] CPU budget spent ({spent / 3600:.2f} h of {args.budget_cpu_h} h); {len(todo)} cells left"
-            )
-            return None
-        cell = todo[0]
-        log(f"[{args.stage}] {cell.name}: training ({len(todo)} cells left, {spent / 3600:.2f} CPU-h spent)")
-        row = train_cell(cell, args)
-        append_row(rows_path, row)
-        trained += 1
-        acc = "diverged" if row["acc"] is None else f"{row['acc']:.3f}"
-        log(
-            f"[{args.stage}] {cell.name}: acc {acc}, solved at {row['step_solved']}, "
-            f"{row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU"
+        # seed-major within a pair count: a stage the budget cuts short leaves every arm with the same seeds
+        return sorted(
+            (c for c in todo if c.key() not in done),
+            key=lambda c: (c.n_pairs, c.seed, args.variants.index(c.arm), c.lr),
         )
+
+    def result(row: dict) -> str:
+        return "acc diverged" if row["acc"] is None else f"acc {row['acc']:.3f}"
+
+    return train_missing(
+        args.stage, Path(args.rows), args.budget_cpu_h, todo_of, lambda c: train_cell(c, args), result, log
+    )
 
 
 # -- the table --------------------------------------------------------------------------------------

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from common.cli import CliParser
 from common.errors import StudyError
 from model import VARIANTS
+
+from .rows import append_row, read_rows
 
 
 def study_parser(module: str, doc: str) -> CliParser:
@@ -144,3 +148,37 @@ def seed_overrides(recipe_seed: int, i: int) -> list[str]:
     """Seed i of every study: the recipe's seed + i (init, data order, a synthetic task's content and its
     held-out draw) and MixiT matrices of seed i."""
     return [f"seed={recipe_seed + i}", f"model.mixit_seed={i}"]
+
+
+def train_missing(
+    stage: str,
+    rows_path: Path,
+    budget_cpu_h: float,
+    todo_of: Callable[[list[dict]], list],
+    train_one: Callable[[Any], dict],
+    result: Callable[[dict], str],
+    log=print,
+) -> int | None:
+    """Train a stage's missing cells one at a time, in `todo_of(rows)`'s order, read again after every run
+    (a sweep may grow its grid), each row appended as it finishes; returns how many were trained (None:
+    the rows already hold `budget_cpu_h` CPU-hours, so the stage stopped)."""
+    trained = 0
+    while True:
+        rows = read_rows(rows_path)
+        todo = todo_of(rows)
+        if not todo:
+            log(f"[{stage}] nothing left to train ({len(rows)} rows in {rows_path})")
+            return trained
+        spent = sum(r["cpu_s"] for r in rows)
+        if spent >= budget_cpu_h * 3600:
+            log(f"[{stage}] CPU budget spent ({spent / 3600:.2f} h of {budget_cpu_h} h); {len(todo)} cells left")
+            return None
+        cell = todo[0]
+        log(f"[{stage}] {cell.name}: training ({len(todo)} cells left, {spent / 3600:.2f} CPU-h spent)")
+        row = train_one(cell)
+        append_row(rows_path, row)
+        trained += 1
+        log(
+            f"[{stage}] {cell.name}: {result(row)}, solved at {row['step_solved']}, "
+            f"{row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU"
+        )
