@@ -153,6 +153,7 @@ class TrainingLoop:
             run_dir=ctx.run_dir, resumed_from=ctx.point.tag_dir, final_step=self.start_step, saves=checkpointer.saves
         )
         self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
+        self._fpt: dict[frozenset, float] = {}  # FLOPs per token per trainable set (model/flops.py)
         self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: the profiler, fault injection
         self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
 
@@ -237,7 +238,7 @@ class TrainingLoop:
             model = self.model_engine.model
             rec.update(run_hooks(self.hooks, model, step, self.model_engine.gathered(model.parameters())))
         if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
-            fpt, _ = train_flops_per_token(self.mcfg, cfg.train.seq_len, step - 1)
+            fpt = self._flops_per_token(step - 1)
             tps = cfg.tokens_per_step / dt
             rec.update(grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / self.world / 1e12)
             peak, source = self.logger.peak
@@ -245,6 +246,13 @@ class TrainingLoop:
                 rec.update(mfu=mfu(rec["tflops"], peak), mfu_peak=source)
             rec.update(memory_gib(self.device))
             self.logger.log(rec)
+
+    def _flops_per_token(self, step: int) -> float:
+        """Training FLOPs per token of the trainable set at `step`, counted once per trainable set."""
+        key = frozenset(self.mcfg.frozen_groups_at(step))
+        if key not in self._fpt:
+            self._fpt[key] = train_flops_per_token(self.mcfg, self.cfg.train.seq_len, step)[0]
+        return self._fpt[key]
 
     def _save_requests(self, stop: StopRequest, flags: torch.Tensor) -> tuple[bool, bool]:
         """Collective: (a signal asked to stop on some rank, checkpoint.every_minutes have passed by rank 0's clock)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import resource
 import sys
 from pathlib import Path
@@ -16,13 +17,20 @@ from tqdm import tqdm
 from data_pipeline.progress import is_terminal
 from model.flops import flops_per_token
 
-from .trackers import scalars
-
 
 def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
     """(forward+backward FLOPs per token at `step`, source): model.flops, frozen weights'
     gradient work excluded, the freeze schedule in effect at that step."""
     return float(flops_per_token(mcfg, seq_len, step=step)["train"]), "model.flops"
+
+
+def scalars(rec: dict[str, Any]) -> dict[str, float]:
+    """The record's finite numbers but its step: what TensorBoard and the trackers receive."""
+    return {
+        k: float(v)
+        for k, v in rec.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def memory_gib(device: torch.device) -> dict[str, float]:

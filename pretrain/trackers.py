@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
 import os
 import time
 import uuid
@@ -25,6 +24,7 @@ from typing import Any
 from common.constants import atomic_write
 from common.errors import RecipeError
 
+from .metrics import scalars
 from .recipe_checks import check_types
 
 IDS = "trackers.json"
@@ -96,14 +96,6 @@ def check_trackers(logging_cfg) -> None:
         _require("wandb", "logging.wandb")
     if ml is not None:
         _require("mlflow", "logging.mlflow")
-
-
-def scalars(rec: dict[str, Any]) -> dict[str, float]:
-    return {
-        k: float(v)
-        for k, v in rec.items()
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    }
 
 
 def _ids(run_dir: Path) -> dict[str, str]:

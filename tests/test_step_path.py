@@ -1,0 +1,69 @@
+"""The files one optimizer step passes through, traced (docs/ARCHITECTURE.md lists them): step 3 of a
+standard run on a synthetic task, its batch built in the step (data.prefetch=0) and logged."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from pretrain import setup
+from pretrain.callbacks import Callback
+from pretrain.train import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEP_PATH = {
+    "pretrain/loop.py",
+    "pretrain/engine.py",
+    "pretrain/metrics.py",
+    "pretrain/config.py",
+    "data_pipeline/loader.py",
+    "data_pipeline/synthetic.py",
+    "model/config.py",
+    "model/transformer.py",
+    "model/layers.py",
+    "model/kernels/select.py",
+    "model/kernels/loss.py",
+}
+
+
+class Trace(Callback):
+    """Records every project file a Python call enters between before_step(3) and after_log(3)."""
+
+    def __init__(self):
+        self.files: set[str] = set()
+
+    def _profile(self, frame, event, arg):
+        f = frame.f_code.co_filename
+        if f.startswith(ROOT) and f"{os.sep}.venv{os.sep}" not in f and not f.endswith(__file__.split(os.sep)[-1]):
+            self.files.add(os.path.relpath(f, ROOT))
+
+    def before_step(self, step: int) -> None:
+        if step == 3:
+            sys.setprofile(self._profile)
+            threading.setprofile(self._profile)
+
+    def after_update(self, step: int) -> None:
+        pass
+
+    def after_log(self, step: int) -> None:
+        if step == 3:
+            sys.setprofile(None)
+            threading.setprofile(None)
+
+    def close(self) -> None:
+        pass
+
+
+def test_one_step_passes_through_these_files(tmp_path, monkeypatch):
+    trace = Trace()
+
+    class TracedLoop(setup.TrainingLoop):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.callbacks.append(trace)
+
+    monkeypatch.setattr(setup, "TrainingLoop", TracedLoop)
+    over = ["train.max_steps=4", "model.variant=standard", "train.eval_every_steps=0", "logging.every_steps=1"]
+    train("recipes/tiny_cpu.yaml", [*over, "data.prefetch=0", "checkpoint.save_final=false"], run_dir=tmp_path / "run")
+    assert trace.files == STEP_PATH, sorted(trace.files)
