@@ -77,10 +77,10 @@ def generate(
     if single:
         x = x[None]
     if x.shape[1] == 0:
-        raise ValueError("generate: empty prompt")
+        raise EvalError("generate: empty prompt")
     T = model.cfg.max_seq_len
     if x.shape[1] > T:
-        raise ValueError(f"generate: prompt of {x.shape[1]} tokens exceeds max_seq_len={T}")
+        raise EvalError(f"generate: prompt of {x.shape[1]} tokens exceeds max_seq_len={T}")
     steps = min(max_new_tokens, T - x.shape[1] + 1)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     cache = model.new_cache() if use_cache else None

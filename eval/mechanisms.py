@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from common.errors import EvalError
+
 from .report import new_figure, save_figure
 
 
@@ -47,16 +49,16 @@ def attention_maps(
     device = next(model.parameters()).device
     t = 2 * L
     if t > model.cfg.max_seq_len:
-        raise ValueError(f"mechanisms: 2*L={t} exceeds max_seq_len={model.cfg.max_seq_len}")
+        raise EvalError(f"mechanisms: 2*L={t} exceeds max_seq_len={model.cfg.max_seq_len}")
     if model.cfg.mixer == "mixit":
         return torch.stack([b.self_attn.matrix(t, device).float().cpu() for b in model.layers]), True
     if halves is not None:
         if not halves or any(len(h) != L for h in halves):
-            raise ValueError(f"mechanisms: halves must be a non-empty list of sequences of L={L} tokens")
+            raise EvalError(f"mechanisms: halves must be a non-empty list of sequences of L={L} tokens")
     else:
         lo, hi = token_range or (0, model.cfg.vocab_size)
         if not 0 <= lo < hi <= model.cfg.vocab_size:
-            raise ValueError(
+            raise EvalError(
                 f"mechanisms: token_range {token_range} is not within [0, vocab_size={model.cfg.vocab_size})"
             )
         r = random.Random(f"mech-{seed}-{L}")

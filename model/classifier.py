@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.constants import IGNORE_INDEX
+from common.errors import ConfigError
 
 from . import init
 from .freezing import apply_freeze
@@ -29,9 +30,9 @@ class SequenceClassifier(nn.Module):
     def __init__(self, backbone: Transformer, num_labels: int, pooling: str = DEFAULT_POOLING, pad_id: int = 0):
         super().__init__()
         if pooling not in POOLINGS:
-            raise ValueError(f"classification.pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+            raise ConfigError(f"classification.pooling must be one of {list(POOLINGS)}, got {pooling!r}")
         if not isinstance(num_labels, int) or num_labels < 2:
-            raise ValueError(f"classification.num_labels must be an integer >= 2, got {num_labels!r}")
+            raise ConfigError(f"classification.num_labels must be an integer >= 2, got {num_labels!r}")
         self.model = backbone
         self.cfg = backbone.cfg
         self.num_labels = num_labels

@@ -46,7 +46,7 @@ def is_llama(cfg: ModelConfig) -> bool:
 
 def llama_config(cfg: ModelConfig) -> LlamaConfig:
     if not is_llama(cfg):
-        raise ValueError(
+        raise ConfigError(
             f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama; use export_hf, "
             "which writes it to the registered TrainablePartsForCausalLM class"
         )
@@ -178,7 +178,7 @@ def config_from_llama(hf_cfg: dict[str, Any], **overrides: Any) -> ModelConfig:
     rope = hf_cfg.get("rope_parameters") or {}
     heads = hf_cfg["num_attention_heads"]
     if hf_cfg.get("head_dim") not in (None, hf_cfg["hidden_size"] // heads):
-        raise ValueError("head_dim != hidden_size / num_attention_heads is not supported")
+        raise ConfigError("head_dim != hidden_size / num_attention_heads is not supported")
     return ModelConfig(
         vocab_size=hf_cfg["vocab_size"],
         hidden_size=hf_cfg["hidden_size"],
@@ -230,9 +230,9 @@ def import_hf(path: str | os.PathLike, **overrides: Any) -> Transformer:
     hf_cfg = json.loads(cfg_file.read_text())
     model_type = hf_cfg.get("model_type")
     if model_type not in ("llama", MODEL_TYPE):
-        raise ValueError(f"{path}: model_type {model_type!r} is not supported (expected 'llama' or '{MODEL_TYPE}')")
+        raise ConfigError(f"{path}: model_type {model_type!r} is not supported (expected 'llama' or '{MODEL_TYPE}')")
     if model_type == "llama" and hf_cfg.get("mlp_bias", False) != hf_cfg.get("attention_bias", False):
-        raise ValueError("attention_bias and mlp_bias must agree (our `bias` switch covers both)")
+        raise ConfigError("attention_bias and mlp_bias must agree (our `bias` switch covers both)")
     cfg = config_from_llama(hf_cfg, **overrides)
     sd = _read_hf_weights(path)
     sd = {k.removeprefix("model."): v for k, v in sd.items()}

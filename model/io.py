@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.constants import atomic_write
+from common.errors import ConfigError
 
 from .config import ModelConfig
 from .transformer import Transformer
@@ -96,7 +97,7 @@ def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:
         if getattr(want, f) != getattr(have, f)
     ]
     if diffs:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint {where} does not match the model config ({'; '.join(diffs)}). "
             "Fix: use the config the checkpoint was trained with, or point at another checkpoint."
         )

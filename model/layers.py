@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.constants import IGNORE_INDEX
+from common.errors import ConfigError
 
 from . import mixit
 from .config import ModelConfig
@@ -352,7 +353,9 @@ class MixingAttention(nn.Module):
             _, v = cache.update(self.layer, None, v)
         total = past + t
         if total > cfg.max_seq_len:
-            raise ValueError(f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)")
+            raise ConfigError(
+                f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)"
+            )
         v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
         impl = self.impl(x.device, v.dtype)
         if impl == "dense":

@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from common.errors import ConfigError
+
 from . import rng
 from .config import ModelConfig
 
@@ -65,7 +67,7 @@ def mixing_matrix(
     little beyond the matrix itself."""
     t = cfg.max_seq_len if t is None else t
     if not 1 <= t <= cfg.max_seq_len:
-        raise ValueError(f"sequence length {t} is outside [1, max_seq_len={cfg.max_seq_len}]")
+        raise ConfigError(f"sequence length {t} is outside [1, max_seq_len={cfg.max_seq_len}]")
     idx = torch.arange(t, device=device)
     sigmas = head_sigmas(cfg, layer)
     out = torch.zeros(cfg.num_heads, t, t, device=device, dtype=dtype)

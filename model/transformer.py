@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from common.errors import ConfigError
+
 from . import init
 from .config import ModelConfig
 from .freezing import apply_freeze
@@ -99,7 +101,7 @@ class Transformer(nn.Module):
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
         if past + t > self.cfg.max_seq_len:
-            raise ValueError(
+            raise ConfigError(
                 f"sequence length {past + t} exceeds model.max_seq_len={self.cfg.max_seq_len}; "
                 "use shorter sequences or a model built with a larger max_seq_len"
             )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from checkpoint import load_for_eval
 from common.cli import CliParser, run_cli
+from common.errors import RecipeError
 from eval.loading import load_checkpoint, run_tokenizer
 from model.hf import export_hf
 from model.io import save_native
@@ -31,7 +32,7 @@ def export(checkpoint: str | Path, out: str | Path, fmt: str = "native") -> Path
         (out / "trainer_meta.json").write_text(json.dumps(info["meta"], indent=1, default=str))
         export_tokenizer(info, out)
         return out
-    raise ValueError(f"--format must be native or hf, got {fmt!r}")
+    raise RecipeError(f"--format must be native or hf, got {fmt!r}")
 
 
 def export_tokenizer(info: dict, out: Path) -> None:
