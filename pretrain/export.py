@@ -41,8 +41,12 @@ def export_tokenizer(info: dict, out: Path) -> None:
     tok = run_tokenizer(info)
     hf = tok.hf_tokenizer() if tok is not None and hasattr(tok, "hf_tokenizer") else None
     if hf is None:
-        kind = "none found" if tok is None else getattr(tok, "kind", "bytes")
-        print(f"no tokenizer exported (the run's tokenizer: {kind} has no transformers form)")
+        if tok is None:
+            print("no tokenizer exported: the run records none (a synthetic task's ids, or a tokenizer not found)")
+        else:
+            print(
+                f"no tokenizer exported: the run's {getattr(tok, 'kind', 'bytes')} tokenizer has no transformers form"
+            )
         return
     hf.save_pretrained(out)
     print(f"wrote the run's tokenizer ({tok.kind}, {tok.identity}) beside the weights")
