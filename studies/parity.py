@@ -47,6 +47,7 @@ from .spread import Spread
 ROWS = "docs/data/parity/runs.jsonl"
 REFERENCE_ROWS = "docs/data/parity/reference.jsonl"
 KEYS = ("acc", "exact_match", "loss")
+SOLVED = 0.99  # token accuracy that counts a seed as having solved the task
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def render(rows: list[dict], reference: list[dict]) -> str:
     the reference's token accuracy per seed, and whether the gap exceeds the seeds' spread."""
     header = [
         "task", "variant", "seeds", "ours: token accuracy (mean ± std)", "ours, per seed", "ours: exact match",
-        "reference: token accuracy, per seed", "gap beyond the spread?",
+        "reference: token accuracy, per seed", "gap beyond the spread?", "solved (≥ 0.99): ours, reference",
     ]  # fmt: skip
     table = []
     order = list(VARIANTS)
@@ -140,11 +141,17 @@ def render(rows: list[dict], reference: list[dict]) -> str:
                 name, variant + "".join(f" {o}" for o in extra), len(rs), acc.format(),
                 ", ".join(f"{v:.3f}" for v in acc.values), exact.format(),
                 ", ".join(f"{v:.3f}" for v in ref) or "—", gap_verdict(acc, ref) if ref else "—",
+                f"{solved(acc.values)}/{len(rs)}, " + (f"{solved(ref)}/{len(ref)}" if ref else "—"),
             ]
         )  # fmt: skip
     spent = sum(r["cpu_s"] for r in rows)
-    md = markdown_table(header, table, align="llrrlrll")
+    md = markdown_table(header, table, align="llrrlrllr")
     return md + f"\n\n{len(rows)} runs, {spent / 3600:.2f} CPU-hours of training (`python -m studies.parity --render`)."
+
+
+def solved(values) -> int:
+    """Seeds at token accuracy >= SOLVED: the comparable number where the outcome is bimodal over seeds."""
+    return sum(v >= SOLVED for v in values)
 
 
 def gap_verdict(ours: Spread, reference: list[float]) -> str:

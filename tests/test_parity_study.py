@@ -24,7 +24,7 @@ def test_parity_run_rows_and_table(tmp_path, capsys):
     reference = [{"ref_task": "additionstream_3", "variant": "standard", "acc": 0.5, "seed": 43}]
     table = render([{**r, "extra": []} for r in rows], reference)
     line = next(x for x in table.splitlines() if x.startswith("| additionstream_3 | standard |"))
-    assert "| 0.500 |" in line and ("| no |" in line or "| yes (" in line)
+    assert "| 0.500 |" in line and ("| no |" in line or "| yes (" in line) and line.endswith(", 0/1 |")
     assert "| additionstream_3 | mixit | 1 |" in table and "| — | — |" in table  # no reference row: no verdict
 
 
