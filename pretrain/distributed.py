@@ -33,10 +33,28 @@ def pick_device(want: str) -> torch.device:
     if want == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if want == "cuda":
-        # One visible GPU per process (e.g. srun --gpus-per-task) -> cuda:0; else cuda:LOCAL_RANK.
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        return torch.device("cuda", local if local < torch.cuda.device_count() else 0)
+        return torch.device("cuda", cuda_index(torch.cuda.device_count()))
     return torch.device("cpu")
+
+
+def cuda_index(visible: int) -> int:
+    """This rank's GPU among the `visible` ones: cuda:0 when each process sees one (srun --gpus-per-task) or
+    for a plain process (no launcher), else cuda:LOCAL_RANK, one process per GPU. A node whose process count differs from its GPU count
+    (a second process on a GPU, or GPUs left idle, as `--ntasks-per-node=1` on an 8-GPU node would) is
+    refused with the numbers, before anything is built."""
+    if visible == 1 or "RANK" not in os.environ:  # one GPU each, or a plain process: the first visible GPU
+        return 0
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
+    if local >= visible or per_node != visible:
+        host = os.environ.get("HOSTNAME") or os.uname().nodename
+        raise RecipeError(
+            f"rank {os.environ.get('RANK', 0)} on {host}: {per_node} processes on this node (LOCAL_RANK {local}) "
+            f"but {visible} GPUs visible, so a GPU would be shared or left idle. Fix: one process per GPU "
+            f"(launch.sh --gpus {visible}; under Slurm --ntasks-per-node={visible} with --gpus-per-node={visible}), "
+            "or CUDA_VISIBLE_DEVICES naming the GPUs to use"
+        )
+    return local
 
 
 def init_distributed(device: torch.device, timeout_s: float | None = None) -> bool:

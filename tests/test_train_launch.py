@@ -18,6 +18,8 @@ import pytest
 from conftest import REPO, free_port, read_losses
 
 from checkpoint import tag_format as ckpt
+from common.errors import RecipeError
+from pretrain.distributed import cuda_index
 from studies.chaos_long import processes_mentioning
 
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
@@ -482,3 +484,25 @@ def test_launch_sh_refuses_more_gpus_than_the_node_shows(tmp_path):
     # within the count, DeepSpeed's launcher is started
     assert launch("1").returncode == 0
     assert f"--world_info={world_info(1)} " in ranks_started.read_text()
+
+
+@pytest.mark.parametrize(
+    "env,visible,want",
+    [
+        ({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8"}, 8, 3),  # one process per GPU
+        ({"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "8"}, 1, 0),  # each process sees its own GPU (--gpus-per-task)
+        ({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, 8, None),  # --ntasks-per-node=1 on an 8-GPU node
+        ({"LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "8"}, 4, None),  # more processes than GPUs
+    ],
+)
+def test_each_rank_gets_its_own_gpu_or_a_one_line_refusal(monkeypatch, env, visible, want):
+    for k, v in {**env, "RANK": "11"}.items():
+        monkeypatch.setenv(k, v)
+    if want is not None:
+        assert cuda_index(visible) == want
+        return
+    with pytest.raises(
+        RecipeError,
+        match=rf"rank 11 on .*: {env['LOCAL_WORLD_SIZE']} processes on this node .* but {visible} GPUs visible",
+    ):
+        cuda_index(visible)
