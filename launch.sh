@@ -177,6 +177,14 @@ case "$mode" in
     ;;
   slurm)
     [ -n "${SLURM_JOB_ID:-}" ] || { echo "launch.sh --slurm: not inside a SLURM allocation (no SLURM_JOB_ID)" >&2; exit 2; }
+    # one process per GPU: tasks per node (--ntasks-per-node, or the first of SLURM_TASKS_PER_NODE's "8(x2)")
+    # against the GPUs Slurm gave each node, refused before srun when they differ
+    tasks_node="${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-}}"; tasks_node="${tasks_node%%[(,]*}"
+    gpus_node="${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-}}"; gpus_node="${gpus_node##*:}"
+    if [[ "$tasks_node" =~ ^[0-9]+$ && "$gpus_node" =~ ^[0-9]+$ ]] && [ "$gpus_node" -gt 0 ] && [ "$tasks_node" != "$gpus_node" ]; then
+      echo "error: launch.sh --slurm: $tasks_node task(s) per node but $gpus_node GPU(s) per node, so GPUs would be shared or left idle. Fix: --ntasks-per-node=$gpus_node (one process per GPU)" >&2
+      exit 2
+    fi
     addr="${master_addr:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
     [ -n "$master_port" ] || master_port=$(slurm_port)
     run env MASTER_ADDR="$addr" MASTER_PORT="$master_port" "${nccl_env[@]}" \

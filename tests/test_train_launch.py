@@ -265,6 +265,31 @@ def test_slurm_form_rendezvous_from_slurm_variables(tmp_path):
     assert ckpt.read_state(ckpt.latest_checkpoint(run))["world_size"] == 2
 
 
+@pytest.mark.parametrize("tasks,gpus", [("1", "8"), ("4(x2)", "a100:8")])
+def test_slurm_refuses_tasks_per_node_other_than_its_gpus(tmp_path, tasks, gpus):
+    """--ntasks-per-node=1 on 8-GPU nodes would train on one GPU per node: refused before srun runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "srun").write_text(f"#!/bin/sh\ntouch {tmp_path}/srun_ran\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = dict(launch_env(), PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="1", SLURM_JOB_NODELIST="n0")
+    env.update({"SLURM_TASKS_PER_NODE" if "(" in tasks else "SLURM_NTASKS_PER_NODE": tasks})
+    env.update({"SLURM_GPUS_PER_NODE" if ":" in gpus else "SLURM_GPUS_ON_NODE": gpus})
+    out = subprocess.run(
+        ["./launch.sh", "--slurm", "--master-port", "29999", "--", "--recipe", "recipes/tiny_cpu.yaml"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and not (tmp_path / "srun_ran").exists()
+    want = f"{tasks.split('(')[0]} task(s) per node but 8 GPU(s) per node"
+    assert (
+        out.stderr.startswith("error: launch.sh --slurm: ")
+        and want in out.stderr
+        and "--ntasks-per-node=8" in out.stderr
+    )
+
+
 def _printed_port(out: str) -> int:
     """The rendezvous port in launch.sh's printed command (--master_port P or MASTER_PORT=P)."""
     return int(re.search(r"(?:--master_port[ =]|MASTER_PORT=)(\d+)", out).group(1))
