@@ -8,9 +8,13 @@ under any).
 
 from __future__ import annotations
 
+import socket
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 from checkpoint import tag_format
 from common.errors import RecipeError
@@ -19,6 +23,8 @@ from model.io import check_compatible
 
 from .config import RunConfig
 from .layout import Layout
+
+RENDEZVOUS = ".rendezvous"  # rank 0's mark in the run dir, which every rank must see
 
 
 @dataclass
@@ -83,3 +89,51 @@ def check_layout(point: ResumePoint, layout: Layout, run_dir: Path) -> None:
             f"load under the same layout. Fix: python -m pretrain.universal --checkpoint {point.tag_dir} --out "
             f"{run_dir / 'universal'} and resume from the converted checkpoint (docs/TRAINING.md)"
         )
+
+
+def agreed_resume_point(
+    cfg: RunConfig, run_dir: Path, resume: str | None, overwrite: bool, rank: int, world: int
+) -> ResumePoint:
+    """One resume decision for every rank (collective). Rank 0 marks the run dir and picks the checkpoint;
+    every rank must see that mark (the run dir is on a filesystem all nodes share) and read the checkpoint
+    rank 0 picked, else every rank raises the same RecipeError naming the ranks, hosts and paths. Decided
+    per rank, a node whose disk lacks the checkpoint would start fresh while the others resume, and the
+    job would hang in its first collective until parallel.timeout_s."""
+    token, point, error = None, None, None
+    if rank == 0:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
+        (Path(run_dir) / RENDEZVOUS).write_text(token)
+        try:
+            point = resume_point(cfg, run_dir, resume, overwrite)
+        except RecipeError as e:  # said on every rank, not on rank 0 alone while the others wait
+            error = str(e)
+    if world == 1:
+        if error:
+            raise RecipeError(error)
+        return point
+    shared = [token, None if point is None or point.tag_dir is None else str(point.tag_dir), error]
+    dist.broadcast_object_list(shared, src=0)
+    token, tag, error = shared
+    if error:
+        raise RecipeError(error)
+    problem = ""
+    marker = Path(run_dir) / RENDEZVOUS
+    if not (marker.is_file() and marker.read_text() == token):
+        problem = f"does not see rank 0's run dir {Path(run_dir).resolve()} (its mark is missing or another run's)"
+    elif rank != 0:
+        try:
+            state = tag_format.read_state(Path(tag)) if tag is not None else {}
+            universal = bool(cfg.checkpoint.load_universal or state.get("universal"))
+            point = ResumePoint(None if tag is None else Path(tag), state, universal)
+        except (OSError, ValueError) as e:
+            problem = f"cannot read the checkpoint rank 0 resumes from, {tag} ({type(e).__name__}: {e})"
+    problems = [None] * world
+    dist.all_gather_object(problems, (rank, socket.gethostname(), problem))
+    bad = [f"rank {r} on {host} {p}" for r, host, p in problems if p]
+    if bad:
+        raise RecipeError(
+            f"{'; '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}. Fix: put the run dir on a filesystem every "
+            "node mounts at the same path (--run-dir), and check that node's mount"
+        )
+    return point

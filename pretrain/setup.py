@@ -23,7 +23,7 @@ from .layout import plan_layout
 from .loop import TrainingLoop
 from .metrics import Logger
 from .profiling import StepProfiler
-from .resume import check_fits, check_layout, resume_point
+from .resume import agreed_resume_point, check_fits, check_layout
 from .run_dir import check_run_dir, resolved_config, write_config
 from .task_model import model_config
 from .trackers import build_trackers
@@ -72,7 +72,7 @@ def build_run(
     """Build this rank's run, every rank in step; the process group is up."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
-    point = resume_point(cfg, run_dir, resume, overwrite)
+    point = agreed_resume_point(cfg, run_dir, resume, overwrite, rank, world)
     layout = plan_layout(cfg, world)
     probe = check_data(cfg, layout.data_parallel, run_dir)
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))

@@ -531,3 +531,30 @@ def test_each_rank_gets_its_own_gpu_or_a_one_line_refusal(monkeypatch, env, visi
         match=rf"rank 11 on .*: {env['LOCAL_WORLD_SIZE']} processes on this node .* but {visible} GPUs visible",
     ):
         cuda_index(visible)
+
+
+def test_two_nodes_that_do_not_share_the_run_dir_stop_in_one_line_not_a_hang(tmp_path):
+    """Two ranks as two loopback "nodes" whose run dirs differ (the same relative --run-dir under another
+    working directory, as node-local disks would be): every rank ends within seconds with one error line
+    naming the rank that does not see rank 0's run dir, long before the collective timeout."""
+    port, procs = free_port(), []
+    for rank in (0, 1):
+        node = tmp_path / f"node{rank}"
+        node.mkdir()
+        env = dict(
+            launch_env(), PYTHONPATH=str(REPO), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        )  # fmt: skip
+        cmd = [sys.executable, "-m", "pretrain.train", "--recipe", str(REPO / "recipes/tiny_cpu.yaml")]
+        cmd += ["--run-dir", "runs/shared", "train.max_steps=2", "parallel.timeout_s=600", "logging.tensorboard=false"]
+        procs.append(
+            subprocess.Popen(cmd, cwd=node, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    start = time.monotonic()
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert time.monotonic() - start < 240
+    for p, (out, err) in zip(procs, outs):
+        lines = [x for x in err.splitlines() if x.startswith("error: ")]
+        assert p.returncode == 2 and len(lines) == 1, err[-2000:]
+        assert "rank 1 on " in lines[0] and "does not see rank 0's run dir" in lines[0] and "Fix:" in lines[0]
+    assert not (tmp_path / "node1" / "runs" / "shared" / "checkpoints").exists()
