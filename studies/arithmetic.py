@@ -59,7 +59,7 @@ ROWS = "docs/data/arithmetic/runs.jsonl"
 TASK = "addition"
 SOLVED = 0.9  # held-out exact match that counts as solved
 ARMS = ["standard", "frozen_qk", "mixit", "standard@0.02", "frozen_qk@0.02"]
-GRID = (3e-3, 1e-2, 3e-2)
+GRID = (3.33e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # every arm the same grid, as retrieval
 LAYOUTS = ("padded", "reference")
 # --stage all, in order (docs/results/arithmetic.md, "Plan"): the sweep and 5 seeds at 3 digits, then 5 and 2
 # digits at the rates chosen at 3.

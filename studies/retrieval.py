@@ -69,7 +69,7 @@ RECIPE = "recipes/retrieval_kv.yaml"
 ROWS = "docs/data/retrieval/runs.jsonl"
 PAGE = "docs/results/retrieval.md"
 TASK = "kv_retrieval"
-GRID = (3e-3, 1e-2, 3e-2)
+GRID = (3.33e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # every arm the same grid (docs/results/retrieval.md, "Amended")
 SOLVED = 0.9  # held-out accuracy that counts as having left the plateau
 # --stage all, in order (docs/results/retrieval.md, "Plan"): the sweep and 5 seeds at 16 pairs and 32 values; then
 # 30 pairs, then 255 values at 16 and 30 pairs, each at the rates chosen at 16 pairs and 32 values.
