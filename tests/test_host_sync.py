@@ -37,11 +37,11 @@ def _reads_per_step(monkeypatch, tmp_path, micro: int, ds_config: str) -> list[i
         monkeypatch.setattr(torch.Tensor, name, counting(name))
     original_step = engine.ModelEngine.train_step
 
-    def counted_step(self, batch):
+    def counted_step(self, batch, batch_index=None):
         counts.append(0)
         active[0] = True
         try:
-            return original_step(self, batch)
+            return original_step(self, batch, batch_index)
         finally:
             active[0] = False
 

@@ -11,8 +11,8 @@ import torch
 from conftest import REPO
 
 import model.mfu as mfu_mod
-from pretrain import config as config_mod
 from pretrain import loop
+from pretrain import setup as setup_mod
 from pretrain.train import train
 
 
@@ -37,7 +37,7 @@ def test_trainer_and_benchmark_use_the_same_definition():
     spec.loader.exec_module(bench)
     assert bench.mfu is mfu_mod.mfu and loop.mfu is mfu_mod.mfu
     assert bench.measure_matmul_tflops is mfu_mod.measure_matmul_tflops
-    assert config_mod.peak_tflops is mfu_mod.peak_tflops
+    assert setup_mod.peak_tflops is mfu_mod.peak_tflops
 
 
 def test_records_carry_mfu_and_its_peak_source(tmp_path, monkeypatch):
