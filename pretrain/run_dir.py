@@ -3,6 +3,7 @@ into a directory that holds another run."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,9 @@ import yaml
 
 from common.constants import REPO_ROOT
 from common.errors import RecipeError
+from model import ModelConfig
 
-from .config import RunConfig
+from .config import SECTIONS, RunConfig
 
 # Settings that may change when a run continues (more steps, other logging or layout).
 MUTABLE = {
@@ -68,6 +70,18 @@ def run_identity(resolved: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_new_defaults(old: dict[str, Any]) -> dict[str, Any]:
+    """A config.yaml written before a model or section field existed, with that field at its default: the
+    run was trained with the behaviour the default keeps, so it resumes; a non-default value is a change."""
+    sections = {"model": ModelConfig, **SECTIONS}
+    out = dict(old)
+    for sec, cls in sections.items():
+        if isinstance(out.get(sec), dict):
+            defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+            out[sec] = {**{k: v for k, v in defaults.items() if k not in out[sec]}, **out[sec]}
+    return out
+
+
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     keys = sorted(set(a) | set(b))
     out = []
@@ -107,7 +121,7 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: str | None, o
         old = yaml.safe_load(cfg_file.read_text()) or {}
     except yaml.YAMLError:
         return
-    diffs = _diff(run_identity(old), run_identity(resolved))
+    diffs = _diff(run_identity(with_new_defaults(old)), run_identity(resolved))
     if diffs:
         raise RecipeError(
             f"{run_dir} holds a different run ({'; '.join(diffs[:6])}). Fix: another --run-dir, "

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+import yaml
 from conftest import REPO, fault_seed, read_losses
 
 from checkpoint import load_for_eval
@@ -255,3 +256,18 @@ def test_bf16_on_cpu_trains_and_exports_in_true_dtype(tmp_path):
     assert set(dtypes.values()) == {torch.bfloat16}
     ids = torch.randint(0, model.cfg.vocab_size, (1, 8))
     assert torch.isfinite(model(ids).float()).all()
+
+
+def test_a_run_written_before_a_model_field_existed_resumes(tmp_path):
+    """A config.yaml without a field added since (here model.parametrization and mup_base_width) is read
+    with that field at its default: the run resumes; a non-default value is still a different run."""
+    run = tmp_path / "run"
+    train("recipes/tiny_cpu.yaml", ["train.max_steps=2"], run_dir=run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    for k in ("parametrization", "mup_base_width"):
+        cfg["model"].pop(k)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert train("recipes/tiny_cpu.yaml", ["train.max_steps=3"], run_dir=run).final_step == 3
+    with pytest.raises(RecipeError, match="model.parametrization: there 'standard', here 'mup'"):
+        over = ["train.max_steps=4", "model.parametrization=mup", "model.mixit_width_base=null"]
+        train("recipes/tiny_cpu.yaml", over, run_dir=run)
