@@ -41,7 +41,7 @@ from .parallelize import build_local
 def param_groups(module: torch.nn.Module, cfg: RunConfig, width_mult: float = 1.0) -> list[dict[str, Any]]:
     """AdamW groups over TRAINABLE tensors only: decay for matrices, none for biases/norms/embeddings; under
     µP (`width_mult` m > 1 or < 1) the hidden matrices' group has `lr_scale` 1/m (`set_lr` applies it)."""
-    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    by_kind: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}  # (decays, hidden) -> tensors
     seen = set()
     for name, p in module.named_parameters():
         if not p.requires_grad or id(p) in seen:
@@ -50,11 +50,11 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig, width_mult: float = 1.
         lname = name.lower()
         ndim = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 partitioned tensor: its full shape
         decays = not (ndim < 2 or any(s in lname for s in cfg.optim.no_decay))
-        groups.setdefault((decays, width_mult != 1.0 and is_hidden_matrix(name)), []).append(p)
+        by_kind.setdefault((decays, width_mult != 1.0 and is_hidden_matrix(name)), []).append(p)
     groups = [
         {"params": ps, "weight_decay": cfg.optim.weight_decay if decays else 0.0}
         | ({"lr_scale": 1.0 / width_mult} if hidden else {})
-        for (decays, hidden), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))
+        for (decays, hidden), ps in sorted(by_kind.items(), key=lambda kv: (not kv[0][0], kv[0][1]))
     ]
     if not groups:
         raise RecipeError(
