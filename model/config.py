@@ -101,6 +101,9 @@ class ModelConfig:
     # a rate tuned at the base width transfers. "standard": none of these.
     parametrization: str = "standard"
     mup_base_width: int = 256
+    # the base model's head dim in µP's 1/d_h: None -> mup_base_width // num_heads (the heads stay as the
+    # width grows, so d_h grows); a ladder that adds heads at a fixed head dim sets that dim (1/sqrt(d_h))
+    mup_base_head_dim: int | None = None
     # Implementation choices (do not change the function computed)
     attn_impl: str = "auto"
     mixit_impl: str = "auto"
@@ -206,13 +209,15 @@ class ModelConfig:
             raise _bad(
                 "parametrization", f"unknown {self.parametrization!r}", f"{hint}choose one of {list(PARAMETRIZATIONS)}"
             )
+        if self.mup_base_head_dim is not None and not _is_int(self.mup_base_head_dim, 1):
+            raise _bad("mup_base_head_dim", f"{self.mup_base_head_dim!r} is not a positive integer", "e.g. 64, or null")
         if not _is_int(self.mup_base_width, 1) or (
-            self.parametrization == "mup" and self.mup_base_width % self.num_heads
+            self.parametrization == "mup" and self.mup_base_head_dim is None and self.mup_base_width % self.num_heads
         ):
             raise _bad(
                 "mup_base_width",
                 f"{self.mup_base_width!r} is not a positive multiple of num_heads={self.num_heads}",
-                "use the width the rates were tuned at, e.g. 256",
+                "use the width the rates were tuned at, e.g. 256, or set mup_base_head_dim where heads grow with the width",
             )
         if self.parametrization == "mup" and self.mixer == "mixit" and self.mixit_width_base is not None:
             raise _bad(
@@ -300,7 +305,7 @@ class ModelConfig:
         if self.shaped:
             return 1.0 / (self.shaped_tau0 * math.sqrt(self.head_dim) * (self.hidden_size / self.shaped_width_base))
         if self.parametrization == "mup":  # 1/d_h, equal to 1/sqrt(d_h) at the base width
-            return math.sqrt(self.mup_base_width // self.num_heads) / self.head_dim
+            return math.sqrt(self.mup_base_head_dim or self.mup_base_width // self.num_heads) / self.head_dim
         return 1.0 / math.sqrt(self.head_dim)
 
     @property

@@ -4,6 +4,7 @@ base width, the optimizer's per-group rates, and the refusals."""
 
 from __future__ import annotations
 
+import math
 import types
 
 import pytest
@@ -92,6 +93,25 @@ def test_mup_refusals_and_export_kind():
     with pytest.raises(ConfigError, match="mup_base_width"):
         preset("tiny", vocab_size=V, parametrization="mup", mup_base_width=66)
     assert is_llama(config("standard", 64, "standard")) and not is_llama(config("standard", 64, "mup"))
+
+
+def test_attention_scale_follows_the_base_head_dim():
+    """1/d_h relative to the base model's head dim: with the heads fixed it grows from base/heads; a
+    ladder that adds heads at a fixed head dim names that dim and keeps 1/sqrt(d_h)."""
+    fixed_heads = preset("tiny", vocab_size=V, hidden_size=128, num_heads=4, parametrization="mup", mup_base_width=64)
+    assert fixed_heads.attn_scale == pytest.approx(math.sqrt(16) / 32)  # base head dim 16, now 32
+    more_heads = preset(
+        "tiny",
+        vocab_size=V,
+        hidden_size=128,
+        num_heads=8,
+        parametrization="mup",
+        mup_base_width=32,
+        mup_base_head_dim=16,
+    )
+    assert more_heads.attn_scale == pytest.approx(1 / math.sqrt(16))
+    with pytest.raises(ConfigError, match="mup_base_head_dim"):
+        preset("tiny", vocab_size=V, parametrization="mup", mup_base_head_dim=0)
 
 
 def test_a_mup_run_trains_under_deepspeed(tmp_path):
