@@ -22,7 +22,7 @@ from common.errors import StudyError
 from eval.report import markdown_table
 from pretrain.config import load_recipe
 
-from .scaling_ladder import LADDER, non_embedding_params, per_size, shape_overrides
+from .scaling_ladder import LADDER, SHAPES, non_embedding_params, per_size, shape_overrides
 from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
 
 
@@ -30,19 +30,31 @@ def rate_name(variant: str, size: str, lr: float) -> str:
     return f"{variant}-{size}-lr{lr:g}"
 
 
-def rate_overrides(variant: str, size: str, lr: float, budget: float, batch: int | None = None) -> list[str]:
-    """A grid point: a full wsd schedule of `budget` tokens per parameter at rate `lr` (the ladder's
-    batch for that size, when given, since the best rate depends on it)."""
-    tokens = int(budget * non_embedding_params(size))
+def rate_overrides(
+    variant: str,
+    size: str,
+    lr: float,
+    budget: float,
+    batch: int | None = None,
+    tokens: int | None = None,
+    min_lr_fraction: float | None = None,
+) -> list[str]:
+    """A grid point: a full wsd schedule of `budget` tokens per parameter (or `tokens`, the same for
+    every size, as a transfer check compares widths at) at rate `lr`, decaying to the recipe's min_lr
+    or to `min_lr_fraction` x lr; the ladder's batch for that size, when given, since the best rate
+    depends on it."""
+    tokens = tokens or int(budget * non_embedding_params(size))
     batch_keys = (
         [] if batch is None else [f"train.global_batch_sequences={batch}", f"train.micro_batch_sequences={batch}"]
     )
+    floor = [] if min_lr_fraction is None else [f"optim.min_lr={lr * min_lr_fraction:.6g}"]
     return [
         *batch_keys,
         *shape_overrides(size),
         f"model.variant={variant}",
         f"name={rate_name(variant, size, lr)}",
         f"optim.lr={lr}",
+        *floor,
         "optim.decay=wsd",
         f"train.max_tokens={tokens}",
         "train.max_steps=null",
@@ -106,6 +118,28 @@ def rate_rule(best: dict[str, dict[str, float]]) -> dict[str, dict]:
     }
 
 
+def transfer_check(best: dict[str, dict[str, float]], parametrization: str) -> dict[str, dict]:
+    """µP's promise, per variant swept at >= 2 sizes: the best rate at the widest size over the best rate
+    at the narrowest, which holds within a factor sqrt(2) (Yang et al.'s transfer); `rate`, the
+    geometric mean of the variant's best rates, is the one rate a µP study then trains every width at."""
+    out = {}
+    for variant, rates in best.items():
+        if len(rates) < 2:
+            continue
+        narrow, wide = sorted(rates, key=lambda s: SHAPES[s]["hidden_size"])[:: len(rates) - 1]
+        ratio = rates[wide] / rates[narrow]
+        out[variant] = {
+            "parametrization": parametrization,
+            "narrow": narrow,
+            "wide": wide,
+            "width_ratio": SHAPES[wide]["hidden_size"] / SHAPES[narrow]["hidden_size"],
+            "rate_ratio": ratio,
+            "holds": bool(abs(math.log(ratio)) <= 0.5 * math.log(2) + 1e-12),
+            "rate": float(math.exp(np.mean(np.log(list(rates.values()))))),
+        }
+    return out
+
+
 def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict]) -> str:
     """Markdown: final validation loss of every grid point (the lowest of each row in bold), the best
     rate (the parabola's vertex), and the rule's rate at every ladder size."""
@@ -120,7 +154,20 @@ def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict])
     rates = [
         [variant, f"{r['slope']:.3f}", *(f"{r['rates'][s]:.2e}" for s in LADDER)] for variant, r in sorted(rule.items())
     ]
-    return losses_md + "\n\n" + markdown_table(["variant", "slope", *LADDER], rates, right_from=1) + "\n"
+    md = losses_md + "\n\n" + markdown_table(["variant", "slope", *LADDER], rates, right_from=1) + "\n"
+    checks = [(v, r["transfer"]) for v, r in sorted(rule.items()) if "transfer" in r]
+    if checks:
+        header = ["variant", "parametrization", "widths", "best rate, narrow", "best rate, wide", "wide / narrow"]
+        table = [
+            [v, c["parametrization"], f"{c['narrow']} → {c['wide']} (×{c['width_ratio']:g})"]
+            + [f"{r['best'][c['narrow']]:.2e}", f"{r['best'][c['wide']]:.2e}"]
+            + [f"{c['rate_ratio']:.2f} ({'within' if c['holds'] else 'beyond'} √2)"]
+            for v, c in checks
+            for r in [rule[v]]
+        ]
+        md += "\nTransfer check (the best rate moves by at most √2 across the widths):\n\n"
+        md += markdown_table(header, table, right_from=3) + "\n"
+    return md
 
 
 def lr_sweep(args) -> int:
@@ -130,8 +177,12 @@ def lr_sweep(args) -> int:
     lrs = sorted(float(x) for x in args.lrs.split(","))
     points = [(v, s, lr) for s in sizes for v in variants for lr in lrs]
     batches = per_size(args.batch_sequences, "--batch-sequences")
+
+    def point_overrides(v: str, s: str, lr: float) -> list[str]:
+        return rate_overrides(v, s, lr, args.budget, batches.get(s), args.tokens, args.min_lr_fraction)
+
     for v, s, lr in points:  # a bad recipe, size or override fails here, before anything trains
-        load_recipe(args.recipe, [*args.overrides, *rate_overrides(v, s, lr, args.budget, batches.get(s))])
+        cfg = load_recipe(args.recipe, [*args.overrides, *point_overrides(v, s, lr)])
     out = Path(args.out)
     args.overrides += tracker_overrides(args.recipe, args.overrides, f"lr-sweep:{out.name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -144,11 +195,11 @@ def lr_sweep(args) -> int:
             return []
         if not (run_dir / DONE).is_file():
             cmd = ["--recipe", args.recipe, "--run-dir", str(run_dir), "--resume", "auto", *args.overrides]
-            cmd += rate_overrides(v, s, lr, args.budget, batches.get(s))
+            cmd += point_overrides(v, s, lr)
             if not train_once(cmd, run_dir, {"variant": v, "size": s, "lr": lr}, threads):
                 return [run_dir.name]
         if (row := collect_run(run_dir)) is not None:
-            log.append({**row, "size": s, "budget": args.budget})
+            log.append({**row, "size": s, "budget": None if args.tokens else args.budget, "max_tokens": args.tokens})
         return []
 
     failed = run_chains([lambda p=p: train_point(*p) for p in points], args.jobs)
@@ -163,7 +214,10 @@ def lr_sweep(args) -> int:
         if loss is None:
             raise StudyError(f"{rate_name(v, s, lr)} logged no val_loss. Fix: train.eval_every_steps > 0")
         losses[(v, s, lr)] = loss
-    rule = rate_rule(choose_rates(losses))
+    best = choose_rates(losses)
+    rule = rate_rule(best)
+    for variant, check in transfer_check(best, cfg.model.fields.get("parametrization", "standard")).items():
+        rule[variant]["transfer"] = check
     (out / "lr.json").write_text(json.dumps(rule, indent=2))
     (out / "lr.md").write_text(lr_table(losses, rule))
     print(json.dumps({v: r["rates"] for v, r in rule.items()}, indent=2))

@@ -11,7 +11,7 @@ import pytest
 from common.errors import StudyError
 from studies.scaling import main
 from studies.scaling_ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
-from studies.scaling_lr import choose_rates, rate_overrides, rate_rule
+from studies.scaling_lr import choose_rates, lr_table, rate_overrides, rate_rule, transfer_check
 
 GRID = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
 
@@ -116,3 +116,25 @@ def test_lr_sweep_trains_the_grid_logs_rows_and_resumes_from_them(tmp_path):
     assert json.loads((out / "lr.json").read_text()) == rule and not list((out / "runs").iterdir())
     assert "| standard | n27k |" in (out / "lr.md").read_text()
     assert len(log.read_text().splitlines()) == 3
+
+
+def test_transfer_check_compares_the_narrowest_and_widest_best_rates():
+    """µP's transfer: within sqrt(2) holds, beyond it does not; the one rate is the geometric mean; a
+    fixed-token grid point decays to a fraction of its own rate."""
+    best = {"standard": {"w128": 1e-2, "w32": 8e-3}, "mixit": {"w32": 8e-3, "w64": 9e-3, "w128": 2e-2}}
+    checks = transfer_check(best, "mup")
+    assert (checks["standard"]["narrow"], checks["standard"]["wide"], checks["standard"]["width_ratio"]) == (
+        "w32",
+        "w128",
+        4,
+    )
+    assert checks["standard"]["holds"] and checks["standard"]["rate"] == pytest.approx(math.sqrt(8e-5))
+    assert not checks["mixit"]["holds"] and checks["mixit"]["rate_ratio"] == pytest.approx(2.5)
+    assert transfer_check({"standard": {"w32": 1e-2}}, "mup") == {}  # one width: nothing to compare
+    rule = rate_rule(best)
+    for v, c in checks.items():
+        rule[v]["transfer"] = c
+    md = lr_table({(v, s, lr): 3.0 for v, r in best.items() for s, lr in r.items()}, rule)
+    assert "| standard | mup | w32 → w128 (×4) |" in md and "2.50 (beyond √2)" in md
+    over = rate_overrides("standard", "w128", 1e-2, 5.0, batch=8, tokens=2_048_000, min_lr_fraction=0.1)
+    assert "train.max_tokens=2048000" in over and "optim.min_lr=0.001" in over and "model.hidden_size=128" in over
