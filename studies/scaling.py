@@ -7,6 +7,9 @@
   python -m studies.scaling ladder  --recipe R --sizes n27k,...,n2000k --budgets 2.5,5,10,20 --cooldown 0.2 \
                                  --out DIR [--max-tokens T] [--more-seeds n27k=2,n214k=2] [--lr-from LR.json] [--slurm] [key=value ...]
   python -m studies.scaling lr-sweep --recipe R --sizes n27k,n90k,n214k --lrs 1e-3,...,1.6e-2 --out DIR   # -> DIR/lr.json
+  python -m studies.scaling isoflop --recipe R --grid 1e13=w32:w128,2e13=w32:w192 --lr-from LR.json --out DIR \
+                                 [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling_isoflop.py)
+  python -m studies.scaling profiles --rows ROWS --out DIR   # -> DIR/profiles.json, profiles.md, isoflop.png
 
 A sweep point is one run directory DIR/runs/<variant>-<size>-s<seed>, trained by
 `pretrain.train` with overrides; a finished point carries `sweep_done.json` and is
@@ -36,6 +39,7 @@ from eval.report import markdown_table
 from model import PRESETS
 from pretrain.config import load_recipe
 
+from .rows import read_rows
 from .scaling_fit import (
     JointFit,
     PowerLawFit,
@@ -48,8 +52,10 @@ from .scaling_fit import (
     plot_fits,
     plot_frontier,
 )
+from .scaling_isoflop import run_isoflop
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
+from .scaling_profiles import analyse, plot_profiles, report_markdown, to_json
 from .scaling_runs import DONE, RowLog, collect_run, tracker_overrides, train_once, write_array_script
 from .shared import check_variants, study_parser
 
@@ -234,6 +240,20 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def write_profiles(args: argparse.Namespace) -> int:
+    """The IsoFLOP analysis of a row log, as JSON, a markdown report and a figure."""
+    result = analyse(read_rows(args.rows), n_boot=args.boot)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = report_markdown(result)
+    (out / "profiles.json").write_text(json.dumps(to_json(result), indent=2))
+    (out / "profiles.md").write_text(md + "\n")
+    png = plot_profiles(result, out / "isoflop.png")
+    print(md)
+    print(f"wrote {out / 'profiles.json'}, {out / 'profiles.md'}, {png}")
+    return 0
+
+
 def power_law_points(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The rows of L(N) and of L(C). A sweep's rows serve both. Of a ladder, only runs that ended at
     min_lr count (a stable run's loss is at the peak rate), and L(N) takes each (variant, size, seed)'s
@@ -260,8 +280,9 @@ def joint_fits(
     md = [
         f"### {y}: L(N, D) = E + A N^-alpha + B D^-beta (N = {n_key}, D = tokens; 90% bootstrap intervals)",
         "",
-        "| variant | E | A | alpha | B | beta | points | RMS log error | held-out size | held-out mean abs rel. error |",
-        "|---|---|---|---|---|---|---:|---:|---:|---:|",
+        "| variant | E | A | alpha | B | beta | points | RMS log error | held-out size | held-out mean abs rel. error "
+        "| identified |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---|",
     ]
     for variant in sorted({r["variant"] for r in rows}):
         pts = cooled_rows(rows, variant, y)
@@ -286,7 +307,9 @@ def joint_fits(
         }
         md.append(
             f"| {variant} | {cell.get('E', fit.E)} | {cell.get('A', fit.A)} | {cell.get('alpha', fit.alpha)} | "
-            f"{cell.get('B', fit.B)} | {cell.get('beta', fit.beta)} | {fit.n_points} | {fit.rmse_log:.4f} | {held} |"
+            f"{cell.get('B', fit.B)} | {cell.get('beta', fit.beta)} | {fit.n_points} | {fit.rmse_log:.4f} | {held} | "
+            + ("yes" if not fit.not_identified() else "**not identified**: " + "; ".join(fit.not_identified()))
+            + " |"
         )
     return report, md + [""], fits
 
@@ -303,8 +326,11 @@ def frontier_gaps(
     """Each variant's compute-optimal frontier under its joint fit, in its own training FLOPs (frozen
     weights' gradients excluded), and its gap to standard's at equal compute with 90% bootstrap bands,
     over the compute range the ladder ran; a plot of both."""
+    unidentified = {v: f.not_identified() for v, f in fits.items() if f.not_identified()}
+    fits = {v: f for v, f in fits.items() if v not in unidentified}
+    skipped = [f"(no frontier from {v}'s fit: not identified, {'; '.join(r)})" for v, r in unidentified.items()]
     if "standard" not in fits or len(fits) < 2:
-        return {}, ["(no frontier gap: it needs joint fits of standard and another variant)", ""]
+        return {}, [*skipped, "(no frontier gap: it needs identified joint fits of standard and another variant)", ""]
     curves, grids, spans, max_tokens = {}, {}, [], {}
     for v in fits:
         pts = cooled_rows(rows, v, y)
@@ -350,7 +376,7 @@ def frontier_gaps(
         "size, so it may lie beyond it; D beyond the data: more tokens than any run of that variant saw, so "
         "the law is extrapolated there.)"
     )
-    return report, md + [""]
+    return report, [*skipped, *md, ""]
 
 
 def same_shape_gaps(rows: list[dict[str, Any]], y: str) -> list[str]:
@@ -387,12 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = study_parser("studies.scaling", __doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    def trainer(name: str, what: str, sizes: str, sizes_help: str | None = None) -> argparse.ArgumentParser:
-        """A subcommand that trains: a recipe, variants and sizes, an out-dir, and overrides."""
+    def trainer(name: str, what: str, sizes: str | None, sizes_help: str | None = None) -> argparse.ArgumentParser:
+        """A subcommand that trains: a recipe, variants and sizes (None: it has its own), an out-dir, and overrides."""
         p = sub.add_parser(name, help=what)
         p.add_argument("--recipe", required=True)
         p.add_argument("--variants", default="standard,frozen_qk,mixit")
-        p.add_argument("--sizes", default=sizes, help=sizes_help)
+        if sizes is not None:
+            p.add_argument("--sizes", default=sizes, help=sizes_help)
         p.add_argument("--out", required=True)
         p.add_argument("overrides", nargs="*", help="extra recipe overrides, key=value")
         return p
@@ -436,8 +463,25 @@ def main(argv: list[str] | None = None) -> int:
         "--lrs", default="1e-3,2e-3,4e-3,8e-3,1.6e-2", help="the grid (a best rate at its edge is an error)"
     )
     lr.add_argument("--budget", type=float, default=5.0, help="tokens per non-embedding parameter of each run")
+    lr.add_argument("--tokens", type=int, help="tokens of every run instead of --budget (a µP transfer check)")
+    lr.add_argument("--min-lr-fraction", type=float, help="decay to this fraction of each run's rate (else min_lr)")
     lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
-    for p in (la, lr):
+    iso = trainer("isoflop", "IsoFLOP profiles at fixed batch under µP (studies/scaling_isoflop.py)", None)
+    iso.add_argument("--grid", required=True, help="BUDGET=FIRST:LAST,...: FLOPs and the widths each holds")
+    iso.add_argument("--lr-from", help="lr.json of a µP lr-sweep whose transfer check held: one rate per variant")
+    iso.add_argument("--min-lr-fraction", type=float, default=0.1, help="every run decays to this share of its rate")
+    iso.add_argument("--cooldown", type=float, default=0.2, help="a branch decays over this fraction of its step")
+    iso.add_argument("--seeds", type=int, default=1)
+    iso.add_argument("--more-seeds", default="", help="SIZE=K,...: K seeds at these widths (minima and neighbours)")
+    iso.add_argument("--min-steps", type=int, default=500, help="the fewest optimizer steps a run may take")
+    iso.add_argument("--max-epochs", type=float, default=4.0, help="the most passes over the training shards")
+    iso.add_argument("--plan-only", action="store_true", help="print the runs and their FLOPs, train nothing")
+    iso.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
+    pr = sub.add_parser("profiles", help="IsoFLOP optima, laws, compute multipliers (studies/scaling_profiles.py)")
+    pr.add_argument("--rows", required=True, help="the isoflop command's row log")
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
+    for p in (la, lr, iso):
         p.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
         p.add_argument("--rows", help="JSON-lines log: a row per finished run; runs in it are skipped")
     args = ap.parse_args(argv)
@@ -449,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_ladder(args)
         if args.cmd == "lr-sweep":
             return lr_sweep(args)
+        if args.cmd == "isoflop":
+            return run_isoflop(args)
+        if args.cmd == "profiles":
+            return write_profiles(args)
         if args.cmd == "collect":
             collect(args)
         else:

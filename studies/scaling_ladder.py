@@ -48,6 +48,14 @@ LADDER: dict[str, dict[str, int]] = {
     "n1280k": dict(hidden_size=128, num_layers=6, num_heads=8, intermediate_size=384),
     "n2000k": dict(hidden_size=160, num_layers=6, num_heads=10, intermediate_size=480),
 }
+# The IsoFLOP grid's widths (studies/scaling_isoflop.py): depth 4, head dim 16, intermediate 3 x width, so
+# only the width changes and µP's width rule carries a rate from one size to the next; 53k .. 3.4M
+# non-embedding parameters (52 width^2).
+WIDTHS: dict[str, dict[str, int]] = {
+    f"w{w}": dict(hidden_size=w, num_layers=4, num_heads=w // 16, intermediate_size=3 * w)
+    for w in (32, 48, 64, 96, 128, 192, 256)
+}
+SHAPES = {**LADDER, **WIDTHS}
 
 
 def branch_overrides(step: int, fraction: float) -> list[str]:
@@ -60,14 +68,14 @@ def branch_overrides(step: int, fraction: float) -> list[str]:
 
 
 def shape_overrides(size: str) -> list[str]:
-    if size not in LADDER:
-        raise StudyError(f"unknown ladder size {size!r}. Fix: choose from {list(LADDER)}")
-    return ["model.preset=tiny"] + [f"model.{k}={v}" for k, v in LADDER[size].items()]
+    if size not in SHAPES:
+        raise StudyError(f"unknown ladder size {size!r}. Fix: choose from {list(SHAPES)}")
+    return ["model.preset=tiny"] + [f"model.{k}={v}" for k, v in SHAPES[size].items()]
 
 
 def non_embedding_params(size: str, variant: str = "standard") -> int:
     """Parameters outside the embedding and the head (which the tied head shares)."""
-    counts = param_count(ModelConfig(**LADDER[size], vocab_size=256, variant=variant, tie_embeddings=True))
+    counts = param_count(ModelConfig(**SHAPES[size], vocab_size=256, variant=variant, tie_embeddings=True))
     return counts["non_embedding"] - counts["head"]
 
 
@@ -82,12 +90,16 @@ class LadderRun:
     lr: float | None = None  # None: the recipe's optim.lr
     batch: int | None = None  # global batch in sequences; None: the recipe's
     tokens_per_step: int = 0
+    min_lr: float | None = None  # None: the recipe's optim.min_lr
+    budget: float | None = None  # an IsoFLOP branch's compute budget (FLOPs), recorded in its row
+    flops_per_token: float | None = None  # training FLOPs per token; None: planned by parameters (the ladder)
 
     @property
     def cost(self) -> float:
-        """Planning cost: the run's own steps' tokens times the size's parameters."""
+        """Planning cost: the run's own steps' tokens times its FLOPs per token (the ladder: the size's
+        parameters, proportional to them)."""
         steps = self.max_steps - (self.branch_step or 0)
-        return steps * self.tokens_per_step * non_embedding_params(self.size)
+        return steps * self.tokens_per_step * (self.flops_per_token or non_embedding_params(self.size))
 
     @property
     def stable_name(self) -> str:
@@ -101,6 +113,8 @@ class LadderRun:
         out = [*shape_overrides(self.size), f"model.variant={self.variant}", f"seed={self.seed}", f"name={self.name}"]
         if self.lr is not None:
             out.append(f"optim.lr={self.lr:.6g}")
+        if self.min_lr is not None:
+            out.append(f"optim.min_lr={self.min_lr:.6g}")
         if self.batch is not None:
             out += [f"train.global_batch_sequences={self.batch}", f"train.micro_batch_sequences={self.batch}"]
         if self.branch_step is None:
@@ -200,7 +214,7 @@ def per_size(spec: str | None, option: str) -> dict[str, int]:
     out = {}
     for item in filter(None, (spec or "").split(",")):
         size, _, k = item.partition("=")
-        if size not in LADDER or not k.isdigit() or int(k) < 1:
+        if size not in SHAPES or not k.isdigit() or int(k) < 1:
             raise StudyError(f"{option} {item!r} must be SIZE=K with a ladder size and K >= 1. Fix: e.g. n27k=2")
         out[size] = int(k)
     return out
@@ -219,10 +233,16 @@ def run_ladder(args) -> int:
     runs = plan_ladder(
         args.recipe, variants, sizes, seeds, budgets, args.cooldown, args.max_tokens, args.overrides, rates, batches
     )
+    return train_plan(args, runs, "ladder")
+
+
+def train_plan(args, runs: list[LadderRun], study: str) -> int:
+    """Train a plan of stable runs and their branches under `args.out` (or write the Slurm scripts with
+    --slurm), each finished run a row in `args.rows`; `study` names the plan file and the trackers' group."""
     out = Path(args.out)
-    args.overrides += tracker_overrides(args.recipe, args.overrides, f"ladder:{out.name}")
+    args.overrides += tracker_overrides(args.recipe, args.overrides, f"{study}:{out.name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "ladder.json").write_text(json.dumps({**vars(args), "runs": [r.__dict__ for r in runs]}, indent=2))
+    (out / f"{study}.json").write_text(json.dumps({**vars(args), "runs": [r.__dict__ for r in runs]}, indent=2))
     if args.slurm:
         return write_slurm(args, runs, out)
     log, threads = RowLog(args.rows), threads_per_job(args.jobs)
@@ -242,21 +262,22 @@ def run_ladder(args) -> int:
                 continue
             if not (run_dir / DONE).is_file():
                 targs = train_args(args.recipe, run, out, args.cooldown, args.overrides)
-                print(f"[ladder] {run.name}: {shlex.join(targs)}", flush=True)
+                print(f"[{study}] {run.name}: {shlex.join(targs)}", flush=True)
                 if not train_once(targs, run_dir, {"run": run.__dict__}, threads):
-                    print(f"[ladder] {run.name} failed; re-run the same command to resume it", flush=True)
+                    print(f"[{study}] {run.name} failed; re-run the same command to resume it", flush=True)
                     return [run.name]
             if run.name not in have and (row := collect_run(run_dir)) is not None:
-                log.append(row)
+                log.append(row if run.budget is None else {**row, "budget": run.budget})
         return []
 
     # side by side, the costliest chains first, so the workers finish close together
     order = sorted(chains.values(), key=lambda c: -sum(r.cost for r in c)) if args.jobs > 1 else chains.values()
     failed = run_chains([lambda c=c: train_chain(c) for c in order], args.jobs)
     if failed:
-        print(f"[ladder] {len(failed)} run(s) failed: {', '.join(failed)}")
+        print(f"[{study}] {len(failed)} run(s) failed: {', '.join(failed)}")
         return 1
-    print(f"[ladder] all {len(runs)} runs done; next: python -m studies.scaling collect --out {out}")
+    after = f"profiles --rows {args.rows} --out {out}" if study == "isoflop" else f"collect --out {out}"
+    print(f"[{study}] all {len(runs)} runs done; next: python -m studies.scaling {after}")
     return 0
 
 

@@ -1,0 +1,198 @@
+"""IsoFLOP profiles (Hoffmann et al.'s approach 2): at each compute budget C, several widths trained to
+exactly C FLOPs each, so the loss-optimal size at C is read from one profile, not from a fit.
+
+The design rules, each checked before anything trains:
+- Only the width changes (`WIDTHS`: depth 4, head dim 16); under µP one rate per variant (the transfer
+  check's, `lr.json`'s `transfer.rate`) serves every width, so no rate is extrapolated.
+- One global batch in tokens for every run (the recipe's or `--batch-sequences`), and `min_lr` a fixed
+  fraction of the peak rate: neither moves with the size.
+- A run's compute is its variant's own training FLOPs per token (model.flops: MixiT without Q/K, frozen
+  Q/K without their weight gradients) times its tokens: each variant's profile is iso in its own FLOPs.
+- Budgets within a (variant, size) are whole multiples of its smallest one, so one stable run (constant
+  rate after warmup) saves a checkpoint every S_1 steps and each budget is a cooldown branch from the
+  checkpoint at its step: S_k (1 + cooldown) steps at the batch hold C_k's tokens to within m_k/2 + 1/2
+  steps (S_1 rounds to a whole step; C_k = m_k C_1), under 0.3 % of a run of >= 500 steps.
+- Every run takes >= `--min-steps` optimizer steps (500) and reads <= `--max-epochs` (4) passes over
+  the training shards; a grid that breaks either is refused with the size and budget that break it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common.errors import StudyError
+from data_pipeline.config import DataConfig
+from data_pipeline.shards import read_manifest
+from model.flops import flops_per_token
+from pretrain.config import load_recipe
+from pretrain.dry_run import resolve_model
+
+from .scaling_ladder import SHAPES, WIDTHS, LadderRun, ladder_rates, per_size, shape_overrides, train_plan
+from .shared import check_variants
+
+
+def parse_grid(spec: str) -> dict[float, list[str]]:
+    """`1e13=w32:w128,2e13=w48:w192` -> {budget FLOPs: the widths from the first to the last, in order}."""
+    grid: dict[float, list[str]] = {}
+    names = list(WIDTHS)
+    for item in filter(None, spec.split(",")):
+        budget, _, span = item.partition("=")
+        first, _, last = span.partition(":")
+        try:
+            flops = float(budget)
+        except ValueError:
+            flops = -1.0
+        if flops <= 0 or first not in WIDTHS or (last or first) not in WIDTHS:
+            raise StudyError(
+                f"--grid item {item!r} must be FLOPS=FIRST:LAST with FLOPS > 0 and widths from {names}. "
+                "Fix: e.g. --grid 1e13=w32:w128,2e13=w48:w192"
+            )
+        lo, hi = names.index(first), names.index(last or first)
+        if lo > hi:
+            raise StudyError(f"--grid item {item!r}: {first} is wider than {last}. Fix: narrowest first")
+        grid[flops] = names[lo : hi + 1]
+    if not grid:
+        raise StudyError("--grid is empty. Fix: e.g. --grid 1e13=w32:w128,2e13=w32:w192")
+    return dict(sorted(grid.items()))
+
+
+def train_tokens(cfg) -> int:
+    """Tokens in the recipe's training shards (the epoch rule's denominator); an error before any work
+    when they are not prepared, since a plan without them would count the wrong vocabulary's FLOPs."""
+    source = getattr(cfg.data, "source", None)
+    if not isinstance(cfg.data, DataConfig) or source == "mixture":
+        raise StudyError(
+            f"an IsoFLOP grid trains on one prepared shard directory; the recipe's data is {source!r}. Fix: data.source=DIR"
+        )
+    try:
+        return int(read_manifest(source)["num_tokens"])
+    except Exception as e:  # noqa: BLE001 - DataError or a bad manifest: one line either way
+        raise StudyError(f"{source}: {e}. Fix: prepare the data first (docs/SCALING.md, Commands)") from None
+
+
+def plan_isoflop(
+    recipe: str,
+    variants: list[str],
+    grid: dict[float, list[str]],
+    seeds: dict[str, int],
+    cooldown: float,
+    rates: dict[str, float],
+    min_lr_fraction: float,
+    overrides: list[str],
+    min_steps: int = 500,
+    max_epochs: float = 4.0,
+) -> list[LadderRun]:
+    """Each (variant, size, seed)'s stable run followed by a branch per budget of the grid that holds the
+    size, in the order they can run."""
+    check_variants(variants)
+    if not 0 < cooldown <= 1:
+        raise StudyError(f"--cooldown {cooldown} must be in (0, 1]. Fix: e.g. --cooldown 0.2")
+    if not 0 < min_lr_fraction <= 1:
+        raise StudyError(f"--min-lr-fraction {min_lr_fraction} must be in (0, 1]. Fix: e.g. 0.1")
+    missing = [v for v in variants if v not in rates]
+    if missing:
+        raise StudyError(
+            f"no rate for {missing}. Fix: --lr-from an lr.json whose transfer check swept them (lr-sweep under µP)"
+        )
+    cfg = load_recipe(recipe, overrides)
+    if cfg.optim.decay != "constant":
+        raise StudyError(
+            f"the stable runs need optim.decay=constant (the recipe has {cfg.optim.decay!r}). Fix: optim.decay=constant"
+        )
+    epoch = train_tokens(cfg)
+    batch = cfg.tokens_per_step
+    runs = []
+    for variant in variants:
+        for size in sorted({s for sizes in grid.values() for s in sizes}, key=lambda s: SHAPES[s]["hidden_size"]):
+            shape = [*overrides, *shape_overrides(size), f"model.variant={variant}"]
+            run_cfg = load_recipe(recipe, shape)
+            fpt = flops_per_token(resolve_model(run_cfg)[0], run_cfg.train.seq_len)["train"]
+            budgets = [c for c, sizes in grid.items() if size in sizes]
+            if not budgets:
+                continue
+            multiples = [c / budgets[0] for c in budgets]
+            if any(abs(m - round(m)) > 1e-6 for m in multiples):
+                raise StudyError(
+                    f"{size}'s budgets {[f'{c:.3g}' for c in budgets]} are not whole multiples of the smallest, so one "
+                    "stable run cannot branch at each. Fix: budgets C_1 x 1, 2, 4, ..."
+                )
+            base = round(budgets[0] / (fpt * batch * (1 + cooldown)))
+            steps = [base * round(m) for m in multiples]
+            for c, s in zip(budgets, steps):
+                total = s + max(1, round(cooldown * s))
+                if total < min_steps:
+                    raise StudyError(
+                        f"{variant} {size} at {c:.3g} FLOPs trains {total} steps of {batch} tokens, fewer than "
+                        f"--min-steps {min_steps}. Fix: drop {size} from that budget or lower the batch"
+                    )
+                if total * batch > max_epochs * epoch:
+                    raise StudyError(
+                        f"{variant} {size} at {c:.3g} FLOPs reads {total * batch / epoch:.1f} passes over the "
+                        f"{epoch:,} training tokens, more than --max-epochs {max_epochs:g}. Fix: drop {size} from that budget"
+                    )
+            lr = rates[variant]
+            for seed in range(seeds.get(size, seeds.get("*", 1))):
+                common = dict(lr=lr, min_lr=lr * min_lr_fraction, tokens_per_step=batch, flops_per_token=fpt)
+                runs.append(LadderRun(variant, size, seed, steps[-1], None, base, **common))
+                runs += [
+                    LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, budget=c, **common)
+                    for c, s in zip(budgets, steps)
+                ]
+    for run in runs:  # every run's recipe loads, before anything trains
+        load_recipe(recipe, [*overrides, *run.overrides(cooldown)])
+    return runs
+
+
+def transfer_rates(path: str) -> dict[str, float]:
+    """{variant: rate} from an lr.json whose transfer check passed; a failed check is an error (the
+    rate would not carry across the widths)."""
+    if not path:
+        raise StudyError("--lr-from is required: the transfer check's lr.json. Fix: run lr-sweep under µP first")
+    ladder_rates(path)  # a file that is not an lr.json fails here, with its own message
+    rule = json.loads(Path(path).read_text())
+    rates = {}
+    for variant, r in rule.items():
+        check = r.get("transfer")
+        if check is None:
+            continue
+        if not check["holds"]:
+            raise StudyError(
+                f"{path}: {variant}'s best rate moves {check['rate_ratio']:.2f}x from {check['narrow']} to "
+                f"{check['wide']}, beyond sqrt(2), so one rate does not serve every width. Fix: check µP first"
+            )
+        rates[variant] = float(check["rate"])
+    return rates
+
+
+def plan_summary(runs: list[LadderRun]) -> str:
+    """Every run with its own steps and budget, and the FLOPs each variant's plan costs."""
+    lines = [
+        f"{r.name}: {r.max_steps - (r.branch_step or 0)} steps" + (f", budget {r.budget:.3g} FLOPs" if r.budget else "")
+        for r in runs
+    ]
+    for variant in sorted({r.variant for r in runs}):
+        own = [r for r in runs if r.variant == variant]
+        lines.append(f"{variant}: {len(own)} runs, {sum(r.cost for r in own):.3g} FLOPs")
+    return "\n".join(lines)
+
+
+def run_isoflop(args) -> int:
+    grid = parse_grid(args.grid)
+    seeds = {"*": args.seeds, **per_size(args.more_seeds, "--more-seeds")}
+    runs = plan_isoflop(
+        args.recipe,
+        args.variants.split(","),
+        grid,
+        seeds,
+        args.cooldown,
+        transfer_rates(args.lr_from),
+        args.min_lr_fraction,
+        args.overrides,
+        args.min_steps,
+        args.max_epochs,
+    )
+    if args.plan_only:
+        print(plan_summary(runs))
+        return 0
+    return train_plan(args, runs, "isoflop")

@@ -1,0 +1,424 @@
+"""What the IsoFLOP rows say: each profile's loss-optimal size, the power laws through the optima, each
+variant's compute multiplier against standard, a held-out budget, and paired gaps.
+
+- A profile (variant, budget) is a parabola in log N through its points (every seed a point); its vertex
+  is N* and L*, D* the tokens there (interpolated in log N). A vertex outside the sizes run, or a
+  parabola that opens downward, is "not identified" and kept out of every law.
+- Intervals are a parametric bootstrap: the fitted parabola plus Gaussian noise of the seeds' pooled
+  standard deviation (the variant's sizes run at >= 2 seeds; without such, the fit residuals', said so).
+  Draw j of every profile is one joint draw, so laws, multipliers and trends carry the intervals.
+- The laws are straight lines in log-log through the identified optima: N* ~ C^a, D* ~ C^b, L* ~ C^c
+  (no irreducible term: four budgets do not determine one).
+- The compute multiplier of a variant at budget C: the compute standard's L*(C) law needs to reach the
+  variant's L*, over C (each variant's own FLOPs); beyond standard's measured optima it is an
+  extrapolation and flagged. Its trend is the slope of log10(multiplier) per decade of C.
+- Held out: the laws refitted without the largest budget predict its L* and multiplier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.errors import StudyError
+from eval.report import markdown_table
+
+LEVEL = 0.95
+STANDARD = "standard"
+
+
+@dataclass
+class Profile:
+    variant: str
+    budget: float
+    logN: np.ndarray
+    loss: np.ndarray
+    logD: np.ndarray
+    sizes: list[str]
+    seeds: list[int]
+    status: str = "identified"
+    vertex: tuple[float, float] | None = None  # (log N*, L*)
+    draws: np.ndarray = field(default_factory=lambda: np.empty((0, 2)))  # (log N*, L*) per bootstrap draw
+
+    def log_tokens_at(self, logN: float) -> float:
+        order = np.argsort(self.logN)
+        return float(np.interp(logN, self.logN[order], self.logD[order]))
+
+
+def vertex(logN: np.ndarray, loss: np.ndarray) -> tuple[float, float] | None:
+    """(log N*, L*) of the least-squares parabola, or None when it opens downward or its vertex lies
+    outside the sizes run (the optimum may be beyond them)."""
+    a, b, c = np.polyfit(logN, loss, 2)
+    if a <= 0:
+        return None
+    x = -b / (2 * a)
+    if not logN.min() <= x <= logN.max():
+        return None
+    return float(x), float(c - b * b / (4 * a))
+
+
+def profiles_from_rows(rows: list[dict[str, Any]], metric: str = "final_val_loss") -> dict[str, dict[float, Profile]]:
+    """{variant: {budget: Profile}} from the rows of cooled branches that carry an IsoFLOP budget."""
+    points: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("budget") and r.get("cooled") and isinstance(r.get(metric), (int, float)):
+            points[(r["variant"], float(r["budget"]))].append(r)
+    out: dict[str, dict[float, Profile]] = defaultdict(dict)
+    for (variant, budget), pts in sorted(points.items()):
+        out[variant][budget] = Profile(
+            variant,
+            budget,
+            np.log([float(p["non_embedding_params"]) for p in pts]),
+            np.array([float(p[metric]) for p in pts]),
+            np.log([float(p["tokens"]) for p in pts]),
+            [p["size"] for p in pts],
+            [int(p["seed"]) for p in pts],
+        )
+    return dict(out)
+
+
+def seed_noise(profiles: dict[float, Profile]) -> tuple[float, str]:
+    """The pooled standard deviation of a variant's losses over seeds at one (budget, size); the fits'
+    residual one where no size has two seeds."""
+    ss, dof = 0.0, 0
+    for p in profiles.values():
+        for size in set(p.sizes):
+            values = p.loss[[s == size for s in p.sizes]]
+            if len(values) > 1:
+                ss += float(np.sum((values - values.mean()) ** 2))
+                dof += len(values) - 1
+    if dof:
+        return math.sqrt(ss / dof), f"seeds (pooled over {dof} degrees of freedom)"
+    for p in profiles.values():
+        if len(p.loss) > 3:
+            resid = p.loss - np.polyval(np.polyfit(p.logN, p.loss, 2), p.logN)
+            ss += float(np.sum(resid**2))
+            dof += len(p.loss) - 3
+    if not dof:
+        return math.nan, "none yet (no size has 2 seeds and no profile more than 3 points): no intervals"
+    return math.sqrt(ss / dof), f"parabola residuals ({dof} degrees of freedom; no size has 2 seeds yet)"
+
+
+def fit_profiles(profiles: dict[float, Profile], sigma: float, n_boot: int, rng: np.random.Generator) -> None:
+    """Each profile's vertex and its bootstrap draws (NaN where a draw has no vertex inside the sizes)."""
+    for p in profiles.values():
+        if len(set(p.sizes)) < 3:
+            p.status = f"not identified: {len(set(p.sizes))} sizes (a parabola needs 3)"
+            continue
+        p.vertex = vertex(p.logN, p.loss)
+        if p.vertex is None:
+            p.status = "not identified: the lowest loss is at an edge of the sizes run (or the profile is not convex)"
+            continue
+        if not math.isfinite(sigma):
+            continue
+        fitted = np.polyval(np.polyfit(p.logN, p.loss, 2), p.logN)
+        draws = [vertex(p.logN, fitted + rng.normal(0, sigma, len(fitted))) for _ in range(n_boot)]
+        p.draws = np.array([d if d is not None else (np.nan, np.nan) for d in draws])
+        edge = float(np.mean(np.isnan(p.draws[:, 0])))
+        if edge > 1 - LEVEL:
+            p.status = f"identified; {edge:.0%} of the draws put the vertex at an edge (the interval reaches it)"
+
+
+def interval(values: np.ndarray) -> tuple[float, float]:
+    v = values[np.isfinite(values)]
+    if not len(v):
+        return (math.nan, math.nan)
+    tail = 50 * (1 - LEVEL)
+    return float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))
+
+
+def line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line; NaN with fewer than 2 finite points."""
+    ok = np.isfinite(y)
+    if ok.sum() < 2:
+        return math.nan, math.nan
+    slope, intercept = np.polyfit(x[ok], y[ok], 1)
+    return float(intercept), float(slope)
+
+
+def laws(profiles: dict[float, Profile], budgets: list[float] | None = None) -> dict[str, Any]:
+    """N* ~ C^a, D* ~ C^b, L* ~ C^c through the identified optima (of `budgets`, default all), each with
+    its bootstrap interval, and the line of log L* against log C (the multiplier's map) per draw."""
+    ids = [p for c, p in sorted(profiles.items()) if p.vertex is not None and (budgets is None or c in budgets)]
+    if len(ids) < 2:
+        return {"budgets": [p.budget for p in ids], "error": f"{len(ids)} identified profile(s); a law needs 2"}
+    logC = np.log([p.budget for p in ids])
+    est = {
+        "N": np.array([p.vertex[0] for p in ids]),
+        "D": np.array([p.log_tokens_at(p.vertex[0]) for p in ids]),
+        "L": np.log([p.vertex[1] for p in ids]),
+    }
+    n_boot = min(len(p.draws) for p in ids)
+    boot = {
+        "N": np.array([p.draws[:n_boot, 0] for p in ids]).T,
+        "D": np.array([[p.log_tokens_at(x) if np.isfinite(x) else np.nan for x in p.draws[:n_boot, 0]] for p in ids]).T,
+        "L": np.log(np.array([p.draws[:n_boot, 1] for p in ids]).T),
+    }
+    out: dict[str, Any] = {"budgets": [p.budget for p in ids]}
+    for k in est:
+        intercept, slope = line(logC, est[k])
+        draws = np.array([line(logC, row) for row in boot[k]]) if n_boot else np.empty((0, 2))
+        out[k] = {"intercept": intercept, "exponent": slope, "interval": interval(draws[:, 1]) if n_boot else None}
+        out[k]["draws"] = draws
+    return out
+
+
+def multiplier(standard_law: dict[str, Any], loss: float, budget: float) -> float:
+    """C_standard(loss) / budget on standard's line log L* = i + s log C."""
+    i, s = standard_law["intercept"], standard_law["exponent"]
+    return math.exp((math.log(loss) - i) / s) / budget
+
+
+def compute_multipliers(fits: dict[str, dict[float, Profile]], law: dict[str, dict]) -> dict[str, Any]:
+    """Per variant and budget: the multiplier with its interval (draw j of the variant's L* through draw j
+    of standard's law) and whether it extrapolates standard's law; the trend per decade of C."""
+    if STANDARD not in law or "error" in law[STANDARD]:
+        return {}
+    std = law[STANDARD]["L"]
+    measured = [p.vertex[1] for p in fits[STANDARD].values() if p.vertex is not None]
+    out: dict[str, Any] = {}
+    for variant, profiles in fits.items():
+        if variant == STANDARD:
+            continue
+        per_budget, log10C, central, draws = {}, [], [], []
+        for c, p in sorted(profiles.items()):
+            if p.vertex is None:
+                continue
+            m = multiplier(std, p.vertex[1], c)
+            n = min(len(p.draws), len(std["draws"]))
+            md = np.array(
+                [
+                    math.exp((math.log(p.draws[j, 1]) - std["draws"][j, 0]) / std["draws"][j, 1]) / c
+                    if np.isfinite(p.draws[j, 1]) and np.isfinite(std["draws"][j, 1])
+                    else np.nan
+                    for j in range(n)
+                ]
+            )
+            per_budget[c] = {
+                "multiplier": m,
+                "interval": interval(md),
+                "extrapolated": not min(measured) <= p.vertex[1] <= max(measured),
+            }
+            log10C.append(math.log10(c))
+            central.append(math.log10(m))
+            draws.append(np.log10(md))
+        trend = None
+        if len(log10C) >= 2:
+            x = np.array(log10C)
+            slope = line(x, np.array(central))[1]
+            slopes = np.array([line(x, np.array(col))[1] for col in np.array(draws).T])
+            lo, hi = interval(slopes)
+            known = math.isfinite(lo) and math.isfinite(hi)
+            trend = {"per_decade": slope, "interval": (lo, hi), "moves": bool(lo > 0 or hi < 0) if known else None}
+        out[variant] = {"per_budget": per_budget, "trend": trend}
+    return out
+
+
+def held_out(fits: dict[str, dict[float, Profile]]) -> dict[str, Any]:
+    """The laws without the largest budget: predicted L* there (relative error against the measured
+    vertex) and, for the variants, the multiplier predicted from both refitted lines."""
+    out: dict[str, Any] = {}
+    std_fit = None
+    for variant in sorted(fits, key=lambda v: v != STANDARD):
+        ids = sorted(c for c, p in fits[variant].items() if p.vertex is not None)
+        if len(ids) < 3:
+            out[variant] = {"error": f"{len(ids)} identified budgets; holding one out needs 3"}
+            continue
+        fitted = laws(fits[variant], ids[:-1])["L"]
+        top = ids[-1]
+        predicted = math.exp(fitted["intercept"] + fitted["exponent"] * math.log(top))
+        measured = fits[variant][top].vertex[1]
+        entry = {
+            "budget": top,
+            "predicted": predicted,
+            "measured": measured,
+            "relative_error": predicted / measured - 1,
+        }
+        if variant == STANDARD:
+            std_fit = fitted
+        elif std_fit is not None:
+            entry["multiplier_predicted"] = multiplier(std_fit, predicted, top)
+        out[variant] = entry
+    return out
+
+
+def paired_gaps(rows: list[dict[str, Any]], metric: str, rng: np.random.Generator, n_boot: int) -> list[dict]:
+    """Variant minus standard at the same (budget, size, seed), so the same data order: the mean over
+    seeds and, with >= 2 seeds, a bootstrap interval over them."""
+    by_key: dict[tuple, dict[str, float]] = defaultdict(dict)
+    width: dict[str, float] = {}
+    for r in rows:
+        if r.get("budget") and r.get("cooled") and isinstance(r.get(metric), (int, float)):
+            by_key[(float(r["budget"]), r["size"], int(r["seed"]))][r["variant"]] = float(r[metric])
+            width.setdefault(r["size"], float(r["non_embedding_params"]))
+    gaps: dict[tuple, list[float]] = defaultdict(list)
+    for (budget, size, _), losses in by_key.items():
+        for variant, loss in losses.items():
+            if variant != STANDARD and STANDARD in losses:
+                gaps[(variant, budget, size)].append(loss - losses[STANDARD])
+    out = []
+    for (variant, budget, size), d in sorted(gaps.items(), key=lambda kv: (kv[0][0], kv[0][1], width[kv[0][2]])):
+        d = np.array(d)
+        boot = np.array([rng.choice(d, len(d)).mean() for _ in range(n_boot)]) if len(d) > 1 else np.array([])
+        out.append(
+            {"variant": variant, "budget": budget, "size": size, "seeds": len(d), "gap": float(d.mean()),
+             "interval": interval(boot) if len(d) > 1 else None}
+        )  # fmt: skip
+    return out
+
+
+def analyse(rows: list[dict[str, Any]], metric: str = "final_val_loss", n_boot: int = 1000, seed: int = 0) -> dict:
+    """Everything above from the rows; JSON-ready but for the bootstrap arrays (dropped by `to_json`)."""
+    rng = np.random.default_rng(seed)
+    fits = profiles_from_rows(rows, metric)
+    if not fits:
+        raise StudyError("no IsoFLOP rows (cooled branches with a budget). Fix: run `studies.scaling isoflop` first")
+    noise, law = {}, {}
+    for variant, profiles in fits.items():
+        sigma, source = seed_noise(profiles)
+        noise[variant] = {"sigma": sigma, "from": source}
+        fit_profiles(profiles, sigma, n_boot, rng)
+        law[variant] = laws(profiles)
+    return {
+        "profiles": fits,
+        "noise": noise,
+        "laws": law,
+        "multipliers": compute_multipliers(fits, {v: law[v] for v in law if "L" in law[v]}),
+        "held_out": held_out(fits),
+        "paired_gaps": paired_gaps(rows, metric, rng, n_boot),
+    }
+
+
+def _fmt_interval(lo_hi, fmt: str) -> str:
+    if not lo_hi or any(not math.isfinite(v) for v in lo_hi):
+        return "—"
+    return f"[{lo_hi[0]:{fmt}}, {lo_hi[1]:{fmt}}]"
+
+
+def report_markdown(result: dict) -> str:
+    """The tables of the result: profiles, laws, multipliers, held-out budget, paired gaps."""
+    prof = []
+    for variant, profiles in result["profiles"].items():
+        for c, p in sorted(profiles.items()):
+            if p.vertex is None:
+                prof.append([variant, f"{c:.3g}", len(p.loss), "—", "—", "—", p.status])
+                continue
+            n_iv = tuple(math.exp(v) for v in interval(p.draws[:, 0]))
+            prof.append(
+                [variant, f"{c:.3g}", len(p.loss), f"{math.exp(p.vertex[0]):,.0f} {_fmt_interval(n_iv, ',.0f')}",
+                 f"{math.exp(p.log_tokens_at(p.vertex[0])):,.0f}",
+                 f"{p.vertex[1]:.3f} {_fmt_interval(interval(p.draws[:, 1]), '.3f')}", p.status]
+            )  # fmt: skip
+    md = [f"### IsoFLOP profiles ({LEVEL:.0%} bootstrap intervals)", ""]
+    md.append(markdown_table(["variant", "budget (FLOPs)", "runs", "N*", "D* (tokens)", "L*", "status"], prof))
+    md += ["", "Noise per run (the bootstrap's): " + "; ".join(
+        f"{v} {n['sigma']:.3f} from {n['from']}" for v, n in result["noise"].items()), ""]  # fmt: skip
+    law_rows = []
+    for variant, law in result["laws"].items():
+        if "error" in law:
+            law_rows.append([variant, "—", "—", "—", law["error"]])
+            continue
+        cells = [f"{law[k]['exponent']:+.3f} {_fmt_interval(law[k]['interval'], '+.3f')}" for k in ("N", "D", "L")]
+        law_rows.append([variant, *cells, ", ".join(f"{c:.3g}" for c in law["budgets"])])
+    md += ["### Power laws through the optima: N* ~ C^a, D* ~ C^b, L* ~ C^c", ""]
+    md += [markdown_table(["variant", "a (N*)", "b (D*)", "c (L*)", "budgets"], law_rows), ""]
+    mult_rows = []
+    for variant, m in result["multipliers"].items():
+        for c, e in sorted(m["per_budget"].items()):
+            flag = " (extrapolated)" if e["extrapolated"] else ""
+            mult_rows.append(
+                [variant, f"{c:.3g}", f"{e['multiplier']:.3g} {_fmt_interval(e['interval'], '.3g')}{flag}"]
+            )
+        if t := m["trend"]:
+            moves = {True: "moves", False: "does not move beyond its interval", None: "no interval yet"}[t["moves"]]
+            mult_rows.append(
+                [variant, "per decade of C", f"{t['per_decade']:+.3f} {_fmt_interval(t['interval'], '+.3f')} ({moves})"]
+            )
+    md += ["### Compute multiplier: standard's compute to reach the variant's L*, over the variant's", ""]
+    md += [
+        markdown_table(["variant", "budget (FLOPs)", "multiplier (log10 slope per decade)"], mult_rows)
+        if mult_rows
+        else "(none yet)",
+        "",
+    ]
+    held = []
+    for variant, h in result["held_out"].items():
+        if "error" in h:
+            held.append([variant, "—", "—", "—", h["error"]])
+        else:
+            m = f"{h['multiplier_predicted']:.3g}" if "multiplier_predicted" in h else "—"
+            held.append(
+                [
+                    variant,
+                    f"{h['budget']:.3g}",
+                    f"{h['predicted']:.3f} vs {h['measured']:.3f}",
+                    f"{h['relative_error']:+.2%}",
+                    m,
+                ]
+            )
+    md += ["### Held out: the largest budget predicted from the others", ""]
+    md += [markdown_table(["variant", "budget", "L* predicted vs measured", "error", "multiplier predicted"], held), ""]
+    gaps = [
+        [
+            g["variant"],
+            f"{g['budget']:.3g}",
+            g["size"],
+            g["seeds"],
+            f"{g['gap']:+.3f} {_fmt_interval(g['interval'], '+.3f')}",
+        ]
+        for g in result["paired_gaps"]
+    ]
+    md += ["### Paired gaps to standard (same budget, size, seed and data order)", ""]
+    md += [markdown_table(["variant", "budget", "size", "seeds", "gap (nats)"], gaps) if gaps else "(none yet)", ""]
+    return "\n".join(md)
+
+
+def to_json(result: dict) -> dict:
+    """The result without bootstrap arrays: profiles as their vertices and statuses."""
+    profiles = {
+        v: {f"{c:.6g}": {"status": p.status, "sizes": p.sizes, "seeds": p.seeds, "loss": p.loss.tolist(),
+                         "N_star": math.exp(p.vertex[0]) if p.vertex else None, "L_star": p.vertex[1] if p.vertex else None}
+            for c, p in ps.items()}
+        for v, ps in result["profiles"].items()
+    }  # fmt: skip
+    laws = {v: {k: ({kk: vv for kk, vv in e.items() if kk != "draws"} if isinstance(e, dict) else e)
+                for k, e in law.items()} for v, law in result["laws"].items()}  # fmt: skip
+    mult = {
+        v: {**m, "per_budget": {f"{c:.6g}": e for c, e in m["per_budget"].items()}}
+        for v, m in result["multipliers"].items()
+    }
+    return {**result, "profiles": profiles, "laws": laws, "multipliers": mult,
+            "held_out": result["held_out"]}  # fmt: skip
+
+
+def plot_profiles(result: dict, png: Path) -> Path:
+    """Loss against N per budget (points and parabola), one panel per variant."""
+    import matplotlib  # deferred: heavy
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: heavy
+
+    variants = list(result["profiles"])
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.6), sharey=True, squeeze=False)
+    for ax, variant in zip(axes[0], variants):
+        for c, p in sorted(result["profiles"][variant].items()):
+            (h,) = ax.plot(np.exp(p.logN), p.loss, "o", ms=3, label=f"{c:.2g}")
+            if len(set(p.sizes)) >= 3:
+                x = np.linspace(p.logN.min(), p.logN.max(), 50)
+                ax.plot(np.exp(x), np.polyval(np.polyfit(p.logN, p.loss, 2), x), "-", color=h.get_color(), lw=1)
+            if p.vertex:
+                ax.plot(math.exp(p.vertex[0]), p.vertex[1], "k*", ms=7)
+        ax.set_xscale("log")
+        ax.set_title(variant)
+        ax.set_xlabel("non-embedding parameters")
+        ax.legend(title="FLOPs", fontsize=7)
+    axes[0][0].set_ylabel("final validation loss")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png

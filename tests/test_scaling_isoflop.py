@@ -1,0 +1,125 @@
+"""The IsoFLOP plan: every branch holds its budget in its variant's own FLOPs to within a step, one batch
+and one µP rate per variant, min_lr a fraction of it; grids that break the step or epoch rule, budgets
+that are not whole multiples, a failed transfer check and unprepared data are refused before training;
+a tiny grid trains end to end and its rows carry their budgets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fixtures import source_corpus
+
+from common.errors import StudyError
+from studies.rows import read_rows
+from studies.scaling import main
+from studies.scaling_isoflop import parse_grid, plan_isoflop, transfer_rates
+
+MUP = [
+    "model.parametrization=mup",
+    "model.mup_base_width=32",
+    "model.mup_base_head_dim=16",
+    "model.mixit_width_base=null",
+]
+BASE = [*MUP, "optim.decay=constant", "optim.warmup_steps=1", "train.seq_len=32", "logging.tensorboard=false"]
+
+
+def lr_json(path, holds=True, variants=("standard", "mixit")):
+    rule = {
+        v: {"slope": 0.0, "intercept": 0.0, "best": {}, "rates": {},
+            "transfer": {"holds": holds, "rate": 4e-3, "rate_ratio": 1.0 if holds else 2.5, "narrow": "w32", "wide": "w128"}}
+        for v in variants
+    }  # fmt: skip
+    path.write_text(json.dumps(rule))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    _, _, sets = source_corpus(root)
+    data = {"source": str(root / "train"), "val_fraction": 0, "val_sets": sets}
+    return root, [*BASE, f"data={json.dumps(data)}", "train.global_batch_sequences=4", "train.micro_batch_sequences=4"]
+
+
+def test_each_branch_holds_its_budget_in_its_own_flops(corpus, tmp_path):
+    _, over = corpus
+    grid = parse_grid("2e10=w32:w48,4e10=w32:w64,8e10=w48:w64")
+    assert grid == {2e10: ["w32", "w48"], 4e10: ["w32", "w48", "w64"], 8e10: ["w48", "w64"]}
+    rates = transfer_rates(lr_json(tmp_path / "lr.json"))
+    runs = plan_isoflop("recipes/tiny_cpu.yaml", ["standard", "mixit"], grid, {"*": 1}, 0.2, rates, 0.1, over, 10, 50)
+    branches = [r for r in runs if r.branch_step is not None]
+    assert len(branches) == 2 * (2 + 3 + 2)
+    base = {r.stable_name: r.checkpoint_every for r in runs if r.branch_step is None}
+    for r in branches:
+        # S_1 rounds to a whole step, so budget k = m S_1 is off by m/2 steps at most, the cooldown by 1/2
+        tokens = r.max_steps * r.tokens_per_step  # the stable prefix and the cooldown
+        slack = (r.branch_step / base[r.stable_name] / 2 + 0.5) * r.tokens_per_step * r.flops_per_token
+        assert abs(tokens * r.flops_per_token - r.budget) <= slack
+        assert r.tokens_per_step == 4 * 32 and r.lr == 4e-3 and r.min_lr == pytest.approx(4e-4)
+    for r in [r for r in runs if r.branch_step is None]:  # the stable run saves at every branch point
+        own = [b.branch_step for b in branches if b.stable_name == r.stable_name]
+        assert r.max_steps == max(own) and all(s % r.checkpoint_every == 0 for s in own)
+    # MixiT has no Q/K: fewer FLOPs per token, so more tokens at the same budget and size
+    by = {(r.variant, r.size, r.budget): r for r in branches}
+    assert by[("mixit", "w48", 4e10)].max_steps > by[("standard", "w48", 4e10)].max_steps
+    assert by[("standard", "w32", 4e10)].branch_step == 2 * by[("standard", "w32", 2e10)].branch_step
+
+
+def test_a_grid_that_breaks_a_rule_is_refused_before_training(corpus, tmp_path):
+    root, over = corpus
+    rates = transfer_rates(lr_json(tmp_path / "lr.json"))
+
+    def plan(grid, min_steps=10, max_epochs=50, o=over):
+        return plan_isoflop(
+            "recipes/tiny_cpu.yaml", ["standard"], parse_grid(grid), {"*": 1}, 0.2, rates, 0.1, o, min_steps, max_epochs
+        )
+
+    with pytest.raises(StudyError, match="fewer than --min-steps 500"):
+        plan("2e10=w32:w64", min_steps=500)
+    with pytest.raises(StudyError, match="passes over the"):
+        plan("2e10=w32:w64", max_epochs=0.01)
+    with pytest.raises(StudyError, match="not whole multiples"):
+        plan("2e10=w32:w48,3e10=w32:w48")
+    with pytest.raises(StudyError, match="must be FLOPS=FIRST:LAST"):
+        parse_grid("2e10=w33:w48")
+    with pytest.raises(StudyError, match="wider than"):
+        parse_grid("2e10=w64:w32")
+    with pytest.raises(StudyError, match="beyond sqrt"):
+        transfer_rates(lr_json(tmp_path / "bad.json", holds=False))
+    with pytest.raises(StudyError, match="no rate for"):
+        plan_isoflop("recipes/tiny_cpu.yaml", ["frozen_qk"], parse_grid("2e10=w32"), {}, 0.2, rates, 0.1, over)
+    missing = [*BASE, f"data.source={root / 'absent'}"]
+    with pytest.raises(StudyError, match="prepare the data first"):
+        plan("2e10=w32:w48", o=missing)
+
+
+def test_a_tiny_grid_trains_and_its_rows_carry_the_budget(corpus, tmp_path):
+    _, over = corpus
+    out, rows = tmp_path / "iso", tmp_path / "rows.jsonl"
+    args = [
+        "isoflop",
+        "--recipe",
+        "recipes/tiny_cpu.yaml",
+        "--variants",
+        "standard",
+        "--grid",
+        "1e10=w32:w48,2e10=w32:w48",
+    ]
+    args += ["--lr-from", lr_json(tmp_path / "lr.json"), "--min-steps", "3", "--max-epochs", "50", "--jobs", "2"]
+    args += ["--out", str(out), "--rows", str(rows), *over, "train.eval_every_steps=1000", "train.eval_batches=2"]
+    assert main([*args, "--plan-only"]) == 0 and not rows.exists()
+    assert main(args) == 0
+    logged = read_rows(rows)
+    branches = [r for r in logged if r.get("budget")]
+    assert sorted((r["size"], r["budget"]) for r in branches) == [
+        ("w32", 1e10),
+        ("w32", 2e10),
+        ("w48", 1e10),
+        ("w48", 2e10),
+    ]
+    for r in branches:
+        assert r["cooled"] and abs(r["flops"] / r["budget"] - 1) < 0.15 and r["lr"] == 4e-3
+    assert main(["profiles", "--rows", str(rows), "--out", str(tmp_path / "prof"), "--boot", "5"]) == 0
+    md = (tmp_path / "prof" / "profiles.md").read_text()
+    assert "not identified: 2 sizes" in md and "standard nan from none yet" in md

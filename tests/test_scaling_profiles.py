@@ -1,0 +1,109 @@
+"""The IsoFLOP analysis on rows drawn from a known law: the optima, the exponents and a variant's compute
+multiplier come back; an optimum beyond the sizes run is "not identified" and kept out of the laws;
+paired gaps are the differences at the same seed."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from common.errors import StudyError
+from studies.scaling import main
+from studies.scaling_profiles import analyse, vertex
+
+# L(N, D) = A N^-a + B D^-b with C = 6 N D: the optimum is an exact power law in C,
+# N* = G (C/6)^(b/(a+b)) with G = (aA / bB)^(1/(a+b)), and L* ~ C^(-ab/(a+b)).
+A, ALPHA, B, BETA = 400.0, 0.34, 410.0, 0.28
+BUDGETS = [1e15, 2e15, 4e15, 8e15]
+
+
+def law(N, D):
+    return A * N**-ALPHA + B * D**-BETA
+
+
+def n_star(C):
+    G = (ALPHA * A / (BETA * B)) ** (1 / (ALPHA + BETA))
+    return G * (C / 6) ** (BETA / (ALPHA + BETA))
+
+
+def rows_from_law(variant="standard", k=1.0, seeds=1, noise=0.0, shift=1.0, rng=None):
+    """IsoFLOP rows: 7 sizes spaced 1.6x around each budget's optimum (times `shift`); a variant whose
+    data is worth `k` times standard's, so its compute multiplier is exactly k."""
+    rows = []
+    for C in BUDGETS:
+        for i in range(-3, 4):
+            N = n_star(C) * shift * 1.6**i
+            D = C / (6 * N)
+            for seed in range(seeds):
+                loss = law(N, k * D) + (rng.normal(0, noise) if noise else 0.0)
+                rows.append({"variant": variant, "budget": C, "size": f"x{i}", "seed": seed, "cooled": True,
+                             "non_embedding_params": N, "tokens": D, "final_val_loss": loss})  # fmt: skip
+    return rows
+
+
+def test_vertex_and_edges():
+    x = np.log([1, 2, 4, 8, 16.0])
+    assert vertex(x, (x - math.log(4)) ** 2 + 3)[0] == pytest.approx(math.log(4))
+    assert vertex(x, -((x - 1) ** 2)) is None  # opens downward
+    assert vertex(x, (x - math.log(64)) ** 2) is None  # the lowest loss at the edge: beyond the sizes
+
+
+def test_optima_laws_and_multiplier_come_back_from_the_law():
+    rng = np.random.default_rng(0)
+    rows = rows_from_law(seeds=2, noise=0.002, rng=rng) + rows_from_law("mixit", k=0.25, seeds=2, noise=0.002, rng=rng)
+    result = analyse(rows, n_boot=300)
+    std = result["profiles"]["standard"]
+    for C, p in std.items():
+        assert p.status == "identified"
+        assert math.exp(p.vertex[0]) == pytest.approx(n_star(C), rel=0.15)
+    laws = result["laws"]["standard"]
+    assert laws["N"]["exponent"] == pytest.approx(BETA / (ALPHA + BETA), abs=0.05)
+    assert laws["L"]["exponent"] == pytest.approx(-ALPHA * BETA / (ALPHA + BETA), abs=0.01)
+    lo, hi = laws["N"]["interval"]
+    assert lo < laws["N"]["exponent"] < hi
+    assert result["noise"]["standard"]["from"].startswith("seeds")
+    assert result["noise"]["standard"]["sigma"] == pytest.approx(0.002, rel=0.5)
+    m = result["multipliers"]["mixit"]
+    for e in m["per_budget"].values():  # the data is worth a quarter: standard reaches mixit's loss at C/4
+        assert e["multiplier"] == pytest.approx(0.25, rel=0.1)
+        assert e["interval"][0] < e["multiplier"] < e["interval"][1]
+    assert abs(m["trend"]["per_decade"]) < 0.05 and not m["trend"]["moves"]
+    # mixit's L* at the smallest budget lies above standard's measured optima: flagged as extrapolated
+    assert m["per_budget"][BUDGETS[0]]["extrapolated"] and not m["per_budget"][BUDGETS[-1]]["extrapolated"]
+    held = result["held_out"]
+    assert abs(held["standard"]["relative_error"]) < 0.02 and held["mixit"]["multiplier_predicted"] == pytest.approx(
+        0.25, rel=0.15
+    )
+    gaps = {(g["variant"], g["budget"], g["size"]): g for g in result["paired_gaps"]}
+    g = gaps[("mixit", BUDGETS[0], "x0")]
+    assert g["seeds"] == 2 and g["gap"] > 0 and g["interval"] is not None
+
+
+def test_an_optimum_beyond_the_sizes_is_not_identified_and_leaves_the_laws(tmp_path):
+    rows = rows_from_law()
+    # the largest budget's sizes all lie below its optimum: its lowest loss is at the widest size run
+    rows = [r for r in rows if r["budget"] != BUDGETS[-1]] + [
+        {**r, "budget": BUDGETS[-1]} for r in rows_from_law(shift=1 / 40) if r["budget"] == BUDGETS[-1]
+    ]
+    result = analyse(rows, n_boot=50)
+    top = result["profiles"]["standard"][BUDGETS[-1]]
+    assert top.vertex is None and top.status.startswith("not identified")
+    assert result["laws"]["standard"]["budgets"] == BUDGETS[:-1]
+    assert result["noise"]["standard"]["from"].startswith("parabola residuals")
+    log = tmp_path / "rows.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["profiles", "--rows", str(log), "--out", str(tmp_path / "out"), "--boot", "20"]) == 0
+    md = (tmp_path / "out" / "profiles.md").read_text()
+    assert "not identified" in md and (tmp_path / "out" / "isoflop.png").stat().st_size > 0
+    assert re.search(r"\| standard \| 4e\+15 \| [\d.]+ vs [\d.]+ \| [+-][\d.]+% \|", md)  # held out: the third budget
+    written = json.loads((tmp_path / "out" / "profiles.json").read_text())
+    assert written["profiles"]["standard"][f"{BUDGETS[-1]:.6g}"]["N_star"] is None
+
+
+def test_no_isoflop_rows_is_one_error(tmp_path):
+    with pytest.raises(StudyError, match="no IsoFLOP rows"):
+        analyse([{"variant": "standard", "final_val_loss": 3.0}])
