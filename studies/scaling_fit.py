@@ -148,6 +148,7 @@ def _style(ax, xlabel: str, ylabel: str) -> None:
 
 # ---- the joint law L(N, D) = E + A N^-alpha + B D^-beta (Chinchilla's approach 3) ----------------
 JOINT_PARAMS = ("E", "A", "alpha", "B", "beta")
+EXPONENT_BOUNDS = {"alpha": (0.0, 5.0), "beta": (0.0, 5.0)}  # the search's box (`_minimise`)
 HUBER_DELTA = 1e-3  # Chinchilla's: the fit is of log-loss, so residuals are relative errors
 MIN_JOINT_POINTS = 6
 
@@ -173,7 +174,22 @@ class JointFit:
         return predict_joint(self.params(), N, D)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "samples"}
+        return {**{k: v for k, v in asdict(self).items() if k != "samples"}, "not_identified": self.not_identified()}
+
+    def not_identified(self) -> list[str]:
+        """Why the fit does not determine the law, if it does not: a parameter at a bound of the search
+        (E at 0, an exponent at 0 or 5), or a bootstrap interval spanning more than a decade."""
+        reasons = []
+        if self.E <= 1e-3:
+            reasons.append(f"E at its bound 0 ({self.E:.2g})")
+        for k, (low, high) in EXPONENT_BOUNDS.items():
+            value = getattr(self, k)
+            if value <= low + 1e-3 or value >= high - 1e-3:
+                reasons.append(f"{k} at its bound {high if value >= high - 1e-3 else low:g} ({value:.3g})")
+        for k, (low, high) in self.intervals.items():
+            if low <= 0 or high / low > 10:
+                reasons.append(f"{k}'s interval [{low:.3g}, {high:.3g}] spans more than a decade")
+        return reasons
 
 
 def predict_joint(params: dict[str, float], N, D) -> np.ndarray:
@@ -244,8 +260,9 @@ def _minimise(starts, logN, logD, logL, delta) -> tuple[np.ndarray, float]:
     from scipy.special import huber  # deferred: heavy
 
     best_theta, best_value = None, math.inf
-    lower = [-np.inf, 0.0, -np.inf, 0.0, -np.inf]
-    upper = [np.inf, 5.0, np.inf, 5.0, np.inf]
+    (a_low, a_high), (b_low, b_high) = EXPONENT_BOUNDS.values()
+    lower = [-np.inf, a_low, -np.inf, b_low, -np.inf]
+    upper = [np.inf, a_high, np.inf, b_high, np.inf]
     for x0 in starts:
         x0, data = np.clip(x0, lower, upper), (logN, logD, logL)
         res = least_squares(

@@ -173,3 +173,16 @@ def test_fit_of_a_ladder_reports_frontier_gaps_and_same_shape_gaps(tmp_path):
     assert "| a | 75,000 |" in md and "+0.080" in md and "0.850" in md
     assert "30,000 /" in md and "(edge)" in md  # the smallest budgets' optimum lies at the smallest size: said so
     assert (out / "gap_vs_flops.png").stat().st_size > 10_000
+
+
+def test_a_fit_at_a_bound_or_with_a_wide_interval_says_it_is_not_identified():
+    """The joint fit reports what it cannot determine instead of quoting it: E at 0, an exponent at the
+    search's bound, an interval spanning more than a decade; a well-determined law has no reason."""
+    N, D, L = _ladder((1.7, 60.0, 0.32, 300.0, 0.30), noise=0.003)
+    assert fit_joint(N, D, L, n_boot=30).not_identified() == []
+    law = JointFit(E=0.0, A=5.0, alpha=5.0, B=400.0, beta=0.3, n_points=9, rmse_log=0.0)
+    law.intervals = {"B": [10.0, 4000.0], "beta": [0.2, 0.4]}
+    reasons = law.not_identified()
+    assert len(reasons) == 3 and reasons[0].startswith("E at its bound 0") and "alpha at its bound 5" in reasons[1]
+    assert "B's interval [10, 4e+03] spans more than a decade" in reasons[2]
+    assert law.to_dict()["not_identified"] == reasons
