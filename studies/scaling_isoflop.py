@@ -103,42 +103,44 @@ def plan_isoflop(
     epoch = train_tokens(cfg)
     batch = cfg.tokens_per_step
     runs = []
-    for variant in variants:
-        for size in sorted({s for sizes in grid.values() for s in sizes}, key=lambda s: SHAPES[s]["hidden_size"]):
-            shape = [*overrides, *shape_overrides(size), f"model.variant={variant}"]
-            run_cfg = load_recipe(recipe, shape)
-            fpt = flops_per_token(resolve_model(run_cfg)[0], run_cfg.train.seq_len)["train"]
-            budgets = [c for c, sizes in grid.items() if size in sizes]
-            if not budgets:
-                continue
-            multiples = [c / budgets[0] for c in budgets]
-            if any(abs(m - round(m)) > 1e-6 for m in multiples):
+    # size-major, narrowest first: the variants' chains of a size finish together, so a partial grid
+    # compares the variants on the same sizes
+    widths = sorted({s for sizes in grid.values() for s in sizes}, key=lambda s: SHAPES[s]["hidden_size"])
+    for size, variant in ((s, v) for s in widths for v in variants):
+        shape = [*overrides, *shape_overrides(size), f"model.variant={variant}"]
+        run_cfg = load_recipe(recipe, shape)
+        fpt = flops_per_token(resolve_model(run_cfg)[0], run_cfg.train.seq_len)["train"]
+        budgets = [c for c, sizes in grid.items() if size in sizes]
+        if not budgets:
+            continue
+        multiples = [c / budgets[0] for c in budgets]
+        if any(abs(m - round(m)) > 1e-6 for m in multiples):
+            raise StudyError(
+                f"{size}'s budgets {[f'{c:.3g}' for c in budgets]} are not whole multiples of the smallest, so one "
+                "stable run cannot branch at each. Fix: budgets C_1 x 1, 2, 4, ..."
+            )
+        base = round(budgets[0] / (fpt * batch * (1 + cooldown)))
+        steps = [base * round(m) for m in multiples]
+        for c, s in zip(budgets, steps):
+            total = s + max(1, round(cooldown * s))
+            if total < min_steps:
                 raise StudyError(
-                    f"{size}'s budgets {[f'{c:.3g}' for c in budgets]} are not whole multiples of the smallest, so one "
-                    "stable run cannot branch at each. Fix: budgets C_1 x 1, 2, 4, ..."
+                    f"{variant} {size} at {c:.3g} FLOPs trains {total} steps of {batch} tokens, fewer than "
+                    f"--min-steps {min_steps}. Fix: drop {size} from that budget or lower the batch"
                 )
-            base = round(budgets[0] / (fpt * batch * (1 + cooldown)))
-            steps = [base * round(m) for m in multiples]
-            for c, s in zip(budgets, steps):
-                total = s + max(1, round(cooldown * s))
-                if total < min_steps:
-                    raise StudyError(
-                        f"{variant} {size} at {c:.3g} FLOPs trains {total} steps of {batch} tokens, fewer than "
-                        f"--min-steps {min_steps}. Fix: drop {size} from that budget or lower the batch"
-                    )
-                if total * batch > max_epochs * epoch:
-                    raise StudyError(
-                        f"{variant} {size} at {c:.3g} FLOPs reads {total * batch / epoch:.1f} passes over the "
-                        f"{epoch:,} training tokens, more than --max-epochs {max_epochs:g}. Fix: drop {size} from that budget"
-                    )
-            lr = rates[variant]
-            for seed in range(seeds.get(size, seeds.get("*", 1))):
-                common = dict(lr=lr, min_lr=lr * min_lr_fraction, tokens_per_step=batch, flops_per_token=fpt)
-                runs.append(LadderRun(variant, size, seed, steps[-1], None, base, **common))
-                runs += [
-                    LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, budget=c, **common)
-                    for c, s in zip(budgets, steps)
-                ]
+            if total * batch > max_epochs * epoch:
+                raise StudyError(
+                    f"{variant} {size} at {c:.3g} FLOPs reads {total * batch / epoch:.1f} passes over the "
+                    f"{epoch:,} training tokens, more than --max-epochs {max_epochs:g}. Fix: drop {size} from that budget"
+                )
+        lr = rates[variant]
+        for seed in range(seeds.get(size, seeds.get("*", 1))):
+            common = dict(lr=lr, min_lr=lr * min_lr_fraction, tokens_per_step=batch, flops_per_token=fpt)
+            runs.append(LadderRun(variant, size, seed, steps[-1], None, base, **common))
+            runs += [
+                LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, budget=c, **common)
+                for c, s in zip(budgets, steps)
+            ]
     for run in runs:  # every run's recipe loads, before anything trains
         load_recipe(recipe, [*overrides, *run.overrides(cooldown)])
     return runs
