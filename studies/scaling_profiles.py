@@ -1,9 +1,10 @@
 """What the IsoFLOP rows say: each profile's loss-optimal size, the power laws through the optima, each
 variant's compute multiplier against standard, a held-out budget, and paired gaps.
 
-- A profile (variant, budget) is a parabola in log N through its points (every seed a point); its vertex
-  is N* and L*, D* the tokens there (interpolated in log N). A vertex outside the sizes run, or a
-  parabola that opens downward, is "not identified" and kept out of every law.
+- A profile (variant, budget) is a parabola in log N through its points near the minimum (the size with
+  the lowest mean loss and two on either side; every seed a point); its vertex is N* and L*, D* the
+  tokens there (interpolated in log N). A lowest loss at an end of the sizes, a vertex outside them, or
+  a parabola that opens downward is "not identified" and kept out of every law.
 - Intervals are a parametric bootstrap: the fitted parabola plus Gaussian noise of the seeds' pooled
   standard deviation (the variant's sizes run at >= 2 seeds; without such, the fit residuals', said so).
   Draw j of every profile is one joint draw, so laws, multipliers and trends carry the intervals.
@@ -29,6 +30,7 @@ from common.errors import StudyError
 from eval.report import markdown_table
 
 LEVEL = 0.95
+HALF_WINDOW = 2  # a profile's parabola: the lowest size and two on either side
 STANDARD = "standard"
 
 
@@ -50,14 +52,31 @@ class Profile:
         return float(np.interp(logN, self.logN[order], self.logD[order]))
 
 
+def local_fit(logN: np.ndarray, loss: np.ndarray, half: int = HALF_WINDOW) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the points used, the parabola's coefficients) through the size with the lowest mean loss and
+    up to `half` sizes on either side: a profile is a parabola only near its minimum, and far sizes
+    would bend the vertex toward them. None when the lowest size is an end of the sizes run (the
+    optimum may lie beyond it)."""
+    sizes = np.unique(logN)
+    means = np.array([loss[logN == x].mean() for x in sizes])
+    low = int(np.argmin(means))
+    if low in (0, len(sizes) - 1):
+        return None
+    keep = np.isin(logN, sizes[max(0, low - half) : low + half + 1])
+    return keep, np.polyfit(logN[keep], loss[keep], 2)
+
+
 def vertex(logN: np.ndarray, loss: np.ndarray) -> tuple[float, float] | None:
-    """(log N*, L*) of the least-squares parabola, or None when it opens downward or its vertex lies
-    outside the sizes run (the optimum may be beyond them)."""
-    a, b, c = np.polyfit(logN, loss, 2)
+    """(log N*, L*) of the local parabola, or None when the lowest loss is at an end of the sizes, the
+    parabola opens downward or its vertex lies outside the sizes it was fitted to."""
+    fit = local_fit(logN, loss)
+    if fit is None:
+        return None
+    keep, (a, b, c) = fit
     if a <= 0:
         return None
     x = -b / (2 * a)
-    if not logN.min() <= x <= logN.max():
+    if not logN[keep].min() <= x <= logN[keep].max():
         return None
     return float(x), float(c - b * b / (4 * a))
 
@@ -95,10 +114,11 @@ def seed_noise(profiles: dict[float, Profile]) -> tuple[float, str]:
     if dof:
         return math.sqrt(ss / dof), f"seeds (pooled over {dof} degrees of freedom)"
     for p in profiles.values():
-        if len(p.loss) > 3:
-            resid = p.loss - np.polyval(np.polyfit(p.logN, p.loss, 2), p.logN)
-            ss += float(np.sum(resid**2))
-            dof += len(p.loss) - 3
+        fit = local_fit(p.logN, p.loss)
+        if fit is not None and fit[0].sum() > 3:
+            keep, coef = fit
+            ss += float(np.sum((p.loss[keep] - np.polyval(coef, p.logN[keep])) ** 2))
+            dof += int(keep.sum()) - 3
     if not dof:
         return math.nan, "none yet (no size has 2 seeds and no profile more than 3 points): no intervals"
     return math.sqrt(ss / dof), f"parabola residuals ({dof} degrees of freedom; no size has 2 seeds yet)"
@@ -116,8 +136,9 @@ def fit_profiles(profiles: dict[float, Profile], sigma: float, n_boot: int, rng:
             continue
         if not math.isfinite(sigma):
             continue
-        fitted = np.polyval(np.polyfit(p.logN, p.loss, 2), p.logN)
-        draws = [vertex(p.logN, fitted + rng.normal(0, sigma, len(fitted))) for _ in range(n_boot)]
+        keep, coef = local_fit(p.logN, p.loss)
+        logN, fitted = p.logN[keep], np.polyval(coef, p.logN[keep])
+        draws = [vertex(logN, fitted + rng.normal(0, sigma, len(fitted))) for _ in range(n_boot)]
         p.draws = np.array([d if d is not None else (np.nan, np.nan) for d in draws])
         edge = float(np.mean(np.isnan(p.draws[:, 0])))
         if edge > 1 - LEVEL:
@@ -408,9 +429,9 @@ def plot_profiles(result: dict, png: Path) -> Path:
     for ax, variant in zip(axes[0], variants):
         for c, p in sorted(result["profiles"][variant].items()):
             (h,) = ax.plot(np.exp(p.logN), p.loss, "o", ms=3, label=f"{c:.2g}")
-            if len(set(p.sizes)) >= 3:
-                x = np.linspace(p.logN.min(), p.logN.max(), 50)
-                ax.plot(np.exp(x), np.polyval(np.polyfit(p.logN, p.loss, 2), x), "-", color=h.get_color(), lw=1)
+            if len(set(p.sizes)) >= 3 and (fit := local_fit(p.logN, p.loss)) is not None:
+                x = np.linspace(p.logN[fit[0]].min(), p.logN[fit[0]].max(), 50)
+                ax.plot(np.exp(x), np.polyval(fit[1], x), "-", color=h.get_color(), lw=1)
             if p.vertex:
                 ax.plot(math.exp(p.vertex[0]), p.vertex[1], "k*", ms=7)
         ax.set_xscale("log")

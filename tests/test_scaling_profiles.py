@@ -107,3 +107,11 @@ def test_an_optimum_beyond_the_sizes_is_not_identified_and_leaves_the_laws(tmp_p
 def test_no_isoflop_rows_is_one_error(tmp_path):
     with pytest.raises(StudyError, match="no IsoFLOP rows"):
         analyse([{"variant": "standard", "final_val_loss": 3.0}])
+
+
+def test_the_parabola_is_fitted_near_the_minimum_only():
+    """A profile that is a parabola near its minimum and rises steeply far from it (as losses do at
+    sizes trained on a token or two per parameter): the far points do not move the vertex."""
+    x = np.log(2.0 ** np.arange(8))  # the lowest loss at 2^3; five points around it are exact
+    loss = 3 + (x - math.log(8)) ** 2 + np.where(x > math.log(33), 5.0, 0.0)
+    assert math.exp(vertex(x, loss)[0]) == pytest.approx(8.0)
