@@ -468,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
     iso = trainer("isoflop", "IsoFLOP profiles at fixed batch under µP (studies/scaling_isoflop.py)", None)
     iso.add_argument("--grid", required=True, help="BUDGET=FIRST:LAST,...: FLOPs and the widths each holds")
+    iso.add_argument(
+        "--standard-grid", help="BUDGET=FIRST:LAST,...: budgets standard alone trains too (its curve at lower loss)"
+    )
     iso.add_argument("--lr-from", help="lr.json of a µP lr-sweep whose transfer check held: one rate per variant")
     iso.add_argument("--min-lr-fraction", type=float, default=0.1, help="every run decays to this share of its rate")
     iso.add_argument("--cooldown", type=float, default=0.2, help="a branch decays over this fraction of its step")

@@ -82,9 +82,11 @@ def plan_isoflop(
     overrides: list[str],
     min_steps: int = 500,
     max_epochs: float = 4.0,
+    standard_grid: dict[float, list[str]] | None = None,
 ) -> list[LadderRun]:
     """Each (variant, size, seed)'s stable run followed by a branch per budget of the grid that holds the
-    size, in the order they can run."""
+    size, in the order they can run; `standard_grid`: budgets standard alone also trains, so that its
+    L*(C) reaches the losses of the weaker variants (the compute multiplier reads it there)."""
     check_variants(variants)
     if not 0 < cooldown <= 1:
         raise StudyError(f"--cooldown {cooldown} must be in (0, 1]. Fix: e.g. --cooldown 0.2")
@@ -105,12 +107,15 @@ def plan_isoflop(
     runs = []
     # size-major, narrowest first: the variants' chains of a size finish together, so a partial grid
     # compares the variants on the same sizes
-    widths = sorted({s for sizes in grid.values() for s in sizes}, key=lambda s: SHAPES[s]["hidden_size"])
+    grids = {v: {**grid, **(standard_grid or {})} if v == "standard" else grid for v in variants}
+    grids = {v: dict(sorted(g.items())) for v, g in grids.items()}
+    every = {s for g in grids.values() for sizes in g.values() for s in sizes}
+    widths = sorted(every, key=lambda s: SHAPES[s]["hidden_size"])
     for size, variant in ((s, v) for s in widths for v in variants):
         shape = [*overrides, *shape_overrides(size), f"model.variant={variant}"]
         run_cfg = load_recipe(recipe, shape)
         fpt = flops_per_token(resolve_model(run_cfg)[0], run_cfg.train.seq_len)["train"]
-        budgets = [c for c, sizes in grid.items() if size in sizes]
+        budgets = [c for c, sizes in grids[variant].items() if size in sizes]
         if not budgets:
             continue
         multiples = [c / budgets[0] for c in budgets]
@@ -181,6 +186,7 @@ def plan_summary(runs: list[LadderRun]) -> str:
 
 def run_isoflop(args) -> int:
     grid = parse_grid(args.grid)
+    standard_grid = parse_grid(args.standard_grid) if args.standard_grid else None
     seeds = {"*": args.seeds, **per_size(args.more_seeds, "--more-seeds")}
     runs = plan_isoflop(
         args.recipe,
@@ -193,6 +199,7 @@ def run_isoflop(args) -> int:
         args.overrides,
         args.min_steps,
         args.max_epochs,
+        standard_grid,
     )
     if args.plan_only:
         print(plan_summary(runs))

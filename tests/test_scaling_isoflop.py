@@ -64,6 +64,13 @@ def test_each_branch_holds_its_budget_in_its_own_flops(corpus, tmp_path):
     by = {(r.variant, r.size, r.budget): r for r in branches}
     assert by[("mixit", "w48", 4e10)].max_steps > by[("standard", "w48", 4e10)].max_steps
     assert by[("standard", "w32", 4e10)].branch_step == 2 * by[("standard", "w32", 2e10)].branch_step
+    # budgets standard alone trains extend its chains below the grid; the other variants' stay as they were
+    low = {1e10: ["w32", "w48"]}
+    more = plan_isoflop(
+        "recipes/tiny_cpu.yaml", ["standard", "mixit"], grid, {"*": 1}, 0.2, rates, 0.1, over, 10, 50, low
+    )
+    extra = {(r.variant, r.size, r.budget) for r in more if r.branch_step is not None} - set(by)
+    assert extra == {("standard", "w32", 1e10), ("standard", "w48", 1e10)}
 
 
 def test_a_grid_that_breaks_a_rule_is_refused_before_training(corpus, tmp_path):
