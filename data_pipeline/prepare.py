@@ -201,6 +201,71 @@ def _iter_text_batches(ds, text_field: str, skip: int, batch_docs: int):
         idx += n
 
 
+class ShardWriter:
+    """Cuts a stream of tokenised documents into shards of at least `shard_tokens` tokens at document
+    boundaries, writing each shard and then the progress file that lets an interrupted run resume after
+    it (`shards` and `state` are that file's lists, extended in place)."""
+
+    def __init__(self, out: Path, dtype, shard_tokens: int, shards: list[dict], state: dict, delay: float):
+        self.out, self.dtype, self.shard_tokens, self.delay = out, dtype, shard_tokens, delay
+        self.shards, self.state = shards, state
+        self.tokens: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+        self.count = 0  # tokens buffered for the next shard
+
+    def add(self, first_doc: int, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Buffer a batch of documents (`first_doc` is the first one's index in the source), writing a shard
+        each time the buffer reaches `shard_tokens` at the end of a document."""
+        cum = np.cumsum(lengths)
+        pos_doc, pos_tok = 0, 0  # position inside this batch
+        while pos_doc < len(lengths):
+            base = int(cum[pos_doc - 1]) if pos_doc else 0
+            need = self.shard_tokens - self.count
+            # first doc j >= pos_doc whose end brings the shard to >= shard_tokens tokens
+            j = int(np.searchsorted(cum, base + need, side="left"))
+            if j >= len(lengths):
+                self.tokens.append(flat[pos_tok:])
+                self.lengths.append(lengths[pos_doc:])
+                self.count += int(cum[-1]) - base
+                return
+            end_tok = int(cum[j])
+            self.tokens.append(flat[pos_tok:end_tok])
+            self.lengths.append(lengths[pos_doc : j + 1])
+            self.count += end_tok - base
+            self.flush(first_doc + j + 1)
+            pos_doc, pos_tok = j + 1, end_tok
+
+    def finish(self) -> int:
+        """Write the last, partial shard; the number of source documents read (whitespace-only ones
+        included: every document of the source counts)."""
+        total_docs = int(self.state["next_doc"]) + sum(len(x) for x in self.lengths)
+        if self.count > 0:
+            self.flush(total_docs)
+        return total_docs
+
+    def flush(self, next_doc: int) -> None:
+        toks = np.concatenate(self.tokens) if self.tokens else np.zeros(0, dtype=np.int64)
+        lens = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int64)
+        lens = lens[lens > 0]
+        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        out, n = self.out, len(self.shards)
+        try:
+            info = write_shard(out, n, toks.astype(self.dtype), offsets, delay_s=self.delay)
+            atomic_write_json(out / PROGRESS, {**self.state, "shards": self.shards + [info], "next_doc": int(next_doc)})
+        except OSError as e:  # e.g. no space left: keep what is done, free the partial files, say how to go on
+            for stray in out.glob("*.tmp"):
+                stray.unlink(missing_ok=True)
+            raise DataError(
+                f"prepare: could not write {shard_name(n)} into {out} ({e.strerror or e}; "
+                f"{free_space(out)} free there); the {n} shards already written are kept. Fix: free space "
+                f"(or use another --out), then re-run the same command: it resumes at shard {n}"
+            ) from e
+        self.shards.append(info)
+        self.state["next_doc"] = int(next_doc)
+        self.tokens, self.lengths, self.count = [], [], 0
+
+
 def prepare(
     source,
     tokenizer,
@@ -267,9 +332,7 @@ def prepare(
     if shards:
         say(f"resuming at shard {len(shards)} (document {state['next_doc']}, {done_tokens} tokens done)")
 
-    buf_tokens: list[np.ndarray] = []
-    buf_lengths: list[np.ndarray] = []
-    buf_count = 0
+    writer = ShardWriter(out, dtype, shard_tokens, shards, state, delay)
     pbar = progress_bar(
         initial=done_tokens,
         unit="tok",
@@ -280,64 +343,17 @@ def prepare(
         mininterval=0.5,
         smoothing=0.1,
     )
-
-    def flush(next_doc: int) -> None:
-        nonlocal buf_tokens, buf_lengths, buf_count
-        toks = np.concatenate(buf_tokens) if buf_tokens else np.zeros(0, dtype=np.int64)
-        lens = np.concatenate(buf_lengths) if buf_lengths else np.zeros(0, dtype=np.int64)
-        lens = lens[lens > 0]
-        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        try:
-            info = write_shard(out, len(shards), toks.astype(dtype), offsets, delay_s=delay)
-            atomic_write_json(ppath, {**state, "shards": shards + [info], "next_doc": int(next_doc)})
-        except OSError as e:  # e.g. no space left: keep what is done, free the partial files, say how to go on
-            for stray in out.glob("*.tmp"):
-                stray.unlink(missing_ok=True)
-            raise DataError(
-                f"prepare: could not write {shard_name(len(shards))} into {out} ({e.strerror or e}; "
-                f"{free_space(out)} free there); the {len(shards)} shards already written are kept. Fix: free space "
-                f"(or use another --out), then re-run the same command: it resumes at shard {len(shards)}"
-            ) from e
-        shards.append(info)
-        state["next_doc"] = int(next_doc)
-        buf_tokens, buf_lengths, buf_count = [], [], 0
-
-    def consume(first_doc: int, flat: np.ndarray, lengths: np.ndarray, mx: int) -> None:
-        nonlocal buf_count
-        if mx >= tok.vocab_size:
-            raise DataError(f"prepare: tokenizer {tok.path} produced id {mx} >= its vocab size {tok.vocab_size}")
-        cum = np.cumsum(lengths)
-        pos_doc, pos_tok = 0, 0  # position inside this batch
-        while pos_doc < len(lengths):
-            base = int(cum[pos_doc - 1]) if pos_doc else 0
-            need = shard_tokens - buf_count
-            # first doc j >= pos_doc whose end brings the shard to >= shard_tokens tokens
-            j = int(np.searchsorted(cum, base + need, side="left"))
-            if j >= len(lengths):
-                buf_tokens.append(flat[pos_tok:])
-                buf_lengths.append(lengths[pos_doc:])
-                buf_count += int(cum[-1]) - base
-                return
-            end_tok = int(cum[j])
-            buf_tokens.append(flat[pos_tok:end_tok])
-            buf_lengths.append(lengths[pos_doc : j + 1])
-            buf_count += end_tok - base
-            flush(first_doc + j + 1)
-            pos_doc, pos_tok = j + 1, end_tok
-
     batches = _iter_text_batches(ds, text_field, int(state["next_doc"]), batch_docs)
     t0 = time.time()
     new_tokens = 0
     for first, (flat, lengths, mx) in _encoded(batches, tok, workers):
-        consume(first, flat, lengths, mx)
+        if mx >= tok.vocab_size:
+            raise DataError(f"prepare: tokenizer {tok.path} produced id {mx} >= its vocab size {tok.vocab_size}")
+        writer.add(first, flat, lengths)
         new_tokens += len(flat)
         pbar.update(len(flat))
     pbar.close()
-    # Every document of the source counts, including skipped whitespace-only ones.
-    total_docs = int(state["next_doc"]) + sum(len(x) for x in buf_lengths)
-    if buf_count > 0:
-        flush(total_docs)
+    total_docs = writer.finish()
     num_tokens = sum(s["num_tokens"] for s in shards)
     if num_tokens == 0:
         where = ", ".join(spec.files) if spec.files else spec.hf_name
