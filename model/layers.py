@@ -21,8 +21,9 @@ from .config import ModelConfig
 from .kernels.flash import flash_attention, flash_attention_varlen, segments_from_mask
 from .kernels.loss import linear_cross_entropy
 from .kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked
+from .kernels.mixit_streamed import generate_tiles, mixit_streamed
 from .kernels.mixit_triton import mixit_triton
-from .kernels.select import attention_backend, log_choice, mixit_backend, mixit_dense_bytes
+from .kernels.select import attention_backend, log_choice, mixit_backend, mixit_dense_bytes, mixit_streamed_bytes
 
 
 class RMSNorm(nn.Module):
@@ -291,8 +292,12 @@ class MixingAttention(nn.Module):
     def impl(self, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
         """The mixing implementation for this device (cfg.mixit_impl; 'auto': kernels/select.py)."""
         c = self.cfg
-        dense = mixit_dense_bytes(c.num_heads, c.num_layers, c.max_seq_len, torch.finfo(dtype).bits // 8)
-        impl, reason = mixit_backend(c.mixit_impl, c.max_seq_len, device, dense)
+        nbytes = torch.finfo(dtype).bits // 8
+        dense = mixit_dense_bytes(c.num_heads, c.num_layers, c.max_seq_len, nbytes)
+        streamed = mixit_streamed_bytes(c.num_heads, c.num_layers, c.max_seq_len, nbytes, c.causal)
+        impl, reason = mixit_backend(
+            c.mixit_impl, c.max_seq_len, device, dense, streamed_bytes=streamed, causal=c.causal
+        )
         log_choice("mixit", impl, reason)
         return impl
 
@@ -302,14 +307,28 @@ class MixingAttention(nn.Module):
     @torch._disable_dynamo  # built once and cached: a compiled block sees only the cached tensor
     def drift(self, t: int, device: torch.device) -> torch.Tensor:
         """drift_h for heads 1..H-1, (H-1, n) fp32: computed blockwise once per device and cached."""
-        if self._params is None:
-            self._params = MixitParams(self.cfg, self.layer)
         n = self.cfg.max_seq_len if self.cfg.causal else t
         key = ("drift", str(device), n)
         if key not in self._cache:
             with torch.no_grad():
-                self._cache[key] = compute_drift(self._params, n, device, self.cfg.mixit_block_size)
+                self._cache[key] = compute_drift(self.mixit_params(), n, device, self.cfg.mixit_block_size)
         return self._cache[key]
+
+    @torch._disable_dynamo  # generated once, cached, like the dense matrix
+    def tiles(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """M of heads 1..H-1 as stored 64 x 64 tiles in `dtype` (kernels/mixit_streamed.py): written once per
+        device and dtype and kept for the model's life; the same tiles serve every t <= T."""
+        key = ("tiles", str(device), dtype)
+        if key not in self._cache:
+            with torch.no_grad():
+                self._cache[key] = generate_tiles(self.mixit_params(), dtype, device)
+        return self._cache[key]
+
+    def mixit_params(self) -> MixitParams:
+        """The layer's Philox keys and sigmas of heads 1..H-1, built on first use."""
+        if self._params is None:
+            self._params = MixitParams(self.cfg, self.layer)
+        return self._params
 
     @torch._disable_dynamo  # built once, cached; traced into an inductor graph its build did not finish
     def matrix(self, t: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -364,10 +383,13 @@ class MixingAttention(nn.Module):
             # matmul would first copy A to every sequence (b*H*t^2 entries a step)
             vh = v.permute(1, 2, 0, 3).reshape(cfg.num_heads, total, b * cfg.head_dim)
             out = torch.bmm(a, vh).view(cfg.num_heads, t, b, cfg.head_dim).permute(2, 0, 1, 3)  # (b, H, t, dh)
+        elif impl == "streamed":
+            drift = self.drift(total, x.device)
+            out = mixit_streamed(v, self.tiles(x.device, v.dtype), self.mixit_params(), drift, past)
         else:
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)
-            out = fn(v, self._params, drift, past, cfg.mixit_block_size)
+            out = fn(v, self.mixit_params(), drift, past, cfg.mixit_block_size)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
 
 

@@ -6,8 +6,9 @@ trainer builds it (meta device, activation checkpointing applied: pretrain/paral
 parameters made as bf16 CUDA tensors (DeepSpeed's bf16 mode; the trainer uses no autocast), and
 its loss taken as pretrain/engine.py takes it (chunked, reduction="sum", then float), with and
 without per-document masking; attention picks its CUDA backend (kernels/select.py) and MixiT
-runs the dense path the CUDA rule picks on an 80 GiB device and the Triton path with only the
-kernel launches stubbed (the stub checks what each launch receives and writes nothing). The 1b
+runs the streamed path the CUDA rule picks on an 80 GiB device, the dense path and the Triton path
+(forced), with only the kernel launches stubbed (the stub checks what each launch receives and
+writes nothing). The 1b
 shape is kept (width, heads, KV heads, vocabulary, T 2048) at two layers, since every layer
 runs the same code.
 
@@ -39,13 +40,16 @@ from torch.overrides import TorchFunctionMode
 
 import model.mixit as mixit_mod
 from model import VARIANTS, Transformer, preset
-from model.kernels import mixit_triton, select
+from model.kernels import mixit_streamed, mixit_triton, select
 from pretrain.parallelize import apply_activation_checkpointing
 
 REPO = Path(__file__).resolve().parent.parent
 SEQ = 2048
 LAYERS = 2
 H100_MEMORY = 80 * 2**30
+# (variant, mixit_impl) cases, and the kernels each launches: on CUDA `auto` streams the stored tiles
+CASES = [(v, "auto") for v in VARIANTS] + [("mixit", "triton"), ("mixit", "dense")]
+KERNELS = {("mixit", "auto"): {"generate", "streamed forward"}, ("mixit", "triton"): {"forward"}}
 
 
 def _aten_getitem(x: torch.Tensor, index) -> torch.Tensor:
@@ -121,26 +125,49 @@ def _run_forward_checks() -> None:  # runs in the subprocess, after the guard is
 
     launches: list = []
 
+    def float32_contiguous(args) -> None:  # the regenerating kernels: the autograd function upcasts
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        assert all(t.is_contiguous() for t in tensors), [(t.device, t.stride()) for t in tensors]
+        assert all(t.dtype in (torch.float32, torch.int64) for t in tensors), [t.dtype for t in tensors]
+
+    def streamed(stored: int):  # the streamed kernels: tiles (argument `stored`), values, output in bf16
+        def check(args) -> None:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            assert all(t.stride(-1) == 1 for t in tensors), [t.stride() for t in tensors]
+            assert all(t.dtype in (torch.bfloat16, torch.float32, torch.int64) for t in tensors), [
+                t.dtype for t in tensors
+            ]
+            tiles = args[stored]
+            assert tiles.dtype == torch.bfloat16 and tiles.is_contiguous() and tiles.shape[-1] == mixit_streamed.TILE
+
+        return check
+
     class LaunchStub:
+        def __init__(self, name, check):
+            self.name, self.check = name, check
+
         def __getitem__(self, grid):
             def launch(*args, **constexprs):
-                tensors = [a for a in args if isinstance(a, torch.Tensor)]
-                assert all(t.is_cuda and t.is_contiguous() for t in tensors), [(t.device, t.stride()) for t in tensors]
-                assert all(t.dtype in (torch.float32, torch.int64) for t in tensors), [t.dtype for t in tensors]
+                assert all(a.is_cuda for a in args if isinstance(a, torch.Tensor)), self.name
+                self.check(args)
                 assert all(isinstance(g, int) and g > 0 for g in grid), grid
-                assert constexprs["SWEEP_N"] == 0  # compiled kernels keep the run-time loop bounds
-                launches.append(grid)
+                assert constexprs.get("SWEEP_N", 0) == 0  # compiled kernels keep the run-time loop bounds
+                assert not constexprs.get("UPCAST", False)  # bf16 products on the tensor cores
+                launches.append(self.name)
 
             return launch
 
     mixit_mod.head_sigmas = real_head_sigmas
-    mixit_triton._kernels = lambda: (LaunchStub(), LaunchStub(), None)
+    regenerating = (LaunchStub("forward", float32_contiguous), LaunchStub("backward", float32_contiguous), None)
+    mixit_triton._kernels = lambda: regenerating
+    names = (("generate", 0), ("streamed forward", 3), ("streamed backward", 3))  # and where the tiles are
+    stored = tuple(LaunchStub(name, streamed(i)) for name, i in names)
+    mixit_streamed._kernels = lambda: stored
     select.triton_available = lambda: True
     torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(total_memory=H100_MEMORY)
 
-    cases = [(v, "auto") for v in VARIANTS] + [("mixit", "triton")]
     with FakeTensorMode(allow_non_fake_inputs=True), AtenIndexing(), torch.no_grad():
-        for variant, impl in cases:
+        for variant, impl in CASES:
             for docs in (False, True) if _doc_masking(variant, impl) else (False,):
                 mcfg = preset("1b", variant=variant, num_layers=LAYERS, max_seq_len=SEQ, mixit_impl=impl)
                 with torch.device("meta"):
@@ -162,15 +189,15 @@ def _run_forward_checks() -> None:  # runs in the subprocess, after the guard is
                 assert loss.shape == () and loss.is_cuda and loss.dtype == torch.float32, (variant, loss)
                 logits = model(x.narrow(1, 0, 16))
                 assert logits.shape == (2, 16, mcfg.vocab_size) and logits.dtype == torch.bfloat16 and logits.is_cuda
-                kernel = len(launches) > before
-                assert kernel == (impl == "triton"), (variant, impl, docs, len(launches) - before)
+                launched = set(launches[before:])
+                assert launched == KERNELS.get((variant, impl), set()), (variant, impl, docs, launched)
                 print(f"ok {variant} {impl} docs={docs}", flush=True)
-    assert launches, "the Triton path launched nothing"
+    assert launches, "the Triton paths launched nothing"
 
 
 def _doc_masking(variant: str, impl: str) -> bool:
     """Document masking is run where the model supports it: not for `shaped` (it refuses), and for
-    MixiT through its dense gather (what doc masking always takes), not the kernel."""
+    MixiT through its dense gather (what doc masking always takes), once (under `auto`)."""
     return variant != "shaped" and impl == "auto"
 
 
@@ -197,7 +224,7 @@ def test_1b_forward_of_every_variant_on_fake_cuda(tmp_path):
         [sys.executable, __file__, str(guard_dir or "")], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    for variant, impl in [(v, "auto") for v in VARIANTS] + [("mixit", "triton")]:
+    for variant, impl in CASES:
         for docs in (False, True) if _doc_masking(variant, impl) else (False,):
             assert f"ok {variant} {impl} docs={docs}" in out.stdout, out.stdout
 

@@ -4,8 +4,10 @@ Triton compiles without a GPU given a CUDA target; the ptxas that ships with Tri
 PTX and, with -v, prints registers and spill bytes. Each tile the launcher picks (mixit_triton.tiles)
 for the head dims and block sizes of the presets and of the tests is compiled, forward and backward,
 and must use at most the H100's 232,448 B of shared memory per block and spill no registers, so the
-first lent GPU does not meet a kernel that cannot launch. The kernels only ever see float32 tensors
-(the autograd function upcasts bf16/fp16 inputs), so float32 is the one dtype compiled.
+first lent GPU does not meet a kernel that cannot launch. The regenerating kernels only ever see
+float32 tensors (the autograd function upcasts bf16/fp16 inputs), so float32 is the one dtype compiled
+for them; the streamed path's kernels (mixit_streamed.py) take the model's dtype, so they are compiled
+in bf16 and float32 at every preset head dim.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from model.config import PRESETS, preset
-from model.kernels import hopper_aot, mixit_triton
+from model.kernels import hopper_aot, mixit_streamed, mixit_triton
 from model.kernels.mixit_triton import tiles
 
 H100_SHARED_PER_BLOCK = 232_448  # bytes, opt-in maximum per thread block (compute capability 9.0)
@@ -31,6 +34,16 @@ LAUNCHES = sorted(
     {(preset(name).head_dim, preset(name).mixit_block_size) for name in PRESETS} | {(64, 64), (16, 128), (16, 16)}
 )
 TILES = sorted({tiles(dh, block) for dh, block in LAUNCHES})
+# The streamed kernels' launches: every preset head dim, in each dtype, at one sequence a program and at
+# the widest group the launcher makes (mixit_streamed.launch at a batch of 64).
+STREAMED = sorted(
+    {
+        (dt, mixit_streamed.launch(preset(name).head_dim, b))
+        for name in PRESETS
+        for b in (1, 64)
+        for dt in ("bf16", "fp32")
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +106,57 @@ def test_mixit_kernels_fit_an_h100(hopper, tile, tmp_path):
             problems.append(f"{where}: {shared} B shared memory > {H100_SHARED_PER_BLOCK}")
         if regs > MAX_REGISTERS or stores or loads:
             problems.append(f"{where}: {regs} registers, spills {stores} B stored / {loads} B loaded")
+    assert not problems, "\n".join(problems)
+
+
+def _check_fit(compile_, assemble, tmp_path, fn, constexprs, launch, arg_types) -> list[str]:
+    shared, ptx = compile_(fn, constexprs, launch, arg_types)
+    regs, stores, loads = _usage(assemble(ptx, tmp_path))
+    where = f"{fn.__name__} {constexprs} {launch}"
+    problems = []
+    if shared > H100_SHARED_PER_BLOCK:
+        problems.append(f"{where}: {shared} B shared memory > {H100_SHARED_PER_BLOCK}")
+    if regs > MAX_REGISTERS or stores or loads:
+        problems.append(f"{where}: {regs} registers, spills {stores} B stored / {loads} B loaded")
+    return problems
+
+
+def test_streamed_launches_cover_the_presets():
+    """Every preset head dim (16 to 128) in bf16 and float32; the widest group at MAX_WIDTH columns."""
+    assert {lc.BD for _, lc in STREAMED} == {preset(name).head_dim for name in PRESETS} == {16, 32, 64, 128}
+    assert max(lc.BD * lc.SEQS for _, lc in STREAMED) == mixit_streamed.MAX_WIDTH
+
+
+@pytest.mark.parametrize("dtype, launch", STREAMED, ids=[f"{dt}_dh{lc.BD}_seqs{lc.SEQS}" for dt, lc in STREAMED])
+def test_streamed_kernels_fit_an_h100(hopper, dtype, launch, tmp_path):
+    """The streamed forward and backward at the causal, identity-term default; every causal/identity
+    combination at the largest head dim; the tile generator (causal or not, each generator) once per dtype."""
+    compile_, assemble = hopper
+    _, fwd, bwd = mixit_streamed._kernels()
+    types = mixit_streamed.arg_types(dtype)
+    base = dict(DH=launch.BD, BT=mixit_streamed.TILE, BD=launch.BD, SEQS=launch.SEQS, SWEEP_N=0, UPCAST=False)
+    largest = launch.BD == max(lc.BD for _, lc in STREAMED)
+    flags = [(True, True), (False, True), (True, False), (False, False)] if largest else [(True, True)]
+    problems = []
+    for causal, ident in flags:
+        for fn in (fwd, bwd):
+            constexprs = dict(base, CAUSAL=causal, IDENT=ident)
+            problems += _check_fit(compile_, assemble, tmp_path, fn, constexprs, launch, types)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_streamed_tile_generator_fits_an_h100(hopper, dtype, tmp_path):
+    compile_, assemble = hopper
+    gen = mixit_streamed._kernels()[0]
+    launch = types.SimpleNamespace(**mixit_streamed.GENERATE)  # generate_tiles' warps and stages
+    problems = []
+    for causal in (True, False):
+        for four in (False, True):
+            constexprs = dict(CAUSAL=causal, BT=mixit_streamed.TILE, RNG4X=four)
+            problems += _check_fit(
+                compile_, assemble, tmp_path, gen, constexprs, launch, mixit_streamed.arg_types(dtype)
+            )
     assert not problems, "\n".join(problems)
 
 

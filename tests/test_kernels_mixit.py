@@ -1,5 +1,6 @@
 """MixiT mixing: the dense reference, the blocked PyTorch path and the Triton kernel agree
-(forward and A^T backward), and `mixit_impl` dispatch follows the documented rule."""
+(forward and A^T backward), and `mixit_impl` dispatch follows the documented rule (the streamed path's
+kernels: tests/test_kernels_mixit_streamed.py)."""
 
 import os
 import subprocess
@@ -11,7 +12,7 @@ import torch
 from model import build_model, preset
 from model.kernels import select
 from model.kernels.mixit_blocked import MixitParams, compute_drift, cumsum_rows, mixit_blocked, raw_slab
-from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_bytes
+from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_bytes, mixit_streamed_bytes
 from model.mixit import mixing_matrix, raw_block
 
 T = 40
@@ -130,27 +131,62 @@ def test_auto_dispatch_rule():
     assert mixit_backend("blocked", 16, cpu)[0] == "blocked"
     assert mixit_backend("dense", 10**4, cpu)[0] == "dense"
     assert mixit_backend("triton", 16, cpu)[0] == "triton"  # explicit choice is honoured
+    assert mixit_backend("streamed", 16, cpu)[0] == "streamed"
 
 
-def test_cuda_dispatch_rule_dense_where_it_fits_triton_above(monkeypatch):
-    """On CUDA: the dense cached matrices while all layers' fit in MIXIT_DENSE_MEMORY_FRACTION of the
-    device, the Triton kernel above (blocked without Triton); evaluated here for device sizes."""
-    cuda, h100, h200 = torch.device("cuda"), 80 * 2**30, 140 * 2**30
+# What `auto` picks on CUDA for the presets' causal bf16 models (stored tiles: 2.0, 2.6, 4.0 GiB at T 2048;
+# 31.2, 40.6, 62.5 GiB at T 8192), against half of an H100's 80 GB and of an H200's 141 GB
+H100, H200 = 80 * 10**9, 141 * 10**9
+CUDA_RULE = {
+    ("1b", 2048): ("streamed", "streamed"),
+    ("1b", 8192): ("streamed", "streamed"),
+    ("3b", 2048): ("streamed", "streamed"),
+    ("3b", 8192): ("triton", "streamed"),
+    ("8b", 2048): ("streamed", "streamed"),
+    ("8b", 8192): ("triton", "streamed"),
+}
+
+
+def _auto_on_cuda(name: str, t: int, memory: int, nbytes: int = 2, causal: bool = True) -> str:
+    c = preset(name, variant="mixit")
+    dense = mixit_dense_bytes(c.num_heads, c.num_layers, t, nbytes)
+    tiles = mixit_streamed_bytes(c.num_heads, c.num_layers, t, nbytes, causal)
+    return mixit_backend("auto", t, torch.device("cuda"), dense, memory, streamed_bytes=tiles, causal=causal)[0]
+
+
+@pytest.mark.parametrize("name, t", list(CUDA_RULE), ids=[f"{n}_T{t}" for n, t in CUDA_RULE])
+def test_cuda_rule_streams_the_tiles_where_they_fit(name, t, monkeypatch):
+    """Causal, on CUDA with Triton: the stored tiles while all layers' fit MIXIT_STREAMED_MEMORY_FRACTION of the
+    device, the regenerating kernel above; never dense, whose matrices are twice the tiles' bytes."""
+    monkeypatch.setattr(select, "triton_available", lambda: True)
+    assert (_auto_on_cuda(name, t, H100), _auto_on_cuda(name, t, H200)) == CUDA_RULE[(name, t)]
+
+
+def test_cuda_rule_at_its_boundaries_bidirectional_and_without_triton(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(select, "triton_available", lambda: True)
     c = preset("1b", variant="mixit")
-    at = lambda t, nbytes=2: mixit_dense_bytes(c.num_heads, c.num_layers, t, nbytes)  # noqa: E731
-    assert at(2048) == 4 * 2**30  # 16 layers x 32 heads x 2048^2 x bf16
-    assert mixit_backend("auto", 2048, cuda, at(2048), h100)[0] == "dense"
-    assert mixit_backend("auto", 2048, cuda, at(2048, 4), h100)[0] == "dense"  # fp32: 8 GiB
-    assert mixit_backend("auto", 8192, cuda, at(8192), h100)[0] == "triton"  # 64 GiB
-    assert mixit_backend("auto", 8192, cuda, at(8192), h200)[0] == "dense"
-    assert mixit_backend("auto", 2048, cuda, at(2048), 24 * 2**30)[0] == "dense"  # a 24 GiB card
-    assert mixit_backend("auto", 2048, cuda, at(2048), 6 * 2**30)[0] == "triton"  # a 6 GiB card
-    budget = int(select.MIXIT_DENSE_MEMORY_FRACTION * h100)
-    assert mixit_backend("auto", 1, cuda, budget, h100)[0] == "dense"
-    assert mixit_backend("auto", 1, cuda, budget + 1, h100)[0] == "triton"
-    assert mixit_backend("dense", 8192, cuda, at(8192), h100)[0] == "dense"  # explicit choice is honoured
-    monkeypatch.setattr(select, "triton_available", lambda: False)
-    assert mixit_backend("auto", 8192, cuda, at(8192), h100)[0] == "blocked"
+    assert mixit_streamed_bytes(c.num_heads, c.num_layers, 2048, 2, True) == 16 * 31 * (32 * 33 // 2) * 64 * 64 * 2
+    assert mixit_dense_bytes(c.num_heads, c.num_layers, 2048, 2) == 4 * 2**30  # 16 layers x 32 heads x 2048^2 x bf16
+    assert _auto_on_cuda("1b", 2048, H100, nbytes=4) == "streamed"  # float32: 4 GiB of tiles
+    assert _auto_on_cuda("1b", 2048, 3 * 2**30) == "triton"  # a 3 GiB card: 2 GiB of tiles > 1.5
+    budget = int(select.MIXIT_STREAMED_MEMORY_FRACTION * H100)
+    assert mixit_backend("auto", 1, cuda, None, H100, streamed_bytes=budget)[0] == "streamed"
+    assert mixit_backend("auto", 1, cuda, None, H100, streamed_bytes=budget + 1)[0] == "triton"
+    # padding to whole tiles can make them outweigh the matrix at a short T: dense where only it fits
+    assert mixit_backend("auto", 1, cuda, budget, H100, streamed_bytes=budget + 1)[0] == "dense"
+    # bidirectional: the tiles are the whole square, so dense keeps the sizes where it fits, the tiles
+    # take the sizes where only they fit
+    assert _auto_on_cuda("1b", 2048, H100, causal=False) == "dense"
+    assert _auto_on_cuda("1b", 8192, H200, causal=False) == "dense"  # 64 GiB <= 65.7
+    assert _auto_on_cuda("1b", 8192, H100, causal=False) == "triton"  # 62 GiB of tiles > 37.3
+    assert mixit_backend("auto", 1, cuda, budget + 1, H100, streamed_bytes=budget, causal=False)[0] == "streamed"
+    assert mixit_backend("dense", 8192, cuda, 10**12, H100)[0] == "dense"  # explicit choices are honoured
+    assert mixit_backend("streamed", 8192, cuda, None, H100, streamed_bytes=10**12)[0] == "streamed"
+    monkeypatch.setattr(select, "triton_available", lambda: False)  # CUDA without Triton: the old rule
+    assert _auto_on_cuda("1b", 2048, H100) == "dense"
+    assert _auto_on_cuda("1b", 8192, H200) == "dense"
+    assert _auto_on_cuda("1b", 8192, H100) == "blocked"
 
 
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):

@@ -60,6 +60,15 @@ def test_bad_config_names_field_and_fix(kwargs, field):
     assert f"model.{field}" in msg and "Fix:" in msg
 
 
+def test_mixit_impl_streamed_is_allowed_and_a_bad_value_still_names_the_choices():
+    assert ModelConfig(variant="mixit", mixit_impl="streamed").mixit_impl == "streamed"
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(variant="mixit", mixit_impl="stream")
+    msg = str(err.value)
+    assert "model.mixit_impl" in msg and "'stream'" in msg and "Fix:" in msg
+    assert "'streamed'" in msg and "'triton'" in msg
+
+
 def test_close_match_hints():
     with pytest.raises(ConfigError, match="did you mean 'mixit'"):
         ModelConfig(variant="mixt")

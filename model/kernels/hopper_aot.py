@@ -36,13 +36,15 @@ def missing() -> str | None:
     return None
 
 
-def compile_ptx(fn, constexprs: dict, tile: Tiles) -> tuple[int, str]:
-    """(shared memory bytes, PTX) of one kernel specialisation compiled for sm_90."""
+def compile_ptx(fn, constexprs: dict, tile: Tiles, arg_types: dict[str, str] = ARG_TYPES) -> tuple[int, str]:
+    """(shared memory bytes, PTX) of one kernel specialisation compiled for sm_90; `arg_types` maps the
+    kernel's arguments to Triton types (default: the regenerating kernels', mixit_triton.ARG_TYPES), `tile`
+    gives num_warps and num_stages."""
     import triton  # deferred: optional (GPU kernels)
     from triton.backends.compiler import GPUTarget  # deferred: optional (GPU kernels)
     from triton.compiler import ASTSource  # deferred: optional (GPU kernels)
 
-    signature = {a: "constexpr" if a in constexprs else ARG_TYPES[a] for a in fn.arg_names}
+    signature = {a: "constexpr" if a in constexprs else arg_types[a] for a in fn.arg_names}
     kernel = triton.compile(
         ASTSource(fn, signature, constexprs=constexprs),
         target=GPUTarget(*HOPPER),

@@ -8,6 +8,7 @@ import logging
 import torch
 
 from .flash import flash_available
+from .mixit_streamed import TILE, tile_count
 from .mixit_triton import triton_available
 
 log = logging.getLogger("model.kernels")
@@ -20,6 +21,12 @@ MIXIT_DENSE_MAX_T = 1024
 # T 8192. Half, because dense is the fast path wherever it fits: on an H200 the 1b step at T 8192 ran
 # 2.7x faster dense than with the Triton kernel, peaking at 90 of the 140 GiB (docs/PERFORMANCE.md).
 MIXIT_DENSE_MEMORY_FRACTION = 0.5
+# On CUDA: the stored tiles of M of all layers (heads 1..H-1, the 64 x 64 tiles on and below the diagonal,
+# in the compute dtype: kernels/mixit_streamed.py) may take this share of the device's memory: 31 GiB for
+# the 1b preset at T 8192 in bf16. Half, as for the dense matrices and for the same measurement: the 1b
+# step at T 8192 peaked at 90 of 140 GiB beside 64 GiB of cached matrices, so the rest of a step fits in
+# the other half; above it the Triton kernel regenerates each tile (about ten times a tile's read time).
+MIXIT_STREAMED_MEMORY_FRACTION = 0.5
 
 _logged: set[tuple] = set()
 
@@ -63,30 +70,55 @@ def mixit_dense_bytes(num_heads: int, num_layers: int, max_seq_len: int, element
     return num_layers * num_heads * max_seq_len**2 * element_bytes
 
 
+def mixit_streamed_bytes(num_heads: int, num_layers: int, max_seq_len: int, element_bytes: int, causal: bool) -> int:
+    """Bytes the stored tiles of every layer hold on one device (the streamed path's cache)."""
+    return num_layers * (num_heads - 1) * tile_count(max_seq_len, causal) * TILE * TILE * element_bytes
+
+
+def _fits(what: str, nbytes: int | None, fraction: float, device_memory: int) -> tuple[bool, str]:
+    """(nbytes fit in fraction of the device, the comparison in words)."""
+    budget = int(fraction * device_memory)
+    if nbytes is None:
+        return False, f"{what} size unknown"
+    sign = "<=" if nbytes <= budget else ">"
+    return nbytes <= budget, f"{what} {nbytes / 2**30:.2f} GiB {sign} {budget / 2**30:.2f} GiB of the device"
+
+
 def mixit_backend(
     mixit_impl: str,
     max_seq_len: int,
     device: torch.device,
     dense_bytes: int | None = None,
     device_memory: int | None = None,
+    streamed_bytes: int | None = None,
+    causal: bool = True,
 ) -> tuple[str, str]:
-    """(impl, reason) for MixiT mixing: 'dense', 'blocked' or 'triton'.
+    """(impl, reason) for MixiT mixing: 'dense', 'blocked', 'triton' or 'streamed'.
 
-    On CUDA `dense_bytes` (mixit_dense_bytes of the model) is compared with the device's memory
-    (`device_memory`, default: the device's total), so the rule can be evaluated for any device size.
+    On CUDA `dense_bytes` and `streamed_bytes` (mixit_dense_bytes and mixit_streamed_bytes of the model)
+    are compared with the device's memory (`device_memory`, default: the device's total), so the rule can
+    be evaluated for any device size. Causal: the stored tiles wherever they fit; they are the dense
+    matrix's nonzero half, read once per group of sequences with the tiles above the diagonal skipped,
+    where dense's batched product reads and multiplies the whole square. Bidirectional: the tiles are
+    the whole square too, as many bytes as the dense matrices, so dense (one cuBLAS product) keeps the
+    sizes where it fits, and the tiles take over above it.
     """
     if mixit_impl != "auto":
         return mixit_impl, f"mixit_impl={mixit_impl}"
     if torch.device(device).type == "cuda":
         if device_memory is None:
             device_memory = torch.cuda.get_device_properties(device).total_memory
-        budget = int(MIXIT_DENSE_MEMORY_FRACTION * device_memory)
-        if dense_bytes is not None and dense_bytes <= budget:
-            return "dense", f"dense matrices {dense_bytes / 2**30:.2f} GiB <= {budget / 2**30:.2f} GiB of the device"
-        size = "size unknown" if dense_bytes is None else f"{dense_bytes / 2**30:.2f} GiB > {budget / 2**30:.2f} GiB"
-        if triton_available():
-            return "triton", f"CUDA with Triton, dense matrices {size}"
-        return "blocked", f"CUDA without Triton, dense matrices {size}"
+        dense_fits, dense_size = _fits("dense matrices", dense_bytes, MIXIT_DENSE_MEMORY_FRACTION, device_memory)
+        tiles_fit, tiles_size = _fits("stored tiles", streamed_bytes, MIXIT_STREAMED_MEMORY_FRACTION, device_memory)
+        if not triton_available():
+            return ("dense", dense_size) if dense_fits else ("blocked", f"CUDA without Triton, {dense_size}")
+        if dense_fits and not causal:
+            return "dense", f"bidirectional, {dense_size}"
+        if tiles_fit:
+            return "streamed", f"CUDA with Triton, {tiles_size}"
+        if dense_fits:  # short T only, where padding to whole tiles outweighs the half the triangle saves
+            return "dense", dense_size
+        return "triton", f"CUDA with Triton, {tiles_size}"
     if max_seq_len <= MIXIT_DENSE_MAX_T:
         return "dense", f"max_seq_len {max_seq_len} <= {MIXIT_DENSE_MAX_T}"
     return "blocked", f"max_seq_len {max_seq_len} > {MIXIT_DENSE_MAX_T}"

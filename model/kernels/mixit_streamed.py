@@ -1,0 +1,379 @@
+"""MixiT mixing from stored draws: M written once per layer and device as 64 x 64 tiles, then streamed
+through the kernels the way FlashAttention streams K and V (docs/PERFORMANCE.md).
+
+The regenerating kernel (mixit_triton.py) makes every tile's normals with Philox for every sequence,
+in the forward, the backward and an activation-checkpoint recompute: about 3,400 ns a 64 x 64 tile,
+where reading a stored bf16 tile from HBM takes about 225-323 ns. Here `generate_tiles` draws
+M_h[i, j] = sigma_h * tl.randn(key_h, i*T + j) for heads 1..H-1 once, with the regenerating kernel's
+own expression (the same numbers before the cast to the storage dtype), into the tiles on and below
+the diagonal (every tile when bidirectional). The forward walks each (row block, head) over its tiles
+with the values of several sequences side by side, the columns of an (n, sequences x d_h) matrix, so
+one read of a tile serves the whole group; its epilogue is the regenerating kernel's (drift_h times
+cumsum(V), beta, identity). The backward is the same walk over the transposed tiles, dV = A^T G, with
+the centering and identity terms fused as well. The sink head 0 stays elementwise in PyTorch.
+Runs on CUDA, and on CPU tensors under TRITON_INTERPRET=1 (the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+
+from .mixit_blocked import MixitParams, cumsum_rows, sink_backward, sink_forward
+from .mixit_triton import sweep_all_tiles
+
+# The stored tile's side: the 64 x 64 tile at 8 warps is what the regenerating kernel compiles without
+# spills at every preset head dim (mixit_triton.MAX_TILE), and its loop's draws match one stored tile.
+TILE = 64
+# Widest accumulator a program keeps: (sequences in its group) x (padded head dim) float32 columns of a
+# 64-row block. Compiled for sm_90, 128 columns take 165-252 registers a thread at 8 warps without spills,
+# bf16 or float32, forward or backward; 256 spill at 8 warps (255 registers) and at 16 (128 a thread)
+# (tests/test_kernels_hopper.py compiles each head dim at its widest group). The groups of one row block
+# are neighbours in the launch order, so their reads of the same tile meet in L2.
+MAX_WIDTH = 128
+# The generator's launch: one 64 x 64 tile a program, 32 draws a thread (compiled without spills, as above)
+GENERATE = dict(num_warps=4, num_stages=1)
+
+# kernel argument -> Triton signature type for the ahead-of-time compile (tests/test_kernels_hopper.py);
+# "*dt" is the compute dtype (values, output, gradients, tiles), filled in by arg_types
+_ARGS = {
+    **dict.fromkeys(["A", "V", "O", "G", "DV"], "*dt"),
+    **dict.fromkeys(["CS", "RC", "DRIFT", "SIG"], "*fp32"),
+    "KEYS": "*i64",
+    "beta": "fp32",
+    **dict.fromkeys(["T", "nb", "NT", "B", "n", "row_start"], "i32"),
+    **dict.fromkeys(["svb", "svh", "svt", "scb", "sch", "sct", "sob", "soh", "sot", "sdh"], "i32"),
+}
+
+
+def arg_types(dtype: str) -> dict[str, str]:
+    """The kernels' argument types with values and tiles in `dtype` ('bf16', 'fp16' or 'fp32')."""
+    return {k: v.replace("dt", dtype) for k, v in _ARGS.items()}
+
+
+def tile_count(T: int, causal: bool) -> int:
+    """Tiles stored per head: those on and below the diagonal of a T x T matrix (all when bidirectional)."""
+    nb = -(-T // TILE)
+    return nb * (nb + 1) // 2 if causal else nb * nb
+
+
+class Launch(NamedTuple):
+    """Launch shape of the forward and backward: padded head dim BD, sequences per program, warps, stages."""
+
+    BD: int
+    SEQS: int
+    num_warps: int
+    num_stages: int
+
+
+def launch(dh: int, batch: int) -> Launch:
+    """Head dim `dh` padded to a power of two (at least 16, tl.dot's minimum), and as many sequences of the
+    `batch` per program as MAX_WIDTH allows (a power of two: the accumulator's width must be one)."""
+    bd = max(16, 1 << (dh - 1).bit_length())
+    seqs = max(1, min(1 << (batch - 1).bit_length(), MAX_WIDTH // bd))
+    return Launch(bd, seqs, 8, 3)
+
+
+def interpreted_bf16(dtype: torch.dtype) -> bool:
+    """True for bf16 values under Triton's interpreter, which multiplies tl.dot's bf16 operands as their
+    raw 16-bit integers (np.matmul over its uint16 storage, Triton 3.9): the kernels then upcast the
+    operands to float32 first, which is exact, as the compiled product of two bf16 numbers is exact in
+    its float32 accumulator."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    import triton  # deferred: heavy
+    import triton.language as tl  # deferred: heavy
+
+    @triton.jit
+    def generate(A, KEYS, SIG, T, nb, CAUSAL: tl.constexpr, BT: tl.constexpr, RNG4X: tl.constexpr):
+        # one program per stored tile k of head h; causal: k = r (r + 1) / 2 + c with c <= r
+        k = tl.program_id(0)
+        h = tl.program_id(1)
+        if CAUSAL:
+            r = ((tl.sqrt((8 * k + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+            r = tl.where(r * (r + 1) // 2 > k, r - 1, r)  # the float root may be one off
+            r = tl.where((r + 1) * (r + 2) // 2 <= k, r + 1, r)
+            c = k - r * (r + 1) // 2
+        else:
+            r = k // nb
+            c = k % nb
+        rows = r * BT + tl.arange(0, BT)
+        cols = c * BT + tl.arange(0, BT)
+        key = tl.load(KEYS + h)
+        sigma = tl.load(SIG + h)
+        # the draw of mixit_triton's loop for key tile c (so the same numbers; model/rng.py matrix_normals)
+        if RNG4X:
+            quads = c * (BT // 4) + tl.arange(0, BT // 4)
+            n1, n2, n3, n4 = tl.randn4x(key, rows[:, None] * ((T + 3) // 4) + quads[None, :])
+            z = tl.reshape(tl.join(tl.join(n1, n3), tl.join(n2, n4)), (BT, BT))
+        else:
+            z = tl.randn(key, rows[:, None] * T + cols[None, :])
+        ok = (rows[:, None] < T) & (cols[None, :] < T)
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= rows[:, None])
+        m = tl.where(ok, z * sigma, 0.0)
+        base = (h.to(tl.int64) * tl.num_programs(0) + k) * (BT * BT)
+        tile = tl.arange(0, BT)[:, None] * BT + tl.arange(0, BT)[None, :]
+        tl.store(A + base + tile, m.to(A.dtype.element_ty))
+
+    @triton.jit
+    def forward(
+        V,
+        CS,
+        O,
+        A,
+        DRIFT,
+        B,
+        n,
+        nb,
+        NT,
+        row_start,
+        beta,
+        svb,
+        svh,
+        svt,
+        scb,
+        sch,
+        sct,
+        sob,
+        soh,
+        sot,
+        sdh,
+        DH: tl.constexpr,
+        IDENT: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        BT: tl.constexpr,
+        BD: tl.constexpr,
+        SEQS: tl.constexpr,
+        SWEEP_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+    ):
+        # grid (sequence groups, row blocks, heads): a row block's groups run side by side and share its
+        # tiles; the row blocks run longest (last) first
+        grp = tl.program_id(0)
+        r = (n + BT - 1) // BT - 1 - tl.program_id(1)
+        h = tl.program_id(2)
+        rows = r * BT + tl.arange(0, BT)
+        row_ok = (rows >= row_start) & (rows < n)
+        w = tl.arange(0, SEQS * BD)  # column w: sequence grp * SEQS + w // BD, feature w % BD
+        seq = grp * SEQS + w // BD
+        d = w % BD
+        w_ok = (seq < B) & (d < DH)
+        v_base = V + h * svh
+        v_cols = seq * svb + d
+        tile = tl.arange(0, BT)[:, None] * BT + tl.arange(0, BT)[None, :]
+        if CAUSAL:
+            hi = r + 1
+            a_base = A + (h.to(tl.int64) * NT + r * (r + 1) // 2) * (BT * BT)
+        else:
+            hi = (n + BT - 1) // BT
+            a_base = A + (h.to(tl.int64) * NT + r * nb) * (BT * BT)
+        acc = tl.zeros((BT, SEQS * BD), dtype=tl.float32)
+        # SWEEP_N: every key tile to a constant bound, the tiles past hi masked (mixit_triton.sweep_all_tiles)
+        for c in range(0, SWEEP_N if SWEEP_N else hi):
+            keys = c * BT + tl.arange(0, BT)
+            if SWEEP_N:
+                a = tl.load(a_base + c * (BT * BT) + tile, mask=keys[None, :] < hi * BT, other=0.0)
+            else:
+                a = tl.load(a_base + c * (BT * BT) + tile)
+            vb = tl.load(
+                v_base + keys[:, None] * svt + v_cols[None, :], mask=(keys[:, None] < n) & w_ok[None, :], other=0.0
+            )
+            if UPCAST:  # interpreted_bf16
+                a, vb = a.to(tl.float32), vb.to(tl.float32)
+            acc = tl.dot(a, vb, acc)
+        ok = row_ok[:, None] & w_ok[None, :]
+        cs = tl.load(CS + h * sch + rows[:, None] * sct + (seq * scb + d)[None, :], mask=ok, other=0.0)
+        drift = tl.load(DRIFT + h * sdh + rows, mask=row_ok, other=0.0)
+        out = beta * (acc - drift[:, None] * cs)
+        if IDENT:
+            out += tl.load(v_base + rows[:, None] * svt + v_cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        o_ptr = O + h * soh + (rows[:, None] - row_start) * sot + (seq * sob + d)[None, :]
+        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def backward(
+        G,
+        RC,
+        DV,
+        A,
+        B,
+        n,
+        nb,
+        NT,
+        beta,
+        svb,
+        svh,
+        svt,
+        scb,
+        sch,
+        sct,
+        sob,
+        soh,
+        sot,
+        DH: tl.constexpr,
+        IDENT: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        BT: tl.constexpr,
+        BD: tl.constexpr,
+        SEQS: tl.constexpr,
+        SWEEP_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+    ):
+        # dV_j = beta (sum_{i >= j} M[i, j] G_i - RC_j) + G_j, RC_j = sum_{i >= j} drift_i G_i (causal)
+        # G's strides are sv*, RC's sc*, DV's so*; grid (sequence groups, key blocks, heads), the longest
+        # walk (key block 0 when causal) first
+        grp = tl.program_id(0)
+        c = tl.program_id(1)
+        h = tl.program_id(2)
+        cols = c * BT + tl.arange(0, BT)
+        col_ok = cols < n
+        w = tl.arange(0, SEQS * BD)
+        seq = grp * SEQS + w // BD
+        d = w % BD
+        w_ok = (seq < B) & (d < DH)
+        g_base = G + h * svh
+        g_cols = seq * svb + d
+        tile = tl.arange(0, BT)[:, None] * BT + tl.arange(0, BT)[None, :]
+        a_head = A + h.to(tl.int64) * NT * (BT * BT)
+        lo = c if CAUSAL else 0
+        acc = tl.zeros((BT, SEQS * BD), dtype=tl.float32)
+        for r in range(0 if SWEEP_N else lo, SWEEP_N if SWEEP_N else (n + BT - 1) // BT):
+            if CAUSAL:
+                a_ptr = a_head + (r * (r + 1) // 2 + c) * (BT * BT) + tile
+            else:
+                a_ptr = a_head + (r * nb + c) * (BT * BT) + tile
+            rows = r * BT + tl.arange(0, BT)
+            if SWEEP_N:
+                a = tl.load(a_ptr, mask=rows[:, None] >= lo * BT, other=0.0)
+            else:
+                a = tl.load(a_ptr)
+            gb = tl.load(
+                g_base + rows[:, None] * svt + g_cols[None, :], mask=(rows[:, None] < n) & w_ok[None, :], other=0.0
+            )
+            if UPCAST:  # interpreted_bf16
+                a, gb = a.to(tl.float32), gb.to(tl.float32)
+            acc = tl.dot(tl.trans(a), gb, acc)
+        ok = col_ok[:, None] & w_ok[None, :]
+        rc = tl.load(RC + h * sch + cols[:, None] * sct + (seq * scb + d)[None, :], mask=ok, other=0.0)
+        dv = beta * acc - beta * rc
+        if IDENT:
+            dv += tl.load(g_base + cols[:, None] * svt + g_cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        tl.store(DV + h * soh + cols[:, None] * sot + (seq * sob + d)[None, :], dv.to(DV.dtype.element_ty), mask=ok)
+
+    return generate, forward, backward
+
+
+def generate_tiles(p: MixitParams, dtype: torch.dtype, device) -> torch.Tensor:
+    """M of heads 1..H-1 as (H-1, tile_count, TILE, TILE) in `dtype`: tile k of a head is row block r,
+    key block c with k = r (r + 1) / 2 + c when causal (c <= r), k = r * ceil(T / TILE) + c otherwise;
+    entries past T, and above the diagonal when causal, are zero."""
+    hr = len(p.keys)
+    nt = tile_count(p.T, p.causal)
+    tiles = torch.empty(hr, nt, TILE, TILE, dtype=dtype, device=device)
+    if hr:
+        keys = torch.tensor(p.keys, dtype=torch.int64, device=device)
+        sig = torch.tensor(p.sigmas, dtype=torch.float32, device=device)
+        meta = dict(CAUSAL=p.causal, BT=TILE, RNG4X=p.generator == "philox4x", **GENERATE)
+        _kernels()[0][(nt, hr)](tiles, keys, sig, p.T, -(-p.T // TILE), **meta)
+    return tiles
+
+
+def _check(tiles: torch.Tensor, p: MixitParams, x: torch.Tensor) -> None:
+    shape = (len(p.keys), tile_count(p.T, p.causal), TILE, TILE)
+    if tiles.dtype != x.dtype or tuple(tiles.shape) != shape or not tiles.is_contiguous():
+        raise ValueError(f"tiles {tuple(tiles.shape)} {tiles.dtype} do not fit values {x.dtype}: need {shape}")
+
+
+def _meta(p: MixitParams, dh: int, n: int, lc: Launch, dtype: torch.dtype) -> dict:
+    """The compile-time and launch keywords of the forward and backward over n rows."""
+    return dict(
+        DH=dh,
+        IDENT=p.identity,
+        CAUSAL=p.causal,
+        BT=TILE,
+        BD=lc.BD,
+        SEQS=lc.SEQS,
+        SWEEP_N=-(-n // TILE) if sweep_all_tiles() else 0,
+        UPCAST=interpreted_bf16(dtype),
+        num_warps=lc.num_warps,
+        num_stages=lc.num_stages,
+    )
+
+
+def heads_forward(
+    tiles: torch.Tensor, p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, out: torch.Tensor
+) -> None:
+    """Heads 1..H-1: writes A V for rows row_start..n-1 of v (b, H-1, n, dh) into out (b, H-1, n - row_start,
+    dh); v, out and the tiles in one dtype, accumulated in float32."""
+    _check(tiles, p, v)
+    b, hr, n, dh = v.shape
+    vf = v.float()
+    cs = cumsum_rows(vf) if p.causal else vf.sum(2, keepdim=True).expand(b, hr, n, dh)
+    lc = launch(dh, b)
+    grid = (-(-b // lc.SEQS), -(-n // TILE) - row_start // TILE, hr)
+    strides = (*v.stride()[:3], *cs.stride()[:3], *out.stride()[:3], drift.stride(0))
+    meta = _meta(p, dh, n, lc, v.dtype)
+    nt, nb = tile_count(p.T, p.causal), -(-p.T // TILE)
+    _kernels()[1][grid](v, cs, out, tiles, drift, b, n, nb, nt, row_start, p.beta, *strides, **meta)
+
+
+def heads_backward(tiles: torch.Tensor, p: MixitParams, g: torch.Tensor, drift: torch.Tensor, dv: torch.Tensor) -> None:
+    """Heads 1..H-1, rows from 0: writes dV = A^T g of g (b, H-1, n, dh) into dv (b, H-1, n, dh)."""
+    _check(tiles, p, g)
+    b, hr, n, dh = g.shape
+    dg = drift[None, :, :n, None] * g.float()
+    rc = cumsum_rows(dg, reverse=True) if p.causal else dg.sum(2, keepdim=True).expand(b, hr, n, dh)
+    lc = launch(dh, b)
+    grid = (-(-b // lc.SEQS), -(-n // TILE), hr)
+    strides = (*g.stride()[:3], *rc.stride()[:3], *dv.stride()[:3])
+    meta = _meta(p, dh, n, lc, g.dtype)
+    nt, nb = tile_count(p.T, p.causal), -(-p.T // TILE)
+    _kernels()[2][grid](g, rc, dv, tiles, b, n, nb, nt, p.beta, *strides, **meta)
+
+
+def _innermost_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+class StreamedMixing(torch.autograd.Function):
+    """A V with the random heads streamed from stored tiles and the sink head elementwise; A is fixed, so
+    the backward is dV = A^T dO and the tiles take no gradient."""
+
+    @staticmethod
+    def forward(ctx, v, tiles, p, drift, row_start):
+        ctx.tiles, ctx.p, ctx.drift, ctx.row_start = tiles, p, drift, row_start
+        v = _innermost_contiguous(v)
+        b, H, n, dh = v.shape
+        # (b, t, H, dh) in memory: the layer's transpose back to (b, t, hidden) is then a view
+        out = torch.empty(b, n - row_start, H, dh, dtype=v.dtype, device=v.device).transpose(1, 2)
+        out[:, 0] = sink_forward(v[:, 0].float(), row_start)
+        if H > 1:
+            heads_forward(tiles, p, v[:, 1:], drift, row_start, out[:, 1:])
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.row_start:
+            raise NotImplementedError("MixiT streamed backward with a KV-cache offset (decoding is inference-only)")
+        g = _innermost_contiguous(g)
+        b, H, n, dh = g.shape
+        dv = torch.empty(b, n, H, dh, dtype=g.dtype, device=g.device).transpose(1, 2)
+        dv[:, 0] = sink_backward(g[:, 0].float(), 0, n)
+        if H > 1:
+            heads_backward(ctx.tiles, ctx.p, g[:, 1:], ctx.drift, dv[:, 1:])
+        return dv, None, None, None, None
+
+
+def mixit_streamed(
+    v: torch.Tensor, tiles: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0
+) -> torch.Tensor:
+    """A V for rows row_start..n-1, v: (b, H, n, dh), with `tiles` from generate_tiles in v's dtype and
+    drift from mixit_blocked.compute_drift; same contract as mixit_blocked."""
+    return StreamedMixing.apply(v, tiles, p, drift, row_start)
