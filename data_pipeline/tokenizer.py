@@ -28,6 +28,7 @@ from common.constants import file_sha256
 from common.errors import DataError
 
 SP_MODEL = "tokenizer.model"
+SP_SPACE = "\u2581"  # SentencePiece's mark for a space
 META = "tokenizer_meta.json"
 # Files that define an HF tokenizer; hashed (in this order, when present) for its identity.
 HF_FILES = (
@@ -205,24 +206,41 @@ class Tokenizer:
     def hf_tokenizer(self):
         """This tokenizer as a transformers tokenizer (for an exported model that `AutoTokenizer` and
         lm-eval's `hf` model load), or None where there is no faithful one (tiktoken: none is built here).
-        A SentencePiece model goes through transformers' Llama conversion (legacy, no BOS/EOS added):
-        the same ids as SentencePiece on ordinary text, but a run of spaces may split differently."""
+
+        A SentencePiece model becomes a generic `tokenizers` BPE tokenizer with SentencePiece's own pipeline:
+        one `▁` before the whole text (its dummy prefix, where the model adds one), every space made `▁`, no
+        pre-tokenizer, no BOS/EOS added, and special pieces' text read as text (`split_special_tokens`), as
+        SentencePiece reads it. So it gives SentencePiece's ids, and decode(encode(text)) == text also where
+        the text starts with a space: transformers' Llama conversion (Metaspace) adds no `▁` to text that
+        already begins with one, and its decoder then drops that space."""
         if self._hf is not None:
             return self._hf
         if self._sp is None:
             return None
-        from transformers import LlamaTokenizer  # deferred: heavy (transformers)
+        from tokenizers import decoders, normalizers  # deferred: heavy (transformers' backend)
+        from transformers import LlamaTokenizer, PreTrainedTokenizerFast  # deferred: heavy (transformers)
 
+        # the vocabulary and merges, as transformers reads them from the SentencePiece model; the pipeline ours
+        backend = LlamaTokenizer.from_pretrained(self.path, legacy=True).backend_tokenizer
+        prefix = self._sp.encode("a", out_type=str)[0].startswith(SP_SPACE)  # the model's add_dummy_prefix
+        backend.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SP_SPACE)] * prefix + [normalizers.Replace(" ", SP_SPACE)]
+        )
+        backend.pre_tokenizer = None
+        backend.decoder = decoders.Sequence(
+            [decoders.Replace(SP_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+            + [decoders.Strip(content=" ", left=1, right=0)] * prefix
+        )
+        backend.post_processor = None
         piece = self._sp.id_to_piece
         bos = {"bos_token": piece(self.bos_id)} if self.bos_id >= 0 else {}
-        return LlamaTokenizer.from_pretrained(
-            self.path,
-            legacy=True,
-            add_bos_token=False,
-            add_eos_token=False,
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend,
             eos_token=piece(self.eos_id),
             pad_token=piece(self.pad_id),
             unk_token=piece(self._sp.unk_id()),
+            clean_up_tokenization_spaces=False,
+            split_special_tokens=True,
             **bos,
         )
 

@@ -9,8 +9,9 @@ Slicing convention (the usual off-by-one): for context c (n tokens) and continua
 (m tokens) the model reads inp = (c + y)[:-1] and the logits at positions
 len(inp)-m .. len(inp)-1 predict y_1..y_m, i.e. logit row len(c)-1+j scores y_j.
 
-Offline task configs live in eval/tasks/*.yaml with local JSONL data; `run_lm_eval`
-resolves their data paths, so they run with no network. `exact_match:FILE.jsonl` (eval/exact_match.py)
+Offline task configs live in eval/tasks/*.yaml with local JSONL data beside them (read by
+eval/tasks/tp_data.py, so they run with no network and from any working directory, also under lm-eval's own
+CLI: eval/lm_eval_cli.py). `exact_match:FILE.jsonl` (eval/exact_match.py)
 runs as a generate_until task scored by the same rule as `eval.run`'s own exact_match task, so both
 give the same numbers: generation runs to EOS or the longest record's budget (lm_eval's `until` is
 one list per task, so it is left empty), then each record's own stop, or its answer's length,
@@ -35,6 +36,7 @@ from data_pipeline.progress import progress_bar
 from . import exact_match as em
 from .generate import generate, is_greedy
 from .loading import load_checkpoint, missing_tokenizer_error, pick_tokenizer
+from .tasks import tp_data
 
 TASK_DIR = Path(__file__).parent / "tasks"
 
@@ -57,7 +59,9 @@ class TrainablePartsLM(TemplateLM):
         if model is None:
             if checkpoint is None:
                 raise ValueError("TrainablePartsLM needs model= or checkpoint=")
-            model, info = load_checkpoint(checkpoint, device or "cpu")
+            if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+                device = "cpu"  # lm-eval's CLI asks for cuda:0 unless told otherwise
+            model, info = load_checkpoint(checkpoint, device)
         tokenizer = pick_tokenizer(tokenizer, model, info)
         if tokenizer is None:
             raise missing_tokenizer_error(info, "lm_eval")
@@ -179,13 +183,20 @@ def offline_tasks() -> list[str]:
     return sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
 
 
+class _TaskYaml(yaml.SafeLoader):
+    """The bundled tasks' YAML: safe, with lm-eval's `!function tp_data.NAME` tag as the loader it names."""
+
+
+def _task_function(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    return getattr(tp_data, loader.construct_scalar(node).removeprefix("tp_data."))
+
+
+_TaskYaml.add_constructor("!function", _task_function)
+
+
 def task_config(name: str) -> dict[str, Any]:
-    """The shipped YAML config of an offline task, with its data paths made absolute."""
-    cfg = yaml.safe_load((TASK_DIR / f"{name}.yaml").read_text())
-    files = cfg.get("dataset_kwargs", {}).get("data_files")
-    if isinstance(files, dict):
-        cfg["dataset_kwargs"]["data_files"] = {k: str((TASK_DIR / v).resolve()) for k, v in files.items()}
-    return cfg
+    """The shipped YAML config of an offline task, its data loader resolved (eval/tasks/tp_data.py)."""
+    return yaml.load((TASK_DIR / f"{name}.yaml").read_text(), Loader=_TaskYaml)
 
 
 def lm_eval_task_name(name: str) -> str:

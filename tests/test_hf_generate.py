@@ -1,0 +1,107 @@
+"""Generation in plain transformers: every variant's export, loaded with AutoModelForCausalLM after
+`import model.hf`, generates greedily what eval.generate generates from the checkpoint it came from."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from fixtures import make_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import model.hf  # noqa: F401  (registers TrainablePartsForCausalLM, as a user's script does)
+from data_pipeline.tokenizer import load_tokenizer
+from eval.generate import generate
+from eval.loading import load_checkpoint
+from model import build_model, preset
+from model.io import save_native
+from pretrain.export import export
+
+V, T = 101, 32
+PROMPT = [5, 17, 3, 42, 8]
+
+
+def briefly_trained(model, steps=5):
+    """A few steps at a high rate: peaked logits, so greedy decoding has no near-ties."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x = torch.randint(0, V, (4, T), generator=gen)
+        loss = model(x[:, :-1], labels=x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def exported(tmp_path, variant, **kw):
+    """(the checkpoint as eval loads it, the HF export as transformers loads it), through pretrain.export."""
+    model = briefly_trained(build_model(preset("tiny", variant=variant, vocab_size=V, max_seq_len=T, **kw), seed=0))
+    save_native(model, tmp_path / "native", {"step": 5})
+    export(tmp_path / "native", tmp_path / "hf", "hf")
+    ours, _ = load_checkpoint(tmp_path / "native")
+    return ours, AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+
+
+@pytest.mark.parametrize(
+    "variant, kw, cls",
+    [
+        ("standard", {}, "LlamaForCausalLM"),
+        ("frozen_qk", {}, "LlamaForCausalLM"),
+        ("frozen_mlp", {"num_kv_heads": 1}, "LlamaForCausalLM"),
+        ("random_transformer", {}, "LlamaForCausalLM"),
+        ("mixit", {}, "TrainablePartsForCausalLM"),  # values-only cache
+        ("mixit", {"num_kv_heads": 2, "tie_embeddings": True}, "TrainablePartsForCausalLM"),
+        ("shaped", {}, "TrainablePartsForCausalLM"),
+        ("standard", {"parametrization": "mup"}, "TrainablePartsForCausalLM"),  # µP is not a Llama
+    ],
+)
+def test_export_generates_what_eval_generate_generates(tmp_path, variant, kw, cls):
+    ours, hf = exported(tmp_path, variant, **kw)
+    assert type(hf).__name__ == cls
+    want = generate(ours, PROMPT, 20)  # greedy, with our own cache
+    assert want == generate(ours, PROMPT, 20, use_cache=False)
+    x = torch.tensor([PROMPT])
+    assert hf.generate(x, max_new_tokens=20, do_sample=False)[0, len(PROMPT) :].tolist() == want
+    assert hf.generate(x, max_new_tokens=20, do_sample=False, use_cache=False)[0, len(PROMPT) :].tolist() == want
+
+
+@pytest.mark.parametrize("variant", ["mixit", "shaped"])
+def test_cache_is_transformers_own_and_a_padded_batch_gives_each_row_alone(tmp_path, variant):
+    ours, hf = exported(tmp_path, variant)
+    steps = []
+    hf.model.register_forward_pre_hook(lambda module, args: steps.append(args[0].shape[1]))
+    out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    assert steps == [len(PROMPT), 1, 1, 1] and cache.get_seq_length() == len(PROMPT) + 3  # one token a step
+    short = [9, 4]
+    ids = torch.tensor([PROMPT, [0] * 3 + short])  # left padding, as lm-eval's hf model batches prompts
+    mask = torch.tensor([[1] * 5, [0] * 3 + [1] * 2])
+    rows = hf.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert rows[:, len(PROMPT) :].tolist() == [generate(ours, PROMPT, 8), generate(ours, short, 8)]
+
+
+def test_bidirectional_export_generates_without_a_cache(tmp_path):
+    """Every new token changes a bidirectional model's earlier positions: it recomputes the sequence."""
+    ours, hf = exported(tmp_path, "standard", causal=False)
+    want = generate(ours, PROMPT, 12, use_cache=False)
+    assert hf.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False)[0, 5:].tolist() == want
+
+
+def test_autotokenizer_loads_a_mixit_export_without_the_model_type_warning(tmp_path):
+    tok_dir = make_tokenizer(tmp_path / "tok")
+    tok = load_tokenizer(tok_dir)
+    model = build_model(preset("tiny", variant="mixit", vocab_size=tok.vocab_size, max_seq_len=T), seed=0)
+    save_native(model, tmp_path / "native", {"tokenizer_id": tok.identity, "tokenizer_path": str(tok_dir)})
+    export(tmp_path / "native", tmp_path / "hf", "hf")
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [r.getMessage() for r in seen if "model of type" in r.getMessage()]
+    assert hf_tok(" the river", add_special_tokens=False)["input_ids"] == tok.encode(" the river")
