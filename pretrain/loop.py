@@ -13,6 +13,7 @@ of rank 0's `checkpoint.every_minutes` clock), so every rank enters the collecti
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
@@ -89,11 +90,13 @@ def skip_marked_batches(loader, guard: NanGuard) -> None:
         next(loader)
 
 
-def lr_at(cfg: RunConfig, step: int) -> float:
+def lr_at(cfg: RunConfig, step: int, max_steps: int | None = None) -> float:
     """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine, linear or no decay
     to min_lr, or `wsd`: the peak rate until `optim.decay_start` (default: the last `decay_fraction` of
-    max_steps), then 1-sqrt to min_lr at the last step (cooldown branches, docs/SCALING.md)."""
+    max_steps), then 1-sqrt to min_lr at the last step (cooldown branches, docs/SCALING.md).
+    `max_steps`: the run's, when the caller holds it (default: computed from cfg)."""
     o = cfg.optim
+    max_steps = cfg.max_steps if max_steps is None else max_steps
     if step < o.warmup_steps:
         return o.lr * (step + 1) / o.warmup_steps
     if o.decay == "constant":
@@ -101,12 +104,12 @@ def lr_at(cfg: RunConfig, step: int) -> float:
     if o.decay == "wsd":
         start = o.decay_start
         if start is None:
-            start = max(o.warmup_steps, cfg.max_steps - round(o.decay_fraction * cfg.max_steps))
+            start = max(o.warmup_steps, max_steps - round(o.decay_fraction * max_steps))
         if step < start:
             return o.lr
-        progress = min(1.0, (step - start + 1) / max(1, cfg.max_steps - start))
+        progress = min(1.0, (step - start + 1) / max(1, max_steps - start))
         return o.min_lr + (o.lr - o.min_lr) * (1.0 - math.sqrt(progress))
-    span = o.decay_steps if o.decay_steps is not None else max(1, cfg.max_steps - o.warmup_steps)
+    span = o.decay_steps if o.decay_steps is not None else max(1, max_steps - o.warmup_steps)
     progress = min(1.0, (step - o.warmup_steps) / max(1, span))
     if o.decay == "linear":
         return o.lr - (o.lr - o.min_lr) * progress
@@ -146,14 +149,21 @@ class TrainingLoop:
         self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world
         self.tokenizer_id = getattr(loader, "tokenizer_id", None)
         self.hooks = list(hooks or [])
+        # the run's derived sizes, read once: the step path does not re-derive them from the recipe
+        self.max_steps, self.tokens_per_step, self.batch_sequences = (
+            cfg.max_steps,
+            cfg.tokens_per_step,
+            cfg.global_batch_size,
+        )
         self.start_step = self.step = int(state.get("step", 0))
-        self.tokens_seen = int(state.get("tokens_seen", self.start_step * cfg.tokens_per_step))
+        self.tokens_seen = int(state.get("tokens_seen", self.start_step * self.tokens_per_step))
         self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
         self.result = RunResult(
             run_dir=ctx.run_dir, resumed_from=ctx.point.tag_dir, final_step=self.start_step, saves=checkpointer.saves
         )
         self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
-        self._fpt: dict[frozenset, float] = {}  # FLOPs per token per trainable set (model/flops.py)
+        self._fpt: dict[int, float] = {}  # FLOPs per token per stretch of the freeze schedule (model/flops.py)
+        self._bounds = sorted(ctx.mcfg.schedule_boundaries())
         self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: the profiler, fault injection
         self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
 
@@ -213,8 +223,8 @@ class TrainingLoop:
             what = f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
         else:
             what = f"non-finite loss ({loss})"
-        action = self.guard.on_nonfinite(self.step, position, cfg.global_batch_size, what)
-        end = position + cfg.global_batch_size if position is not None else "?"
+        action = self.guard.on_nonfinite(self.step, position, self.batch_sequences, what)
+        end = position + self.batch_sequences if position is not None else "?"
         self.logger.message(
             f"{what} at step {self.step + 1}, global samples [{position}, {end}): "
             f"update skipped ({action}; {self.guard.events}/{cfg.train.max_nan_skips} allowed)"
@@ -231,15 +241,15 @@ class TrainingLoop:
         rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "tokens_seen": self.tokens_seen}
         if self.restarts:
             rec["restarts"] = self.restarts
-        do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == cfg.max_steps)
+        do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == self.max_steps)
         if do_eval:
             rec.update(self.evaluate())
             self.result.val_losses[step] = rec["val_loss"]
             model = self.model_engine.model
             rec.update(run_hooks(self.hooks, model, step, self.model_engine.gathered(model.parameters())))
-        if step % cfg.logging.every_steps == 0 or step == cfg.max_steps or do_eval:
+        if step % cfg.logging.every_steps == 0 or step == self.max_steps or do_eval:
             fpt = self._flops_per_token(step - 1)
-            tps = cfg.tokens_per_step / dt
+            tps = self.tokens_per_step / dt
             rec.update(grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / self.world / 1e12)
             peak, source = self.logger.peak
             if peak:
@@ -248,8 +258,9 @@ class TrainingLoop:
             self.logger.log(rec)
 
     def _flops_per_token(self, step: int) -> float:
-        """Training FLOPs per token of the trainable set at `step`, counted once per trainable set."""
-        key = frozenset(self.mcfg.frozen_groups_at(step))
+        """Training FLOPs per token of the trainable set at `step`, counted once per stretch between the
+        freeze schedule's boundaries (the trainable set is constant within one)."""
+        key = bisect.bisect_right(self._bounds, step)
         if key not in self._fpt:
             self._fpt[key] = train_flops_per_token(self.mcfg, self.cfg.train.seq_len, step)[0]
         return self._fpt[key]
@@ -274,7 +285,7 @@ class TrainingLoop:
     def _steps(self, stop: StopRequest, stop_after_steps: int | None) -> None:
         cfg, model_engine, result = self.cfg, self.model_engine, self.result
         flags = torch.zeros(2, device=self.device)
-        while self.step < cfg.max_steps:
+        while self.step < self.max_steps:
             if self._changes_trainable_set(self.step):
                 self.logger.message(
                     f"after step {self.step}: the freeze schedule changes the trainable set to "
@@ -287,9 +298,9 @@ class TrainingLoop:
             skip_marked_batches(self.loader, self.guard)
             position = loader_position(self.loader)
             batch = next(self.loader)
-            lr = lr_at(cfg, self.step)
+            lr = lr_at(cfg, self.step, self.max_steps)
             model_engine.set_lr(lr)
-            res = model_engine.train_step(batch, None if position is None else position // cfg.global_batch_size)
+            res = model_engine.train_step(batch, None if position is None else position // self.batch_sequences)
             loss, grad_norm = res.loss, res.grad_norm
             if not res.finite:
                 self._on_nonfinite(loss, grad_norm, position)
@@ -298,7 +309,7 @@ class TrainingLoop:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             self.step += 1
-            self.tokens_seen += cfg.tokens_per_step
+            self.tokens_seen += self.tokens_per_step
             result.losses[self.step] = loss
             for cb in self.callbacks:
                 cb.after_update(self.step)
@@ -313,7 +324,7 @@ class TrainingLoop:
                 result.interrupted = True
                 break
             steps_due = cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0
-            if (steps_due or minutes_due) and self.step < cfg.max_steps:
+            if (steps_due or minutes_due) and self.step < self.max_steps:
                 result.last_checkpoint = self.save()
             if stop_after_steps is not None and self.step >= stop_after_steps:
                 break

@@ -16,7 +16,6 @@ STEP_PATH = {
     "pretrain/loop.py",
     "pretrain/engine.py",
     "pretrain/metrics.py",
-    "pretrain/config.py",
     "data_pipeline/loader.py",
     "data_pipeline/synthetic.py",
     "model/config.py",
