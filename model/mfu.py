@@ -11,9 +11,19 @@ import time
 
 import torch
 
-# Dense bf16 peak TFLOP/s per device (vendor data sheets, no sparsity).
+# Dense bf16 peak TFLOP/s per device: the vendor data sheet's BF16 Tensor Core figure without sparsity
+# (NVIDIA prints Hopper's with 2:4 sparsity, twice the dense rate). The first name found in the device
+# name wins, so a form factor's entry comes before its family's.
+#   NVIDIA H100 Tensor Core GPU data sheet: H100 SXM 1,979 (sparse) -> 989; H100 NVL 1,671 -> 835;
+#     H100 PCIe 1,513 -> 756 (torch names: "NVIDIA H100 80GB HBM3" is the SXM, "NVIDIA H100 PCIe", "NVIDIA H100 NVL")
+#   NVIDIA H200 Tensor Core GPU data sheet: H200 SXM 1,979 (sparse) -> 989; H200 NVL 1,671 -> 835
+#     (torch: "NVIDIA H200", "NVIDIA H200 NVL")
+#   NVIDIA A100 Tensor Core GPU data sheet: BF16 312 dense (624 sparse), SXM and PCIe alike
 PEAK_TFLOPS = {
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
     "H100": 989.0,
+    "H200 NVL": 835.0,
     "H200": 989.0,
     "A100": 312.0,
     "L40S": 362.0,

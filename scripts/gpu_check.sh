@@ -4,62 +4,87 @@
 # recorded and the next one runs; the end is one table (stage, status, seconds, key numbers) and a
 # non-zero exit if any stage failed. Logs, metrics and the table go to $OUT (default outputs/gpu_check).
 #
-#   scripts/gpu_check.sh                 every stage on the GPU (about 20 minutes on one H200: over one call)
+#   scripts/gpu_check.sh                 every stage on the GPU (about 25 minutes on one H200: over one call)
 #   scripts/gpu_check.sh --only probe,pytest     only these stages, in this order (a prefix names several:
-#                                        train, bench)
+#                                        train, bench, pytest)
 #   scripts/gpu_check.sh --budget 520    stop starting stages after 520 s: each stage's limit is cut to the
 #                                        time left, and a stage with under 30 s left is SKIPPED (a lease's
 #                                        minutes go to the stages listed first)
+#   scripts/gpu_check.sh --plan [STAGE,...]   the device plan, on any machine: each stage's expected seconds
+#                                        (measured in docs/data/gpu, the file named, or an ESTIMATE marked as
+#                                        such) and their total; refused (exit 2) when over the budget,
+#                                        --budget SECONDS (default 540: one call of at most 9 minutes). No
+#                                        list: the default plan, with the scaling stage only if time is left
+#   scripts/gpu_check.sh --plan [STAGE,...] --rehearse   the plan, then each of its stages' GPU commands
+#                                        checked on the CPU: they parse and their paths exist (the benchmark's
+#                                        --dry-run, pytest --collect-only, the trainer's --dry-run, the
+#                                        wheelhouse's size), nothing timed (seconds)
 #   scripts/gpu_check.sh --rehearse      every stage on the CPU at a tiny size (a few minutes): the
 #                                        script itself is tested, so it has not rotted by the next device
 #
 # Stages: wheels   install .whl/ (scripts/device_wheels.sh) into $SITE (default /tmp/site) when present
 #         probe    versions, device, a measured bf16 matmul peak (model.mfu.measure_matmul_tflops, the MFU peak)
 #         pytest   pytest -m gpu (the kernels against their plain-PyTorch references)
-#         train:VARIANT:ZERO   bf16 training of the 1b shape through launch.sh --gpus 1: 5 steps with a
+#         pytest:mixit   the MixiT kernel parity tests, all of them on the device: tests/test_kernels_mixit*.py
+#                  (each kernel against the dense product: on the CPU, under the interpreter, on the GPU) and
+#                  tests/test_kernels_hopper.py (the kernels compiled for sm_90: shared memory, no spills)
+#         train:VARIANT:ZERO   bf16 training of preset 1b through launch.sh --gpus 1: 5 steps with a
 #                  checkpoint at step 3, then --resume auto runs steps 4-5 again; their losses are compared
 #                  with the uninterrupted run's (standard, frozen_qk, mixit x zero1, zero3)
-#         bench:T2048, bench:T8192   benchmarks/bench_model.py, 1b shape: standard, frozen_qk, mixit on the path
-#                  the memory rule picks, mixit on the Triton kernel with each generator; then one profiled
-#                  step of each (its 20 costliest kernels: where MixiT's time goes). GPU_CHECK_BENCH_VARIANTS
-#                  overrides the list (bench_model.py names the MixiT entries)
-#         bench:compiled:T2048       standard and mixit at T 2048 with torch.compile (compile_blocks), no memory
-#                  run (each would compile again): the MFU and MixiT-speed targets' setting
+#         bench:T2048, bench:T8192   benchmarks/bench_model.py --preset 1b (exactly the preset the trainer
+#                  trains) at that length, 8,192 tokens a step: standard, frozen_qk, mixit on the path the
+#                  memory rule picks, mixit forced to the Triton kernel (not timed twice where the rule picks
+#                  it); then one profiled step of each (its 20 costliest kernels: where MixiT's time goes).
+#                  GPU_CHECK_BENCH_VARIANTS overrides the list (bench_model.py names the MixiT entries, and
+#                  `trainer`: the 1b recipe's own step, ZeRO-1 and activation checkpointing)
+#         bench:T16384   the scaling stage: standard and mixit at T 16,384 (MixiT's lead against length)
+#         bench:compiled:T2048       standard and mixit at T 2048 with torch.compile (compile_blocks): the
+#                  MFU and MixiT-speed targets' setting
 #         bench:mixit_memory         MixiT dense vs Triton peak memory at T 4k/16k/32k
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else .venv/bin/python, else python3),
-# OUT, SITE, GPU_CHECK_WORK (run dirs and checkpoints, default /tmp/gpu_check_work; deleted stage by
-# stage), GPU_CHECK_VARIANTS, GPU_CHECK_ZERO (the training matrix), GPU_CHECK_RESUME_TOL (largest
-# accepted |loss difference| of a resumed step, default 0.02 on a GPU: bf16 kernels with atomics are
-# not bitwise reproducible; 0 in a rehearsal).
+# OUT, SITE, GPU_CHECK_WHEELS (the wheelhouse, default .whl), GPU_CHECK_WORK (run dirs and checkpoints,
+# default /tmp/gpu_check_work; deleted stage by stage), GPU_CHECK_VARIANTS, GPU_CHECK_ZERO (the training
+# matrix), GPU_CHECK_RESUME_TOL (largest accepted |loss difference| of a resumed step, default 0.02 on a
+# GPU: bf16 kernels with atomics are not bitwise reproducible; 0 in a rehearsal).
+# shellcheck disable=SC2329  # the stage functions run by name: "stage_$name"
 set -uo pipefail
-cd "$(dirname "$0")/.."
-REPO=$PWD
+cd "$(dirname "$0")/.." || exit 2
 
 if [ "${1:-}" = --_stage ]; then
   stage_mode=1
 else
   stage_mode=0
-  rehearse=0 only="" budget=""
+  rehearse=0 only="" budget="" plan_mode=0 plan_list=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --rehearse) rehearse=1; shift ;;
-      --only) only="$2"; shift 2 ;;
-      --budget) budget="$2"; shift 2
+      --only) [ $# -ge 2 ] || { echo "error: --only needs a stage list. Fix: --only probe,pytest" >&2; exit 2; }
+        only="$2"; shift 2 ;;
+      --budget) budget="${2:-}"; shift; [ $# -gt 0 ] && shift
         [[ "$budget" =~ ^[1-9][0-9]*$ ]] || { echo "error: --budget '$budget' is not a number of seconds. Fix: --budget 520" >&2; exit 2; } ;;
-      -h|--help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-      *) echo "error: unknown option $1. Fix: scripts/gpu_check.sh [--rehearse] [--only STAGE,...] [--budget SECONDS]" >&2; exit 2 ;;
+      --plan) plan_mode=1; shift
+        if [ $# -gt 0 ] && [[ "$1" != --* ]]; then plan_list="$1"; shift; fi ;;
+      -h|--help) sed -n '2,/^set /{/^# shellcheck/d; /^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      *) echo "error: unknown option $1. Fix: scripts/gpu_check.sh [--rehearse] [--only STAGE,...] [--budget SECONDS] [--plan [STAGE,...]]" >&2; exit 2 ;;
     esac
   done
-  export GPU_CHECK_REHEARSE=$rehearse
+  if [ "$plan_mode" = 1 ] && [ -n "$only" ]; then
+    echo "error: --plan takes its stage list itself. Fix: scripts/gpu_check.sh --plan $only" >&2; exit 2
+  fi
+  # --plan --rehearse checks the plan's GPU commands on this machine's CPU (the rehearsal's environment)
+  check=$((plan_mode && rehearse))
+  export GPU_CHECK_REHEARSE=$rehearse GPU_CHECK_CHECK=$check
   if [ -z "${PYTHON:-}" ]; then
     if [ "$rehearse" = 0 ] && [ -x /opt/torch/.venv/bin/python3 ]; then PYTHON=/opt/torch/.venv/bin/python3
     elif [ -x .venv/bin/python ]; then PYTHON=$PWD/.venv/bin/python
     else PYTHON=python3; fi
   fi
   export PYTHON OUT=${OUT:-outputs/gpu_check}
-  export SITE=${SITE:-/tmp/site} GPU_CHECK_WORK=${GPU_CHECK_WORK:-/tmp/gpu_check_work}
-  mkdir -p "$OUT/logs" "$GPU_CHECK_WORK"
-  OUT=$(cd "$OUT" && pwd)
+  export SITE=${SITE:-/tmp/site} GPU_CHECK_WORK=${GPU_CHECK_WORK:-/tmp/gpu_check_work} WHEELS=${GPU_CHECK_WHEELS:-.whl}
+  if [ "$plan_mode" = 0 ] || [ "$rehearse" = 1 ]; then  # a plan alone only prints
+    mkdir -p "$OUT/logs" "$GPU_CHECK_WORK"
+    OUT=$(cd "$OUT" && pwd)
+  fi
   export PYTHONHASHSEED=0 TOKENIZERS_PARALLELISM=false HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   if [ "$rehearse" = 1 ]; then
     export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
@@ -74,15 +99,33 @@ fi
 # ---- the stages (each runs in its own process: `gpu_check.sh --_stage NAME`) -----------------------
 # A stage writes its key numbers, one line, to $KEYS.
 
+# what one device call carries: the working tree (tracked and untracked files git does not ignore) and .whl/
+CARRY_LIMIT_MIB=64
+
+carry_check() {  # the wheelhouse and the tree that travels with it fit one call
+  local whl tree
+  whl=$(du -sb "$WHEELS" | cut -f1)
+  tree=$(git ls-files -co --exclude-standard -z 2>/dev/null | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  echo "carried: $WHEELS $((whl / 1048576)) MiB + working tree $((tree / 1048576)) MiB (limit $CARRY_LIMIT_MIB MiB)"
+  if [ $((whl + tree)) -gt $((CARRY_LIMIT_MIB * 1048576)) ]; then
+    echo "error: $WHEELS ($((whl / 1048576)) MiB) and the working tree ($((tree / 1048576)) MiB) are over the $CARRY_LIMIT_MIB MiB one device call carries. Fix: rebuild it with scripts/device_wheels.sh (without --all: about 5 MiB)" | tee "$KEYS"
+    return 1
+  fi
+}
+
 stage_wheels() {
-  if [ ! -d .whl ]; then echo "no .whl/ here: nothing to install" | tee "$KEYS"; return 0; fi
-  local wheels=(.whl/*.whl)
+  if [ ! -d "$WHEELS" ]; then
+    echo "no $WHEELS here: nothing to install (the train stages and the benchmark's trainer entry need DeepSpeed from it: scripts/device_wheels.sh)" | tee "$KEYS"
+    return 0
+  fi
+  local wheels=("$WHEELS"/*.whl)
   if [ "$GPU_CHECK_REHEARSE" = 1 ]; then
+    carry_check || return 1
     # no device here: check that the wheelhouse installs on the device's Python (cp312, manylinux x86_64)
     "$PYTHON" -m pip install --disable-pip-version-check --dry-run --no-index --no-deps --only-binary=:all: \
       --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 --target "$GPU_CHECK_WORK/site-dry-run" "${wheels[@]}" || return 1
-    echo "${#wheels[@]} wheels install on cp312 manylinux x86_64 (dry run)" > "$KEYS"
+    echo "${#wheels[@]} wheels install on cp312 manylinux x86_64 (dry run), $(du -sm "$WHEELS" | cut -f1) MiB" > "$KEYS"
     return 0
   fi
   rm -rf "$SITE" && mkdir -p "$SITE"
@@ -139,11 +182,21 @@ with open(os.environ["KEYS"], "w") as f:
 PYEOF
 }
 
-stage_pytest() {
-  local files
-  mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+stage_pytest() {  # [mixit]: the MixiT kernel parity tests, every one of them; else pytest -m gpu
+  local files select=()
+  if [ "${1:-}" = mixit ]; then
+    files=(tests/test_kernels_mixit*.py tests/test_kernels_hopper.py)
+  else
+    mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+    select=(-m gpu)
+  fi
+  if [ "$GPU_CHECK_CHECK" = 1 ]; then  # the plan's check: the files exist and their tests collect
+    "$PYTHON" -m pytest -q -p no:cacheprovider --collect-only "${select[@]}" "${files[@]}" | tee "$WORK_LOG" || return 1
+    tail -n 1 "$WORK_LOG" | sed 's/=//g; s/^ *//' > "$KEYS"
+    return 0
+  fi
   local rc=0
-  "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu -rs "${files[@]}" | tee "$WORK_LOG" || rc=$?
+  "$PYTHON" -m pytest -q -p no:cacheprovider "${select[@]}" -rs "${files[@]}" | tee "$WORK_LOG" || rc=$?
   tail -n 1 "$WORK_LOG" | sed 's/=//g; s/^ *//' > "$KEYS"
   # on a GPU a skipped GPU test is a test that did not run, unless it needs an optional package the host
   # lacks (flash-attn, liger-kernel: "... not installed"), which the keys then name
@@ -153,7 +206,7 @@ stage_pytest() {
     [ -n "$optional" ] && sed -i "1s/\$/ (absent: $optional)/" "$KEYS"
     if grep -E '^SKIPPED ' "$WORK_LOG" | grep -qv 'not installed'; then return 1; fi
   fi
-  # in a rehearsal there is no GPU: every test must be collected and skipped
+  # in a rehearsal there is no GPU: every GPU test must be collected and skipped
   if [ "$GPU_CHECK_REHEARSE" = 1 ] && [ "$rc" = 0 ] && ! grep -q "skipped" "$KEYS"; then return 1; fi
   return "$rc"
 }
@@ -168,7 +221,7 @@ stage_train() {  # VARIANT ZERO
     train.eval_every_steps=0 optim.warmup_steps=2 optim.decay_steps=8 checkpoint.every_steps=3
     checkpoint.every_minutes=0 checkpoint.save_final=false checkpoint.keep_last=1 logging.every_steps=1
     logging.tensorboard=false)
-  # the 1b shape (vocab 128,256 stated: the byte data's own vocabulary is 256), 32 sequences of 2048 per step
+  # preset 1b (vocab 128,256 stated: the byte data's own vocabulary is 256), 32 sequences of 2048 per step
   # MFU against a matmul peak measured at the start, as the benchmark stages report it (the first
   # device run's trainer divided by the data-sheet peak: 31.7 % where the measured peak gives 40 %)
   local gpu_args=(--recipe recipes/1b_gpu_zero1.yaml train.precision=bf16 logging.measure_peak=true
@@ -177,6 +230,7 @@ stage_train() {  # VARIANT ZERO
   if [ "$GPU_CHECK_REHEARSE" = 1 ]; then
     echo "== the GPU run's plan (--dry-run), then the same steps at the tiny size on the CPU"
     "$PYTHON" -m pretrain.train "${gpu_args[@]}" --dry-run --world-size 1 || return 1
+    if [ "$GPU_CHECK_CHECK" = 1 ]; then echo "the GPU run's arguments plan a run (--dry-run)" > "$KEYS"; return 0; fi
     launch=(./launch.sh --cpu 1)
     # fp32: bf16 matmuls on a CPU are slow, and the dry run above has checked the bf16 plan
     args=(--recipe recipes/tiny_cpu.yaml train.precision=fp32 model.vocab_size=512 train.seq_len=64 train.global_batch_sequences=8
@@ -223,48 +277,57 @@ sys.exit(0 if diff <= tol else f"resumed losses differ from the uninterrupted ru
 PYEOF
 }
 
-bench_keys() {  # the per-model lines of bench_model.py's table: name, tok/s, MFU
-  awk '$1 ~ /^(standard|frozen_qk|mixit|mixit_[a-z0-9]+)$/ { mfu = ""; for (i = 2; i <= NF; i++) if ($i ~ /%$/) { mfu = $i; break }
-       printf "%s%s %s tok/s%s", sep, $1, $2, (mfu ? " MFU " mfu : ""); sep = "; " }' "$WORK_LOG" > "$KEYS"
+bench_keys() {  # the per-model lines of bench_model.py's table: name, tok/s, MFU (measured peak; data sheet's)
+  awk '$1 ~ /^(standard|frozen_qk|frozen_mlp|random_transformer|mixit|mixit_[a-z0-9]+|trainer)$/ && $2 ~ /^[0-9]+$/ {
+         printf "%s%s %s tok/s MFU %s", sep, $1, $2, $4; if ($5 != "-") printf " (sheet %s)", $5; sep = "; " }' \
+    "$WORK_LOG" > "$KEYS"
 }
 
-stage_bench() {  # SEQ [compiled] | mixit_memory
-  local common compiled=()
-  if [ "$GPU_CHECK_REHEARSE" = 1 ]; then
-    common=(--device cpu --dtype fp32 --vocab 512 --rounds 1 --steps 1 --peak-n 256 --no-memory)
-    # the compiled stage rehearses eager: inductor's C++ build of even this tiny model takes 40 s of CPU
-    if [ "${2:-}" = compiled ]; then
-      "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "2x64x$1" --batch 1 --variants standard mixit \
-        --no-hf | tee "$WORK_LOG" || return 1
-      bench_keys
-      return 0
-    fi
+stage_bench() {  # SEQ [compiled|scaling] | mixit_memory
+  local cmd=("$PYTHON" benchmarks/bench_model.py) variants=() extra=()
+  if [ "$GPU_CHECK_REHEARSE" = 1 ] && [ "$GPU_CHECK_CHECK" = 0 ]; then
+    # the tiny size on the CPU: preset tiny, fp32, one round of one step
+    cmd+=(--device cpu --dtype fp32 --rounds 1 --steps 1 --peak-n 256 --batch 1)
     if [ "$1" = mixit_memory ]; then
       # Triton needs a GPU: the CPU implementations stand in
-      "$PYTHON" benchmarks/bench_model.py "${common[@]}" --variants --mixit-memory 64 --mixit-impls dense blocked \
-        --mixit-width 64 | tee "$WORK_LOG" || return 1
-      grep -cE '^ +[0-9]+ +(dense|blocked|triton) ' "$WORK_LOG" | sed 's/$/ rows (T, impl, peak MiB)/' > "$KEYS"
-      return 0
+      cmd+=(--vocab 512 --variants --mixit-memory 64 --mixit-impls dense blocked --mixit-width 64)
+    elif [ "${2:-}" = compiled ]; then
+      # the compiled stage rehearses eager: inductor's C++ build of even this tiny model takes 40 s of CPU
+      cmd+=(--preset tiny --seq "$1" --variants standard mixit --no-hf)
+    else
+      # with the trainer's entry: its DeepSpeed engine (ZeRO-1, activation checkpointing) on gloo
+      cmd+=(--preset tiny --seq "$1" --variants standard frozen_qk mixit trainer --no-hf --profile 20)
     fi
-    "$PYTHON" benchmarks/bench_model.py "${common[@]}" --sizes "2x64x$1" --batch 1 --variants standard frozen_qk mixit \
-      --no-hf --profile 20 | tee "$WORK_LOG" || return 1
   else
-    common=(--device cuda --dtype bf16 --vocab 128256 --rounds 3 --steps 3)
-    local variants
-    read -ra variants <<< "${GPU_CHECK_BENCH_VARIANTS:-standard frozen_qk mixit mixit_triton mixit_philox4x}"
-    [ "${2:-}" = compiled ] && compiled=(--compile --no-memory) && variants=(standard mixit)
+    cmd+=(--device cuda --dtype bf16 --rounds 3 --steps 3)
     if [ "$1" = mixit_memory ]; then
-      "$PYTHON" benchmarks/bench_model.py "${common[@]}" --variants --mixit-memory 4096 16384 32768 \
-        --mixit-impls dense triton | tee "$WORK_LOG" || return 1
-      awk '$2 ~ /^(dense|blocked|triton)$/ { printf "%s%s %s %s MiB", sep, $1, $2, $3; sep = "; " }' "$WORK_LOG" > "$KEYS"
-      return 0
+      cmd+=(--variants --mixit-memory 4096 16384 32768 --mixit-impls dense triton)
+    else
+      read -ra variants <<< "${GPU_CHECK_BENCH_VARIANTS:-standard frozen_qk mixit mixit_triton}"
+      case "${2:-}" in
+        compiled) extra=(--compile); variants=(standard mixit) ;;
+        scaling) variants=(standard mixit) ;;
+      esac
+      # exactly preset 1b at length $1 (bench_model.py --preset), 8192 tokens a step (one sequence above)
+      cmd+=(--preset 1b --seq "$1" --batch $((8192 / $1 > 0 ? 8192 / $1 : 1)) --variants "${variants[@]}"
+        "${extra[@]}" --no-hf --profile 20)
     fi
-    # the 1b shape's layers and width (bench_model.py: heads = width / 64 = 32), 8192 tokens per step
-    "$PYTHON" benchmarks/bench_model.py "${common[@]}" "${compiled[@]}" --sizes "16x2048x$1" \
-      --batch $((8192 / $1 > 0 ? 8192 / $1 : 1)) --variants "${variants[@]}" --no-hf --profile 20 \
-      | tee "$WORK_LOG" || return 1
+    # the plan's check: the GPU command parses and its shapes and entries resolve; nothing built or timed
+    [ "$GPU_CHECK_CHECK" = 1 ] && cmd+=(--dry-run)
   fi
-  bench_keys
+  "${cmd[@]}" | tee "$WORK_LOG" || return 1
+  if [ "$GPU_CHECK_CHECK" = 1 ]; then
+    awk '/^shape: / { split($0, a, ":"); shapes = shapes (shapes ? "; " : "") substr(a[2], 2) }
+         /^  [a-z0-9_]+: [0-9.]+ GFLOP\/token/ { k = substr($1, 1, length($1) - 1); if (!(k in seen)) { seen[k]; kinds = kinds (kinds ? " " : "") k } }
+         /^MixiT memory table:/ { shapes = $0 }
+         END { printf "dry run: %s%s\n", shapes, (kinds ? "; entries " kinds : "") }' "$WORK_LOG" > "$KEYS"
+  elif [ "$1" != mixit_memory ]; then
+    bench_keys
+  elif [ "$GPU_CHECK_REHEARSE" = 1 ]; then
+    grep -cE '^ +[0-9]+ +(dense|blocked|triton) ' "$WORK_LOG" | sed 's/$/ rows (T, impl, peak MiB)/' > "$KEYS"
+  else
+    awk '$2 ~ /^(dense|blocked|triton)$/ { printf "%s%s %s %s MiB", sep, $1, $2, $3; sep = "; " }' "$WORK_LOG" > "$KEYS"
+  fi
 }
 
 if [ "$stage_mode" = 1 ]; then
@@ -278,20 +341,20 @@ fi
 # ---- the driver -------------------------------------------------------------------------------------
 VARIANTS=${GPU_CHECK_VARIANTS:-standard frozen_qk mixit}
 ZERO=${GPU_CHECK_ZERO:-zero1 zero3}
-if [ "$rehearse" = 1 ]; then seqs="64"; else seqs="2048 8192"; fi
+if [ "$rehearse" = 1 ] && [ "$check" = 0 ]; then seqs="64"; else seqs="2048 8192"; fi
 # stage name | time limit (s) | function and arguments
-plan=("wheels|120|wheels" "probe|120|probe" "pytest|300|pytest")
+plan=("wheels|120|wheels" "probe|120|probe" "pytest|300|pytest" "pytest:mixit|300|pytest mixit")
 for v in $VARIANTS; do for z in $ZERO; do plan+=("train:$v:$z|300|train $v $z"); done; done
 for t in $seqs; do plan+=("bench:T$t|420|bench $t"); done
+# the scaling stage: one length further (a GPU's; the rehearsal's bench stage runs its code path)
+[ "$seqs" = 64 ] || plan+=("bench:T16384|420|bench 16384 scaling")
 plan+=("bench:compiled:T${seqs%% *}|420|bench ${seqs%% *} compiled")
 plan+=("bench:mixit_memory|300|bench mixit_memory")
 
-# the stages to run, in order: the plan's, or --only's (a prefix selects: train, bench)
-run_list=()
-if [ -z "$only" ]; then
-  run_list=("${plan[@]}")
-else
-  IFS=, read -ra want <<< "$only"
+select_stages() {  # LIST OPTION: the plan's entries LIST names, in its order (a prefix selects: train, bench)
+  local w entry name matched
+  run_list=()
+  IFS=, read -ra want <<< "$1"
   for w in "${want[@]}"; do
     matched=0
     for entry in "${plan[@]}"; do
@@ -301,8 +364,101 @@ else
         matched=1
       fi
     done
-    [ "$matched" = 1 ] || { echo "error: --only names no stage '$w'. Fix: one of wheels, probe, pytest, train[:VARIANT:ZERO], bench[:T...|:compiled|:mixit_memory]" >&2; exit 2; }
+    [ "$matched" = 1 ] || { echo "error: $2 names no stage '$w'. Fix: one of wheels, probe, pytest[:mixit], train[:VARIANT:ZERO], bench[:T...|:compiled|:mixit_memory]" >&2; exit 2; }
   done
+}
+
+# ---- the device plan: each stage's expected seconds ---------------------------------------------------
+# "measured": the stage's time in a summary.txt under docs/data/gpu (one H200, 2026-11-26, the stage as it
+# runs now); "ESTIMATE": a stage never measured as it runs now, with how its figure was made. The bench
+# stages are all estimates: they now time preset 1b (the runs timed a custom 16x2048 shape) and take each
+# entry's peak memory in its own worker (the runs started a second process per entry for it).
+PLAN_BUDGET=540          # default: one call of at most 9 minutes (a device command runs at most 600 s)
+CALL_LIMIT=600
+DEFAULT_PLAN="wheels,probe,pytest,pytest:mixit,bench:T2048,bench:T8192"
+PLAN_IF_TIME="bench:T16384"   # the scaling stage, only where its time is left
+R1=docs/data/gpu/2026-11-26_h200 R2=docs/data/gpu/2026-11-26_h200_run2
+expected() {  # STAGE -> "SECONDS|BASIS"
+  case "$1" in
+    wheels) echo "9|measured: $R1/call1/summary.txt (6-8 s in the three other calls)" ;;
+    probe) echo "8|measured: $R1/call1/summary.txt (3 s in $R2/call1)" ;;
+    pytest) echo "18|measured: $R1/call2/summary.txt (16 s in call1)" ;;
+    pytest:mixit) echo "70|ESTIMATE, never run on a device: its files took 62 s of CPU time on a loaded 2-core CPU with the GPU tests skipped (2026-11-27), and the 4 MixiT GPU tests 7.5 s on the H200 ($R1/call2/pytest.log)" ;;
+    train:standard:zero1) echo "116|measured: $R1/call1/summary.txt" ;;
+    train:mixit:zero1) echo "108|measured: $R1/call1/summary.txt" ;;
+    train:frozen_qk:zero3) echo "102|measured: $R1/call1/summary.txt" ;;
+    train:standard:zero3|train:mixit:zero3) echo "102|measured: $R2/call2/summary.txt" ;;
+    train:*) echo "116|ESTIMATE, never run: the longest of the five training stages measured (102-116 s, $R1/call1 and $R2/call2/summary.txt)" ;;
+    bench:T2048) echo "164|ESTIMATE: 4 entries at 41 s, the per-entry time of $R2/call1/summary.txt's bench:compiled:T2048 (82 s for 2 entries, each compiled, no memory process): an eager entry does the same without compiling" ;;
+    bench:T8192) echo "250|ESTIMATE: 4 entries at bench:T2048's 41 s + 6 s for 14 steps of up to 0.46 s (the Triton step at T 8192, $R2/call1/logs/bench_T8192.log) + 60 s for building mixit's cached matrix or tiles (never timed). Measured with a memory process per entry, now gone: 199 s for 3 entries ($R1/call2/summary.txt), 332 s for 4 ($R2/call1/summary.txt)" ;;
+    bench:T16384) echo "170|ESTIMATE: 2 entries (standard, mixit) at about the 83 s mean entry at T 8192 of $R2/call1/summary.txt" ;;
+    bench:compiled:T*) echo "90|ESTIMATE: 82 s measured at the custom 16x2048 shape ($R2/call1/summary.txt); preset 1b has 14 % more FLOPs a token" ;;
+    bench:mixit_memory) echo "90|ESTIMATE: 50 s measured until T 32,768 ran out of memory ($R2/call1/summary.txt); that row now runs" ;;
+    *) echo "300|ESTIMATE: no figure for this stage, its time limit" ;;
+  esac
+}
+
+plan_stage_names() {  # the run_list's names, comma-separated
+  local entry names=()
+  for entry in "${run_list[@]}"; do names+=("${entry%%|*}"); done
+  (IFS=,; echo "${names[*]}")
+}
+
+print_plan() {  # the run_list against $budget; exit 2 when over it
+  local entry name secs basis total=0 left extra est
+  for entry in "${run_list[@]}"; do
+    name=${entry%%|*}; total=$((total + $(expected "$name" | cut -d'|' -f1)))
+  done
+  if [ -z "$plan_list" ]; then  # the default plan: the scaling stage only if its time is left
+    for name in ${PLAN_IF_TIME//,/ }; do
+      est=$(expected "$name" | cut -d'|' -f1)
+      if [ $((total + est)) -le "$budget" ]; then
+        for entry in "${plan[@]}"; do [ "${entry%%|*}" = "$name" ] && run_list+=("$entry"); done
+        total=$((total + est))
+      else
+        extra+="left out: $name ($est s, ESTIMATE): more than the $((budget - total > 0 ? budget - total : 0)) s left"$'\n'
+      fi
+    done
+  fi
+  echo "device plan: ${#run_list[@]} stages in one call of at most $budget s (--budget); seconds measured on one H200 (docs/data/gpu, 2026-11-26) where so marked, else an ESTIMATE"
+  printf '  %-22s %5s  %s\n' stage seconds basis
+  for entry in "${run_list[@]}"; do
+    name=${entry%%|*}
+    IFS='|' read -r secs basis <<< "$(expected "$name")"
+    printf '  %-22s %5d  %s\n' "$name" "$secs" "$basis"
+  done
+  left=$((budget - total))
+  if [ "$left" -lt 0 ]; then
+    printf '  %-22s %5d  over the %d s budget by %d s\n' total "$total" "$budget" $((-left))
+    echo "error: the plan's stages take $total s (the seconds above), over the $budget s budget. Fix: drop stages from the list, or raise --budget (one call runs at most $CALL_LIMIT s)" >&2
+    exit 2
+  fi
+  printf '  %-22s %5d  of the %d s budget: %d s left\n' total "$total" "$budget" "$left"
+  printf '%s' "${extra:-}"
+  echo "device time: the machine's start (ESTIMATE 2-3 min: docs/data/gpu holds no start times) + this call" \
+    "(at most $budget s, each stage's limit cut to the time left) + its files back: about" \
+    "$(((120 + budget) / 60))-$(((180 + budget + 60) / 60)) of a session's 15 minutes, so one call"
+  echo "run it with: scripts/gpu_check.sh --budget $budget --only $(plan_stage_names)   (device timeout_s $CALL_LIMIT)"
+}
+
+# the stages to run, in order: the plan's, or --only's, or --plan's
+run_list=()
+if [ "$plan_mode" = 1 ]; then
+  budget=${budget:-$PLAN_BUDGET}
+  if [ "$budget" -gt "$CALL_LIMIT" ]; then
+    echo "error: --budget $budget is more than one device call runs ($CALL_LIMIT s). Fix: --budget $PLAN_BUDGET, and the other stages in a second plan" >&2
+    exit 2
+  fi
+  select_stages "${plan_list:-$DEFAULT_PLAN}" --plan
+  print_plan
+  [ "$check" = 1 ] || exit 0
+  echo
+  echo "== checking each stage's GPU commands on the CPU: they parse and their paths exist (nothing timed)"
+  budget=""
+elif [ -z "$only" ]; then
+  run_list=("${plan[@]}")
+else
+  select_stages "$only" --only
 fi
 
 summary="$OUT/summary.txt"
@@ -310,6 +466,7 @@ printf '%-26s %-8s %8s  %s\n' stage status seconds "key numbers" > "$summary"
 failed=0
 for entry in "${run_list[@]}"; do
   IFS='|' read -r name limit call <<< "$entry"
+  [ "$check" = 1 ] && limit=180
   slug=${name//:/_}
   log="$OUT/logs/$slug.log"
   export KEYS="$OUT/logs/$slug.keys" WORK_LOG="$OUT/logs/$slug.out"

@@ -1,11 +1,14 @@
 """scripts/gpu_check.sh --rehearse: every stage of the lent GPU's check runs on the CPU at a tiny size,
 so the script has not rotted by the time a device is lent; a failing stage is recorded and the rest
-still run. Real processes throughout (launch.sh, DeepSpeed, gloo, the benchmark's workers)."""
+still run. Real processes throughout (launch.sh, DeepSpeed, gloo, the benchmark's workers).
+`--plan`: the device plan's seconds come from docs/data/gpu's stage times or say they are estimates, a
+plan over its budget is refused, and `--plan --rehearse` checks the plan's GPU commands on the CPU."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +16,81 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_PLAN = ["wheels", "probe", "pytest", "pytest:mixit", "bench:T2048", "bench:T8192"]
 
-pytestmark = pytest.mark.slow
+
+def gpu_check(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["scripts/gpu_check.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
+def plan_rows(stdout: str) -> dict[str, tuple[int, str]]:
+    """The plan's stage rows: name -> (seconds, basis)."""
+    rows = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^  (\S+) +(\d+)  (.*)$", line)
+        if m and m.group(1) not in ("stage", "total"):
+            rows[m.group(1)] = (int(m.group(2)), m.group(3))
+    return rows
+
+
+def test_plan_prints_each_stage_with_its_measured_seconds_or_an_estimate():
+    out = gpu_check("--plan")
+    assert out.returncode == 0, out.stderr
+    rows = plan_rows(out.stdout)
+    assert list(rows) == DEFAULT_PLAN  # the scaling stage is left out: its time is not left
+    assert re.search(r"^left out: bench:T16384 \(\d+ s, ESTIMATE\)", out.stdout, re.M), out.stdout
+    total = int(re.search(r"^  total +(\d+)  of the 540 s budget", out.stdout, re.M).group(1))
+    assert total == sum(s for s, _ in rows.values()) <= 540
+    for stage, (seconds, basis) in rows.items():
+        assert basis.startswith(("measured: docs/data/gpu/", "ESTIMATE")), (stage, basis)
+        if basis.startswith("measured: "):  # the figure is the stage's row in the summary the basis names
+            summary = REPO / basis.split()[1]
+            times = {f[0]: int(f[2]) for f in (x.split() for x in summary.read_text().splitlines()[1:])}
+            assert times[stage] == seconds, (stage, summary)
+    assert "run it with: scripts/gpu_check.sh --budget 540 --only " + ",".join(DEFAULT_PLAN) in out.stdout
+    # a larger budget, the most one call runs, leaves more time, and the scaling stage still does not fit it
+    out = gpu_check("--plan", "--budget", "600")
+    assert list(plan_rows(out.stdout)) == DEFAULT_PLAN and f"more than the {600 - total} s left" in out.stdout
+
+
+def test_plan_over_its_budget_is_refused_with_one_error_line():
+    stages = "bench:T8192,bench:T16384,train:standard:zero1,probe"  # 544 s by the plan's figures
+    out = gpu_check("--plan", stages)
+    assert out.returncode == 2, out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the plan's stages take ") and "Fix: " in lines[0], lines
+    assert "over the 540 s budget" in lines[0] and "run it with" not in out.stdout
+    assert gpu_check("--plan", stages, "--budget", "600").returncode == 0  # --budget moves the limit
+    for bad in (["--plan", "wheels,nope"], ["--plan", "--budget", "700"], ["--plan", "--only", "probe"]):
+        out = gpu_check(*bad)
+        assert out.returncode == 2 and out.stderr.startswith("error: ") and "Fix: " in out.stderr, (bad, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_plan_rehearsal_checks_the_gpu_commands_on_the_cpu(tmp_path):
+    """The plan's own commands, checked where no GPU is: the benchmark's --dry-run at preset 1b, pytest's
+    collection, and the wheelhouse against what one device call carries (here 65 MiB: refused)."""
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    with open(wheels / "big-1.0-py3-none-any.whl", "wb") as f:
+        f.truncate(65 * 2**20)  # sparse: its size without writing it
+    env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_CHECK_WORK=str(tmp_path / "work"), PYTHON=sys.executable)
+    env.update(OMP_NUM_THREADS="1", GPU_CHECK_WHEELS=str(wheels))
+    out = gpu_check("--plan", "wheels,pytest:mixit,bench:T8192", "--rehearse", env=env, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr  # the wheelhouse's stage failed, the rest ran
+    rows = {}
+    for line in (tmp_path / "out" / "summary.txt").read_text().splitlines()[1:]:
+        stage, status, _seconds, *keys = line.split(maxsplit=3)
+        rows[stage] = (status, keys[0] if keys else "")
+    assert list(rows) == ["wheels", "pytest:mixit", "bench:T8192"]
+    assert rows["wheels"][0] == "FAIL" and "over the 64 MiB one device call carries" in rows["wheels"][1], rows
+    assert rows["pytest:mixit"][0] == "PASS" and "tests collected" in rows["pytest:mixit"][1], rows
+    assert rows["bench:T8192"] == ("PASS", "dry run: preset 1b, T 8192; entries standard frozen_qk mixit mixit_triton")
+
+
+@pytest.mark.slow
 def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
     out_dir = tmp_path / "out"
     env = dict(
@@ -45,6 +119,7 @@ def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
         "wheels",
         "probe",
         "pytest",
+        "pytest:mixit",
         "train:mixit:zero9",
         "train:mixit:zero3",
         "bench:T64",
@@ -70,16 +145,21 @@ def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
     assert [r["step"] for r in ref] == [1, 2, 3, 4, 5] and [r["step"] for r in res] == [1, 2, 3, 4, 5]
     assert [r["loss"] for r in ref] == [r["loss"] for r in res]
     assert "step_00000003" in (out_dir / "logs" / "train_mixit_zero3.log").read_text()
-    # the GPU plan was checked too: the 1b shape at vocab 128,256, bf16
+    # the GPU plan was checked too: preset 1b at vocab 128,256, bf16
     train_log = (out_dir / "logs" / "train_mixit_zero3.log").read_text()
     assert "vocab_size: 128256" in train_log and "precision: bf16" in train_log
-    # benchmark: a tok/s for each variant, a MixiT memory row per implementation
-    for variant in ("standard", "frozen_qk", "mixit"):
-        assert f"{variant} " in rows["bench:T64"][2] and "tok/s" in rows["bench:T64"][2]
+    # benchmark: a tok/s and an MFU for each variant and the trainer's own step (DeepSpeed ZeRO-1 on gloo), a
+    # MixiT memory row per implementation
+    for variant in ("standard", "frozen_qk", "mixit", "trainer"):
+        assert re.search(rf"\b{variant} \d+ tok/s MFU [\d.]+%", rows["bench:T64"][2]), rows["bench:T64"]
+    bench_log = (out_dir / "logs" / "bench_T64.out").read_text()
+    assert "shape: preset tiny, T 64: model.preset('tiny', max_seq_len=64)" in bench_log
+    assert "trainer: recipes/1b_gpu_zero1.yaml: world=1" in bench_log and "ZeRO-1" in bench_log
     assert "standard " in rows["bench:compiled:T64"][2] and "mixit " in rows["bench:compiled:T64"][2]
     assert rows["bench:mixit_memory"][2].startswith("2 rows")
 
 
+@pytest.mark.slow
 def test_device_wheels_plan_builds_deepspeed_and_leaves_out_the_image():
     """`scripts/device_wheels.sh --list`: the plan, nothing downloaded."""
     out = subprocess.run(["scripts/device_wheels.sh", "--list"], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -27,6 +27,26 @@ def test_peak_rule_configured_then_measured_then_table(monkeypatch):
     assert mfu_mod.mfu(400.0, 800.0) == 0.5 and mfu_mod.mfu(400.0, None) is None
 
 
+@pytest.mark.parametrize(
+    "name, peak, source",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0, "table:H100"),  # the SXM part, as torch names it
+        ("NVIDIA H100 PCIe", 756.0, "table:H100 PCIe"),
+        ("NVIDIA H100 NVL", 835.0, "table:H100 NVL"),
+        ("NVIDIA H200", 989.0, "table:H200"),
+        ("NVIDIA H200 NVL", 835.0, "table:H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", 312.0, "table:A100"),
+        ("NVIDIA A100 80GB PCIe", 312.0, "table:A100"),
+        ("NVIDIA L40S", 362.0, "table:L40S"),
+        ("NVIDIA GeForce RTX 4090", None, "unknown"),
+    ],
+)
+def test_data_sheet_peak_by_gpu_name(name, peak, source):
+    """The data-sheet dense bf16 figure for the names torch reports: a form factor's own figure before its
+    family's (an H100 PCIe is not an SXM's 989)."""
+    assert mfu_mod.table_peak_tflops(name) == (peak, source)
+
+
 def test_measured_peak_is_a_positive_rate():
     assert 0 < mfu_mod.measure_matmul_tflops(torch.device("cpu"), n=128, repeats=2) < 1e3
 
