@@ -39,10 +39,11 @@ import torch  # noqa: E402
 from common.cli import CliParser, run_cli  # noqa: E402
 from common.constants import free_port  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from model import PRESETS, ModelConfig, build_model, preset  # noqa: E402
+from model import PRESETS, ModelConfig, preset  # noqa: E402
 from model.flops import flops_per_token  # noqa: E402
 from model.layers import MixingAttention  # noqa: E402
 from model.mfu import measure_matmul_tflops, mfu, table_peak_tflops  # noqa: E402
+from model.transformer import build_model
 from pretrain.config import load_recipe  # noqa: E402
 from pretrain.distributed import init_distributed, pick_device, shutdown_distributed  # noqa: E402
 from pretrain.engine import ModelEngine  # noqa: E402

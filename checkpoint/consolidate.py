@@ -17,8 +17,9 @@ import torch
 from common.deepspeed_import import import_deepspeed
 from data_pipeline.classification import resolve_pad_id
 from data_pipeline.config import parse_data
-from model import ModelConfig, Transformer
+from model import ModelConfig
 from model.classifier import DEFAULT_POOLING, SequenceClassifier
+from model.transformer import Transformer
 
 from . import tag_format
 from .pickle_scan import guarded_torch_load, safe_torch_load, verify_checkpoint_dir

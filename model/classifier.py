@@ -19,11 +19,9 @@ from common.constants import IGNORE_INDEX
 from common.errors import ConfigError
 
 from . import init
+from .config import DEFAULT_POOLING, POOLINGS
 from .freezing import apply_freeze
 from .transformer import Transformer, build_model
-
-POOLINGS = ("last", "mean")
-DEFAULT_POOLING = "last"
 
 
 class SequenceClassifier(nn.Module):

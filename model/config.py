@@ -31,6 +31,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 PARAM_GROUPS = ("qk", "v", "o", "mlp", "norms", "embeddings", "head", "blocks")
 ATTN_IMPLS = ("auto", "sdpa", "eager", "flash")
 MIXIT_IMPLS = ("auto", "dense", "blocked", "triton", "streamed")
+POOLINGS = ("last", "mean")  # a sequence classifier's pooling (model/classifier.py)
+DEFAULT_POOLING = "last"
 PARAMETRIZATIONS = ("standard", "mup")  # model.parametrization: µP scales init, rates and logits by width
 MIXIT_RNGS = ("philox", "philox4x")  # one normal per Philox call, or four (model/rng.py matrix_normals)
 # RoPE scalings model.rope_scaling may name, and the keys each one needs (the HF rope_parameters names).

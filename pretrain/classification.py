@@ -24,8 +24,9 @@ from checkpoint import load_for_eval
 from common.constants import repo_path
 from common.errors import RecipeError
 from data_pipeline.classification import resolve_pad_id
-from model import ModelConfig, Transformer
+from model import ModelConfig
 from model.classifier import SequenceClassifier, build_classifier
+from model.transformer import Transformer
 
 from . import loaders
 from .config import RunConfig

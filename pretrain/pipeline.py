@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from common.constants import IGNORE_INDEX
-from model import Transformer
 from model.kernels.loss import linear_cross_entropy
 from model.layers import rope_cos_sin
+from model.transformer import Transformer
 
 
 class TokenEmbed(nn.Module):

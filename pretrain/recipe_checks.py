@@ -14,7 +14,7 @@ import typing
 from typing import Any
 
 from common.errors import RecipeError, did_you_mean
-from model.classifier import DEFAULT_POOLING, POOLINGS
+from model.config import DEFAULT_POOLING, POOLINGS
 
 NanPolicy = typing.Literal["skip", "stop", "rollback"]
 TASKS = ("lm", "classification")

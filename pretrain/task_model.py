@@ -9,7 +9,8 @@ from typing import Callable
 import torch
 
 from common.errors import RecipeError
-from model import PRESETS, ModelConfig, Transformer, preset
+from model import PRESETS, ModelConfig, preset
+from model.transformer import Transformer
 
 from . import classification
 from .config import RunConfig

@@ -25,8 +25,9 @@ import torch
 
 from common.constants import REPO_ROOT
 from common.errors import StudyError
-from model import ModelConfig, build_model, param_count
+from model import ModelConfig, param_count
 from model.flops import flops_per_token
+from model.transformer import build_model
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
 from pretrain.run_dir import read_config

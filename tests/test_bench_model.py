@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import REPO
 
-from model import build_model, param_count, preset
+from model import param_count, preset
+from model.transformer import build_model
 from pretrain.layout import plan_layout
 
 spec = importlib.util.spec_from_file_location("bench_model", REPO / "benchmarks" / "bench_model.py")

@@ -15,8 +15,9 @@ import torch
 from conftest import REPO
 
 from checkpoint import tag_format as ckpt
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 from pretrain.train import train
 
 ENV = dict(

@@ -7,8 +7,9 @@ import torch.multiprocessing as mp
 from common.constants import free_port
 from eval import distributed as D
 from eval.perplexity import perplexity
-from model import build_model, preset
+from model import preset
 from model.io import load_native, save_native
+from model.transformer import build_model
 
 
 def _worker(rank, world, port, ck, ids, out):

@@ -6,8 +6,9 @@ import torch
 from common.errors import EvalError
 from eval.loading import load_checkpoint
 from eval.run import evaluate_checkpoint, main, validate_tasks
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 
 torch.set_num_threads(1)
 

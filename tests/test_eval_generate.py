@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from eval.generate import generate, main, sample_next
-from model import VARIANTS, build_model, preset
+from model import VARIANTS, preset
 from model.io import save_native
+from model.transformer import build_model
 
 torch.set_num_threads(1)
 

@@ -13,7 +13,8 @@ from common.errors import EvalError
 from data_pipeline.tokenizer import ByteTokenizer
 from eval.in_context import bands, icl_score, loss_by_position
 from eval.run import EvalOptions, evaluate_model
-from model import build_model, preset
+from model import preset
+from model.transformer import build_model
 
 torch.set_num_threads(1)
 

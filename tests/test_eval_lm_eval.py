@@ -10,7 +10,8 @@ from lm_eval.api.instance import Instance
 from data_pipeline.tokenizer import ByteTokenizer
 from eval.lm_eval_adapter import TrainablePartsLM, offline_tasks, run_lm_eval
 from eval.perplexity import perplexity
-from model import build_model, preset
+from model import preset
+from model.transformer import build_model
 
 torch.set_num_threads(1)
 

@@ -9,9 +9,10 @@ import torch.nn.functional as F
 
 from data_pipeline.tokenizer import ByteTokenizer
 from eval.perplexity import perplexity, window_spans
-from model import build_model, preset
+from model import preset
 from model.hf import export_hf
 from model.io import save_native
+from model.transformer import build_model
 
 torch.set_num_threads(1)
 

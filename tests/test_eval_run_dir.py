@@ -7,8 +7,9 @@ import torch
 
 from eval.report import flatten, read_jsonl
 from eval.run import main
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 
 torch.set_num_threads(1)
 

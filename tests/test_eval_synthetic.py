@@ -12,8 +12,9 @@ from eval.mechanisms import mechanism_scores
 from eval.retrieval import induction, kv_recall, passkey, repeated
 from eval.run import evaluate_checkpoint, main
 from eval.synthetic_tasks import evaluate_task, get_task
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 from pretrain.train import train
 
 torch.set_num_threads(1)

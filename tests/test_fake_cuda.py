@@ -39,8 +39,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 import model.mixit as mixit_mod
-from model import VARIANTS, Transformer, preset
+from model import VARIANTS, preset
 from model.kernels import mixit_streamed, mixit_triton, select
+from model.transformer import Transformer
 from pretrain.parallelize import apply_activation_checkpointing
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from model import VARIANTS, build_model, preset
+from model import VARIANTS, preset
 from model.config import ModelConfig
 from model.flops import flops_per_token
+from model.transformer import build_model
 
 
 def standard_formula(cfg: ModelConfig, seq_len: int) -> float:

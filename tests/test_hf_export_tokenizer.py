@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import model.hf  # noqa: F401  (registers TrainablePartsForCausalLM, as a user's script does)
 from data_pipeline.tokenizer import load_tokenizer
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 from pretrain.export import export
 from pretrain.export import main as export_main
 from pretrain.train import train

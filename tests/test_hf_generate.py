@@ -14,8 +14,9 @@ import model.hf  # noqa: F401  (registers TrainablePartsForCausalLM, as a user's
 from data_pipeline.tokenizer import load_tokenizer
 from eval.generate import generate
 from eval.loading import load_checkpoint
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 from pretrain.export import export
 
 V, T = 101, 32

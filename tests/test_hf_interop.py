@@ -9,10 +9,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from common.errors import ConfigError
-from model import build_model, preset
+from model import preset
 from model.flops import flops_per_token
 from model.hf import export_hf, import_hf
 from model.layers import rope_inv_freq
+from model.transformer import build_model
 
 V, T = 101, 32
 

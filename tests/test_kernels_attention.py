@@ -5,10 +5,10 @@ import logging
 import pytest
 import torch
 
-from model import build_model, preset
+from model import preset
 from model.kernels import select
 from model.kernels.flash import flash_available, segments_from_mask
-from model.transformer import doc_positions_and_mask
+from model.transformer import build_model, doc_positions_and_mask
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

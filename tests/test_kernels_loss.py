@@ -4,8 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import VARIANTS, build_model, preset
+from model import VARIANTS, preset
 from model.kernels.loss import chunked_linear_cross_entropy, liger_available, linear_cross_entropy
+from model.transformer import build_model
 
 V, T = 97, 24
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

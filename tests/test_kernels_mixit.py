@@ -9,11 +9,12 @@ import sys
 import pytest
 import torch
 
-from model import build_model, preset
+from model import preset
 from model.kernels import select
 from model.kernels.mixit_blocked import MixitParams, compute_drift, cumsum_rows, mixit_blocked, raw_slab
 from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_bytes, mixit_streamed_bytes
 from model.mixit import mixing_matrix, raw_block
+from model.transformer import build_model
 
 T = 40
 CASES = [

@@ -114,7 +114,7 @@ print("ok", sweeps)
 
 MODEL_CHECK = r"""
 import model.layers as layers
-from model import build_model
+from model.transformer import build_model
 made = []
 real = layers.generate_tiles
 layers.generate_tiles = lambda *a, **k: made.append(a[0].layer) or real(*a, **k)

@@ -17,8 +17,9 @@ from fixtures import make_tokenizer
 from data_pipeline.tokenizer import load_tokenizer
 from eval.lm_eval_adapter import TrainablePartsLM
 from eval.lm_eval_cli import hf_export_args, main
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 from pretrain.export import export
 
 TASKS = ("tp_kv_recall", "tp_passkey", "tp_text")

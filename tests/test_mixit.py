@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from model import ModelConfig, build_model, mixit, preset, rng
+from model import ModelConfig, mixit, preset, rng
 from model.io import check_compatible, load_native, save_native
 from model.mixit import head_sigmas, mixing_matrix
+from model.transformer import build_model
 
 T = 32
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from model import PRESETS, ModelConfig, build_model, param_count, preset
+from model import PRESETS, ModelConfig, param_count, preset
+from model.transformer import build_model
 
 
 @pytest.mark.parametrize(

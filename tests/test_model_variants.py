@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from model import VARIANTS, build_model, preset
+from model import VARIANTS, preset
 from model.freezing import groups_of
+from model.transformer import build_model
 
 V, T = 97, 24
 

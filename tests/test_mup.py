@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from model import build_model, preset
+from model import preset
 from model.hf import is_llama
+from model.transformer import build_model
 from pretrain.config import load_recipe
 from pretrain.engine import ModelEngine, param_groups
 from pretrain.train import train

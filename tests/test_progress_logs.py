@@ -12,8 +12,9 @@ import sys
 from conftest import REPO
 
 from data_pipeline import progress as P
-from model import build_model, preset
+from model import preset
 from model.io import save_native
+from model.transformer import build_model
 
 ENV = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
 BAR = re.compile(r"\d+%\|.*\|")  # a tqdm bar: "45%|████▌     | 9/20"

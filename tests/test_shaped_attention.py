@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from model import build_model, preset
+from model import preset
 from model.hf import export_hf, import_hf
 from model.layers import apply_rope, rope_cos_sin
+from model.transformer import build_model
 
 V, T = 61, 16
 

@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from model import build_model, preset
+from model import preset
+from model.transformer import build_model
 from studies import induction, packed
 from studies.rows import read_rows
 

@@ -13,8 +13,9 @@ from conftest import read_losses, run_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from checkpoint import load_for_eval
-from model import VARIANTS, Transformer, build_model, preset
+from model import VARIANTS, preset
 from model.classifier import build_classifier
+from model.transformer import Transformer, build_model
 from pretrain.parallelize import apply_activation_checkpointing, materialise, resident_parameter_bytes
 from pretrain.pipeline import pipe_loss
 from pretrain.train import train

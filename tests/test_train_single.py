@@ -111,7 +111,8 @@ def test_freeze_schedule_applies_at_its_step_and_across_resume(tmp_path):
     init = load_for_eval(tmp_path / "ref" / "checkpoints" / ckpt.tag_for(2))[0].state_dict()
     at4 = load_for_eval(tmp_path / "ref" / "checkpoints" / ckpt.tag_for(4))[0].state_dict()
     at8 = load_for_eval(tmp_path / "ref")[0].state_dict()
-    from model import build_model, preset
+    from model import preset
+    from model.transformer import build_model
 
     fresh = build_model(
         preset(
@@ -138,7 +139,7 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
     assert nmeta["step"] == 3
     for k, v in model.state_dict().items():
         assert torch.equal(v, native.state_dict()[k]) and v.dtype == native.state_dict()[k].dtype
-    from model import build_model
+    from model.transformer import build_model
 
     fresh = build_model(native.cfg, seed=0)
     a = native.layers[1].self_attn.matrix(32, torch.device("cpu"))
