@@ -8,6 +8,9 @@
 #   ./launch.sh --no-ssh --hostfile F --node-rank R --master-addr A [--cpu|--gpus N] -- TRAIN_ARGS
 #                                                              every node started by hand / by a scheduler
 # Launcher options: --master-addr A, --master-port P, --dry-print (print the command, do not run it),
+# --iface NAME: the network interface the ranks talk over (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, on
+# every node; the background checkpoint writer's gloo group uses it too); check it first with
+# `python -m pretrain.preflight` (docs/TRAINING.md, "First multi-node job"),
 # --max-restarts N [--restart-backoff S]: when the job exits non-zero (a rank crashed, was killed or timed
 # out; the launcher then stops every rank), relaunch it with --resume auto, up to N times, waiting S, 2S,
 # 4S ... seconds (default 10); each restart goes to RUN_DIR/restarts.jsonl and the metrics' `restarts`.
@@ -17,6 +20,9 @@
 # checkpoints, then `scontrol requeue $SLURM_JOB_ID`; the requeued job resumes where it stopped.
 # Without --master-port: a free port of this machine (--cpu/--gpus, --hostfile over ssh), a port derived
 # from SLURM_JOB_ID (--slurm, or --no-ssh inside a Slurm job), else 29500 (--no-ssh: every node must agree).
+# With --hostfile over ssh/pdsh, the variables a rank needs travel to every node: OMP_*, HF_*, PYTORCH_*,
+# PRETRAIN_*, DS_*, NCCL_*, GLOO_*, TORCH_* (not credentials) go into a DeepSpeed `.deepspeed_env`
+# (DS_ENV_FILE), followed by your own ~/.deepspeed_env and ./.deepspeed_env; DeepSpeed adds PYTHON*.
 # TRAIN_ARGS go to `python -m pretrain.train` (e.g. --recipe recipes/tiny_cpu.yaml train.max_steps=10).
 # See docs/TRAINING.md.
 set -euo pipefail
@@ -25,7 +31,7 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-$PWD/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 mode="" n="" hostfile="" node_rank="" master_addr="" master_port="" no_ssh=0 dry=0 slurm_task=0
-max_restarts=0 restart_backoff=10
+max_restarts=0 restart_backoff=10 iface=""
 
 usage() { sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
@@ -38,6 +44,7 @@ while [ $# -gt 0 ]; do
     --node-rank) node_rank="$2"; shift 2 ;;
     --master-addr) master_addr="$2"; shift 2 ;;
     --master-port) master_port="$2"; shift 2 ;;
+    --iface) iface="$2"; shift 2 ;;
     --dry-print) dry=1; shift ;;
     --max-restarts) max_restarts="$2"; shift 2 ;;
     --restart-backoff) restart_backoff="$2"; shift 2 ;;
@@ -52,6 +59,15 @@ train_args=("$@")
   echo "error: --max-restarts '$max_restarts' and --restart-backoff '$restart_backoff' must be whole numbers. Fix: e.g. --max-restarts 3 --restart-backoff 10" >&2
   exit 2
 }
+iface_env=()
+if [ -n "$iface" ]; then
+  [[ "$iface" =~ ^[A-Za-z0-9_.:@-]{2,}$ ]] || {
+    echo "error: --iface '$iface' is not an interface name (gloo ignores names under 2 characters). Fix: a name from 'ip -br link' on the nodes, e.g. --iface ib0" >&2
+    exit 2
+  }
+  export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"
+  iface_env=(NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface")
+fi
 
 # GPUs this node shows: nvidia-smi's list, narrowed by CUDA_VISIBLE_DEVICES where that is set.
 visible_gpus() {
@@ -70,7 +86,6 @@ visible_gpus() {
 run() {
   printf '+'; printf ' %q' "$@"; printf '\n'
   [ "$dry" = 1 ] && exit 0
-  export PRETRAIN_LAUNCHER="$HOSTNAME $$"   # ranks on this host stop if this shell dies (pretrain/orphan.py)
   local attempt=0 last="" rc step run_dir="" delay
   if [ "$max_restarts" -gt 0 ]; then
     run_dir=$("$PY" -m pretrain.train "${train_args[@]}" --print-run-dir) || exit 2
@@ -134,6 +149,10 @@ if [ "$slurm_task" = 1 ]; then
   export MASTER_PORT
   exec "$PY" -u -m pretrain.train "${train_args[@]}"
 fi
+# ranks on this host stop if this shell dies (pretrain/orphan.py); exported before the environment that
+# travels to other nodes is written, so ssh/pdsh ranks on this host get it too (a Slurm task keeps the
+# value of the launch.sh that ran srun)
+export PRETRAIN_LAUNCHER="$HOSTNAME $$"
 
 if [ -z "$master_port" ] && [ "$mode" != slurm ]; then
   if [ "$no_ssh" = 0 ]; then
@@ -145,16 +164,19 @@ if [ -z "$master_port" ] && [ "$mode" != slurm ]; then
   fi
 fi
 
-# NCCL (GPU runs), stated here rather than left to torch's defaults: a collective that fails
-# (a peer died) or outlives parallel.timeout_s makes NCCL's watchdog tear the rank down
-# (TORCH_NCCL_ASYNC_ERROR_HANDLING=1; the process aborts, no Python exception) instead of
-# hanging it, and the launcher then stops every rank; TORCH_NCCL_BLOCKING_WAIT=0 keeps
-# collectives asynchronous. The timeout itself is the recipe's parallel.timeout_s.
-# pretrain/distributed.py sets the same defaults for ranks started any other way. Values
-# already in the environment win. See docs/RELIABILITY.md.
-export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+# NCCL (GPU runs), stated here rather than left to torch's defaults: a collective that fails (a peer
+# died) or outlives parallel.timeout_s is seen by NCCL's watchdog thread, which aborts the communicators
+# but leaves the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2) to the trainer's own watch, so every rank
+# ends with the project's error line naming the last complete checkpoint (1 would abort the process
+# with torch's log only); TORCH_NCCL_PROPAGATE_ERROR=1 tells every rank through the rendezvous store;
+# TORCH_NCCL_BLOCKING_WAIT=0 keeps collectives asynchronous. The timeout is the recipe's
+# parallel.timeout_s. pretrain/distributed.py sets the same defaults for ranks started any other way.
+# Values already in the environment win. See docs/TRAINING.md, "When a rank dies under NCCL".
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-2}"
+export TORCH_NCCL_PROPAGATE_ERROR="${TORCH_NCCL_PROPAGATE_ERROR:-1}"
 export TORCH_NCCL_BLOCKING_WAIT="${TORCH_NCCL_BLOCKING_WAIT:-0}"
-nccl_env=(TORCH_NCCL_ASYNC_ERROR_HANDLING="$TORCH_NCCL_ASYNC_ERROR_HANDLING" TORCH_NCCL_BLOCKING_WAIT="$TORCH_NCCL_BLOCKING_WAIT")
+nccl_env=(TORCH_NCCL_ASYNC_ERROR_HANDLING="$TORCH_NCCL_ASYNC_ERROR_HANDLING"
+          TORCH_NCCL_PROPAGATE_ERROR="$TORCH_NCCL_PROPAGATE_ERROR" TORCH_NCCL_BLOCKING_WAIT="$TORCH_NCCL_BLOCKING_WAIT")
 
 case "$mode" in
   cpu)
@@ -187,16 +209,59 @@ case "$mode" in
     fi
     addr="${master_addr:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}"
     [ -n "$master_port" ] || master_port=$(slurm_port)
-    run env MASTER_ADDR="$addr" MASTER_PORT="$master_port" "${nccl_env[@]}" \
+    run env MASTER_ADDR="$addr" MASTER_PORT="$master_port" "${nccl_env[@]}" "${iface_env[@]}" \
       srun --kill-on-bad-exit=1 "$0" --_slurm-task -- "${train_args[@]}"
     ;;
   "") [ -n "$hostfile" ] || { echo "launch.sh: choose --cpu N, --gpus N, --hostfile F or --slurm" >&2; usage; } ;;
 esac
 
+# The environment a rank on another node needs, as NAME=VALUE lines (launch.sh's header lists what
+# travels). DeepSpeed's ssh/pdsh runner forwards only PYTHON*, MLFLOW*, MV2*, UCX*, its accelerator's
+# prefixes (NCCL* on GPUs; none for DS_ACCELERATOR=cpu) and the lines of its `.deepspeed_env` file, read
+# from ~ and . (DS_ENV_FILE names another), later lines winning: so these go first, the user's files'
+# lines after them. Credentials stay home: DeepSpeed puts each value on the remote command line, where
+# `ps` shows it; and a value holding " $ ` \ would reach the remote shell unescaped.
+travelling_env() {
+  local name value file line own="${DS_ENV_FILE:-.deepspeed_env}"
+  while IFS= read -r name; do
+    case "$name" in
+      DS_ENV_FILE|*TOKEN*|*SECRET*|*PASSWORD*|*_KEY|*_KEY_*) continue ;;
+      OMP_*|HF_*|PYTORCH_*|PRETRAIN_*|DS_*|NCCL_*|GLOO_*|TORCH_*) ;;
+      *) continue ;;
+    esac
+    value=${!name}
+    if [[ "$value" == *[\"\$\`\\]* || "$value" == *$'\n'* ]]; then
+      echo "error: $name cannot travel to the other nodes: its value holds a quote, \$, backtick, backslash or newline, which DeepSpeed's runner hands to the remote shell unescaped. Fix: unset $name, or give it a plain value" >&2
+      exit 2
+    fi
+    printf '%s=%s\n' "$name" "$value"
+  done < <(compgen -e | sort)
+  case "$own" in /*) set -- "$own" ;; *) set -- "$HOME/$own" "$own" ;; esac
+  for file in "$@"; do
+    [ -f "$file" ] || continue
+    while IFS= read -r line || [ -n "$line" ]; do
+      [ -z "${line//[[:space:]]/}" ] && continue
+      [[ "$line" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || {
+        echo "error: $file: '$line' is not NAME=VALUE (DeepSpeed's runner would fail on it). Fix: one NAME=VALUE per line in $file" >&2
+        exit 2
+      }
+      printf '%s\n' "$line"
+    done < "$file"
+  done
+}
+
 # DeepSpeed's launchers run through common/deepspeed_import.py: DeepSpeed without its autotuner's
 # mlflow import, about 2 s less per launcher process.
 ds=("$PY" -u -m common.deepspeed_import)
+run_env=("${nccl_env[@]}" "${iface_env[@]}")
 if [ -n "$hostfile" ]; then
+  if [ "$no_ssh" = 0 ]; then   # ranks on other nodes start in a fresh ssh login: hand them the environment
+    envfile=$(mktemp "${TMPDIR:-/tmp}/launch_env.XXXXXX")
+    trap 'rm -f "$envfile"' EXIT
+    travelling_env > "$envfile"
+    echo "[launch] every node gets (DeepSpeed's .deepspeed_env, DS_ENV_FILE): $(paste -sd ' ' "$envfile")" >&2
+    run_env+=(DS_ENV_FILE="$envfile")
+  fi
   ds+=(deepspeed.launcher.runner --master_port "$master_port" --hostfile "$hostfile")
   [ -n "$n" ] && ds+=(--num_gpus "$n")
   if [ "$no_ssh" = 1 ]; then
@@ -214,5 +279,5 @@ else
   ds+=(deepspeed.launcher.launch --world_info="$world_info" --master_addr="${master_addr:-127.0.0.1}"
        --master_port="$master_port")
 fi
-if [ "${#nccl_env[@]}" -gt 0 ]; then ds=(env "${nccl_env[@]}" "${ds[@]}"); fi
+if [ "${#run_env[@]}" -gt 0 ]; then ds=(env "${run_env[@]}" "${ds[@]}"); fi
 run "${ds[@]}" --module pretrain.train "${train_args[@]}"

@@ -53,6 +53,11 @@ class EvalError(UserError):
     """A bad checkpoint path, tokenizer mismatch, unknown task, ..."""
 
 
+class PreflightError(UserError):
+    """A node is not ready for a multi-node job: unreachable, another commit or environment, a run dir it
+    does not share, too few GPUs or too little disk, no route to the rendezvous port, no such interface."""
+
+
 class StudyError(UserError):
     """A study's option or input is wrong (an unknown variant, nothing to collect, ...), or a run failed."""
 

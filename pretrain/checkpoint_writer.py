@@ -11,6 +11,7 @@ own, with no moment at which every rank's are known to be on disk, so it cannot 
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
 import time
@@ -34,9 +35,11 @@ class CheckpointWriter:
     """One background save at a time, its commit (write, fsync, agree, mark) on a thread of its own that
     lives as long as the run (a new thread per save would cost the step its start-up)."""
 
-    def __init__(self):
-        # Collective: every rank creates it at the same point (the loop's construction).
-        self.group = dist.new_group(backend="gloo")
+    def __init__(self, timeout_s: float):
+        # Collective: every rank creates it at the same point (the loop's construction). Its collectives wait
+        # for the slowest rank's writes, so they get checkpoint.timeout_s, not the step's parallel.timeout_s;
+        # it crosses nodes on GLOO_SOCKET_IFNAME (pretrain.distributed.gloo_interface).
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         # the host copies of the last save, reused by the next one (engine_checkpoint.copy_to_host):
         # safe because a save starts only after the one before it has been written
         self.staging: dict[str, Any] = {}

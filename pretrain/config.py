@@ -81,6 +81,10 @@ class CheckpointConfig:
     save_on_signal: bool = True
     load_universal: bool = False  # resume from a universal checkpoint (pretrain.universal)
     background: bool = False  # write, fsync and mark saves on a writer thread (pretrain/checkpoint_writer.py)
+    # How long a save's collectives wait for the slowest rank's writes (at least parallel.timeout_s): a
+    # save's length is set by the filesystem, not by the step, and a timeout short enough to catch a hung
+    # step would stop a healthy save to a slow shared filesystem (docs/TRAINING.md, "Checkpoint timeout").
+    timeout_s: float = 3600.0
 
 
 @dataclass
@@ -250,8 +254,8 @@ class RunConfig:
         if c.keep_last < 0 or c.every_steps < 0 or c.every_minutes < 0:
             raise RecipeError("checkpoint.keep_last, checkpoint.every_steps and checkpoint.every_minutes must be >= 0")
         check_name(self.name)
-        if t.max_nan_skips < 0 or p.timeout_s <= 0:
-            raise RecipeError("train.max_nan_skips must be >= 0 and parallel.timeout_s > 0")
+        if t.max_nan_skips < 0 or p.timeout_s <= 0 or c.timeout_s <= 0:
+            raise RecipeError("train.max_nan_skips must be >= 0, parallel.timeout_s and checkpoint.timeout_s > 0")
         check_task(self)
         check_profile(self.profile)
         if not (self.task == "classification" and self.classification.get("init_from")):

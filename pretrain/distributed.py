@@ -3,10 +3,13 @@ turning a failed collective (a peer died or hangs) into a message that says what
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -15,13 +18,23 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from checkpoint import tag_format
+from common.cli import STOPPED, print_error
 from common.deepspeed_import import import_deepspeed
-from common.errors import RecipeError
+from common.errors import RankFailure, RecipeError
 
 # NCCL's failure behaviour, stated rather than left to torch's defaults (launch.sh exports the same;
-# values already in the environment win): a failed or timed-out collective (parallel.timeout_s)
-# makes the watchdog tear the rank down instead of leaving it hanging; docs/RELIABILITY.md.
-NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+# values already in the environment win). A failed or timed-out collective (parallel.timeout_s) is seen
+# by NCCL's watchdog thread, never by the Python call: with 2 (CleanUpOnly) the watchdog aborts the
+# communicators, so no kernel waits for a dead peer, but leaves the process to `watch_collectives`, which
+# ends it with the project's message (1, TearDown, would abort the process with torch's log only);
+# PROPAGATE_ERROR tells every rank through the rendezvous store, so ranks that never talk to the dead
+# peer stop too instead of waiting out their own timeout; BLOCKING_WAIT=0 keeps collectives
+# asynchronous (1 would make each one a host sync). docs/TRAINING.md, "When a rank dies under NCCL".
+NCCL_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    "TORCH_NCCL_PROPAGATE_ERROR": "1",
+    "TORCH_NCCL_BLOCKING_WAIT": "0",
+}
 
 
 def pick_device(want: str) -> torch.device:
@@ -77,6 +90,7 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
         torch.cuda.set_device(device)
         for k, v in NCCL_ENV.items():
             os.environ.setdefault(k, v)
+    gloo_interface()
     kw = {}
     if timeout_s:
         kw["timeout"] = datetime.timedelta(seconds=timeout_s)
@@ -88,6 +102,75 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
             c10d.default_pg_nccl_timeout = kw["timeout"]
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False, **kw)
     return True
+
+
+def gloo_interface() -> None:
+    """A gloo group (the CPU backend; on GPUs, the background checkpoint writer's) binds the address its host
+    name resolves to, often another network than the one NCCL was told to use, or 127.0.1.1: unless
+    GLOO_SOCKET_IFNAME is set, it takes NCCL_SOCKET_IFNAME's interface where that names plain interfaces
+    (NCCL's `^` exclusions and `=` exact-match prefix mean nothing to gloo). Read when a gloo group is made."""
+    nccl = os.environ.get("NCCL_SOCKET_IFNAME", "")
+    if nccl and not nccl.startswith(("^", "=")):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", nccl)
+
+
+def comm_failure() -> str | None:
+    """'group NAME: ERROR' for the first process group whose NCCL backend recorded a failure (TIMEOUT,
+    COMM_ERROR, or REMOTE_ERROR: a peer's, through TORCH_NCCL_PROPAGATE_ERROR), else None. gloo groups
+    have no such record: their failures raise in the calling thread."""
+    try:
+        groups = list(c10d._world.pg_map)
+    except RuntimeError:  # a group was being created as we read
+        return None
+    for pg in groups:
+        try:
+            error = pg._get_backend(torch.device("cuda")).get_error()
+        except (AttributeError, RuntimeError, ValueError):  # not NCCL, or a torch without get_error
+            continue
+        if error.name != "SUCCESS":
+            return f"group {pg.group_name}: NCCL {error.name}"
+    return None
+
+
+def watch_collectives(
+    run_dir: Path, timeout_s: float, probe: Callable[[], str | None], poll_s: float = 0.5
+) -> threading.Event:
+    """Every `poll_s`, ask `probe` whether a collective failed (comm_failure under NCCL); if so, print the
+    project's message (rank_failure_message: the last complete checkpoint and the fix) and end this rank
+    with exit code 3. Under NCCL the main thread may sit in a CUDA sync on a collective that never
+    completes, so only another thread can speak for it. Set the returned event to stop watching."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(poll_s):
+            failure = probe()
+            if failure:
+                print_error(RankFailure(rank_failure_message(RuntimeError(failure), timeout_s, run_dir)))
+                exit_process(STOPPED)
+
+    threading.Thread(target=watch, name="collective-watch", daemon=True).start()
+    return stop
+
+
+@contextlib.contextmanager
+def collective_timeout(seconds: float, restore: float, skip=()) -> Iterator[None]:
+    """Inside the block every process group but `skip` may wait `seconds` in a collective (a checkpoint save:
+    the ranks wait for the slowest writer on a shared filesystem, which parallel.timeout_s, set to catch a
+    hung step, should not cut short); `restore` after it."""
+
+    def set_all(s: float) -> None:
+        for pg in [g for g in c10d._world.pg_map if g not in skip]:
+            with contextlib.suppress(ValueError, RuntimeError):  # a group this rank is not in
+                c10d._set_pg_timeout(datetime.timedelta(seconds=s), pg)
+
+    if seconds == restore or not dist.is_initialized():
+        yield
+        return
+    set_all(seconds)
+    try:
+        yield
+    finally:
+        set_all(restore)
 
 
 def shutdown_distributed(finished: bool = False) -> None:

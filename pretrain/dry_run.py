@@ -10,11 +10,12 @@ from typing import Any
 import torch
 import yaml
 
-from model import ModelConfig, Transformer
+from model import ModelConfig
+from model.transformer import Transformer
 
 from . import loaders
 from .config import RunConfig
-from .layout import build_ds_config, memory_estimate, plan_layout
+from .layout import ZERO_DEFAULTS, build_ds_config, memory_estimate, plan_layout
 from .metrics import train_flops_per_token
 from .run_dir import resolved_config
 from .task_model import model_config
@@ -55,10 +56,12 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     fpt, src = train_flops_per_token(mcfg, cfg.train.seq_len, 0)
-    mem = memory_estimate(cfg, layout, mcfg, trainable, total - trainable)
     zero = build_ds_config(cfg, layout, on_cpu=cfg.train.device == "cpu", hidden_size=mcfg.hidden_size).get(
         "zero_optimization", {}
     )
+    keep = zero.get("stage3_param_persistence_threshold", ZERO_DEFAULTS["stage3_param_persistence_threshold"])
+    persistent = sum(p.numel() for p in model.parameters() if p.numel() <= keep) if layout.zero_stage == 3 else 0
+    mem = memory_estimate(cfg, layout, mcfg, trainable, total - trainable, zero, persistent)
     info = {
         "params_total": total,
         "params_trainable": trainable,

@@ -34,6 +34,7 @@ from common.errors import CheckpointWriteFailed, NonFiniteLoss
 
 from . import faults
 from .checkpoint_writer import CheckpointWriter, SaveTiming
+from .distributed import collective_timeout, comm_failure
 
 
 class _RankWrites:
@@ -206,6 +207,9 @@ def _commit(writes, run_dir, tag_dir, step, trainer_state, keep_last, device, de
     _agree(writes, tag_dir, run_dir, device, group)
     done = _RankWrites(tag_format.ckpt_root(run_dir))
     if dist.get_rank() == 0:
+        failure = comm_failure()  # NCCL aborted a communicator: what was agreed over it may be garbage
+        if failure:
+            done.error = f"a collective failed before the marker was written ({failure})"
         done.run(lambda: tag_format.finalize(run_dir, tag_dir, trainer_state, keep_last))
     _agree(done, tag_dir, run_dir, device, group)
 
@@ -229,9 +233,12 @@ class Checkpointer:
     """A run's saves: each one collective (`save` above), written on a thread with
     `checkpoint.background`, and timed; `since_save_s` is the clock `checkpoint.every_minutes` reads."""
 
-    def __init__(self, run_dir: Path, keep_last: int, background: bool):
+    def __init__(self, run_dir: Path, keep_last: int, background: bool, timeout_s: float, collective_timeout_s: float):
+        """A save's collectives wait for the slowest rank's writes, up to `timeout_s` (checkpoint.timeout_s), never
+        less than `collective_timeout_s` (parallel.timeout_s), the bound of every other collective."""
         self.run_dir, self.keep_last = run_dir, keep_last
-        self.writer = CheckpointWriter() if background else None
+        self.timeouts = (max(timeout_s, collective_timeout_s), collective_timeout_s)
+        self.writer = CheckpointWriter(self.timeouts[0]) if background else None
         self.saves: list[SaveTiming] = []  # each save's blocked and until-complete seconds
         self.last_save = time.monotonic()  # built just before the loop: its start counts as a save
 
@@ -242,7 +249,9 @@ class Checkpointer:
         started = time.perf_counter()
         self.wait()
         timing = SaveTiming(step, 0.0)
-        path = save(model_engine, self.run_dir, step, trainer_state, self.keep_last, self.writer, timing)
+        skip = (self.writer.group,) if self.writer else ()
+        with collective_timeout(*self.timeouts, skip=skip):
+            path = save(model_engine, self.run_dir, step, trainer_state, self.keep_last, self.writer, timing)
         timing.blocked_s = time.perf_counter() - started
         self.saves.append(timing)
         self.last_save = time.monotonic()

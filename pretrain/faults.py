@@ -13,9 +13,14 @@
 - `"kill_steps": [n, ...]`, `"kill_rank": r`: rank r (default 0) kills itself with SIGKILL right after
   optimizer step n, once per step and run dir (a marker file remembers it, so the restarted run
   passes step n): what a crashed or OOM-killed rank looks like to the launcher.
-- `"save_pause_s": s`, `"save_pause_steps": [n, ...]`: sleep `s` seconds inside the checkpoint
-  save of step `n` (every save if no steps are given), after DeepSpeed has written its files and
-  before the checkpoint is marked complete (a window to SIGKILL mid-save).
+- `"save_pause_s": s`, `"save_pause_steps": [n, ...]`, `"save_pause_ranks": [r, ...]`: sleep `s` seconds
+  inside the checkpoint save of step `n` (every save if no steps are given) on ranks r (default: all),
+  after DeepSpeed has written its files and before the checkpoint is marked complete (a window to
+  SIGKILL mid-save; on some ranks only, a slow writer the others wait for).
+- `"comm_error_steps": [n, ...]`, `"comm_error_rank": r`: after optimizer step n (once per step and run
+  dir), rank r (default 0) reports a failed collective through the probe `comm_probe()` returns and its
+  main thread blocks for good: what a rank looks like under NCCL when the watchdog has recorded a dead
+  peer while the Python call sits in a CUDA sync (pretrain.distributed.watch_collectives must end it).
 
 Everything else in the trainer runs as in production; without the variable no step calls into this module.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -88,9 +94,36 @@ def poison_loss(loss: torch.Tensor, batch_index: int | None) -> torch.Tensor:
 
 
 def step_killer(run_dir: Path, rank: int) -> list[Callback]:
-    """[a callback that kills this process after the steps the fault spec lists] when it lists kill steps,
-    else [] (read once, when the run is built)."""
-    return [StepKiller(Path(run_dir), rank)] if spec().get("kill_steps") else []
+    """[callbacks that kill this process, or fail its collectives, after the steps the fault spec lists]
+    when it lists such steps, else [] (read once, when the run is built)."""
+    s = spec()
+    kinds = (("kill_steps", StepKiller), ("comm_error_steps", CommFailure))
+    return [cls(Path(run_dir), rank) for key, cls in kinds if s.get(key)]
+
+
+_INJECTED: list[str] = []  # the failed collective CommFailure reports
+
+
+def comm_probe() -> Callable[[], str | None] | None:
+    """The probe pretrain.distributed.watch_collectives polls on a CPU run that injects comm_error_steps,
+    else None (production: the NCCL backend's own record, distributed.comm_failure)."""
+    return (lambda: _INJECTED[0] if _INJECTED else None) if spec().get("comm_error_steps") else None
+
+
+class CommFailure(Callback):
+    """After a listed step: report a failed collective and block the main thread, once per step and run dir."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.run_dir, self.rank = run_dir, rank
+
+    def after_log(self, step: int) -> None:
+        s = spec()
+        marker = self.run_dir / f".fault_comm_error_step{step}"
+        if step not in s["comm_error_steps"] or self.rank != s.get("comm_error_rank", 0) or marker.exists():
+            return
+        marker.touch()
+        _INJECTED.append(f"NCCL COMM_ERROR injected after step {step}")
+        threading.Event().wait()  # as a CUDA sync on a collective whose peer is gone
 
 
 class StepKiller(Callback):
@@ -112,5 +145,7 @@ class StepKiller(Callback):
 
 def pause(point: str, step: int) -> None:
     s = spec()
+    rank = dist.get_rank() if dist.is_initialized() else 0
     if point == "save" and s.get("save_pause_s") and step in s.get("save_pause_steps", [step]):
-        time.sleep(float(s["save_pause_s"]))
+        if rank in s.get("save_pause_ranks", [rank]):
+            time.sleep(float(s["save_pause_s"]))

@@ -187,16 +187,49 @@ def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool, hidden_size: i
 # ---- memory estimate --------------------------------------------------------------------
 
 
+# DeepSpeed's zero_optimization defaults for the sizes a template may leave out (deepspeed/runtime/zero/config.py)
+ZERO_DEFAULTS = {
+    "reduce_bucket_size": 5e8,
+    "stage3_prefetch_bucket_size": 5e7,
+    "stage3_param_persistence_threshold": 1e5,
+}
+
+
+def comm_buffer_bytes(zero: dict[str, Any], stage: int, wb: int, gb: int) -> float:
+    """Bytes of DeepSpeed's communication buffers on one rank, as DeepSpeed 0.19 allocates them: ZeRO-1/2
+    copy gradients into a reduce_bucket_size buffer (contiguous_gradients), two with overlap_comm (one
+    fills while the other is reduced); ZeRO-3 keeps one such buffer and gathers up to
+    stage3_prefetch_bucket_size parameters ahead of their use. allgather_bucket_size only cuts ZeRO-1/2's
+    all-gather of the updated weights into pieces, which land in the weights' own memory."""
+    if stage == 0:
+        return 0.0
+    size = lambda key: float(zero.get(key, ZERO_DEFAULTS[key]))  # noqa: E731
+    overlap = zero.get("overlap_comm", stage == 3)  # DeepSpeed turns it on by default for ZeRO-3 only
+    reduce = size("reduce_bucket_size") * gb if zero.get("contiguous_gradients", True) else 0.0
+    if stage < 3:
+        return reduce * (2 if overlap else 1)
+    return reduce + size("stage3_prefetch_bucket_size") * wb
+
+
 def memory_estimate(
-    cfg: RunConfig, layout: Layout, mcfg: ModelConfig, n_trainable: int, n_frozen: int
+    cfg: RunConfig,
+    layout: Layout,
+    mcfg: ModelConfig,
+    n_trainable: int,
+    n_frozen: int,
+    zero: dict[str, Any] | None = None,
+    n_persistent: int = 0,
 ) -> dict[str, float]:
-    """Rough bytes per rank: weights, gradients, optimizer state (ZeRO-sharded), activations.
+    """Rough bytes per rank: weights, gradients, optimizer state (ZeRO-sharded), activations, and the
+    communication buffers of `zero` (the resolved zero_optimization section; DeepSpeed's defaults where it
+    leaves a size out: comm_buffer_bytes).
 
     fp32 training: 4 B weights + 4 B grads + 8 B Adam moments per trainable parameter.
     bf16 training: 2 B weights + 2 B grads (4 B under pipeline fp32 accumulation) + 4 B fp32
     master + 8 B moments. Frozen tensors: weights only. ZeRO-1 shards the optimizer state,
     ZeRO-2 also the gradients, ZeRO-3 also the weights, over the data-parallel ranks; pipeline
-    stages split everything by the stage count. Activations follow Korthikanti et al.
+    stages split everything by the stage count. Under ZeRO-3 the `n_persistent` parameters of tensors
+    at or under stage3_param_persistence_threshold stay whole on every rank. Activations follow Korthikanti et al.
     (sbh(34 + 5as/h) bytes per layer in 16-bit; x2 in fp32), or 2sbh per layer with activation
     checkpointing, plus the loss's fp32 logits: one (loss_chunk_tokens, vocab) buffer, or with
     loss_chunk_tokens=0 the full (tokens, vocab) logits and their gradient.
@@ -207,7 +240,7 @@ def memory_estimate(
     ob = 12 if bf16 else 8
     dp, pp = layout.data_parallel, layout.pipeline_stages
     st = layout.zero_stage
-    weights = (n_trainable + n_frozen) * wb / pp / (dp if st >= 3 else 1)
+    weights = (n_trainable + n_frozen - n_persistent) * wb / pp / (dp if st >= 3 else 1) + n_persistent * wb / pp
     grads = n_trainable * gb / pp / (dp if st >= 2 else 1)
     optim = n_trainable * ob / pp / (dp if st >= 1 else 1)
     if layout.offload_optimizer:
@@ -224,5 +257,6 @@ def memory_estimate(
     in_flight = min(pp, layout.grad_accum) if pp > 1 else 1
     logits = min(s * b, loss_chunk_tokens) * vocab * 4 if loss_chunk_tokens else s * b * vocab * 4 * 2
     acts = per_layer * mcfg.num_layers / pp * in_flight + logits
-    parts = {"weights": weights, "grads": grads, "optimizer": optim, "activations": acts}
+    buffers = comm_buffer_bytes(zero or {}, st, wb, gb)
+    parts = {"weights": weights, "grads": grads, "optimizer": optim, "activations": acts, "comm_buffers": buffers}
     return {f"{k}_gib": v / 1024**3 for k, v in {**parts, "total": sum(parts.values())}.items()}

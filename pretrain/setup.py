@@ -93,7 +93,8 @@ def build_run(
     if point.tag_dir is not None:  # at the resume point's position
         loader.load_state_dict(point.state["loader"])
     logger = build_logger(ctx)
-    checkpointer = Checkpointer(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.background)
+    ck = cfg.checkpoint
+    checkpointer = Checkpointer(run_dir, ck.keep_last, ck.background, ck.timeout_s, cfg.parallel.timeout_s)
     callbacks = faults.step_killer(run_dir, rank)  # [] unless PRETRAIN_FAULTS asks (the reliability tests)
     if StepProfiler.wanted(cfg.profile, rank):
         callbacks.insert(0, StepProfiler(cfg.profile, run_dir, rank, device, logger.message))

@@ -21,15 +21,17 @@ from common.cli import STOPPED, CliParser, exit_code, print_error
 from common.constants import free_port
 from common.errors import DataError, RankFailure, RunStopped, UserError
 
-from . import orphan
+from . import faults, orphan
 from .config import RunConfig, load_recipe
 from .distributed import (
     collective_failure,
+    comm_failure,
     exit_process,
     init_distributed,
     pick_device,
     rank_failure_message,
     shutdown_distributed,
+    watch_collectives,
 )
 from .dry_run import dry_run, print_config
 from .eval_tasks import task_hooks
@@ -78,6 +80,10 @@ def train(
         # until then (DeepSpeed caches its groups), so train() can be called again in-process.
         atexit.register(shutdown_distributed)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    # NCCL reports a dead or hung peer on its watchdog thread, not in this one: a thread of ours turns it
+    # into the same message (gloo raises here, below); a CPU test injects the report (pretrain/faults.py)
+    probe = faults.comm_probe() or (comm_failure if device.type == "cuda" else None)
+    watching = watch_collectives(run_dir, cfg.parallel.timeout_s, probe) if probe else None
     try:
         return _train(cfg, device, run_dir, resume, stop_after_steps, overwrite, hooks)
     except Exception as e:
@@ -85,6 +91,8 @@ def train(
             raise
         raise RankFailure(rank_failure_message(e, cfg.parallel.timeout_s, run_dir)) from e
     finally:
+        if watching is not None:
+            watching.set()
         if plain:
             for k, v in saved_env.items():
                 if v is None:

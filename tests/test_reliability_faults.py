@@ -374,3 +374,52 @@ def test_every_process_group_gets_the_run_timeout_not_torchs_30_minute_default(t
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["7.0", "7.0"]
+
+
+def test_a_failure_reported_off_the_main_thread_ends_every_rank_with_the_message(tmp_path, inject):
+    """Under NCCL a dead peer is seen by NCCL's watchdog thread while the rank's own thread sits in a CUDA sync
+    that never returns (TORCH_NCCL_ASYNC_ERROR_HANDLING=2 aborts the communicators and leaves the process):
+    the trainer's watch must end that rank with the project's message naming the last complete checkpoint,
+    long before parallel.timeout_s, and the other rank, which sees it go, with its own. The fault injector
+    stands in for NCCL's record of the failure (pretrain/faults.py, comm_error_steps)."""
+    inject(comm_error_steps=[3], comm_error_rank=1)
+    run = tmp_path / "run"
+    args = ["--recipe", RECIPE, "--run-dir", str(run), *FAST, "train.max_steps=400", "checkpoint.every_steps=2"]
+    procs = start_ranks([*args, "parallel.timeout_s=600"])
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    last = f"Last complete checkpoint: {run / 'checkpoints' / ckpt.tag_for(2)}."
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        errors = [line for line in out.splitlines() if line.startswith("error: ")]
+        assert p.returncode == 3 and len(errors) == 1, f"rank {r}:\n{out[-3000:]}"
+        assert "another rank died or hangs" in errors[0] and last in errors[0] and "--resume auto" in errors[0]
+    assert "NCCL COMM_ERROR injected after step 3" in outs[1]
+    assert ckpt.latest_checkpoint(run) == run / "checkpoints" / ckpt.tag_for(2)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+def test_a_slow_checkpoint_write_waits_for_checkpoint_timeout_not_the_step_timeout(tmp_path, inject, background):
+    """Rank 1 finishes its part of the save of step 2 25 s after rank 0 (a slow shared filesystem), with a
+    step timeout (parallel.timeout_s) of 10 s: rank 0 waits for it in the save's agreement under
+    checkpoint.timeout_s and the run completes. Saves held to the step timeout, as before checkpoint.timeout_s
+    (its value set equal), stop the run there."""
+    inject(save_pause_s=25, save_pause_steps=[2], save_pause_ranks=[1])
+    common = [*FAST, "train.max_steps=3", "checkpoint.every_steps=2", "parallel.timeout_s=10"]
+    common.append(f"checkpoint.background={str(background).lower()}")
+    run = tmp_path / "slow"
+    run_ranks(["--recipe", RECIPE, "--run-dir", str(run), *common, "checkpoint.timeout_s=300"])
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [2, 3] and sorted(read_losses(run)) == [1, 2, 3]
+    held = tmp_path / "held"
+    procs = start_ranks(["--recipe", RECIPE, "--run-dir", str(held), *common, "checkpoint.timeout_s=10"])
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode == 3 and "another rank died or hangs" in outs[0], outs[0][-3000:]
+    assert ckpt.list_checkpoints(held) == []

@@ -202,7 +202,8 @@ def test_launch_sh_states_the_nccl_failure_settings_for_gpu_runs():
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    nccl = "env TORCH_NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_BLOCKING_WAIT=0 "
+    # the watchdog aborts the communicators, the trainer speaks and exits (pretrain/distributed.py NCCL_ENV)
+    nccl = "env TORCH_NCCL_ASYNC_ERROR_HANDLING=2 TORCH_NCCL_PROPAGATE_ERROR=1 TORCH_NCCL_BLOCKING_WAIT=0 "
     assert dry(["--gpus", "2"]).startswith("+ " + nccl)
     assert dry(["--hostfile", "hf", "--gpus", "8"]).startswith("+ " + nccl)
     assert "TORCH_NCCL" not in dry(["--cpu", "2"])  # gloo: nothing to set
@@ -378,8 +379,8 @@ def test_slurm_port_is_a_function_of_the_job():
     out = _slurm_dry_print("73105")
     assert (
         out.startswith(
-            f"+ env MASTER_ADDR=node01 MASTER_PORT={port} TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "
-            "TORCH_NCCL_BLOCKING_WAIT=0 srun "
+            f"+ env MASTER_ADDR=node01 MASTER_PORT={port} TORCH_NCCL_ASYNC_ERROR_HANDLING=2 "
+            "TORCH_NCCL_PROPAGATE_ERROR=1 TORCH_NCCL_BLOCKING_WAIT=0 srun "
         )
         and len(out.splitlines()) == 1
     )
