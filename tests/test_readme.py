@@ -220,6 +220,11 @@ RULES = [
         r"^python -m eval\.generate ", "generated text", check=lambda root, out, t: assert_in(_arg(t, "--prompt"), out)
     ),
     Rule(
+        r"^python -m eval\.lm_eval_cli ",
+        "lm-eval's results table, a row per task",
+        check=lambda root, out, t: [assert_in(f"|{task}", out) for task in _arg(t, "--tasks").split(",")],
+    ),
+    Rule(
         r"^python -m studies\.scaling (sweep|collect|fit) ",
         "sweep runs, a table, fits and plots",
         budget=_scaling_budget,
