@@ -463,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "--lrs", default="1e-3,2e-3,4e-3,8e-3,1.6e-2", help="the grid (a best rate at its edge is an error)"
     )
     lr.add_argument("--budget", type=float, default=5.0, help="tokens per non-embedding parameter of each run")
+    lr.add_argument("--extra-lrs", help="VARIANT=LR:LR,...: more rates for one variant (its best at an edge)")
     lr.add_argument("--tokens", type=int, help="tokens of every run instead of --budget (a µP transfer check)")
     lr.add_argument("--min-lr-fraction", type=float, help="decay to this fraction of each run's rate (else min_lr)")
     lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")

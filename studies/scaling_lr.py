@@ -170,12 +170,32 @@ def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict])
     return md
 
 
+def extra_rates(spec: str | None, variants: list[str]) -> dict[str, list[float]]:
+    """`mixit=5e-4:1e-3,frozen_qk=6.4e-2` -> {variant: rates}: a variant's grid extended past an edge
+    without training every other variant there too."""
+    out: dict[str, list[float]] = {}
+    for item in filter(None, (spec or "").split(",")):
+        variant, _, rates = item.partition("=")
+        try:
+            values = [float(r) for r in rates.split(":")]
+        except ValueError:
+            values = []
+        if variant not in variants or not values or any(r <= 0 for r in values):
+            raise StudyError(
+                f"--extra-lrs {item!r} must be VARIANT=LR:LR with a swept variant ({variants}) and positive rates. "
+                "Fix: e.g. --extra-lrs mixit=5e-4:1e-3"
+            )
+        out[variant] = values
+    return out
+
+
 def lr_sweep(args) -> int:
     """Train every grid point (`--jobs` side by side, each a row in `--rows`), then choose the rates
     from the rows and write lr.json."""
     variants, sizes = args.variants.split(","), args.sizes.split(",")
     lrs = sorted(float(x) for x in args.lrs.split(","))
-    points = [(v, s, lr) for s in sizes for v in variants for lr in lrs]
+    extra = extra_rates(args.extra_lrs, variants)
+    points = [(v, s, lr) for s in sizes for v in variants for lr in sorted({*lrs, *extra.get(v, [])})]
     batches = per_size(args.batch_sequences, "--batch-sequences")
 
     def point_overrides(v: str, s: str, lr: float) -> list[str]:

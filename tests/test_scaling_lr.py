@@ -11,7 +11,7 @@ import pytest
 from common.errors import StudyError
 from studies.scaling import main
 from studies.scaling_ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
-from studies.scaling_lr import choose_rates, lr_table, rate_overrides, rate_rule, transfer_check
+from studies.scaling_lr import choose_rates, extra_rates, lr_table, rate_overrides, rate_rule, transfer_check
 
 GRID = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
 
@@ -138,3 +138,13 @@ def test_transfer_check_compares_the_narrowest_and_widest_best_rates():
     assert "| standard | mup | w32 → w128 (×4) |" in md and "2.50 (beyond √2)" in md
     over = rate_overrides("standard", "w128", 1e-2, 5.0, batch=8, tokens=2_048_000, min_lr_fraction=0.1)
     assert "train.max_tokens=2048000" in over and "optim.min_lr=0.001" in over and "model.hidden_size=128" in over
+
+
+def test_extra_rates_extend_one_variants_grid_only():
+    assert extra_rates("mixit=5e-4:1e-3,frozen_qk=6.4e-2", ["standard", "mixit", "frozen_qk"]) == {
+        "mixit": [5e-4, 1e-3],
+        "frozen_qk": [6.4e-2],
+    }
+    for bad in ("shaped=1e-3", "mixit=", "mixit=fast", "mixit=-1e-3"):
+        with pytest.raises(StudyError, match="--extra-lrs"):
+            extra_rates(bad, ["standard", "mixit"])
