@@ -96,6 +96,9 @@ class LoggingConfig:
     measure_peak: bool = False  # measure a matmul peak at start when peak_tflops is None
     wandb: dict[str, Any] | None = None  # pretrain/trackers.py: project, group, name, tags, mode, entity
     mlflow: dict[str, Any] | None = None  # pretrain/trackers.py: tracking_uri, experiment, group, name
+    # a tracker that does not start (server unreachable, no API key): fail (one error line, before training)
+    # or warn (the run goes on logging locally: metrics.jsonl, TensorBoard)
+    on_tracker_error: typing.Literal["fail", "warn"] = "fail"
 
     def __post_init__(self):
         if isinstance(self.progress_bar, bool):  # YAML reads an unquoted off/on as a boolean

@@ -6,7 +6,9 @@
 
 What they receive, and resuming the same tracked run (RUN_DIR/trackers.json): docs/TRAINING.md.
 MLflow 3 opens its local file store (`file:` URIs) only with MLFLOW_ALLOW_FILE_STORE=true; a `file:`
-URI sets that.
+URI sets that. A tracker that does not start (an unreachable server: MLflow's HTTP retries are bounded
+here to about 30 s unless MLFLOW_HTTP_REQUEST_* say otherwise; W&B online without an API key) is one
+error line before training, or a warning with `logging.on_tracker_error: warn`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ from .recipe_checks import check_types
 
 IDS = "trackers.json"
 WANDB_MODES = ("online", "offline", "disabled")
+# MLflow's defaults retry an unreachable server for minutes (7 retries, backoff factor 2, 120 s timeout);
+# a run that cannot log should say so within about 30 s. The environment wins where it sets them.
+MLFLOW_HTTP_BOUNDS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+FIXES = {
+    "wandb": "run `wandb login` or set WANDB_API_KEY on this node, or logging.wandb.mode=offline",
+    "mlflow": "check that logging.mlflow.tracking_uri is reachable from this node (or use file:./mlruns)",
+}
 
 
 @dataclass
@@ -147,6 +160,8 @@ class MlflowTracker:
     def __init__(self, settings: MlflowSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
         if settings.tracking_uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        for key, value in MLFLOW_HTTP_BOUNDS.items():
+            os.environ.setdefault(key, value)
         mlflow = _require("mlflow", "logging.mlflow")
         from mlflow.entities import Metric, Param  # deferred: heavy (mlflow)
 
@@ -175,12 +190,25 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id)
 
 
-def build_trackers(logging_cfg, run_dir: Path, run_name: str, config: dict[str, Any]) -> list:
-    """The recipe's trackers (rank 0 only calls this)."""
+def build_trackers(logging_cfg, run_dir: Path, run_name: str, config: dict[str, Any], warn=print) -> list:
+    """The recipe's trackers (rank 0 only calls this). One that does not start is a RecipeError naming it
+    and the fix, or, with `logging.on_tracker_error: warn`, a warning and no such tracker."""
     wb, ml = _settings(logging_cfg)
     out: list = []
-    if wb is not None:
-        out.append(WandbTracker(wb, run_dir, run_name, config))
-    if ml is not None:
-        out.append(MlflowTracker(ml, run_dir, run_name, config))
+    for key, settings, cls in (("wandb", wb, WandbTracker), ("mlflow", ml, MlflowTracker)):
+        if settings is None:
+            continue
+        try:
+            out.append(cls(settings, run_dir, run_name, config))
+        except RecipeError:
+            raise  # the package is missing: its own line
+        except Exception as e:  # noqa: BLE001 - the trackers raise their own types (UsageError, MlflowException, ...)
+            why = (str(e).strip().splitlines() or [""])[0][:300]
+            what = f"logging.{key}: the tracker did not start ({type(e).__name__}: {why})"
+            if getattr(logging_cfg, "on_tracker_error", "fail") == "warn":
+                warn(f"warning: {what}; the run goes on without it (metrics.jsonl and TensorBoard still log)")
+                continue
+            raise RecipeError(
+                f"{what}. Fix: {FIXES[key]}, or logging.on_tracker_error=warn to train without it"
+            ) from None
     return out

@@ -5,6 +5,8 @@ the same tracked run; a recipe asking for a tracker that is not installed is one
 from __future__ import annotations
 
 import json
+import os
+import socket
 import struct
 import sys
 
@@ -13,6 +15,7 @@ import pytest
 from wandb.proto import wandb_internal_pb2
 
 from common.errors import RecipeError
+from pretrain.trackers import MLFLOW_HTTP_BOUNDS
 from pretrain.train import train
 
 BASE = ["train.max_steps=4", "train.eval_every_steps=2", "checkpoint.every_steps=2", "logging.tensorboard=false"]
@@ -113,3 +116,40 @@ def test_tracker_settings_and_missing_packages_refused_before_work(tmp_path, mon
     with pytest.raises(RecipeError, match=match):
         train("recipes/tiny_cpu.yaml", [*BASE, f"logging.{key}={json.dumps(body)}"], run_dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, read, released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_mlflow_server_is_one_error_line_or_with_warn_a_local_run(tmp_path, monkeypatch, capsys):
+    """A real closed port: the run stops before training with the tracker, the reason and the fix (MLflow's
+    retries bounded through its environment); with on_tracker_error=warn it trains and logs locally."""
+    for key in MLFLOW_HTTP_BOUNDS:  # absent, and restored after the test (the tracker sets them)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    ml = json.dumps({"tracking_uri": f"http://127.0.0.1:{closed_port()}", "experiment": "e"})
+    with pytest.raises(RecipeError, match=r"logging.mlflow: the tracker did not start \(.*\)\. Fix: check that"):
+        train("recipes/tiny_cpu.yaml", [*BASE, f"logging.mlflow={ml}"], run_dir=tmp_path / "fail")
+    assert all(os.environ[k] == v for k, v in MLFLOW_HTTP_BOUNDS.items())
+    res = train(
+        "recipes/tiny_cpu.yaml",
+        [*BASE, f"logging.mlflow={ml}", "logging.on_tracker_error=warn"],
+        run_dir=tmp_path / "warn",
+    )
+    assert res.final_step == 4 and [r["step"] for r in metrics(tmp_path / "warn") if "loss" in r][-1] == 4
+    assert "warning: logging.mlflow: the tracker did not start" in capsys.readouterr().out
+
+
+def test_wandb_online_without_an_api_key_is_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    wb = json.dumps({"project": "p", "mode": "online"})
+    with pytest.raises(
+        RecipeError, match=r"logging.wandb: the tracker did not start \(UsageError: .*Fix: run `wandb login`"
+    ):
+        train("recipes/tiny_cpu.yaml", [*BASE, f"logging.wandb={wb}"], run_dir=tmp_path / "r")
