@@ -60,8 +60,7 @@ def train(
     holds another run is refused unless resumed or `overwrite` (pretrain/run_dir.py). `hooks`:
     callables (model, step) -> metrics run at the validation cadence (pretrain/hooks.py)."""
     cfg = load_recipe(recipe, overrides)
-    check_trackers(cfg.logging)
-    hooks = check_hooks([*(hooks or []), *task_hooks(cfg)], cfg.train.eval_every_steps, cfg.parallel.pipeline_stages)
+    hooks = check_inputs(cfg, hooks)
     device = pick_device(cfg.train.device)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     plain = "RANK" not in os.environ
@@ -125,6 +124,14 @@ def _train(
     return result
 
 
+def check_inputs(cfg, hooks: list[TrainHook] | None = None) -> list[TrainHook]:
+    """What a launch checks before any work, beyond the recipe's own validation: the trackers' settings
+    and the training-time evaluations (`eval.tasks`, with the tokenizer they need); `--dry-run` runs it
+    too, so a queued job is refused when it is submitted, not when it starts."""
+    check_trackers(cfg.logging)
+    return check_hooks([*(hooks or []), *task_hooks(cfg)], cfg.train.eval_every_steps, cfg.parallel.pipeline_stages)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m pretrain.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", required=True, help="recipes/X.yaml")
@@ -148,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)
+            check_inputs(cfg)
             dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
             return 0
         res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ from pretrain.layout import build_ds_config, plan_layout
 from pretrain.loaders import loader
 from pretrain.loop import lr_at
 from pretrain.train import main
+from pretrain.train import main as train_main
 
 RECIPE = "recipes/tiny_cpu.yaml"
 
@@ -284,3 +286,18 @@ def test_print_config_shows_the_resolved_recipe(capsys):
 )
 def test_every_data_source_holds_out_the_same_default_fraction(data):
     assert parse_data(data).val_fraction == VAL_FRACTION
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("logging.wandb={projekt: p}", r"logging.wandb: unknown keys \['projekt'\]"),
+        ("eval.tasks=[bpb]", "eval.tasks: unknown task 'bpb'"),
+        ("eval.tasks=[bits_per_byte]", "need the run's tokenizer"),
+    ],
+)
+def test_dry_run_checks_what_the_launch_checks(override, match, capsys):
+    """A queued job is refused when it is planned: --dry-run validates the trackers and eval.tasks."""
+    assert train_main(["--recipe", "recipes/tiny_cpu.yaml", "--dry-run", override]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and re.search(match, err[0])
