@@ -111,8 +111,8 @@ class Logger:
             f.write(json.dumps(rec) + "\n")
         step = rec["step"]
         if self.tb is not None:
-            for k, v in scalars(rec).items():
-                self.tb.add_scalar(_tb_name(k), v, step)
+            for k, v in named_scalars(rec).items():
+                self.tb.add_scalar(k, v, step)
         for tracker in self.trackers:
             tracker.log(rec)
         line = format_line(rec)
@@ -136,8 +136,13 @@ class Logger:
             self.bar.close()
 
 
-def _tb_name(k: str) -> str:
-    if "/" in k:  # already grouped (e.g. a training hook's "probe/induction_score")
+def metric_name(k: str) -> str:
+    """A record key's name in TensorBoard, W&B and MLflow alike, by group: `train/` (loss, lr, grad norm),
+    `val/` (val_loss -> val/loss, val_loss/<set> -> val/loss/<set>), `throughput/`, `memory/`; keys
+    already grouped (`eval/...`, a hook's `probe/...`) keep their name. metrics.jsonl keeps the keys."""
+    if k == "val_loss" or k.startswith("val_loss/"):
+        return "val/loss" + k[len("val_loss") :]
+    if "/" in k:
         return k
     if k.startswith("val"):
         return f"val/{k}"
@@ -146,6 +151,11 @@ def _tb_name(k: str) -> str:
     if k.startswith("mem"):
         return f"memory/{k}"
     return f"train/{k}"
+
+
+def named_scalars(rec: dict[str, Any]) -> dict[str, float]:
+    """`scalars` under their `metric_name`: what every sink but metrics.jsonl receives."""
+    return {metric_name(k): v for k, v in scalars(rec).items()}
 
 
 def format_line(rec: dict[str, Any]) -> str:

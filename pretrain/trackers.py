@@ -26,7 +26,7 @@ from typing import Any
 from common.constants import atomic_write
 from common.errors import RecipeError
 
-from .metrics import scalars
+from .metrics import named_scalars
 from .recipe_checks import check_types
 
 IDS = "trackers.json"
@@ -133,6 +133,7 @@ def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 class WandbTracker:
     def __init__(self, settings: WandbSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
+        self.last: dict[str, Any] | None = None  # the last record: the final metrics at close
         wandb = _require("wandb", "logging.wandb")
         run_id = _ids(run_dir).get("wandb") or uuid.uuid4().hex[:12]
         _save_id(run_dir, "wandb", run_id)
@@ -150,14 +151,18 @@ class WandbTracker:
         )
 
     def log(self, rec: dict[str, Any]) -> None:
-        self.run.log(scalars(rec), step=int(rec["step"]))
+        self.run.log(named_scalars(rec), step=int(rec["step"]))
+        self.last = rec
 
     def close(self) -> None:
+        if self.last is not None:  # the final metrics, under their names, in the run's summary
+            self.run.summary.update(named_scalars(self.last))
         self.run.finish()
 
 
 class MlflowTracker:
     def __init__(self, settings: MlflowSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
+        self.last: dict[str, Any] | None = None  # the last record: the final metrics at close
         if settings.tracking_uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         for key, value in MLFLOW_HTTP_BOUNDS.items():
@@ -176,6 +181,7 @@ class MlflowTracker:
             params = [Param(k, v) for k, v in flat_config(config).items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
                 self.client.log_batch(run_id, params=params[i : i + 100])
+            self.client.log_dict(run_id, config, "resolved_recipe.yaml")  # the recipe as the run resolved it
             _save_id(run_dir, "mlflow", run_id)
         else:
             self.client.update_run(run_id, status="RUNNING")
@@ -183,10 +189,15 @@ class MlflowTracker:
 
     def log(self, rec: dict[str, Any]) -> None:
         step, now = int(rec["step"]), int(1000 * time.time())
-        metrics = [self.Metric(k, v, now, step) for k, v in scalars(rec).items()]
+        metrics = [self.Metric(k, v, now, step) for k, v in named_scalars(rec).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
+        self.last = rec
 
     def close(self) -> None:
+        if self.last is not None:  # the final metrics as an artifact beside the recipe
+            self.client.log_dict(
+                self.run_id, {"step": self.last["step"], **named_scalars(self.last)}, "final_metrics.json"
+            )
         self.client.set_terminated(self.run_id)
 
 

@@ -15,6 +15,7 @@ import pytest
 from wandb.proto import wandb_internal_pb2
 
 from common.errors import RecipeError
+from pretrain.metrics import metric_name
 from pretrain.trackers import MLFLOW_HTTP_BOUNDS
 from pretrain.train import train
 
@@ -56,7 +57,7 @@ def test_wandb_offline_run_holds_the_scalars_and_resume_continues_it(tmp_path):
     assert json.loads((run / "trackers.json").read_text())["wandb"] == run_id
     files = sorted((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(files) == 2  # the first process and the resumed one: one run id
-    history, runs = {}, []
+    history, runs, summary = {}, [], {}
     for f in files:
         for rec in wandb_records(f):
             kind = rec.WhichOneof("record_type")
@@ -65,13 +66,16 @@ def test_wandb_offline_run_holds_the_scalars_and_resume_continues_it(tmp_path):
                 history.setdefault(items["_step"], {}).update(items)
             elif kind == "run":
                 runs.append(rec.run)
+            elif kind == "summary":
+                summary = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update}
     logged = {r["step"]: r for r in metrics(run)}
     assert sorted(history) == sorted(logged) == [1, 2, 3, 4, 5, 6]
-    for step, rec in logged.items():
-        assert history[step]["loss"] == pytest.approx(rec["loss"])
-        assert history[step]["lr"] == pytest.approx(rec["lr"])
+    for step, rec in logged.items():  # the names TensorBoard and MLflow use too (metrics.metric_name)
+        assert history[step]["train/loss"] == pytest.approx(rec["loss"])
+        assert history[step]["train/lr"] == pytest.approx(rec["lr"])
         if "val_loss" in rec:
-            assert history[step]["val_loss"] == pytest.approx(rec["val_loss"])
+            assert history[step]["val/loss"] == pytest.approx(rec["val_loss"])
+    assert summary["train/loss"] == pytest.approx(logged[6]["loss"])  # the final metrics
     first = runs[0]
     assert (first.run_id, first.project, first.run_group, first.display_name) == (run_id, "variants", "study", "cell")
     assert list(first.tags) == ["cpu"]
@@ -93,9 +97,12 @@ def test_mlflow_file_store_holds_the_scalars_params_and_resume_continues_it(tmp_
     assert got.data.params["optim.lr"] == "0.003" and got.info.run_name == "tiny_cpu"
     assert client.get_experiment(got.info.experiment_id).name == "variants"
     logged = {r["step"]: r for r in metrics(run)}
-    loss = {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
+    loss = {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")}
     assert loss == pytest.approx({s: r["loss"] for s, r in logged.items()})
-    val = {m.step: m.value for m in client.get_metric_history(run_id, "val_loss")}
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == ["final_metrics.json", "resolved_recipe.yaml"]
+    final = json.loads(open(client.download_artifacts(run_id, "final_metrics.json", str(tmp_path))).read())
+    assert final["step"] == 6 and final["train/loss"] == pytest.approx(logged[6]["loss"])
+    val = {m.step: m.value for m in client.get_metric_history(run_id, "val/loss")}
     assert val == pytest.approx({s: r["val_loss"] for s, r in logged.items() if "val_loss" in r})
     assert sorted(val) == [2, 4, 6]
 
@@ -153,3 +160,18 @@ def test_wandb_online_without_an_api_key_is_one_error_line(tmp_path, monkeypatch
         RecipeError, match=r"logging.wandb: the tracker did not start \(UsageError: .*Fix: run `wandb login`"
     ):
         train("recipes/tiny_cpu.yaml", [*BASE, f"logging.wandb={wb}"], run_dir=tmp_path / "r")
+
+
+def test_one_metric_namespace_for_every_sink():
+    names = {
+        k: metric_name(k) for k in ("loss", "lr", "val_loss", "val_loss/gcide", "eval/bpb/code", "mfu", "mem_peak_gib")
+    }
+    assert names == {
+        "loss": "train/loss",
+        "lr": "train/lr",
+        "val_loss": "val/loss",
+        "val_loss/gcide": "val/loss/gcide",
+        "eval/bpb/code": "eval/bpb/code",
+        "mfu": "throughput/mfu",
+        "mem_peak_gib": "memory/mem_peak_gib",
+    }
