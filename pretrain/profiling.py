@@ -28,12 +28,15 @@ class StepProfiler(Callback):
         self.out = Path(run_dir) / "profile"
         self.prof = None
         self.memory = False
+        self.step_range = None  # the open "ProfilerStep#N" range: step boundaries in Perfetto and TensorBoard
 
     @staticmethod
     def wanted(profile, rank: int) -> bool:
         return bool(profile.steps) and (profile.ranks == "all" or rank == 0)
 
     def before_step(self, step: int) -> None:
+        if self.prof is not None:
+            self._open_step(step)
         if step != self.cfg.steps[0] or self.prof is not None:
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -52,9 +55,21 @@ class StepProfiler(Callback):
             activities=activities, record_shapes=self.cfg.record_shapes, with_stack=self.cfg.with_stack
         )
         self.prof.__enter__()
+        self._open_step(step)
+
+    def _open_step(self, step: int) -> None:
+        """Mark the step as the profiler's own scheduled steps are named, so viewers show its bounds."""
+        self.step_range = torch.profiler.record_function(f"ProfilerStep#{step}")
+        self.step_range.__enter__()
+
+    def _close_step(self) -> None:
+        if self.step_range is not None:
+            self.step_range.__exit__(None, None, None)
+            self.step_range = None
 
     def after_update(self, step: int) -> None:
-        """The last profiled step writes the files."""
+        """The step's range ends; the last profiled step writes the files."""
+        self._close_step()
         if self.prof is not None and step >= self.cfg.steps[1]:
             self.close()
 
@@ -62,6 +77,7 @@ class StepProfiler(Callback):
         """Stop and write what was recorded (also when the run ends inside the window)."""
         if self.prof is None:
             return
+        self._close_step()
         self.prof.__exit__(None, None, None)
         self.out.mkdir(parents=True, exist_ok=True)
         stem = self.out / f"rank{self.rank}.steps{self.cfg.steps[0]}-{self.cfg.steps[1]}"

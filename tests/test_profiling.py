@@ -24,6 +24,7 @@ def test_profile_steps_write_a_trace_with_the_forward_ops(tmp_path, capsys):
     assert {"aten::embedding", "aten::linear"} <= names  # the model's forward
     assert any(n and "backward" in n.lower() for n in names)  # and its backward
     assert any(e.get("args", {}).get("Input Dims") for e in events if e.get("name") == "aten::linear")
+    assert {"ProfilerStep#2", "ProfilerStep#3"} <= names  # each step's bounds, as viewers expect them
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # the run went on
 
 
