@@ -9,7 +9,7 @@
   python -m studies.scaling lr-sweep --recipe R --sizes n27k,n90k,n214k --lrs 1e-3,...,1.6e-2 --out DIR   # -> DIR/lr.json
   python -m studies.scaling isoflop --recipe R --grid 1e13=w32:w128,2e13=w32:w192 --lr-from LR.json --out DIR \
                                  [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling_isoflop.py)
-  python -m studies.scaling profiles --rows ROWS --out DIR   # -> DIR/profiles.json, profiles.md, isoflop.png
+  python -m studies.scaling profiles --rows ROWS --out DIR   # -> DIR/profiles.json, profiles.md, isoflop.png, multiplier.png
 
 A sweep point is one run directory DIR/runs/<variant>-<size>-s<seed>, trained by
 `pretrain.train` with overrides; a finished point carries `sweep_done.json` and is
@@ -55,7 +55,7 @@ from .scaling_fit import (
 from .scaling_isoflop import run_isoflop
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
-from .scaling_profiles import analyse, plot_profiles, report_markdown, to_json
+from .scaling_profiles import analyse, plot_multipliers, plot_profiles, report_markdown, to_json
 from .scaling_runs import DONE, RowLog, collect_run, tracker_overrides, train_once, write_array_script
 from .shared import check_variants, study_parser
 
@@ -248,9 +248,9 @@ def write_profiles(args: argparse.Namespace) -> int:
     md = report_markdown(result)
     (out / "profiles.json").write_text(json.dumps(to_json(result), indent=2))
     (out / "profiles.md").write_text(md + "\n")
-    png = plot_profiles(result, out / "isoflop.png")
+    pngs = [plot_profiles(result, out / "isoflop.png"), plot_multipliers(result, out / "multiplier.png")]
     print(md)
-    print(f"wrote {out / 'profiles.json'}, {out / 'profiles.md'}, {png}")
+    print(f"wrote {out / 'profiles.json'}, {out / 'profiles.md'}, " + ", ".join(str(p) for p in pngs if p))
     return 0
 
 

@@ -443,3 +443,35 @@ def plot_profiles(result: dict, png: Path) -> Path:
     fig.savefig(png, dpi=120)
     plt.close(fig)
     return png
+
+
+def plot_multipliers(result: dict, png: Path) -> Path | None:
+    """Each variant's compute multiplier against C with its interval (hollow where extrapolated), on
+    log axes; None when there is none yet."""
+    import matplotlib  # deferred: heavy
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: heavy
+
+    if not any(m["per_budget"] for m in result["multipliers"].values()):
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    for variant, m in result["multipliers"].items():
+        budgets = sorted(m["per_budget"])
+        mult = np.array([m["per_budget"][c]["multiplier"] for c in budgets])
+        lo, hi = (np.array([m["per_budget"][c]["interval"][i] for c in budgets]) for i in (0, 1))
+        (line_,) = ax.plot(budgets, mult, "-", label=variant)
+        ax.fill_between(budgets, lo, hi, color=line_.get_color(), alpha=0.2, lw=0)
+        for c, y in zip(budgets, mult):
+            face = "none" if m["per_budget"][c]["extrapolated"] else line_.get_color()
+            ax.plot(c, y, "o", mfc=face, mec=line_.get_color())
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training FLOPs (the variant's own)")
+    ax.set_ylabel("standard's FLOPs for the same loss / C")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png

@@ -13,7 +13,7 @@ import pytest
 
 from common.errors import StudyError
 from studies.scaling import main
-from studies.scaling_profiles import analyse, vertex
+from studies.scaling_profiles import analyse, plot_multipliers, vertex
 
 # L(N, D) = A N^-a + B D^-b with C = 6 N D: the optimum is an exact power law in C,
 # N* = G (C/6)^(b/(a+b)) with G = (aA / bB)^(1/(a+b)), and L* ~ C^(-ab/(a+b)).
@@ -52,7 +52,7 @@ def test_vertex_and_edges():
     assert vertex(x, (x - math.log(64)) ** 2) is None  # the lowest loss at the edge: beyond the sizes
 
 
-def test_optima_laws_and_multiplier_come_back_from_the_law():
+def test_optima_laws_and_multiplier_come_back_from_the_law(tmp_path):
     rng = np.random.default_rng(0)
     rows = rows_from_law(seeds=2, noise=0.002, rng=rng) + rows_from_law("mixit", k=0.25, seeds=2, noise=0.002, rng=rng)
     result = analyse(rows, n_boot=300)
@@ -78,6 +78,7 @@ def test_optima_laws_and_multiplier_come_back_from_the_law():
     assert abs(held["standard"]["relative_error"]) < 0.02 and held["mixit"]["multiplier_predicted"] == pytest.approx(
         0.25, rel=0.15
     )
+    assert plot_multipliers(result, tmp_path / "m.png").stat().st_size > 0
     gaps = {(g["variant"], g["budget"], g["size"]): g for g in result["paired_gaps"]}
     g = gaps[("mixit", BUDGETS[0], "x0")]
     assert g["seeds"] == 2 and g["gap"] > 0 and g["interval"] is not None
@@ -99,6 +100,7 @@ def test_an_optimum_beyond_the_sizes_is_not_identified_and_leaves_the_laws(tmp_p
     assert main(["profiles", "--rows", str(log), "--out", str(tmp_path / "out"), "--boot", "20"]) == 0
     md = (tmp_path / "out" / "profiles.md").read_text()
     assert "not identified" in md and (tmp_path / "out" / "isoflop.png").stat().st_size > 0
+    assert not (tmp_path / "out" / "multiplier.png").exists()  # standard alone: no multiplier to draw
     assert re.search(r"\| standard \| 4e\+15 \| [\d.]+ vs [\d.]+ \| [+-][\d.]+% \|", md)  # held out: the third budget
     written = json.loads((tmp_path / "out" / "profiles.json").read_text())
     assert written["profiles"]["standard"][f"{BUDGETS[-1]:.6g}"]["N_star"] is None
