@@ -196,7 +196,11 @@ _TaskYaml.add_constructor("!function", _task_function)
 
 def task_config(name: str) -> dict[str, Any]:
     """The shipped YAML config of an offline task, its data loader resolved (eval/tasks/tp_data.py)."""
-    return yaml.load((TASK_DIR / f"{name}.yaml").read_text(), Loader=_TaskYaml)
+    loader = _TaskYaml((TASK_DIR / f"{name}.yaml").read_text())  # a SafeLoader: no object is constructed
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def lm_eval_task_name(name: str) -> str:

@@ -339,6 +339,7 @@ def test_other_rank_stops_with_a_clear_message_when_one_dies_or_hangs(tmp_path, 
             "train.max_steps=400",
             "checkpoint.every_steps=2",
             "parallel.timeout_s=10",
+            "checkpoint.timeout_s=10",  # a hang inside a save waits the save's timeout, not the step's
         ]
     )
     try:

@@ -91,7 +91,7 @@ def test_trainer_reports_loss_per_named_set_and_pooled(corpus, tmp_path):
 
     ea = EventAccumulator(str(run / "tb"))
     ea.Reload()
-    assert [e.step for e in ea.Scalars("val_loss/code")] == [2, 4]
+    assert [e.step for e in ea.Scalars("val/loss/code")] == [2, 4]
 
 
 def test_val_sets_refused_early(corpus, tmp_path):
