@@ -151,15 +151,17 @@ def plan_isoflop(
     return runs
 
 
-def transfer_rates(path: str) -> dict[str, float]:
-    """{variant: rate} from an lr.json whose transfer check passed; a failed check is an error (the
-    rate would not carry across the widths)."""
+def transfer_rates(path: str, variants: list[str] | None = None) -> dict[str, float]:
+    """{variant: rate} from an lr.json whose transfer check passed, for `variants` (default: all it
+    holds); a failed check of one of them is an error (its rate would not carry across the widths)."""
     if not path:
         raise StudyError("--lr-from is required: the transfer check's lr.json. Fix: run lr-sweep under µP first")
     ladder_rates(path)  # a file that is not an lr.json fails here, with its own message
     rule = json.loads(Path(path).read_text())
     rates = {}
     for variant, r in rule.items():
+        if variants is not None and variant not in variants:
+            continue
         check = r.get("transfer")
         if check is None:
             continue
@@ -194,7 +196,7 @@ def run_isoflop(args) -> int:
         grid,
         seeds,
         args.cooldown,
-        transfer_rates(args.lr_from),
+        transfer_rates(args.lr_from, args.variants.split(",")),
         args.min_lr_fraction,
         args.overrides,
         args.min_steps,

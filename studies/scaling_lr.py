@@ -242,6 +242,7 @@ def lr_sweep(args) -> int:
     (out / "lr.md").write_text(lr_table(losses, rule))
     print(json.dumps({v: r["rates"] for v, r in rule.items()}, indent=2))
     print(
-        f"wrote {out / 'lr.json'} and {out / 'lr.md'}; use it with: python -m studies.scaling ladder --lr-from {out / 'lr.json'} ..."
+        f"wrote {out / 'lr.json'} and {out / 'lr.md'}; use it with: python -m studies.scaling "
+        f"{'isoflop' if any('transfer' in r for r in rule.values()) else 'ladder'} --lr-from {out / 'lr.json'} ..."
     )
     return 0

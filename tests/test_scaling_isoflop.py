@@ -94,6 +94,12 @@ def test_a_grid_that_breaks_a_rule_is_refused_before_training(corpus, tmp_path):
         parse_grid("2e10=w64:w32")
     with pytest.raises(StudyError, match="beyond sqrt"):
         transfer_rates(lr_json(tmp_path / "bad.json", holds=False))
+    mixed = json.loads(open(lr_json(tmp_path / "mixed.json")).read())
+    mixed["mixit"]["transfer"]["holds"] = False
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    assert transfer_rates(str(tmp_path / "mixed.json"), ["standard"]) == {"standard": 4e-3}  # only those asked for
+    with pytest.raises(StudyError, match="mixit's best rate moves"):
+        transfer_rates(str(tmp_path / "mixed.json"), ["standard", "mixit"])
     with pytest.raises(StudyError, match="no rate for"):
         plan_isoflop("recipes/tiny_cpu.yaml", ["frozen_qk"], parse_grid("2e10=w32"), {}, 0.2, rates, 0.1, over)
     missing = [*BASE, f"data.source={root / 'absent'}"]
