@@ -63,17 +63,21 @@ def wait_for_steps(run_dir: Path, steps: int, procs, timeout: float = 300) -> No
     raise TimeoutError(f"no step {steps} in {m}")
 
 
+def finish_ranks(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
+    """Every rank's output once it ends; a rank still running after `timeout` (or the test failing) is killed."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def run_ranks(args: list[str], world: int = 2, timeout: float = 300) -> str:
     """Run `python -m pretrain.train ARGS` as `world` real processes; return rank 0's output."""
     procs = start_ranks(args, world)
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
+    outs = finish_ranks(procs, timeout)
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{outs[r][-4000:]}"
     return outs[0]

@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, free_port, read_losses, run_ranks, start_ranks, wait_for_steps
+from conftest import REPO, finish_ranks, free_port, read_losses, run_ranks, start_ranks, wait_for_steps
 from fixtures import corpus_lines, make_tokenizer, write_text
 
 from checkpoint import load_for_eval
@@ -268,12 +268,7 @@ def test_disk_full_on_two_ranks_every_rank_abandons_the_checkpoint_at_once(tmp_p
     fs.resize(fs.used() + du(run / "checkpoints" / ckpt.tag_for(3)) // 2)
     t0 = time.time()
     procs = start_ranks(args)  # --resume auto: steps 4-6, the save of 6 fails
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = finish_ranks(procs)
     waited = time.time() - t0
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 3, f"rank {r}:\n{out[-3000:]}"
@@ -387,12 +382,7 @@ def test_a_failure_reported_off_the_main_thread_ends_every_rank_with_the_message
     run = tmp_path / "run"
     args = ["--recipe", RECIPE, "--run-dir", str(run), *FAST, "train.max_steps=400", "checkpoint.every_steps=2"]
     procs = start_ranks([*args, "parallel.timeout_s=600"])
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = finish_ranks(procs)
     last = f"Last complete checkpoint: {run / 'checkpoints' / ckpt.tag_for(2)}."
     for r, (p, out) in enumerate(zip(procs, outs)):
         errors = [line for line in out.splitlines() if line.startswith("error: ")]
@@ -416,11 +406,6 @@ def test_a_slow_checkpoint_write_waits_for_checkpoint_timeout_not_the_step_timeo
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [2, 3] and sorted(read_losses(run)) == [1, 2, 3]
     held = tmp_path / "held"
     procs = start_ranks(["--recipe", RECIPE, "--run-dir", str(held), *common, "checkpoint.timeout_s=10"])
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = finish_ranks(procs)
     assert procs[0].returncode == 3 and "another rank died or hangs" in outs[0], outs[0][-3000:]
     assert ckpt.list_checkpoints(held) == []
