@@ -2,7 +2,9 @@
 
 For quick runs on raw text (WikiText-2, a lab's own file of prompts and answers). PATH is a file
 (a .jsonl file: each record's "text", as in data/sample/) or a directory of `*.txt` files (sorted);
-a relative PATH that does not exist is taken relative to the repository. The `data` keys
+a relative PATH that does not exist is taken relative to the repository. `text:hf:NAME[:CONFIG][:SPLIT+SPLIT]`
+names a HuggingFace dataset instead (`text:hf:Salesforce/wikitext:wikitext-2-raw-v1:validation+test`):
+each split's "text" column, one row per line, is written once to the node's data cache and read as a file. The `data` keys
 (`documents`, `windows`, `return_doc_ids`, `val_fraction`) are described in docs/TRAINING.md,
 "Raw text"; the defaults (`stream`, `stream`) read the data exactly as earlier versions did, so
 older runs resume unchanged.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +25,18 @@ from common.errors import DataError
 
 from .config import TEXT_PREFIX, TextData
 from .order import RankShare
+from .storage import default_cache_dir
 from .tokenizer import BYTE_TOKENIZER
+
+HUB_PREFIX = "hf:"
 
 
 def text_files(source: str) -> list[Path]:
-    """The files of a `text:PATH` source, checked to exist."""
-    path = Path(source[len(TEXT_PREFIX) :] if source.startswith(TEXT_PREFIX) else source)
+    """The files of a `text:PATH` source, checked to exist (of a `text:hf:...` source, its cached splits)."""
+    spec = source[len(TEXT_PREFIX) :] if source.startswith(TEXT_PREFIX) else source
+    if spec.startswith(HUB_PREFIX):
+        return hub_text_files(spec)
+    path = Path(spec)
     if not path.is_absolute() and not path.exists():
         path = REPO_ROOT / path
     files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
@@ -36,6 +45,44 @@ def text_files(source: str) -> list[Path]:
             f"data.source={source!r}: no .txt files found at {path}. Fix: point text: at a UTF-8 text "
             "file or a directory of .txt files"
         )
+    return files
+
+
+def hub_text_files(spec: str) -> list[Path]:
+    """`hf:NAME[:CONFIG][:SPLIT+SPLIT]` (split default train) as one cached .txt file per split, in the
+    order named: a row ends with a newline (one is added where the dataset stores none), so a dataset of
+    lines (WikiText's raw configs) comes back as the file it was made from. Written once, atomically."""
+    name, config, splits = (spec[len(HUB_PREFIX) :].split(":") + ["", ""])[:3]
+    if not name:
+        raise DataError(f"data.source=text:{spec!r} names no dataset. Fix: text:hf:NAME[:CONFIG][:SPLIT+SPLIT]")
+    folder = default_cache_dir() / "text" / hashlib.sha1(spec.encode()).hexdigest()[:16]
+    files = [folder / f"{i}-{split}.txt" for i, split in enumerate((splits or "train").split("+"))]
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        import datasets  # deferred: heavy (pyarrow, pandas), and only hub sources need it
+
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in missing:
+            split = f.stem.split("-", 1)[1]
+            try:
+                rows = datasets.load_dataset(name, config or None, split=split)
+            except Exception as e:  # noqa: BLE001 - network, cache or name errors: say what to do
+                raise DataError(
+                    f"data.source=text:{spec}: could not load {name!r} (config {config or None!r}, split "
+                    f"{split!r}): {str(e).splitlines()[0] if str(e) else type(e).__name__}. Fix: run once with "
+                    "network access (the text is cached), or point data.source at a local copy: "
+                    "data.source=text:DIR_OF_TXT_FILES"
+                ) from e
+            if "text" not in rows.column_names:
+                raise DataError(
+                    f"data.source=text:{spec}: split {split!r} has no 'text' column (columns: "
+                    f"{rows.column_names}). Fix: name a dataset of text rows"
+                )
+            tmp = f.with_suffix(f".tmp{os.getpid()}")
+            with open(tmp, "w", encoding="utf-8") as out:
+                for row in rows["text"]:
+                    out.write(row if row.endswith("\n") else row + "\n")
+            os.replace(tmp, f)
     return files
 
 

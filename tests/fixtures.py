@@ -1,7 +1,7 @@
 """Small local fixtures shared by the tests and the data benchmarks (no network beyond loopback, no big files).
 
-Real text comes from the wikitext-2 copy next to the repository when it exists; otherwise
-a deterministic generated corpus stands in, so the tests run anywhere.
+Text is generated (deterministic, English-shaped), so the tests run the same anywhere: nothing
+outside the repository is read.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from data_pipeline.prepare import prepare
 from data_pipeline.tokenizer import train_sentencepiece
 from studies.static_server import LoopbackServer, http_server  # noqa: F401  (the tests' servers)
 
-WIKITEXT_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2"
-
 _WORDS = (
     "the of and to in a is that for it as was with be by on not he this are or his from at which but "
     "have an they you were her she there been one all we their has would when if so no what up out "
@@ -25,12 +23,7 @@ _WORDS = (
 
 
 def corpus_lines(n_lines: int, split: str = "valid") -> list[str]:
-    """``n_lines`` non-empty lines of real text (wikitext-2 if present, else generated)."""
-    path = WIKITEXT_DIR / f"{split}.txt"
-    if path.is_file():
-        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        if len(lines) >= n_lines:
-            return lines[:n_lines]
+    """``n_lines`` non-empty lines of generated text, the same for the same ``split``."""
     rng = random.Random(split)
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 120))) + " ." for _ in range(n_lines)]
 

@@ -11,7 +11,7 @@ import pytest
 from common.errors import DataError
 from data_pipeline.classification import ClassificationLoader
 from data_pipeline.config import parse_data
-from data_pipeline.text import TextLoader, pack_windows
+from data_pipeline.text import TextLoader, pack_windows, text_files
 from data_pipeline.tokenizer import BYTE_TOKENIZER, load_tokenizer
 from eval.perplexity import file_stream
 
@@ -189,3 +189,29 @@ def test_jsonl_records_are_the_text(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"id": 1}\n')
     with pytest.raises(DataError, match=r'bad.jsonl:1: expected a JSON object with a string "text"'):
         _loader(tmp_path / "bad.jsonl")
+
+
+def test_hub_source_is_the_splits_text_written_once(tmp_path, monkeypatch):
+    """`text:hf:` through the real `datasets` loader (a local dataset folder: no network here): each split
+    comes back as the lines it was made of, in the order named, cached, and trains like a local file."""
+    monkeypatch.setenv("DATA_PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / "validation.txt").write_text(" = A =\n\n line one\n cat=meow\n" * 8)
+    (ds / "test.txt").write_text(" line t\n")
+    source = f"hf:{ds}::test+validation"
+    files = text_files(f"text:{source}")
+    assert [f.read_text() for f in files] == [" line t\n", " = A =\n\n line one\n cat=meow\n" * 8]
+    (ds / "test.txt").write_text("changed\n")  # the cache answers; the dataset is not read again
+    assert text_files(f"text:{source}") == files and files[0].read_text() == " line t\n"
+    local = tmp_path / "local.txt"
+    local.write_text("".join(f.read_text() for f in files))
+    assert _rows(_loader(source), 2) == _rows(_loader(local), 2)
+
+
+def test_hub_source_that_cannot_load_is_one_line_with_the_local_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATA_PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(DataError, match=r"could not load 'no-such/dataset'.*Fix: .*data.source=text:") as e:
+        text_files("text:hf:no-such/dataset:cfg:validation")
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "cache").rglob("*.txt"))  # nothing half-written is left to be read as data

@@ -8,14 +8,13 @@ standard and mixit, the verdict's pair; the scaling sweep standard alone), and c
 several nodes or a Slurm allocation print their plan (`launch.sh --dry-print`, plus a
 `pretrain.train --dry-run` of the same training arguments). Every command must match exactly one
 rule below, so a command added to the docs without a rule fails here, and so does a flag the code
-no longer accepts. `../shared/data/wikitext-2` is the real one where it exists, else generated text.
+no longer accepts. The scratch copy has nothing beside it, as on a user's machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shlex
 import shutil
@@ -32,7 +31,6 @@ from checkpoint import tag_format
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/TRAINING.md")
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 TRAIN_BUDGET = ["train.max_steps=4", "checkpoint.every_steps=2", "logging.tensorboard=false"]
 TIMEOUT_S = 600
 
@@ -246,18 +244,9 @@ def rule_for(cmd: str) -> Rule:
 # ---- the scratch checkout -----------------------------------------------------------------
 
 
-def _generated_text(path: Path, seed: int, n_lines: int = 6000) -> None:
-    """English-shaped text with a few thousand distinct words (enough merges for a 1000-piece BPE)."""
-    rng = random.Random(seed)
-    syll = [a + b for a in "bcdfghklmnprstvw" for b in "aeiou"]
-    words = ["".join(rng.choice(syll) for _ in range(rng.randint(1, 4))) for _ in range(4000)]
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + " ." for _ in range(n_lines)]
-    path.write_text("\n".join(lines) + "\n")
-
-
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> Path:
-    """tmp/repo (the tracked files, the environment linked) beside tmp/shared/data/wikitext-2."""
+    """tmp/repo: the tracked files, the environment linked, nothing beside them."""
     top = tmp_path_factory.mktemp("readme")
     root = top / "repo"
     files = subprocess.run(
@@ -268,13 +257,6 @@ def scratch(tmp_path_factory) -> Path:
             (root / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, root / f)
     (root / ".venv").symlink_to(sys.prefix)  # the environment running the tests (.venv, or a compat set's)
-    wt = top / "shared" / "data" / "wikitext-2"
-    wt.mkdir(parents=True)
-    for i, split in enumerate(("valid", "test")):
-        if (WIKITEXT / f"{split}.txt").is_file():
-            (wt / f"{split}.txt").symlink_to(WIKITEXT / f"{split}.txt")
-        else:
-            _generated_text(wt / f"{split}.txt", seed=i)
     (root / "hostfile").write_text("node0 slots=8\nnode1 slots=8\n")  # the format the docs describe
     fake = top / "fake-bin"  # scontrol, for the Slurm line's plan outside an allocation
     fake.mkdir()

@@ -17,7 +17,7 @@ from studies.rows import read_rows
 
 def test_induction_study_logs_probes_during_training_and_reports(tmp_path):
     out, text = tmp_path / "ind", tmp_path / "text"
-    text.mkdir()  # the recipe's own WikiText-2 copy is outside the repository: generated text in its place
+    text.mkdir()  # the recipe's WikiText-2 comes from the Hub (no network here): generated text in its place
     rng = random.Random(0)
     words = "the of and to in a is that for it as was with be by on not he this are or his from at river city".split()
     lines = (" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) + " ." for _ in range(1500))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 
 import pytest
 import yaml
@@ -301,3 +302,25 @@ def test_dry_run_checks_what_the_launch_checks(override, match, capsys):
     assert train_main(["--recipe", "recipes/tiny_cpu.yaml", "--dry-run", override]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and re.search(match, err[0])
+
+
+def test_nothing_a_test_recipe_or_front_door_command_uses_lies_outside_the_repository():
+    """A clone with nothing beside it (a user's machine) runs the tests, the recipes and the README:
+    none of them may name the data folder that sits next to this repository on the team's machines."""
+    beside = re.compile(r"\.\./" + 'shared|parents?\\b[^\\n]*/ *"' + 'shared"')
+    tracked = subprocess.run(
+        ["git", "ls-files", "tests", "recipes", "README.md", "demo.sh", ".ci", "data/sample"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    named = [
+        f"{f}:{n}"
+        for f in tracked
+        if (REPO_ROOT / f).suffix in ("", ".py", ".yaml", ".yml", ".sh", ".md", ".json", ".txt")
+        and (REPO_ROOT / f).is_file()
+        for n, line in enumerate((REPO_ROOT / f).read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if beside.search(line)
+    ]
+    assert not named, f"these name data outside the repository (ship or generate it instead): {named}"
