@@ -12,11 +12,29 @@ The files it writes under RUN_DIR/profile/ and how to read them: docs/TRAINING.m
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 import torch
 
 from .callbacks import Callback
+
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """The profiler's native library writes a status line to file descriptor 2 at every start and stop
+    ("USDT: ... profiler_start"), whatever KINETO_LOG_LEVEL says: those calls run with it on /dev/null."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class StepProfiler(Callback):
@@ -54,7 +72,8 @@ class StepProfiler(Callback):
         self.prof = torch.profiler.profile(
             activities=activities, record_shapes=self.cfg.record_shapes, with_stack=self.cfg.with_stack
         )
-        self.prof.__enter__()
+        with native_stderr_silenced():
+            self.prof.__enter__()
         self._open_step(step)
 
     def _open_step(self, step: int) -> None:
@@ -78,7 +97,8 @@ class StepProfiler(Callback):
         if self.prof is None:
             return
         self._close_step()
-        self.prof.__exit__(None, None, None)
+        with native_stderr_silenced():
+            self.prof.__exit__(None, None, None)
         self.out.mkdir(parents=True, exist_ok=True)
         stem = self.out / f"rank{self.rank}.steps{self.cfg.steps[0]}-{self.cfg.steps[1]}"
         self.prof.export_chrome_trace(f"{stem}.pt.trace.json")
