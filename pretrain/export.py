@@ -36,7 +36,7 @@ def export(checkpoint: str | Path, out: str | Path, fmt: str = "native", tokeniz
         return save_native(model, out, meta)
     model, info = load_checkpoint(checkpoint)
     tok = pick_tokenizer(tokenizer, model, info)  # refuses a tokenizer the run was not trained with
-    export_hf(model, out)
+    export_hf(model, out, eos_id=getattr(tok, "eos_id", None))
     (out / "trainer_meta.json").write_text(json.dumps(info["meta"], indent=1, default=str))
     hf = tok.hf_tokenizer() if tok is not None and hasattr(tok, "hf_tokenizer") else None
     if hf is None:

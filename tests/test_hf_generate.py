@@ -15,6 +15,7 @@ from data_pipeline.tokenizer import load_tokenizer
 from eval.generate import generate
 from eval.loading import load_checkpoint
 from model import preset
+from model.hf import export_hf
 from model.io import save_native
 from model.transformer import build_model
 from pretrain.export import export
@@ -68,6 +69,18 @@ def test_export_generates_what_eval_generate_generates(tmp_path, variant, kw, cl
     assert hf.generate(x, max_new_tokens=20, do_sample=False, use_cache=False)[0, len(PROMPT) :].tolist() == want
 
 
+@pytest.mark.parametrize("variant", ["standard", "mixit"])
+def test_export_stops_at_the_tokenizers_eos_as_eval_generate_does(tmp_path, variant):
+    ours, _ = exported(tmp_path, variant)
+    eos = generate(ours, PROMPT, 20)[3]  # a token greedy decoding reaches: the end of document here
+    want = generate(ours, PROMPT, 20, eos_id=eos)
+    assert want[-1] == eos and len(want) < 20
+    export_hf(ours, tmp_path / "hf_eos", eos_id=eos)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_eos").eval()
+    assert hf.generation_config.eos_token_id == eos
+    assert hf.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False)[0, len(PROMPT) :].tolist() == want
+
+
 @pytest.mark.parametrize("variant", ["mixit", "shaped"])
 def test_cache_is_transformers_own_and_a_padded_batch_gives_each_row_alone(tmp_path, variant):
     ours, hf = exported(tmp_path, variant)
@@ -105,4 +118,5 @@ def test_autotokenizer_loads_a_mixit_export_without_the_model_type_warning(tmp_p
     finally:
         logging.getLogger("transformers").removeHandler(handler)
     assert not [r.getMessage() for r in seen if "model of type" in r.getMessage()]
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").generation_config.eos_token_id == tok.eos_id
     assert hf_tok(" the river", add_special_tokens=False)["input_ids"] == tok.encode(" the river")
