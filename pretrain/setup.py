@@ -55,9 +55,17 @@ def check_data(cfg: RunConfig, dp_world_size: int, run_dir: Path):
 
 def build_logger(ctx: RunContext) -> Logger:
     """Rank 0's sinks (metrics.jsonl cut back to the resume step, TensorBoard, the trackers) and the peak
-    its MFU divides by (model/mfu.py)."""
+    its MFU divides by (model/mfu.py); every rank takes part (the trackers' outcome is shared)."""
     lg = ctx.cfg.logging
-    trackers = build_trackers(lg, ctx.run_dir, ctx.cfg.name, ctx.resolved) if ctx.rank == 0 else []
+    trackers, refused = [], [None]
+    if ctx.rank == 0:
+        try:
+            trackers = build_trackers(lg, ctx.run_dir, ctx.cfg.name, ctx.resolved)
+        except RecipeError as e:
+            refused = [str(e)]
+    dist.broadcast_object_list(refused, src=0)  # a tracker that did not start stops every rank with its line,
+    if refused[0] is not None:  # not rank 0 alone while the others wait in their first collective
+        raise RecipeError(refused[0])
     start = ctx.point.step
     logger = Logger(ctx.run_dir, ctx.rank == 0, lg.tensorboard, lg.progress_bar, ctx.cfg.max_steps, start, trackers)
     if ctx.point.tag_dir is not None:

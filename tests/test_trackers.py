@@ -12,6 +12,7 @@ import sys
 
 import mlflow
 import pytest
+from conftest import finish_ranks, start_ranks
 from wandb.proto import wandb_internal_pb2
 
 from common.errors import RecipeError
@@ -149,6 +150,18 @@ def test_an_unreachable_mlflow_server_is_one_error_line_or_with_warn_a_local_run
     )
     assert res.final_step == 4 and [r["step"] for r in metrics(tmp_path / "warn") if "loss" in r][-1] == 4
     assert "warning: logging.mlflow: the tracker did not start" in capsys.readouterr().out
+
+
+def test_a_tracker_that_does_not_start_stops_every_rank_with_its_line(tmp_path):
+    """Only rank 0 starts the trackers; two real processes (gloo): the other rank stops with the same
+    line, not later with a failed collective (or, where a peer's death is not seen, a hang)."""
+    ml = json.dumps({"tracking_uri": f"http://127.0.0.1:{closed_port()}", "experiment": "e"})
+    args = ["--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(tmp_path / "r"), *BASE, f"logging.mlflow={ml}"]
+    procs = start_ranks(args, world=2)
+    outs = finish_ranks(procs, timeout=240)
+    for rank, (proc, out) in enumerate(zip(procs, outs)):
+        assert proc.returncode != 0 and "error: logging.mlflow: the tracker did not start" in out, (rank, out[-2000:])
+        assert "collective operation failed" not in out, (rank, out[-2000:])
 
 
 def test_wandb_online_without_an_api_key_is_one_error_line(tmp_path, monkeypatch):
