@@ -6,7 +6,7 @@
   python -m studies.scaling fit     --out DIR        # -> DIR/fits.json, DIR/fits.md, DIR/loss_vs_params.png, DIR/loss_vs_flops.png
   python -m studies.scaling ladder  --recipe R --sizes n27k,...,n2000k --budgets 2.5,5,10,20 --cooldown 0.2 \
                                  --out DIR [--max-tokens T] [--more-seeds n27k=2,n214k=2] [--lr-from LR.json] [--slurm] [key=value ...]
-  python -m studies.scaling lr-sweep --recipe R --sizes n27k,n90k,n214k --lrs 1e-3,...,1.6e-2 --out DIR   # -> DIR/lr.json
+  python -m studies.scaling lr-sweep --recipe R --sizes n27k,n90k,n214k --lrs 1e-3,...,1.6e-2 [--seeds K] --out DIR   # -> DIR/lr.json
   python -m studies.scaling isoflop --recipe R --grid 1e13=w32:w128,2e13=w32:w192 --lr-from LR.json --out DIR \
                                  [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling_isoflop.py)
   python -m studies.scaling profiles --rows ROWS --out DIR   # -> DIR/profiles.json, profiles.md, isoflop.png, multiplier.png
@@ -467,6 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     lr.add_argument("--tokens", type=int, help="tokens of every run instead of --budget (a µP transfer check)")
     lr.add_argument("--min-lr-fraction", type=float, help="decay to this fraction of each run's rate (else min_lr)")
     lr.add_argument("--batch-sequences", default="", help="SIZE=B,...: the ladder's global batch per size")
+    lr.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="seeds per point (seed i: the recipe's + i); >= 2 gives the transfer an interval",
+    )
     iso = trainer("isoflop", "IsoFLOP profiles at fixed batch under µP (studies/scaling_isoflop.py)", None)
     iso.add_argument("--grid", required=True, help="BUDGET=FIRST:LAST,...: FLOPs and the widths each holds")
     iso.add_argument(

@@ -26,8 +26,9 @@ from .scaling_ladder import LADDER, SHAPES, non_embedding_params, per_size, shap
 from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
 
 
-def rate_name(variant: str, size: str, lr: float) -> str:
-    return f"{variant}-{size}-lr{lr:g}"
+def rate_name(variant: str, size: str, lr: float, seed: int = 0) -> str:
+    """Seed 0 (the recipe's seed) has no suffix, so a sweep's rows stay its seed 0 when seeds are added."""
+    return f"{variant}-{size}-lr{lr:g}" + (f"-s{seed}" if seed else "")
 
 
 def rate_overrides(
@@ -38,11 +39,13 @@ def rate_overrides(
     batch: int | None = None,
     tokens: int | None = None,
     min_lr_fraction: float | None = None,
+    seed: int = 0,
+    base_seed: int = 0,
 ) -> list[str]:
     """A grid point: a full wsd schedule of `budget` tokens per parameter (or `tokens`, the same for
     every size, as a transfer check compares widths at) at rate `lr`, decaying to the recipe's min_lr
     or to `min_lr_fraction` x lr; the ladder's batch for that size, when given, since the best rate
-    depends on it."""
+    depends on it. Seed i > 0 trains with the recipe's seed (`base_seed`) + i: its init and data order."""
     tokens = tokens or int(budget * non_embedding_params(size))
     batch_keys = (
         [] if batch is None else [f"train.global_batch_sequences={batch}", f"train.micro_batch_sequences={batch}"]
@@ -52,7 +55,8 @@ def rate_overrides(
         *batch_keys,
         *shape_overrides(size),
         f"model.variant={variant}",
-        f"name={rate_name(variant, size, lr)}",
+        *([f"seed={base_seed + seed}"] if seed else []),
+        f"name={rate_name(variant, size, lr, seed)}",
         f"optim.lr={lr}",
         *floor,
         "optim.decay=wsd",
@@ -70,6 +74,13 @@ def best_rate(grid: list[float], losses: list[float]) -> float:
     a, b, _ = np.polyfit(x, losses[i - 1 : i + 2], 2)
     vertex = -b / (2 * a) if a > 0 else x[1]
     return float(math.exp(min(max(vertex, x[0]), x[2])))
+
+
+def grid_best(grid: list[float], losses: list[float]) -> float:
+    """`best_rate`, or the edge rate itself where the lowest loss is at an edge (a bootstrap draw may
+    put it there; the sweep's own choice refuses that)."""
+    i = int(np.argmin(losses))
+    return grid[i] if i in (0, len(grid) - 1) else best_rate(grid, losses)
 
 
 def choose_rates(losses: dict[tuple[str, str, float], float]) -> dict[str, dict[str, float]]:
@@ -118,11 +129,20 @@ def rate_rule(best: dict[str, dict[str, float]]) -> dict[str, dict]:
     }
 
 
-def transfer_check(best: dict[str, dict[str, float]], parametrization: str) -> dict[str, dict]:
+def transfer_check(
+    best: dict[str, dict[str, float]],
+    parametrization: str,
+    per_seed: dict[tuple[str, str, float], list[float]] | None = None,
+    draws: int = 1000,
+) -> dict[str, dict]:
     """µP's promise, per variant swept at >= 2 sizes: the best rate at the widest size over the best rate
-    at the narrowest, which holds within a factor sqrt(2) (Yang et al.'s transfer); `rate`, the
-    geometric mean of the variant's best rates, is the one rate a µP study then trains every width at."""
+    at the narrowest, which holds within a factor sqrt(2) (Yang et al.'s transfer; judged on the
+    seed-mean curves); `rate`, the geometric mean of the variant's best rates, is the one rate a µP study
+    then trains every width at. With >= 2 seeds per point (`per_seed`, {(variant, size, lr): losses
+    by seed}), `ratio_interval` is the 95 % bootstrap interval of the ratio: seeds drawn with replacement,
+    the same draw at every rate of a size (a seed is one init and data order across the grid)."""
     out = {}
+    rng = np.random.default_rng(0)
     for variant, rates in best.items():
         if len(rates) < 2:
             continue
@@ -137,12 +157,28 @@ def transfer_check(best: dict[str, dict[str, float]], parametrization: str) -> d
             "holds": bool(abs(math.log(ratio)) <= 0.5 * math.log(2) + 1e-12),
             "rate": float(math.exp(np.mean(np.log(list(rates.values()))))),
         }
+        curves = {}
+        for size in (narrow, wide):
+            grid = sorted(lr for v, s, lr in per_seed or {} if (v, s) == (variant, size))
+            seeds = min((len(per_seed[(variant, size, lr)]) for lr in grid), default=0)
+            if seeds >= 2:
+                curves[size] = (grid, np.array([per_seed[(variant, size, lr)][:seeds] for lr in grid]))
+        if len(curves) == 2:
+            drawn = []
+            for _ in range(draws):
+                best_at = {}
+                for size, (grid, by_seed) in curves.items():
+                    pick = rng.integers(0, by_seed.shape[1], by_seed.shape[1])
+                    best_at[size] = grid_best(grid, list(by_seed[:, pick].mean(axis=1)))
+                drawn.append(best_at[wide] / best_at[narrow])
+            out[variant]["seeds"] = int(min(c[1].shape[1] for c in curves.values()))
+            out[variant]["ratio_interval"] = [float(q) for q in np.quantile(drawn, [0.025, 0.975])]
     return out
 
 
 def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict]) -> str:
-    """Markdown: final validation loss of every grid point (the lowest of each row in bold), the best
-    rate (the parabola's vertex), and the rule's rate at every ladder size."""
+    """Markdown: final validation loss of every grid point (its seeds' mean; the lowest of each row in
+    bold), the best rate (the parabola's vertex), and the rule's rate at every ladder size."""
     grid = sorted({lr for *_, lr in losses})
     rows = []
     for variant, size in sorted({(v, s) for v, s, _ in losses}, key=lambda k: (k[0], non_embedding_params(k[1]))):
@@ -158,10 +194,12 @@ def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict])
     checks = [(v, r["transfer"]) for v, r in sorted(rule.items()) if "transfer" in r]
     if checks:
         header = ["variant", "parametrization", "widths", "best rate, narrow", "best rate, wide", "wide / narrow"]
+        header += ["seeds", "95 % interval"]
         table = [
             [v, c["parametrization"], f"{c['narrow']} → {c['wide']} (×{c['width_ratio']:g})"]
             + [f"{r['best'][c['narrow']]:.2e}", f"{r['best'][c['wide']]:.2e}"]
-            + [f"{c['rate_ratio']:.2f} ({'within' if c['holds'] else 'beyond'} √2)"]
+            + [f"{c['rate_ratio']:.2f} ({'within' if c['holds'] else 'beyond'} √2)", str(c.get("seeds", 1))]
+            + ["{:.2f}-{:.2f}".format(*c["ratio_interval"]) if "ratio_interval" in c else "— (one seed)"]
             for v, c in checks
             for r in [rule[v]]
         ]
@@ -195,31 +233,43 @@ def lr_sweep(args) -> int:
     variants, sizes = args.variants.split(","), args.sizes.split(",")
     lrs = sorted(float(x) for x in args.lrs.split(","))
     extra = extra_rates(args.extra_lrs, variants)
-    points = [(v, s, lr) for s in sizes for v in variants for lr in sorted({*lrs, *extra.get(v, [])})]
+    if args.seeds < 1:
+        raise StudyError(f"--seeds {args.seeds}: at least 1. Fix: --seeds 3 for a transfer check with an interval")
+    base_seed = load_recipe(args.recipe, args.overrides).seed
+    points = [
+        (v, s, lr, k)
+        for k in range(args.seeds)  # seed-major: every rate of seed 0 first, so an early stop leaves whole curves
+        for s in sizes
+        for v in variants
+        for lr in sorted({*lrs, *extra.get(v, [])})
+    ]
     batches = per_size(args.batch_sequences, "--batch-sequences")
 
-    def point_overrides(v: str, s: str, lr: float) -> list[str]:
-        return rate_overrides(v, s, lr, args.budget, batches.get(s), args.tokens, args.min_lr_fraction)
+    def point_overrides(v: str, s: str, lr: float, k: int) -> list[str]:
+        return rate_overrides(
+            v, s, lr, args.budget, batches.get(s), args.tokens, args.min_lr_fraction, seed=k, base_seed=base_seed
+        )
 
-    for v, s, lr in points:  # a bad recipe, size or override fails here, before anything trains
-        cfg = load_recipe(args.recipe, [*args.overrides, *point_overrides(v, s, lr)])
+    for v, s, lr, k in points:  # a bad recipe, size or override fails here, before anything trains
+        cfg = load_recipe(args.recipe, [*args.overrides, *point_overrides(v, s, lr, k)])
     out = Path(args.out)
     args.overrides += tracker_overrides(args.recipe, args.overrides, f"lr-sweep:{out.name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     log, threads = RowLog(args.rows), threads_per_job(args.jobs)
     have = log.names()
 
-    def train_point(v: str, s: str, lr: float) -> list[str]:
-        run_dir = out / "runs" / rate_name(v, s, lr)
+    def train_point(v: str, s: str, lr: float, k: int) -> list[str]:
+        run_dir = out / "runs" / rate_name(v, s, lr, k)
         if run_dir.name in have:
             return []
         if not (run_dir / DONE).is_file():
             cmd = ["--recipe", args.recipe, "--run-dir", str(run_dir), "--resume", "auto", *args.overrides]
-            cmd += point_overrides(v, s, lr)
-            if not train_once(cmd, run_dir, {"variant": v, "size": s, "lr": lr}, threads):
+            cmd += point_overrides(v, s, lr, k)
+            if not train_once(cmd, run_dir, {"variant": v, "size": s, "lr": lr, "seed": k}, threads):
                 return [run_dir.name]
         if (row := collect_run(run_dir)) is not None:
-            log.append({**row, "size": s, "budget": None if args.tokens else args.budget, "max_tokens": args.tokens})
+            budget = None if args.tokens else args.budget
+            log.append({**row, "size": s, "seed_index": k, "budget": budget, "max_tokens": args.tokens})
         return []
 
     failed = run_chains([lambda p=p: train_point(*p) for p in points], args.jobs)
@@ -228,15 +278,17 @@ def lr_sweep(args) -> int:
         return 1
     found = {r["run"]: r for r in log.rows()}
     found.update({r["run"]: r for r in (collect_run(out / "runs" / rate_name(*p)) for p in points) if r})
-    losses = {}
-    for v, s, lr in points:
-        loss = found.get(rate_name(v, s, lr), {}).get("final_val_loss")
+    per_seed: dict[tuple[str, str, float], list[float]] = {}
+    for v, s, lr, k in points:
+        loss = found.get(rate_name(v, s, lr, k), {}).get("final_val_loss")
         if loss is None:
-            raise StudyError(f"{rate_name(v, s, lr)} logged no val_loss. Fix: train.eval_every_steps > 0")
-        losses[(v, s, lr)] = loss
+            raise StudyError(f"{rate_name(v, s, lr, k)} logged no val_loss. Fix: train.eval_every_steps > 0")
+        per_seed.setdefault((v, s, lr), []).append(loss)
+    losses = {key: float(np.mean(values)) for key, values in per_seed.items()}
     best = choose_rates(losses)
     rule = rate_rule(best)
-    for variant, check in transfer_check(best, cfg.model.fields.get("parametrization", "standard")).items():
+    parametrization = cfg.model.fields.get("parametrization", "standard")
+    for variant, check in transfer_check(best, parametrization, per_seed).items():
         rule[variant]["transfer"] = check
     (out / "lr.json").write_text(json.dumps(rule, indent=2))
     (out / "lr.md").write_text(lr_table(losses, rule))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
@@ -99,23 +100,36 @@ def test_ladder_uses_the_rule_and_sweep_runs_decay(tmp_path):
 
 
 def test_lr_sweep_trains_the_grid_logs_rows_and_resumes_from_them(tmp_path):
-    """A real grid at one size (a rate too small to move, a good one, one too large), two runs side by
-    side; the rows alone (run directories gone) give the same lr.json without training again."""
+    """A real grid at one size (a rate too small to move, a good one, one too large) and two seeds, two
+    runs side by side; the rows alone (run directories gone) give the same lr.json without training again."""
     out, log = tmp_path / "lr", tmp_path / "rows.jsonl"
-    args = ["lr-sweep", "--recipe", "recipes/tiny_cpu.yaml", "--variants", "standard", "--sizes", "n27k"]
+    args = [
+        "lr-sweep",
+        "--recipe",
+        "recipes/tiny_cpu.yaml",
+        "--variants",
+        "standard",
+        "--sizes",
+        "n27k",
+        "--seeds",
+        "2",
+    ]
     args += ["--lrs", "1e-5,3e-3,0.5", "--budget", "0.3", "--jobs", "2", "--rows", str(log), "--out", str(out)]
     args += ["optim.warmup_steps=1", "optim.min_lr=0", "train.eval_every_steps=1000", "logging.tensorboard=false"]
     assert main(args) == 0
     rule = json.loads((out / "lr.json").read_text())
     assert 1e-5 < rule["standard"]["best"]["n27k"] < 0.5  # between the lowest loss's neighbours
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert sorted(r["lr"] for r in rows) == [1e-5, 3e-3, 0.5] and {r["size"] for r in rows} == {"n27k"}
+    assert sorted(r["lr"] for r in rows) == [1e-5, 1e-5, 3e-3, 3e-3, 0.5, 0.5] and {r["size"] for r in rows} == {"n27k"}
+    by_seed = {r["seed_index"]: r for r in rows if r["lr"] == 3e-3}
+    assert by_seed[0]["run"] == "standard-n27k-lr0.003" and by_seed[1]["run"] == "standard-n27k-lr0.003-s1"
+    assert by_seed[0]["final_val_loss"] != by_seed[1]["final_val_loss"]  # another init and data order
     (out / "runs").rename(tmp_path / "gone")
     (out / "lr.json").unlink()
     assert main(args) == 0
     assert json.loads((out / "lr.json").read_text()) == rule and not list((out / "runs").iterdir())
     assert "| standard | n27k |" in (out / "lr.md").read_text()
-    assert len(log.read_text().splitlines()) == 3
+    assert len(log.read_text().splitlines()) == 6
 
 
 def test_transfer_check_compares_the_narrowest_and_widest_best_rates():
@@ -138,6 +152,37 @@ def test_transfer_check_compares_the_narrowest_and_widest_best_rates():
     assert "| standard | mup | w32 → w128 (×4) |" in md and "2.50 (beyond √2)" in md
     over = rate_overrides("standard", "w128", 1e-2, 5.0, batch=8, tokens=2_048_000, min_lr_fraction=0.1)
     assert "train.max_tokens=2048000" in over and "optim.min_lr=0.001" in over and "model.hidden_size=128" in over
+    assert not any(o.startswith("seed=") for o in over)  # seed 0: the recipe's
+    assert {"seed=1236", "name=standard-w128-lr0.01-s2"} <= set(
+        rate_overrides("standard", "w128", 1e-2, 5.0, seed=2, base_seed=1234)
+    )
+
+
+def test_transfer_interval_comes_from_the_seeds():
+    """Seeds drawn around curves whose true best rates are 4x apart: the bootstrap interval of the ratio
+    holds the point estimate, sits near the truth when the seeds agree, widens when they do not, and a
+    one-seed sweep has none."""
+    rng = random.Random(0)
+    grid = [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
+    truth = {"w32": 4e-3, "w128": 1.6e-2}
+
+    def check(noise, n=4):
+        per_seed = {
+            ("standard", size, lr): [3.0 + 0.2 * math.log(lr / best) ** 2 + rng.gauss(0, noise) for _ in range(n)]
+            for size, best in truth.items()
+            for lr in grid
+        }
+        means = {k: sum(v) / len(v) for k, v in per_seed.items()}
+        return transfer_check(choose_rates(means), "mup", per_seed, draws=300)["standard"], per_seed, means
+
+    clean, _, _ = check(0.003)
+    lo, hi = clean["ratio_interval"]
+    assert clean["seeds"] == 4 and lo <= clean["rate_ratio"] <= hi
+    assert 0.9 * 4 < lo and hi < 1.1 * 4  # agreeing seeds: tight, around the truth
+    noisy, per_seed, means = check(0.05)
+    assert math.log(noisy["ratio_interval"][1] / noisy["ratio_interval"][0]) > 3 * math.log(hi / lo)
+    one = transfer_check(choose_rates(means), "mup", {k: v[:1] for k, v in per_seed.items()})["standard"]
+    assert "ratio_interval" not in one and "seeds" not in one
 
 
 def test_extra_rates_extend_one_variants_grid_only():
