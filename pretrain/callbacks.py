@@ -3,24 +3,34 @@ so that the loop keeps the batch, the step and the schedule and a new feature do
 
     before_step(step)   before optimizer step `step` (1-based) runs
     after_update(step)  after the update was applied, before its record is logged
+    step_metrics(step)  what it adds to the step's record (the step then logs); asked every `metrics_every`
+                        steps and at the last step (0: never)
     after_log(step)     after its record is logged, before the loop's save decision
     close()             once, when the loop ends (also inside a profiled window, or on an error)
 
 pretrain/setup.py builds them: the step profiler (pretrain/profiling.py) when `profile.steps` asks for
-one on this rank, and fault injection (pretrain/faults.py) only when PRETRAIN_FAULTS asks for it.
+one on this rank, fault injection (pretrain/faults.py) only when PRETRAIN_FAULTS asks for it, and
+validation (pretrain/validation.py) when `train.eval_every_steps` is set.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class Callback:
     """A no-op at every hook point; a callback overrides the points it uses."""
+
+    metrics_every = 0
 
     def before_step(self, step: int) -> None:
         pass
 
     def after_update(self, step: int) -> None:
         pass
+
+    def step_metrics(self, step: int) -> dict[str, Any]:
+        return {}
 
     def after_log(self, step: int) -> None:
         pass

@@ -1,5 +1,6 @@
-"""The training loop: steps, periodic validation (and the caller's hooks, pretrain/hooks.py) and
-logging, checkpoints (every N steps and every M minutes), preemption, and the non-finite policy.
+"""The training loop: steps, logging (with what the callbacks add to a step's record: validation,
+pretrain/validation.py), checkpoints (every N steps and every M minutes), preemption, and the
+non-finite policy.
 
 A step whose loss or gradient norm was not finite has had its update skipped by the engine's step
 gate (pretrain/engine.py); `train.nan_policy` decides what happens next (`NanGuard`): `skip` (drop
@@ -27,14 +28,12 @@ import torch.distributed as dist
 from common.errors import NonFiniteLoss, RunStopped, UserError
 from model.mfu import mfu
 
-from . import loaders
 from .callbacks import Callback
 from .checkpoint_writer import SaveTiming
 from .config import RunConfig
 from .context import RunContext
 from .engine import ModelEngine
 from .engine_checkpoint import Checkpointer
-from .hooks import TrainHook, run_hooks
 from .metrics import Logger, memory_gib, train_flops_per_token
 from .preemption import StopRequest
 from .run_dir import restart_count
@@ -140,7 +139,6 @@ class TrainingLoop:
         loader,
         logger: Logger,
         checkpointer: Checkpointer,
-        hooks: list[TrainHook] | None = None,
         callbacks: list[Callback] | None = None,
     ):
         cfg, state = ctx.cfg, ctx.point.state
@@ -148,7 +146,6 @@ class TrainingLoop:
         self.loader, self.logger, self.checkpointer, self.run_dir = loader, logger, checkpointer, ctx.run_dir
         self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world
         self.tokenizer_id = getattr(loader, "tokenizer_id", None)
-        self.hooks = list(hooks or [])
         # the run's derived sizes, read once: the step path does not re-derive them from the recipe
         self.max_steps, self.tokens_per_step, self.batch_sequences = (
             cfg.max_steps,
@@ -161,10 +158,9 @@ class TrainingLoop:
         self.result = RunResult(
             run_dir=ctx.run_dir, resumed_from=ctx.point.tag_dir, final_step=self.start_step, saves=checkpointer.saves
         )
-        self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
         self._fpt: dict[int, float] = {}  # FLOPs per token per stretch of the freeze schedule (model/flops.py)
         self._bounds = sorted(ctx.mcfg.schedule_boundaries())
-        self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: the profiler, fault injection
+        self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: the profiler, faults, validation
         self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
 
     # -- what a checkpoint records besides the engine's tensors (trainer_state.json) ----------
@@ -192,24 +188,6 @@ class TrainingLoop:
         self.step, self.tokens_seen = int(st["step"]), int(st["tokens_seen"])
         self.logger.truncate_after(self.step)
         self.logger.message(f"rolled back to {tag_dir} (step {self.step}); skipping the offending batch")
-
-    def evaluate(self) -> dict[str, float]:
-        """`val_loss` on the held-out split; with `data.val_sets`, `val_loss/<name>` per set (each read
-        from its start, at most `train.eval_batches` batches) and `val_loss` pooled over their tokens."""
-        cfg = self.cfg
-        dp_rank, dp = self.model_engine.dp_rank, self.ctx.layout.data_parallel
-        if self._val_sets is None:
-            self._val_sets = loaders.val_sets(cfg, dp_rank, dp, self.run_dir, self.tokenizer_id) or {}
-        if not self._val_sets:
-            val = loaders.loader(cfg, "val", dp_rank, dp, verify_record=self.run_dir)
-            return {"val_loss": self.model_engine.eval_loss(iter(val), cfg.train.eval_batches)}
-        out, ce_all, n_all = {"val_loss": math.nan}, 0.0, 0.0
-        for name, loader in self._val_sets.items():
-            ce, n = self.model_engine.eval_sums(loader.iter_epoch(), cfg.train.eval_batches)
-            out[f"val_loss/{name}"] = ce / max(n, 1.0)
-            ce_all, n_all = ce_all + ce, n_all + n
-        out["val_loss"] = ce_all / max(n_all, 1.0)
-        return out
 
     # -- one step -----------------------------------------------------------------------------
     def _changes_trainable_set(self, step: int) -> bool:
@@ -241,13 +219,14 @@ class TrainingLoop:
         rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "tokens_seen": self.tokens_seen}
         if self.restarts:
             rec["restarts"] = self.restarts
-        do_eval = cfg.train.eval_every_steps and (step % cfg.train.eval_every_steps == 0 or step == self.max_steps)
-        if do_eval:
-            rec.update(self.evaluate())
-            self.result.val_losses[step] = rec["val_loss"]
-            model = self.model_engine.model
-            rec.update(run_hooks(self.hooks, model, step, self.model_engine.gathered(model.parameters())))
-        if step % cfg.logging.every_steps == 0 or step == self.max_steps or do_eval:
+        added: dict[str, Any] = {}
+        for cb in self.callbacks:
+            if cb.metrics_every and (step % cb.metrics_every == 0 or step == self.max_steps):
+                added.update(cb.step_metrics(step))
+        rec.update(added)
+        if "val_loss" in added:
+            self.result.val_losses[step] = added["val_loss"]
+        if step % cfg.logging.every_steps == 0 or step == self.max_steps or added:
             fpt = self._flops_per_token(step - 1)
             tps = self.tokens_per_step / dt
             rec.update(grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, tflops=tps * fpt / self.world / 1e12)

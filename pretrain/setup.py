@@ -27,6 +27,7 @@ from .resume import agreed_resume_point, check_fits, check_layout
 from .run_dir import check_run_dir, resolved_config, write_config
 from .task_model import model_config
 from .trackers import build_trackers
+from .validation import Validation
 
 
 @dataclass
@@ -106,5 +107,7 @@ def build_run(
     callbacks = faults.step_killer(run_dir, rank)  # [] unless PRETRAIN_FAULTS asks (the reliability tests)
     if StepProfiler.wanted(cfg.profile, rank):
         callbacks.insert(0, StepProfiler(cfg.profile, run_dir, rank, device, logger.message))
-    loop = TrainingLoop(ctx, model_engine, loader, logger, checkpointer, hooks, callbacks)
+    if cfg.train.eval_every_steps:
+        callbacks.append(Validation(ctx, model_engine, getattr(loader, "tokenizer_id", None), hooks))
+    loop = TrainingLoop(ctx, model_engine, loader, logger, checkpointer, callbacks)
     return Run(ctx, model_engine, logger, loop)
