@@ -6,11 +6,15 @@ so that the loop keeps the batch, the step and the schedule and a new feature do
     step_metrics(step)  what it adds to the step's record (the step then logs); asked every `metrics_every`
                         steps and at the last step (0: never)
     after_log(step)     after its record is logged, before the loop's save decision
+    on_nonfinite(step, position, loss, grad_norm)
+                        step `step + 1`'s update was skipped (not finite): "rollback" has the loop reload
+                        the last checkpoint; a callback may raise to stop the run
     close()             once, when the loop ends (also inside a profiled window, or on an error)
 
-pretrain/setup.py builds them: the step profiler (pretrain/profiling.py) when `profile.steps` asks for
-one on this rank, fault injection (pretrain/faults.py) only when PRETRAIN_FAULTS asks for it, and
-validation (pretrain/validation.py) when `train.eval_every_steps` is set.
+pretrain/setup.py builds them: the NaN guard (pretrain/nan_guard.py, `train.nan_policy`), the step
+profiler (pretrain/profiling.py) when `profile.steps` asks for one on this rank, fault injection
+(pretrain/faults.py) only when PRETRAIN_FAULTS asks for it, and validation (pretrain/validation.py)
+when `train.eval_every_steps` is set.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 
 class Callback:
-    """A no-op at every hook point; a callback overrides the points it uses."""
+    """A no-op at every hook point; a callback overrides the points it uses (the loop calls only those)."""
 
     metrics_every = 0
 
@@ -34,6 +38,9 @@ class Callback:
 
     def after_log(self, step: int) -> None:
         pass
+
+    def on_nonfinite(self, step: int, position: int | None, loss: float, grad_norm: float | None) -> str | None:
+        return None
 
     def close(self) -> None:
         pass

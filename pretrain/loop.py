@@ -3,10 +3,10 @@ pretrain/validation.py), checkpoints (every N steps and every M minutes), preemp
 non-finite policy.
 
 A step whose loss or gradient norm was not finite has had its update skipped by the engine's step
-gate (pretrain/engine.py); `train.nan_policy` decides what happens next (`NanGuard`): `skip` (drop
-the batch, log it), `stop` (raise `NonFiniteLoss` naming the step and the batch), `rollback` (reload
-the last complete checkpoint and step over the offending batch). More than `train.max_nan_skips`
-events stop the run.
+gate (pretrain/engine.py); the callbacks' `on_nonfinite` decide what happens next (the NaN guard,
+pretrain/nan_guard.py, applies `train.nan_policy`): a rollback reloads the last complete checkpoint,
+and the loop steps over every batch that was not finite from then on (a resumed run too: their positions
+are in the checkpoint).
 
 Whether to save is decided collectively after every step (one all-reduce of the stop request and
 of rank 0's `checkpoint.every_minutes` clock), so every rank enters the collective save at the same step.
@@ -15,7 +15,6 @@ of rank 0's `checkpoint.every_minutes` clock), so every rank enters the collecti
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.errors import NonFiniteLoss, RunStopped, UserError
+from common.errors import RunStopped, UserError
 from model.mfu import mfu
 
 from .callbacks import Callback
@@ -39,54 +38,12 @@ from .preemption import StopRequest
 from .run_dir import restart_count
 
 
-class NanGuard:
-    """Applies `train.nan_policy` to a step whose loss or gradient norm was not finite (its update was skipped)."""
-
-    def __init__(self, policy: str, max_events: int, skipped: list[int] | None = None):
-        self.policy, self.max_events = policy, max_events
-        self.skip_positions: set[int] = set(int(p) for p in (skipped or []))
-        self.events = 0
-
-    def on_nonfinite(self, step: int, position: int | None, batch_size: int, what: str) -> str:
-        """`what` says what was not finite (e.g. 'non-finite loss (nan)'). Returns 'skip' or
-        'rollback'; raises NonFiniteLoss for 'stop' or too many events."""
-        self.events += 1
-        where = f"optimizer step {step + 1}"
-        if position is not None:
-            where += f" (batch of global samples [{position}, {position + batch_size}) of the data order)"
-        if self.policy == "stop":
-            raise NonFiniteLoss(
-                f"{what} at {where}; the update was not applied and nothing was saved after it. "
-                "Fix: lower optim.lr or raise optim.warmup_steps, check the data at that position, or set "
-                "train.nan_policy=skip|rollback to step over such batches; then --resume auto"
-            )
-        if self.events > self.max_events:
-            raise NonFiniteLoss(
-                f"{what} at {where}: {self.events} non-finite steps in this process, more than "
-                f"train.max_nan_skips={self.max_events}; stopping (the model diverges or the data is broken). "
-                "Fix: lower optim.lr, check the data, or resume from an earlier checkpoint with --resume PATH"
-            )
-        if position is not None:
-            self.skip_positions.add(int(position))
-        return self.policy
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The batches a rollback stepped over, so a resumed run steps over them too."""
-        return {"nan_skipped": sorted(self.skip_positions)}
-
-
 def loader_position(loader) -> int | None:
     """Global index of the first sample of the loader's next batch (None if it does not say)."""
     try:
         return int(loader.state_dict()["samples_seen"])
     except Exception:  # noqa: BLE001 - a loader without a position still trains; skips are then by step
         return None
-
-
-def skip_marked_batches(loader, guard: NanGuard) -> None:
-    """Advance the loader past batches that a rollback marked as offending."""
-    while guard.skip_positions and loader_position(loader) in guard.skip_positions:
-        next(loader)
 
 
 def lr_at(cfg: RunConfig, step: int, max_steps: int | None = None) -> float:
@@ -154,13 +111,17 @@ class TrainingLoop:
         )
         self.start_step = self.step = int(state.get("step", 0))
         self.tokens_seen = int(state.get("tokens_seen", self.start_step * self.tokens_per_step))
-        self.guard = NanGuard(cfg.train.nan_policy, cfg.train.max_nan_skips, state.get("nan_skipped"))
         self.result = RunResult(
             run_dir=ctx.run_dir, resumed_from=ctx.point.tag_dir, final_step=self.start_step, saves=checkpointer.saves
         )
         self._fpt: dict[int, float] = {}  # FLOPs per token per stretch of the freeze schedule (model/flops.py)
         self._bounds = sorted(ctx.mcfg.schedule_boundaries())
-        self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: the profiler, faults, validation
+        self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: NaN guard, profiler, faults, validation
+        self._before_step, self._after_update, self._after_log = (
+            [getattr(cb, hook) for cb in self.callbacks if getattr(type(cb), hook) is not getattr(Callback, hook)]
+            for hook in ("before_step", "after_update", "after_log")
+        )
+        self.skip_positions: set[int] = set(int(p) for p in state.get("nan_skipped", []))
         self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
 
     # -- what a checkpoint records besides the engine's tensors (trainer_state.json) ----------
@@ -171,7 +132,7 @@ class TrainingLoop:
             "loader": self.loader.state_dict(),
             "tokenizer_id": self.tokenizer_id,
             **self.model_engine.checkpoint_state(),
-            **self.guard.checkpoint_state(),
+            "nan_skipped": sorted(self.skip_positions),  # the batches stepped over, so a resumed run does too
             "recipe": self.ctx.resolved,
             "universal": False,
             "time": time.time(),
@@ -193,26 +154,6 @@ class TrainingLoop:
     def _changes_trainable_set(self, step: int) -> bool:
         """The freeze schedule's trainable set at `step` is not the engine's."""
         return self.mcfg.frozen_groups_at(step) != self.mcfg.frozen_groups_at(self.model_engine.trainable_step)
-
-    def _on_nonfinite(self, loss: float, grad_norm: float | None, position: int | None) -> None:
-        """The update was skipped on every rank: apply the policy (raises for stop)."""
-        cfg = self.cfg
-        if math.isfinite(loss):
-            what = f"non-finite gradient norm ({grad_norm}; loss {loss:.4f} is finite)"
-        else:
-            what = f"non-finite loss ({loss})"
-        action = self.guard.on_nonfinite(self.step, position, self.batch_sequences, what)
-        end = position + self.batch_sequences if position is not None else "?"
-        self.logger.message(
-            f"{what} at step {self.step + 1}, global samples [{position}, {end}): "
-            f"update skipped ({action}; {self.guard.events}/{cfg.train.max_nan_skips} allowed)"
-        )
-        if self.rank == 0:
-            rec = {"step": self.step + 1, "samples": position, "loss": str(loss), "grad_norm": str(grad_norm)}
-            with open(self.run_dir / "nonfinite.jsonl", "a") as f:
-                f.write(json.dumps({**rec, "action": action}) + "\n")
-        if action == "rollback":
-            self.rollback()
 
     def _log(self, loss: float, lr: float, grad_norm: float | None, dt: float) -> None:
         cfg, step = self.cfg, self.step
@@ -271,18 +212,23 @@ class TrainingLoop:
                     f"frozen={sorted(self.mcfg.frozen_groups_at(self.step))}; rebuilding the engine"
                 )
                 model_engine.rebuild(self.step)
-            for cb in self.callbacks:
-                cb.before_step(self.step + 1)
+            for before_step in self._before_step:
+                before_step(self.step + 1)
             t0 = time.perf_counter()
-            skip_marked_batches(self.loader, self.guard)
+            while self.skip_positions and loader_position(self.loader) in self.skip_positions:
+                next(self.loader)
             position = loader_position(self.loader)
             batch = next(self.loader)
             lr = lr_at(cfg, self.step, self.max_steps)
             model_engine.set_lr(lr)
             res = model_engine.train_step(batch, None if position is None else position // self.batch_sequences)
             loss, grad_norm = res.loss, res.grad_norm
-            if not res.finite:
-                self._on_nonfinite(loss, grad_norm, position)
+            if not res.finite:  # the update was skipped on every rank; a callback may stop the run (raises)
+                actions = [cb.on_nonfinite(self.step, position, loss, grad_norm) for cb in self.callbacks]
+                if position is not None:
+                    self.skip_positions.add(int(position))
+                if "rollback" in actions:
+                    self.rollback()
                 continue
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -290,11 +236,11 @@ class TrainingLoop:
             self.step += 1
             self.tokens_seen += self.tokens_per_step
             result.losses[self.step] = loss
-            for cb in self.callbacks:
-                cb.after_update(self.step)
+            for after_update in self._after_update:
+                after_update(self.step)
             self._log(loss, lr, grad_norm, dt)
-            for cb in self.callbacks:
-                cb.after_log(self.step)
+            for after_log in self._after_log:
+                after_log(self.step)
             # Preemption and time-based saves: every rank must agree before anyone saves.
             stop_now, minutes_due = self._save_requests(stop, flags)
             if stop_now:

@@ -22,6 +22,7 @@ from .hooks import TrainHook
 from .layout import plan_layout
 from .loop import TrainingLoop
 from .metrics import Logger
+from .nan_guard import NanGuard
 from .profiling import StepProfiler
 from .resume import agreed_resume_point, check_fits, check_layout
 from .run_dir import check_run_dir, resolved_config, write_config
@@ -104,7 +105,11 @@ def build_run(
     logger = build_logger(ctx)
     ck = cfg.checkpoint
     checkpointer = Checkpointer(run_dir, ck.keep_last, ck.background, ck.timeout_s, cfg.parallel.timeout_s)
-    callbacks = faults.step_killer(run_dir, rank)  # [] unless PRETRAIN_FAULTS asks (the reliability tests)
+    tc = cfg.train
+    guard = NanGuard(
+        tc.nan_policy, tc.max_nan_skips, cfg.global_batch_size, run_dir if rank == 0 else None, logger.message
+    )
+    callbacks = [guard, *faults.step_killer(run_dir, rank)]  # faults: only where PRETRAIN_FAULTS asks
     if StepProfiler.wanted(cfg.profile, rank):
         callbacks.insert(0, StepProfiler(cfg.profile, run_dir, rank, device, logger.message))
     if cfg.train.eval_every_steps:

@@ -58,9 +58,8 @@ def test_one_step_passes_through_these_files(tmp_path, monkeypatch):
     trace = Trace()
 
     class TracedLoop(setup.TrainingLoop):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.callbacks.append(trace)
+        def __init__(self, ctx, engine, loader, logger, checkpointer, callbacks):
+            super().__init__(ctx, engine, loader, logger, checkpointer, [*callbacks, trace])
 
     monkeypatch.setattr(setup, "TrainingLoop", TracedLoop)
     over = ["train.max_steps=4", "model.variant=standard", "train.eval_every_steps=0", "logging.every_steps=1"]
