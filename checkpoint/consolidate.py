@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from common.deepspeed_import import import_deepspeed
+from common.errors import CorruptCheckpoint
 from data_pipeline.classification import resolve_pad_id
 from data_pipeline.config import parse_data
 from model import ModelConfig
@@ -94,7 +95,10 @@ def _fill(model: torch.nn.Module, lm: Transformer, sd: dict[str, torch.Tensor], 
         full[f"{prefix}lm_head.weight"] = full[f"{prefix}embed_tokens.weight"]
     missing = set(model.state_dict()) - set(full)
     if missing:
-        raise RuntimeError(f"checkpoint {tag_dir} lacks tensors {sorted(missing)[:5]}")
+        raise CorruptCheckpoint(
+            f"checkpoint {tag_dir} lacks tensors {sorted(missing)[:5]} that its model config has. Fix: check that "
+            "the checkpoint was written completely (or by this version), or use an earlier complete checkpoint"
+        )
     with torch.no_grad():
         for name, t in model.state_dict(keep_vars=True).items():
             t.data = full[name].clone()

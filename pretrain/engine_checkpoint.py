@@ -30,7 +30,7 @@ import torch.distributed as dist
 from checkpoint import tag_format
 from checkpoint.pickle_scan import guarded_torch_load, verify_checkpoint_dir
 from common.constants import free_space, fsync_path
-from common.errors import CheckpointWriteFailed, NonFiniteLoss
+from common.errors import CheckpointWriteFailed, CorruptCheckpoint, NonFiniteLoss
 
 from . import faults
 from .checkpoint_writer import CheckpointWriter, SaveTiming
@@ -223,7 +223,10 @@ def load(model_engine, tag_dir: Path, universal: bool, seed: int) -> None:
             str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
         )
     if path is None:
-        raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
+        raise CorruptCheckpoint(
+            f"DeepSpeed found no checkpoint it could load in {tag_dir}. Fix: check that the directory holds a "
+            "complete checkpoint of this run, or resume from another one with --resume PATH"
+        )
     model_engine.restore_frozen(tag_format.load_frozen(tag_dir))
     if not tag_format.load_rng(tag_dir, dist.get_rank()):
         torch.manual_seed(seed + dist.get_rank())

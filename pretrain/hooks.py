@@ -60,9 +60,9 @@ def run_hooks(hooks: Sequence[TrainHook], model: torch.nn.Module, step: int, gat
                     raise TypeError(f"training hook {hook!r} returned {type(got).__name__}, not a dict of metrics")
                 clash = (set(got) & RESERVED) | (set(got) & set(out))
                 if clash:
-                    raise ValueError(
+                    raise RecipeError(
                         f"training hook {hook!r} returned metric names {sorted(clash)} that another "
-                        "hook or the loop already logs; give them their own names (e.g. 'probe/...')"
+                        "hook or the loop already logs. Fix: give them their own names (e.g. 'probe/...')"
                     )
                 out.update(got)
     finally:
