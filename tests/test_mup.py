@@ -62,6 +62,26 @@ def test_coordinate_check(variant):
     assert sp[1][1] / sp[0][1] > 5 and sp[1][0] / sp[0][0] > 2, (variant, sp)
 
 
+@pytest.mark.parametrize("variant", ["standard", "frozen_qk"])
+def test_coordinate_check_at_the_ladders_shape(variant):
+    """The IsoFLOP ladder's shape (docs/SCALING.md): depth 4, head dim 16, heads growing with the width,
+    base width 32. From w32 to w128 the logits' and the hidden state's changes stay within 25 % (measured:
+    0.79 and 0.91 for both variants). MixiT is left out: at this shape (mixit_width_base=null, as the grid
+    trains it) its hidden change falls with the
+    width (measured 0.099, 0.046, 0.028, 0.021 at w32..w256), which µP does not correct: the open
+    question behind its transfer check (SCALING.md)."""
+
+    def ladder(width):
+        return preset(
+            "tiny", variant=variant, vocab_size=V, max_seq_len=T, hidden_size=width, num_heads=width // 16,
+            intermediate_size=4 * width, num_layers=4, parametrization="mup", mup_base_width=32, mup_base_head_dim=16,
+        )  # fmt: skip
+
+    narrow, wide = changes_after_adam(ladder(32)), changes_after_adam(ladder(128))
+    for i in (0, 1):
+        assert 0.75 < wide[i] / narrow[i] < 1.25, (variant, narrow, wide)
+
+
 @pytest.mark.parametrize("variant", ["standard", "frozen_qk", "mixit"])
 def test_mup_at_the_base_width_is_the_standard_model(variant):
     x = torch.randint(0, V, (2, T))
