@@ -67,9 +67,8 @@ def test_coordinate_check_at_the_ladders_shape(variant):
     """The IsoFLOP ladder's shape (docs/SCALING.md): depth 4, head dim 16, heads growing with the width,
     base width 32. From w32 to w128 the logits' and the hidden state's changes stay within 25 % (measured:
     0.79 and 0.91 for both variants). MixiT is left out: at this shape (mixit_width_base=null, as the grid
-    trains it) its hidden change falls with the
-    width (measured 0.099, 0.046, 0.028, 0.021 at w32..w256), which µP does not correct: the open
-    question behind its transfer check (SCALING.md)."""
+    trains it) its hidden change falls with the width (measured 0.099, 0.046, 0.028, 0.021 at w32..w256),
+    which µP does not correct: the open question behind its transfer check (SCALING.md)."""
 
     def ladder(width):
         return preset(
