@@ -55,7 +55,7 @@ def without(argv: list[str], *options: str) -> list[str]:
 
 def split_arm(arm: str) -> tuple[str, float | None]:
     """A study arm, `VARIANT` or `VARIANT@STD` (Q/K initialised at that std, e.g. `standard@0.02`), as
-    (variant, std); None: the recipe's Q/K init."""
+    (variant, std); None: the default Q/K init, the paper's rule for frozen Q/K (1/sqrt(hidden size))."""
     variant, at, std = arm.partition("@")
     if not at:
         return variant, None
@@ -66,13 +66,15 @@ def split_arm(arm: str) -> tuple[str, float | None]:
 
 
 def arm_overrides(arm: str) -> list[str]:
-    """The recipe overrides that make an arm: its variant, and its Q/K init where it names one."""
+    """The recipe overrides that make an arm: its variant and its Q/K init, the named one or the default
+    (`null`: 1/sqrt(hidden size)), whatever the recipe sets (the reference's recipes set 0.02), so that
+    `standard` and `standard@0.02` differ in their init on every recipe."""
     variant, std = split_arm(arm)
-    return [f"model.variant={variant}"] + ([] if std is None else [f"model.qk_init_std={std}"])
+    return [f"model.variant={variant}", f"model.qk_init_std={'null' if std is None else std}"]
 
 
 def arm_order(arm: str) -> tuple[int, float]:
-    """Arms in the order of VARIANTS, the recipe's Q/K init before the named ones."""
+    """Arms in the order of VARIANTS, the default Q/K init before the named ones."""
     variant, std = split_arm(arm)
     return list(VARIANTS).index(variant), -1.0 if std is None else std
 

@@ -4,9 +4,14 @@ rendered from the rows."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from pretrain.config import load_recipe
+from pretrain.task_model import model_config
 from studies.arithmetic import main, read_rows, render, wilson
+from studies.shared import arm_overrides
 
 
 def test_sweep_then_seeds_per_arm_and_layout_resuming_from_the_rows(tmp_path, capsys):
@@ -60,3 +65,16 @@ def test_wilson_interval_of_a_solve_rate():
     assert hi == 1.0 and lo == pytest.approx(5 / (5 + 1.96**2))
     lo, hi = wilson(2, 5)
     assert lo < 0.4 < hi and (lo, hi) == pytest.approx((0.1176, 0.7693), abs=1e-4)
+
+
+@pytest.mark.parametrize("recipe", ["recipes/reference_addition.yaml", "recipes/retrieval_kv.yaml"])
+def test_an_arm_without_a_std_has_the_default_qk_init_whatever_the_recipe_sets(recipe):
+    """The reference's recipes set Q/K to 0.02: `standard` must still differ from its control `standard@0.02`
+    (the default, 1/sqrt(hidden size); with the recipe's own init the two arms were the same model)."""
+    stds = {}
+    for arm in ("standard", "standard@0.02", "frozen_qk", "frozen_qk@0.02"):
+        cfg = load_recipe(recipe, arm_overrides(arm))
+        stds[arm] = model_config(cfg, 64).qk_init_std
+    width = model_config(load_recipe(recipe), 64).hidden_size
+    assert stds["standard"] == stds["frozen_qk"] == pytest.approx(1 / math.sqrt(width))
+    assert stds["standard@0.02"] == stds["frozen_qk@0.02"] == 0.02
