@@ -176,8 +176,28 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def chosen_runs(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """{(digits, layout, steps, arm): its runs at the rate with the most seeds}; among rates with as many
+    seeds (the sweep, one seed each), the best by the sweep's order: exact match, token accuracy, loss
+    (seed means). Diverged runs are left out (the sweep's table shows them)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in (r for r in rows if r["acc"] is not None):
+        d, layout, arm, lr, _, steps = row_key(r)
+        groups.setdefault((d, layout, steps, arm, lr), []).append(r)
+
+    def rank(rs: list[dict]) -> tuple:
+        means = [sum(x) / len(rs) for x in zip(*(score(r) for r in rs))]
+        return (len(rs), *means)
+
+    chosen: dict[tuple, list[dict]] = {}
+    for (*setting, _), rs in sorted(groups.items()):
+        if tuple(setting) not in chosen or rank(rs) > rank(chosen[tuple(setting)]):
+            chosen[tuple(setting)] = sorted(rs, key=lambda r: r["seed"])
+    return chosen
+
+
 def render(rows: list[dict]) -> str:
-    """Markdown: per (digits, layout, steps, arm) at the rate with the most seeds, exact match and token
+    """Markdown: per (digits, layout, steps, arm) at its chosen rate (`chosen_runs`), exact match and token
     accuracy (mean ± std over seeds), every seed's exact match, how many solved it with the solve rate's
     95 % interval, and the step each one did; then the sweep."""
     if not rows:
@@ -186,17 +206,9 @@ def render(rows: list[dict]) -> str:
         "digits", "layout", "arm", "rate", "steps", "seeds", "exact match (mean ± std)", "per seed (%)",
         "token accuracy (the reference's measure)", "solved (≥ 90 %), 95 % interval", "step solved, per seed",
     ]  # fmt: skip
-    groups: dict[tuple, list[dict]] = {}
-    for r in (r for r in rows if r["acc"] is not None):  # a diverged run: in the sweep's table only
-        d, layout, arm, lr, _, steps = row_key(r)
-        groups.setdefault((d, layout, steps, arm, lr), []).append(r)
-    chosen: dict[tuple, list[dict]] = {}
-    for (*setting, lr), rs in sorted(groups.items()):  # ties: the lower rate
-        if len(rs) > len(chosen.get(tuple(setting), [])):
-            chosen[tuple(setting)] = rs
     table = []
+    chosen = chosen_runs(rows)
     for (digits, layout, steps, arm), rs in sorted(chosen.items(), key=lambda kv: (*kv[0][:3], arm_order(kv[0][3]))):
-        rs = sorted(rs, key=lambda r: r["seed"])
         exact, acc = Spread.of(r["exact_match"] for r in rs), Spread.of(r["acc"] for r in rs)
         solved = [r["step_solved"] for r in rs]
         k = sum(s is not None for s in solved)

@@ -370,19 +370,19 @@ def ours_induction(data_dir: Path) -> str:
 
 def ours_arithmetic(data_dir: Path) -> str:
     """Per digit count and layout, each main arm's held-out exact match and token accuracy (mean ± std over
-    seeds) and how many seeds solved it (the control arms and the sweep are on its page)."""
-    rows = [r for r in read_rows(data_dir / "arithmetic" / "runs.jsonl") if r["acc"] is not None]
-    rows = [r for r in rows if "@" not in r.get("arm", r["variant"])]
-    if not rows:
+    seeds, at the rate its page chooses) and how many seeds solved it (the control arms and the sweep are
+    on its page)."""
+    chosen = arithmetic.chosen_runs(read_rows(data_dir / "arithmetic" / "runs.jsonl"))
+    if not chosen:
         return "—"
     parts = []
-    for digits, layout in sorted({arithmetic.row_key(r)[:2] for r in rows}):
+    for digits, layout in sorted({key[:2] for key in chosen}):
         cells = []
         for v in VARIANT_ORDER:
-            rs = [r for r in rows if arithmetic.row_key(r)[:3] == (digits, layout, v)]
+            rs = next(
+                (rs for (d, lay, _, arm), rs in sorted(chosen.items()) if (d, lay, arm) == (digits, layout, v)), None
+            )
             if rs:
-                lr = max({r["lr"] for r in rs}, key=lambda x: (sum(r["lr"] == x for r in rs), -x))
-                rs = [r for r in rs if r["lr"] == lr]
                 m, s = mean_std([100 * r["exact_match"] for r in rs])
                 tok = mean_std([100 * r["acc"] for r in rs])
                 solved = sum(r["step_solved"] is not None for r in rs)

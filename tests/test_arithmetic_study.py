@@ -10,7 +10,7 @@ import pytest
 
 from pretrain.config import load_recipe
 from pretrain.task_model import model_config
-from studies.arithmetic import main, read_rows, render, wilson
+from studies.arithmetic import chosen_runs, main, read_rows, render, wilson
 from studies.shared import arm_overrides
 
 
@@ -78,3 +78,16 @@ def test_an_arm_without_a_std_has_the_default_qk_init_whatever_the_recipe_sets(r
     width = model_config(load_recipe(recipe), 64).hidden_size
     assert stds["standard"] == stds["frozen_qk"] == pytest.approx(1 / math.sqrt(width))
     assert stds["standard@0.02"] == stds["frozen_qk@0.02"] == 0.02
+
+
+def test_a_sweep_only_arm_is_shown_at_its_best_rate_and_seeds_win_once_they_exist():
+    def row(lr, seed, exact):
+        return {
+            "task_args": {"n_digits": 3, "layout": "reference"}, "arm": "mixit", "variant": "mixit", "lr": lr,
+            "seed": seed, "steps": 1250, "acc": 0.5 + exact / 2, "exact_match": exact, "loss": 1 - exact,
+        }  # fmt: skip
+
+    sweep = [row(3.33e-4, 0, 0.0), row(1e-3, 0, 0.9), row(3e-3, 0, 0.2)]
+    assert [r["lr"] for r in chosen_runs(sweep)[(3, "reference", 1250, "mixit")]] == [1e-3]  # not the lowest rate
+    seeds = [row(3e-3, s, 0.1) for s in (1, 2)]
+    assert [r["seed"] for r in chosen_runs(sweep + seeds)[(3, "reference", 1250, "mixit")]] == [0, 1, 2]
