@@ -9,6 +9,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 import mlflow
 import pytest
@@ -58,18 +59,23 @@ def test_wandb_offline_run_holds_the_scalars_and_resume_continues_it(tmp_path):
     assert json.loads((run / "trackers.json").read_text())["wandb"] == run_id
     files = sorted((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(files) == 2  # the first process and the resumed one: one run id
-    history, runs, summary = {}, [], {}
-    for f in files:
-        for rec in wandb_records(f):
-            kind = rec.WhichOneof("record_type")
-            if kind == "history":
-                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
-                history.setdefault(items["_step"], {}).update(items)
-            elif kind == "run":
-                runs.append(rec.run)
-            elif kind == "summary":
-                summary = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update}
     logged = {r["step"]: r for r in metrics(run)}
+    deadline = time.monotonic() + 60  # W&B's service process may still be writing the last file on a busy machine
+    while True:
+        history, runs, summary = {}, [], {}
+        for f in files:
+            for rec in wandb_records(f):
+                kind = rec.WhichOneof("record_type")
+                if kind == "history":
+                    items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+                    history.setdefault(items["_step"], {}).update(items)
+                elif kind == "run":
+                    runs.append(rec.run)
+                elif kind == "summary":
+                    summary = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update}
+        if sorted(history) == sorted(logged) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert sorted(history) == sorted(logged) == [1, 2, 3, 4, 5, 6]
     for step, rec in logged.items():  # the names TensorBoard and MLflow use too (metrics.metric_name)
         assert history[step]["train/loss"] == pytest.approx(rec["loss"])
