@@ -17,13 +17,8 @@ class Validation(Callback):
     """Built where `train.eval_every_steps` is set (pretrain/setup.py); every rank evaluates its share."""
 
     def __init__(self, ctx: RunContext, model_engine: ModelEngine, tokenizer_id: str | None, hooks: list[TrainHook]):
-        self.ctx, self.cfg, self.model_engine, self.tokenizer_id, self.hooks = (
-            ctx,
-            ctx.cfg,
-            model_engine,
-            tokenizer_id,
-            hooks,
-        )
+        self.ctx, self.cfg, self.model_engine = ctx, ctx.cfg, model_engine
+        self.tokenizer_id, self.hooks = tokenizer_id, hooks
         self.metrics_every = ctx.cfg.train.eval_every_steps
         self._val_sets: dict | None = None  # data.val_sets' loaders, built at the first evaluation
 
