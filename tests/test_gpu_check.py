@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_PLAN = ["wheels", "probe", "pytest", "pytest:mixit", "bench:T2048", "bench:T8192"]
+DEFAULT_PLAN = ["wheels", "probe", "pytest", "bench:T2048", "bench:T8192"]
 
 
 def gpu_check(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -39,7 +39,8 @@ def test_plan_prints_each_stage_with_its_measured_seconds_or_an_estimate():
     out = gpu_check("--plan")
     assert out.returncode == 0, out.stderr
     rows = plan_rows(out.stdout)
-    assert list(rows) == DEFAULT_PLAN  # the scaling stage is left out: its time is not left
+    assert list(rows) == DEFAULT_PLAN  # the compiled and scaling stages are left out: their time is not left
+    assert re.search(r"^left out: bench:compiled:T2048 \(\d+ s, measured\)", out.stdout, re.M), out.stdout
     assert re.search(r"^left out: bench:T16384 \(\d+ s, ESTIMATE\)", out.stdout, re.M), out.stdout
     total = int(re.search(r"^  total +(\d+)  of the 540 s budget", out.stdout, re.M).group(1))
     assert total == sum(s for s, _ in rows.values()) <= 540
@@ -50,13 +51,24 @@ def test_plan_prints_each_stage_with_its_measured_seconds_or_an_estimate():
             times = {f[0]: int(f[2]) for f in (x.split() for x in summary.read_text().splitlines()[1:])}
             assert times[stage] == seconds, (stage, summary)
     assert "run it with: scripts/gpu_check.sh --budget 540 --only " + ",".join(DEFAULT_PLAN) in out.stdout
-    # a larger budget, the most one call runs, leaves more time, and the scaling stage still does not fit it
+    # a larger budget, the most one call runs, takes the compiled stage in, and the scaling stage still does
+    # not fit
     out = gpu_check("--plan", "--budget", "600")
-    assert list(plan_rows(out.stdout)) == DEFAULT_PLAN and f"more than the {600 - total} s left" in out.stdout
+    rows = plan_rows(out.stdout)
+    assert list(rows) == [*DEFAULT_PLAN, "bench:compiled:T2048"], out.stdout
+    assert f"more than the {600 - sum(s for s, _ in rows.values())} s left" in out.stdout
+
+
+def test_a_stages_own_name_selects_it_alone_and_a_prefix_several():
+    assert list(plan_rows(gpu_check("--plan", "pytest").stdout)) == ["pytest"]
+    assert list(plan_rows(gpu_check("--plan", "pytest:mixit").stdout)) == ["pytest:mixit"]
+    out = gpu_check("--plan", "bench", "--budget", "600")
+    assert [r for r in plan_rows(out.stdout) if r.startswith("bench:")] == list(plan_rows(out.stdout))
+    assert len(plan_rows(out.stdout)) >= 4, out.stdout
 
 
 def test_plan_over_its_budget_is_refused_with_one_error_line():
-    stages = "bench:T8192,bench:T16384,train:standard:zero1,probe"  # 544 s by the plan's figures
+    stages = "bench:T2048,bench:T8192,train:standard:zero1,pytest"  # 548 s by the plan's figures
     out = gpu_check("--plan", stages)
     assert out.returncode == 2, out.stdout
     lines = out.stderr.strip().splitlines()
