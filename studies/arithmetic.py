@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from .shared import (
     study_parser,
     train_missing,
 )
-from .spread import Spread
+from .spread import Spread, wilson
 
 RECIPE = "recipes/reference_addition.yaml"
 ROWS = "docs/data/arithmetic/runs.jsonl"
@@ -164,16 +163,6 @@ def train_run(cell: Cell, args: argparse.Namespace) -> dict:
         **run,
         "step_solved": first_step(run["curve"], SOLVED),
     }
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95 %) of a rate of k in n: the solve rate's interval over seeds."""
-    p = k / n
-    centre, half = (
-        (p + z * z / (2 * n)) / (1 + z * z / n),
-        z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n),
-    )
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def chosen_runs(rows: list[dict]) -> dict[tuple, list[dict]]:

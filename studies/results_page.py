@@ -11,7 +11,7 @@ the recipe and its overrides, bits, accuracy, loss), `docs/data/claims.csv` (the
 claims, where the paper states them, the verdict, the command that measures them) and
 `docs/data/rows_lost.csv` (results whose rows were not kept, with the command that re-measures them),
 `docs/data/retrieval/runs.jsonl`, `docs/data/arithmetic/runs.jsonl` and `docs/data/induction/runs.jsonl`
-(one row per run, as the studies write them).
+(one row per run, as the studies write them), and one GPU run's benchmark tables (the speed claim).
 Means and sample standard deviations over seeds are computed here. The check also fails on a
 markdown table outside any marker pair, so a hand-typed table cannot slip in.
 """
@@ -394,8 +394,47 @@ def ours_arithmetic(data_dir: Path) -> str:
     return "; ".join(parts)
 
 
+# the GPU run whose benchmark logs measure the speed claim (docs/PERFORMANCE.md, GPU, run 3), and its tables:
+# (log under that run, what it timed)
+GPU_SPEED_RUN = "gpu/2026-11-28_h200"
+GPU_SPEED_TABLES = (
+    ("call1/logs/bench_T2048.out", "T 2048 eager"),
+    ("call2/logs/bench_compiled_T2048.out", "T 2048 compiled"),
+    ("call1/logs/bench_T8192.out", "T 8192 eager"),
+)
+
+
+def bench_tokens_per_s(path: Path) -> dict[str, int]:
+    """The tok/s column of benchmarks/bench_model.py's table: model -> tokens a second."""
+    if not path.is_file():
+        raise StudyError(f"{path}: the benchmark log is missing. Fix: restore it from git")
+    out = {}
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[0] in VARIANT_ORDER and fields[1].isdigit():
+            out[fields[0]] = int(fields[1])
+    return out
+
+
+def ours_speed(data_dir: Path) -> str:
+    """Each variant's tokens a second against standard's, from one GPU run's benchmark tables."""
+    parts = []
+    for log, label in GPU_SPEED_TABLES:
+        tps = bench_tokens_per_s(data_dir / GPU_SPEED_RUN / log)
+        if "standard" not in tps:
+            raise StudyError(f"{data_dir / GPU_SPEED_RUN / log}: no standard row. Fix: restore it from git")
+        cells = [
+            f"{VARIANT_NAMES[v]} {100 * (tps[v] / tps['standard'] - 1):+.1f} %"
+            for v in ("frozen_qk", "mixit")
+            if v in tps
+        ]
+        parts.append(f"{label}: " + ", ".join(cells))
+    return "preset 1b on one H200, bf16, tokens a second against standard's: " + "; ".join(parts)
+
+
 OURS: dict[str, Callable[[list[Cell], Path], str]] = {
     "arithmetic": lambda _, data_dir: ours_arithmetic(data_dir),
+    "speed": lambda _, data_dir: ours_speed(data_dir),
     "induction": lambda _, data_dir: ours_induction(data_dir),
     "capacity": lambda cells, _: ours_capacity(cells),
     "retrieval": lambda _, data_dir: ours_retrieval(data_dir),

@@ -63,7 +63,7 @@ from .shared import (
     study_parser,
     train_missing,
 )
-from .spread import Spread
+from .spread import Spread, wilson
 
 RECIPE = "recipes/retrieval_kv.yaml"
 ROWS = "docs/data/retrieval/runs.jsonl"
@@ -342,7 +342,8 @@ def render(rows: list[dict]) -> str:
     if not rows:
         return "(no runs yet)"
     lines = [
-        "| pairs (keys, values) | variant | rate | steps | seeds | held-out accuracy (mean ± std) | per seed (%) | solved (≥ 90 %) | "
+        "| pairs (keys, values) | variant | rate | steps | seeds | held-out accuracy (mean ± std) | per seed (%) | "
+        "solved (≥ 90 %), 95 % interval | "
         "median step solved |",
         "|---:|---|---:|---:|---:|---:|---|---:|---:|",
     ]
@@ -365,9 +366,10 @@ def render(rows: list[dict]) -> str:
             solved = sorted(r["step_solved"] for r in rs if r["step_solved"] is not None)
             median = f"{solved[len(solved) // 2]}" if solved else "—"
             per_seed = ", ".join(f"{100 * r['acc']:.1f}" for r in rs)
+            lo, hi = wilson(len(solved), len(rs))
             lines.append(
                 f"| {p} ({k}, {v}) | {variant} | {rs[0]['lr']:g} | {steps} | {len(rs)} | {100 * acc.mean:.1f} ± "
-                f"{100 * acc.std:.1f} % | {per_seed} | {len(solved)}/{len(rs)} | {median} |"
+                f"{100 * acc.std:.1f} % | {per_seed} | {len(solved)}/{len(rs)} ({100 * lo:.0f}-{100 * hi:.0f} %) | {median} |"
             )
         lines.append(f"| {p} ({k}, {v}) | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |")
         guess = "*in-context guess (most frequent context value, exact)*"

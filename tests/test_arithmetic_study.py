@@ -10,8 +10,9 @@ import pytest
 
 from pretrain.config import load_recipe
 from pretrain.task_model import model_config
-from studies.arithmetic import chosen_runs, main, read_rows, render, wilson
+from studies.arithmetic import chosen_runs, main, read_rows, render
 from studies.shared import arm_overrides
+from studies.spread import wilson
 
 
 def test_sweep_then_seeds_per_arm_and_layout_resuming_from_the_rows(tmp_path, capsys):

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from studies.results_page import mean_std, read_capacity
+from common.errors import StudyError
+from studies.results_page import (
+    GPU_SPEED_RUN,
+    GPU_SPEED_TABLES,
+    bench_tokens_per_s,
+    mean_std,
+    ours_speed,
+    read_capacity,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,3 +122,24 @@ def test_markdown_table_aligns_each_column_and_refuses_a_wrong_spec():
     assert markdown_table(["a", "b"], [], right_from=1).splitlines()[1] == "| --- | ---: |"
     with pytest.raises(ValueError, match="one of l, r per column"):
         markdown_table(["a", "b"], [], align="r")
+
+
+def test_the_speed_claim_is_each_variants_tokens_per_second_over_standards(tmp_path):
+    """ours_speed reads the benchmark's own table lines (model, tok/s, ...) and divides by standard's."""
+    rng = random.Random(7)
+    expected = []
+    for log, label in GPU_SPEED_TABLES:
+        std, fq, mx = (rng.randint(10_000, 90_000) for _ in range(3))
+        path = tmp_path / GPU_SPEED_RUN / log
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "model                    tok/s  TFLOP/s    MFU\n"
+            f"standard {std} 374.0 46.7%\nfrozen_qk {fq} 365.8 45.7%\nmixit {mx} 343.4 42.9%\n"
+            f"hf_llama 99999 394.2 49.2%\nprofile of one step: standard, 1b@2048\n"
+        )
+        assert bench_tokens_per_s(path) == {"standard": std, "frozen_qk": fq, "mixit": mx}
+        expected.append(f"{label}: frozen-QK {100 * (fq / std - 1):+.1f} %, MixiT {100 * (mx / std - 1):+.1f} %")
+    assert ours_speed(tmp_path).endswith("; ".join(expected))
+    (tmp_path / GPU_SPEED_RUN / GPU_SPEED_TABLES[0][0]).unlink()
+    with pytest.raises(StudyError, match="benchmark log is missing"):
+        ours_speed(tmp_path)
