@@ -358,13 +358,13 @@ plan+=("bench:compiled:T${seqs%% *}|420|bench ${seqs%% *} compiled")
 plan+=("bench:mixit_memory|300|bench mixit_memory")
 
 select_stages() {  # LIST OPTION: the plan's entries LIST names, in its order (a prefix selects: train, bench)
-  local w entry name matched
+  local w entry name matched exact
   run_list=()
   IFS=, read -ra want <<< "$1"
   for w in "${want[@]}"; do
     matched=0
     # a stage's own name selects it alone (pytest is not also pytest:mixit); else a prefix selects several
-    local exact=0
+    exact=0
     for entry in "${plan[@]}"; do [ "${entry%%|*}" = "$w" ] && exact=1; done
     for entry in "${plan[@]}"; do
       name=${entry%%|*}
