@@ -478,7 +478,16 @@ def main(argv: list[str] | None = None) -> int:
     iso.add_argument(
         "--standard-grid", help="BUDGET=FIRST:LAST,...: budgets standard alone trains too (its curve at lower loss)"
     )
-    iso.add_argument("--lr-from", help="lr.json of a µP lr-sweep whose transfer check held: one rate per variant")
+    iso.add_argument(
+        "--lr-from",
+        help="PATH[,VARIANT=PATH...]: lr.json of µP lr-sweeps whose transfer check held, one rate per variant",
+    )
+    iso.add_argument(
+        "--variant-override",
+        action="append",
+        default=[],
+        help="VARIANT:KEY=VALUE, repeatable: an override for that variant's runs alone (its rate's lr.json must match)",
+    )
     iso.add_argument("--min-lr-fraction", type=float, default=0.1, help="every run decays to this share of its rate")
     iso.add_argument("--cooldown", type=float, default=0.2, help="a branch decays over this fraction of its step")
     iso.add_argument("--seeds", type=int, default=1)

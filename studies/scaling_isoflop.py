@@ -3,7 +3,9 @@ exactly C FLOPs each, so the loss-optimal size at C is read from one profile, no
 
 The design rules, each checked before anything trains:
 - Only the width changes (`WIDTHS`: depth 4, head dim 16); under µP one rate per variant (the transfer
-  check's, `lr.json`'s `transfer.rate`) serves every width, so no rate is extrapolated.
+  check's, `lr.json`'s `transfer.rate`) serves every width, so no rate is extrapolated. The rate was
+  measured on one model: its `model.*` overrides (lr.json's `model_overrides`) must be the grid's for that
+  variant (`--variant-override` adds a variant's own, e.g. MixiT's plain residual), else it is refused.
 - One global batch in tokens for every run (the recipe's or `--batch-sequences`), and `min_lr` a fixed
   fraction of the peak rate: neither moves with the size.
 - A run's compute is its variant's own training FLOPs per token (model.flops: MixiT without Q/K, frozen
@@ -19,6 +21,7 @@ The design rules, each checked before anything trains:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import StudyError
@@ -28,8 +31,26 @@ from model.flops import flops_per_token
 from pretrain.config import load_recipe
 from pretrain.dry_run import resolve_model
 
-from .scaling_ladder import SHAPES, WIDTHS, LadderRun, ladder_rates, per_size, shape_overrides, train_plan
+from .scaling_ladder import (
+    SHAPES,
+    WIDTHS,
+    LadderRun,
+    ladder_rates,
+    model_overrides,
+    per_size,
+    shape_overrides,
+    train_plan,
+)
 from .shared import check_variants
+
+
+@dataclass(frozen=True)
+class TransferRate:
+    """A variant's rate from a transfer check that held, and the model it was measured on."""
+
+    rate: float
+    model: dict[str, str] | None  # lr.json's `model_overrides`; None: a file written before they were recorded
+    source: str
 
 
 def parse_grid(spec: str) -> dict[float, list[str]]:
@@ -77,17 +98,20 @@ def plan_isoflop(
     grid: dict[float, list[str]],
     seeds: dict[str, int],
     cooldown: float,
-    rates: dict[str, float],
+    rates: dict[str, TransferRate],
     min_lr_fraction: float,
     overrides: list[str],
     min_steps: int = 500,
     max_epochs: float = 4.0,
     standard_grid: dict[float, list[str]] | None = None,
+    variant_overrides: dict[str, list[str]] | None = None,
 ) -> list[LadderRun]:
     """Each (variant, size, seed)'s stable run followed by a branch per budget of the grid that holds the
     size, in the order they can run; `standard_grid`: budgets standard alone also trains, so that its
-    L*(C) reaches the losses of the weaker variants (the compute multiplier reads it there)."""
+    L*(C) reaches the losses of the weaker variants (the compute multiplier reads it there);
+    `variant_overrides`: a variant's own overrides, after the grid's."""
     check_variants(variants)
+    own = variant_overrides or {}
     if not 0 < cooldown <= 1:
         raise StudyError(f"--cooldown {cooldown} must be in (0, 1]. Fix: e.g. --cooldown 0.2")
     if not 0 < min_lr_fraction <= 1:
@@ -97,6 +121,8 @@ def plan_isoflop(
         raise StudyError(
             f"no rate for {missing}. Fix: --lr-from an lr.json whose transfer check swept them (lr-sweep under µP)"
         )
+    for v in variants:
+        check_rate_model(v, rates[v], model_overrides([*overrides, *own.get(v, [])]))
     cfg = load_recipe(recipe, overrides)
     if cfg.optim.decay != "constant":
         raise StudyError(
@@ -112,7 +138,7 @@ def plan_isoflop(
     every = {s for g in grids.values() for sizes in g.values() for s in sizes}
     widths = sorted(every, key=lambda s: SHAPES[s]["hidden_size"])
     for size, variant in ((s, v) for s in widths for v in variants):
-        shape = [*overrides, *shape_overrides(size), f"model.variant={variant}"]
+        shape = [*overrides, *own.get(variant, []), *shape_overrides(size), f"model.variant={variant}"]
         run_cfg = load_recipe(recipe, shape)
         fpt = flops_per_token(resolve_model(run_cfg)[0], run_cfg.train.seq_len)["train"]
         budgets = [c for c, sizes in grids[variant].items() if size in sizes]
@@ -138,9 +164,10 @@ def plan_isoflop(
                     f"{variant} {size} at {c:.3g} FLOPs reads {total * batch / epoch:.1f} passes over the "
                     f"{epoch:,} training tokens, more than --max-epochs {max_epochs:g}. Fix: drop {size} from that budget"
                 )
-        lr = rates[variant]
+        lr = rates[variant].rate
         for seed in range(seeds.get(size, seeds.get("*", 1))):
             common = dict(lr=lr, min_lr=lr * min_lr_fraction, tokens_per_step=batch, flops_per_token=fpt)
+            common["extra"] = tuple(own.get(variant, []))
             runs.append(LadderRun(variant, size, seed, steps[-1], None, base, **common))
             runs += [
                 LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, budget=c, **common)
@@ -151,27 +178,63 @@ def plan_isoflop(
     return runs
 
 
-def transfer_rates(path: str, variants: list[str] | None = None) -> dict[str, float]:
-    """{variant: rate} from an lr.json whose transfer check passed, for `variants` (default: all it
-    holds); a failed check of one of them is an error (its rate would not carry across the widths)."""
-    if not path:
+def check_rate_model(variant: str, rate: TransferRate, model: dict[str, str]) -> None:
+    """The grid trains `variant` on the model its rate was measured on (the same `model.*` overrides)."""
+    if rate.model is None:
+        raise StudyError(
+            f"{rate.source} does not record the model its {variant} rate was measured on. Fix: run its lr-sweep "
+            "command again (it trains nothing whose rows exist and rewrites lr.json with the record)"
+        )
+    differ = sorted(k for k in {*rate.model, *model} if rate.model.get(k) != model.get(k))
+    if differ:
+        said = ", ".join(f"{k}: {rate.model.get(k, '(recipe)')} there, {model.get(k, '(recipe)')} here" for k in differ)
+        raise StudyError(
+            f"{variant}'s rate in {rate.source} was measured on another model ({said}). Fix: the grid's overrides "
+            f"(and --variant-override {variant}:KEY=VALUE) as the lr-sweep had them, or a transfer check of this model"
+        )
+
+
+def transfer_rates(spec: str, variants: list[str] | None = None) -> dict[str, TransferRate]:
+    """{variant: its TransferRate} from `PATH[,VARIANT=PATH...]`: lr.json files of transfer checks, the
+    first for every variant, a `VARIANT=PATH` for that variant alone; only `variants` (default: all the
+    files hold) are read, and a failed check of one of them is an error (its rate would not carry across
+    the widths)."""
+    if not spec:
         raise StudyError("--lr-from is required: the transfer check's lr.json. Fix: run lr-sweep under µP first")
-    ladder_rates(path)  # a file that is not an lr.json fails here, with its own message
-    rule = json.loads(Path(path).read_text())
+    default, *named = spec.split(",")
+    sources = {v: path for v, _, path in (item.partition("=") for item in named)}
+    check_variants(list(sources))
     rates = {}
-    for variant, r in rule.items():
-        if variants is not None and variant not in variants:
-            continue
-        check = r.get("transfer")
-        if check is None:
-            continue
-        if not check["holds"]:
-            raise StudyError(
-                f"{path}: {variant}'s best rate moves {check['rate_ratio']:.2f}x from {check['narrow']} to "
-                f"{check['wide']}, beyond sqrt(2), so one rate does not serve every width. Fix: check µP first"
-            )
-        rates[variant] = float(check["rate"])
+    for path in [default, *sources.values()]:
+        ladder_rates(path)  # a file that is not an lr.json fails here, with its own message
+        rule = json.loads(Path(path).read_text())
+        for variant, r in rule.items():
+            if (variants is not None and variant not in variants) or sources.get(variant, default) != path:
+                continue
+            check = r.get("transfer")
+            if check is None:
+                continue
+            if not check["holds"]:
+                raise StudyError(
+                    f"{path}: {variant}'s best rate moves {check['rate_ratio']:.2f}x from {check['narrow']} to "
+                    f"{check['wide']}, beyond sqrt(2), so one rate does not serve every width. Fix: check µP first"
+                )
+            rates[variant] = TransferRate(float(check["rate"]), r.get("model_overrides"), path)
     return rates
+
+
+def parse_variant_overrides(items: list[str]) -> dict[str, list[str]]:
+    """`mixit:model.mixit_residual_scale=null` (repeatable) -> {variant: [override, ...]}."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        variant, _, override = item.partition(":")
+        if "=" not in override:
+            raise StudyError(
+                f"--variant-override {item!r} must be VARIANT:KEY=VALUE. Fix: e.g. mixit:model.mixit_residual_scale=null"
+            )
+        out.setdefault(variant, []).append(override)
+    check_variants(list(out))
+    return out
 
 
 def plan_summary(runs: list[LadderRun]) -> str:
@@ -202,6 +265,7 @@ def run_isoflop(args) -> int:
         args.min_steps,
         args.max_epochs,
         standard_grid,
+        parse_variant_overrides(args.variant_override),
     )
     if args.plan_only:
         print(plan_summary(runs))

@@ -93,6 +93,7 @@ class LadderRun:
     min_lr: float | None = None  # None: the recipe's optim.min_lr
     budget: float | None = None  # an IsoFLOP branch's compute budget (FLOPs), recorded in its row
     flops_per_token: float | None = None  # training FLOPs per token; None: planned by parameters (the ladder)
+    extra: tuple[str, ...] = ()  # the variant's own overrides (isoflop --variant-override), in its row too
 
     @property
     def cost(self) -> float:
@@ -110,7 +111,8 @@ class LadderRun:
         return self.stable_name + ("" if self.branch_step is None else f"-b{self.branch_step}")
 
     def overrides(self, cooldown: float) -> list[str]:
-        out = [*shape_overrides(self.size), f"model.variant={self.variant}", f"seed={self.seed}", f"name={self.name}"]
+        out = [*self.extra, *shape_overrides(self.size), f"model.variant={self.variant}", f"seed={self.seed}"]
+        out.append(f"name={self.name}")
         if self.lr is not None:
             out.append(f"optim.lr={self.lr:.6g}")
         if self.min_lr is not None:
@@ -209,6 +211,12 @@ def train_args(recipe: str, run: LadderRun, out: Path, cooldown: float, extra: l
     return ["--recipe", recipe, "--run-dir", str(run_dir), "--resume", resume, *extra, *run.overrides(cooldown)]
 
 
+def model_overrides(overrides: list[str]) -> dict[str, str]:
+    """The `model.*` keys of dotted overrides, the last value of each: the model a rate was measured on
+    (lr-sweep records it in lr.json; a plan on another model refuses the rate)."""
+    return {k: v for k, _, v in (o.partition("=") for o in overrides) if k.startswith("model.")}
+
+
 def per_size(spec: str | None, option: str) -> dict[str, int]:
     """`n27k=2,n214k=2` -> {size: int}."""
     out = {}
@@ -267,7 +275,8 @@ def train_plan(args, runs: list[LadderRun], study: str) -> int:
                     print(f"[{study}] {run.name} failed; re-run the same command to resume it", flush=True)
                     return [run.name]
             if run.name not in have and (row := collect_run(run_dir)) is not None:
-                log.append(row if run.budget is None else {**row, "budget": run.budget})
+                extra = {"variant_overrides": list(run.extra)} if run.extra else {}
+                log.append({**row, **extra} if run.budget is None else {**row, **extra, "budget": run.budget})
         return []
 
     # side by side, the costliest chains first, so the workers finish close together

@@ -22,7 +22,7 @@ from common.errors import StudyError
 from eval.report import markdown_table
 from pretrain.config import load_recipe
 
-from .scaling_ladder import LADDER, SHAPES, non_embedding_params, per_size, shape_overrides
+from .scaling_ladder import LADDER, SHAPES, model_overrides, non_embedding_params, per_size, shape_overrides
 from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
 
 
@@ -290,6 +290,8 @@ def lr_sweep(args) -> int:
     parametrization = cfg.model.fields.get("parametrization", "standard")
     for variant, check in transfer_check(best, parametrization, per_seed).items():
         rule[variant]["transfer"] = check
+    for variant in rule:  # the model the rates were measured on: a plan on another model refuses them
+        rule[variant]["model_overrides"] = model_overrides(args.overrides)
     (out / "lr.json").write_text(json.dumps(rule, indent=2))
     (out / "lr.md").write_text(lr_table(losses, rule))
     print(json.dumps({v: r["rates"] for v, r in rule.items()}, indent=2))

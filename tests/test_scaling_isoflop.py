@@ -24,10 +24,11 @@ MUP = [
 BASE = [*MUP, "optim.decay=constant", "optim.warmup_steps=1", "train.seq_len=32", "logging.tensorboard=false"]
 
 
-def lr_json(path, holds=True, variants=("standard", "mixit")):
+def lr_json(path, holds=True, variants=("standard", "mixit"), model=tuple(MUP), rate=4e-3):
     rule = {
         v: {"slope": 0.0, "intercept": 0.0, "best": {}, "rates": {},
-            "transfer": {"holds": holds, "rate": 4e-3, "rate_ratio": 1.0 if holds else 2.5, "narrow": "w32", "wide": "w128"}}
+            "transfer": {"holds": holds, "rate": rate, "rate_ratio": 1.0 if holds else 2.5, "narrow": "w32", "wide": "w128"},
+            "model_overrides": dict(o.split("=", 1) for o in model)}
         for v in variants
     }  # fmt: skip
     path.write_text(json.dumps(rule))
@@ -97,7 +98,7 @@ def test_a_grid_that_breaks_a_rule_is_refused_before_training(corpus, tmp_path):
     mixed = json.loads(open(lr_json(tmp_path / "mixed.json")).read())
     mixed["mixit"]["transfer"]["holds"] = False
     (tmp_path / "mixed.json").write_text(json.dumps(mixed))
-    assert transfer_rates(str(tmp_path / "mixed.json"), ["standard"]) == {"standard": 4e-3}  # only those asked for
+    assert transfer_rates(str(tmp_path / "mixed.json"), ["standard"])["standard"].rate == 4e-3  # only those asked for
     with pytest.raises(StudyError, match="mixit's best rate moves"):
         transfer_rates(str(tmp_path / "mixed.json"), ["standard", "mixit"])
     with pytest.raises(StudyError, match="no rate for"):
@@ -105,6 +106,39 @@ def test_a_grid_that_breaks_a_rule_is_refused_before_training(corpus, tmp_path):
     missing = [*BASE, f"data.source={root / 'absent'}"]
     with pytest.raises(StudyError, match="prepare the data first"):
         plan("2e10=w32:w48", o=missing)
+
+
+def test_a_rate_serves_only_the_model_it_was_measured_on(corpus, tmp_path, capsys):
+    """lr.json records the sweep's `model.*` overrides: a grid whose model differs for a variant (here
+    MixiT's plain residual, its own override) refuses that rate, naming the key; a variant's own lr.json
+    (`PATH,mixit=PATH`) measured on that model serves it, and its runs carry the override."""
+    _, over = corpus
+    plain = ["model.mixit_residual_scale=null"]
+    grid, scaled = parse_grid("2e10=w32:w48"), lr_json(tmp_path / "lr.json", variants=("standard", "mixit"))
+
+    def plan(spec, own):
+        rates = transfer_rates(spec, ["standard", "mixit"])
+        return plan_isoflop("recipes/tiny_cpu.yaml", ["standard", "mixit"], grid, {}, 0.2, rates, 0.1, over, 10, 50, None, own)
+
+    with pytest.raises(StudyError, match=r"measured on another model \(model.mixit_residual_scale: \(recipe\) there, null here"):
+        plan(scaled, {"mixit": plain})
+    failed = lr_json(tmp_path / "failed.json", holds=False, variants=("mixit",))  # the scaled residual's check failed
+    own = lr_json(tmp_path / "plain.json", variants=("mixit",), model=(*MUP, *plain), rate=2e-3)
+    with pytest.raises(StudyError, match="mixit's best rate moves"):
+        transfer_rates(f"{failed}", ["mixit"])
+    runs = plan(f"{scaled},mixit={own}", {"mixit": plain})
+    for r in runs:
+        assert (r.lr, r.extra) == ((2e-3, tuple(plain)) if r.variant == "mixit" else (4e-3, ()))
+        assert (plain[0] in r.overrides(0.2)) == (r.variant == "mixit")
+    legacy = json.loads(open(scaled).read())
+    del legacy["standard"]["model_overrides"]
+    (tmp_path / "legacy.json").write_text(json.dumps(legacy))
+    with pytest.raises(StudyError, match="does not record the model"):
+        plan(str(tmp_path / "legacy.json"), {})
+    bad = ["isoflop", "--recipe", "recipes/tiny_cpu.yaml", "--grid", "2e10=w32", "--lr-from", own, "--out",
+           str(tmp_path / "o"), "--variant-override", "mixit", *over]  # fmt: skip
+    assert main(bad) != 0 and not (tmp_path / "o").exists()
+    assert capsys.readouterr().err.startswith("error: --variant-override 'mixit' must be VARIANT:KEY=VALUE")
 
 
 def test_a_tiny_grid_trains_and_its_rows_carry_the_budget(corpus, tmp_path):

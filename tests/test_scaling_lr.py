@@ -116,9 +116,11 @@ def test_lr_sweep_trains_the_grid_logs_rows_and_resumes_from_them(tmp_path):
     ]
     args += ["--lrs", "1e-5,3e-3,0.5", "--budget", "0.3", "--jobs", "2", "--rows", str(log), "--out", str(out)]
     args += ["optim.warmup_steps=1", "optim.min_lr=0", "train.eval_every_steps=1000", "logging.tensorboard=false"]
+    args += ["model.rope_theta=500", "model.rope_theta=1000"]
     assert main(args) == 0
     rule = json.loads((out / "lr.json").read_text())
     assert 1e-5 < rule["standard"]["best"]["n27k"] < 0.5  # between the lowest loss's neighbours
+    assert rule["standard"]["model_overrides"] == {"model.rope_theta": "1000"}  # the model it was measured on
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted(r["lr"] for r in rows) == [1e-5, 1e-5, 3e-3, 3e-3, 0.5, 0.5] and {r["size"] for r in rows} == {"n27k"}
     by_seed = {r["seed_index"]: r for r in rows if r["lr"] == 3e-3}
