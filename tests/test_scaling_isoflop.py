@@ -118,9 +118,13 @@ def test_a_rate_serves_only_the_model_it_was_measured_on(corpus, tmp_path, capsy
 
     def plan(spec, own):
         rates = transfer_rates(spec, ["standard", "mixit"])
-        return plan_isoflop("recipes/tiny_cpu.yaml", ["standard", "mixit"], grid, {}, 0.2, rates, 0.1, over, 10, 50, None, own)
+        return plan_isoflop(
+            "recipes/tiny_cpu.yaml", ["standard", "mixit"], grid, {}, 0.2, rates, 0.1, over, 10, 50, None, own
+        )
 
-    with pytest.raises(StudyError, match=r"measured on another model \(model.mixit_residual_scale: \(recipe\) there, null here"):
+    with pytest.raises(
+        StudyError, match=r"measured on another model \(model.mixit_residual_scale: \(recipe\) there, null here"
+    ):
         plan(scaled, {"mixit": plain})
     failed = lr_json(tmp_path / "failed.json", holds=False, variants=("mixit",))  # the scaled residual's check failed
     own = lr_json(tmp_path / "plain.json", variants=("mixit",), model=(*MUP, *plain), rate=2e-3)
