@@ -82,11 +82,20 @@ def vertex(logN: np.ndarray, loss: np.ndarray) -> tuple[float, float] | None:
 
 
 def profiles_from_rows(rows: list[dict[str, Any]], metric: str = "final_val_loss") -> dict[str, dict[float, Profile]]:
-    """{variant: {budget: Profile}} from the rows of cooled branches that carry an IsoFLOP budget."""
+    """{variant: {budget: Profile}} from the rows of cooled branches that carry an IsoFLOP budget; a
+    variant trained on two models (its rows' `variant_overrides` differ) is an error, not one profile."""
     points: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    models: dict[str, set[tuple[str, ...]]] = defaultdict(set)
     for r in rows:
         if r.get("budget") and r.get("cooled") and isinstance(r.get(metric), (int, float)):
             points[(r["variant"], float(r["budget"]))].append(r)
+            models[r["variant"]].add(tuple(r.get("variant_overrides", [])))
+    for variant, seen in models.items():
+        if len(seen) > 1:
+            raise StudyError(
+                f"the rows hold {variant} trained on {len(seen)} models (variant_overrides {sorted(seen)}). "
+                "Fix: one --rows file per model"
+            )
     out: dict[str, dict[float, Profile]] = defaultdict(dict)
     for (variant, budget), pts in sorted(points.items()):
         out[variant][budget] = Profile(

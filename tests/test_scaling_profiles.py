@@ -111,6 +111,14 @@ def test_no_isoflop_rows_is_one_error(tmp_path):
         analyse([{"variant": "standard", "final_val_loss": 3.0}])
 
 
+def test_one_variant_on_two_models_is_not_one_profile():
+    """Rows of MixiT with and without its own override (a plain residual) are two models: an error."""
+    plain = [{**r, "variant_overrides": ["model.mixit_residual_scale=null"]} for r in rows_from_law("mixit", k=0.25)]
+    analyse(rows_from_law() + plain, n_boot=5)
+    with pytest.raises(StudyError, match="mixit trained on 2 models"):
+        analyse(rows_from_law() + plain + rows_from_law("mixit", k=0.5), n_boot=5)
+
+
 def test_the_parabola_is_fitted_near_the_minimum_only():
     """A profile that is a parabola near its minimum and rises steeply far from it (as losses do at
     sizes trained on a token or two per parameter): the far points do not move the vertex."""
