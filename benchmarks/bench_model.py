@@ -35,12 +35,14 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from common.cli import CliParser, run_cli  # noqa: E402
 from common.constants import free_port  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from model import PRESETS, ModelConfig, preset  # noqa: E402
 from model.flops import flops_per_token  # noqa: E402
+from model.hf_format import llama_config_fields  # noqa: E402
 from model.layers import MixingAttention  # noqa: E402
 from model.mfu import measure_matmul_tflops, mfu, table_peak_tflops  # noqa: E402
 from model.transformer import build_model
@@ -203,11 +205,9 @@ class Entry:
         if kind == TRAINER:
             self._build_trainer(args, shape)
         elif kind == "hf_llama":
-            from transformers import LlamaForCausalLM  # deferred: heavy (transformers), only the HF reference
+            from transformers import LlamaConfig, LlamaForCausalLM  # deferred: heavy, only the HF reference
 
-            from model.hf import llama_config  # deferred: imports transformers
-
-            hf_cfg = llama_config(self.cfg.replace(compile_blocks=False))
+            hf_cfg = LlamaConfig(**llama_config_fields(self.cfg.replace(compile_blocks=False)))
             hf_cfg._attn_implementation = "sdpa"
             self.model = LlamaForCausalLM(hf_cfg).to(self.device, self.dtype).train()
             if args.compile:
@@ -285,8 +285,6 @@ class Entry:
     def profile(self, top: int) -> str:
         """One step under torch.profiler: the `top` operators by self time on the device (CUDA
         kernels on a GPU, operators on a CPU), as torch's table."""
-        from torch.profiler import ProfilerActivity, profile  # deferred: only with --profile
-
         cuda = self.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=activities) as prof:

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 
 from common.errors import CorruptCheckpoint
 from model import io as mio
+from model.hf_format import import_hf
 
 from . import tag_format
 from .consolidate import model_from_checkpoint
@@ -88,8 +89,6 @@ def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module
             )
         return model_from_checkpoint(latest, device)
     if is_hf_dir(p):
-        from model.hf import import_hf  # deferred: heavy (transformers, ~3 s to import)
-
         model = import_hf(p).to(device)
         meta = _hf_meta(p)
         meta.setdefault("variant", model.cfg.variant)

@@ -47,6 +47,7 @@ from . import mechanisms, retrieval
 from . import perplexity as ppl
 from .classification import evaluate_classification
 from .in_context import icl_score
+from .lm_eval_adapter import TrainablePartsLM, lm_eval_task_name, run_lm_eval
 from .loading import load_checkpoint, load_tokenizer, missing_tokenizer_error, pick_tokenizer
 from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
 from .synthetic_tasks import evaluate_task, get_task, task_to_score
@@ -180,8 +181,6 @@ def _synthetic(model, info, tok, opts, t, prog):
 
 
 def _lm_eval(model, info, tok, opts, t, prog):
-    from .lm_eval_adapter import TrainablePartsLM, lm_eval_task_name, run_lm_eval  # deferred: heavy (lm_eval)
-
     lm = TrainablePartsLM(model, tok, batch_size=opts.batch_size, info=info)
     name = t.split(":", 1)[1]
     res = run_lm_eval(lm, [name], limit=opts.lm_eval_limit)

@@ -1,4 +1,6 @@
-"""HuggingFace interop: export to / import from `transformers` checkpoints (safetensors).
+"""HuggingFace interop through transformers: export to `from_pretrained`-loadable checkpoints (safetensors),
+and the registered class that generates with them (reading a directory back needs no transformers:
+model/hf_format.py).
 
 Softmax variants (standard, frozen_qk, frozen_mlp, random_transformer) are Llama-3 networks and export
 to a plain `LlamaForCausalLM` directory (parameter names already match: export adds the `model.`
@@ -18,13 +20,11 @@ own real tokens, so a padded row gives the tokens it gives alone.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -41,46 +41,13 @@ from common.deepspeed_import import import_deepspeed
 from common.errors import ConfigError
 
 from .config import ModelConfig
+from .hf_format import MODEL_TYPE, is_llama, llama_config_fields
 from .transformer import Transformer
-
-MODEL_TYPE = "trainable_parts"
-
-
-# ---- Llama (softmax variants) -----------------------------------------------------------
-def is_llama(cfg: ModelConfig) -> bool:
-    """True when the network is exactly a Llama (causal softmax attention, unshaped, the standard
-    parametrisation: µP's logit and attention multipliers are not a Llama's)."""
-    return cfg.mixer == "softmax" and cfg.causal and not cfg.shaped and cfg.parametrization == "standard"
 
 
 def llama_config(cfg: ModelConfig) -> LlamaConfig:
-    if not is_llama(cfg):
-        raise ConfigError(
-            f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama; use export_hf, "
-            "which writes it to the registered TrainablePartsForCausalLM class"
-        )
-    return LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta,
-        # HF's rope_parameters: the default RoPE, or llama3 scaling with the same four numbers
-        rope_parameters={"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=cfg.tie_embeddings,
-        attention_bias=cfg.bias,
-        mlp_bias=cfg.bias,
-        hidden_act="silu",
-        initializer_range=cfg.init_std,
-        bos_token_id=None,
-        eos_token_id=None,
-        trainable_parts=cfg.to_dict(),
-    )
+    """transformers' LlamaConfig of a network that is a Llama (model/hf_format.py refuses one that is not)."""
+    return LlamaConfig(**llama_config_fields(cfg))
 
 
 # ---- every other variant (registered class) -----------------------------------------------
@@ -239,92 +206,3 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, eos_id: int | None
         hf.generation_config.pad_token_id = eos_id  # no pad token: generate() pads a finished row with EOS
     hf.save_pretrained(out, safe_serialization=True)
     return out
-
-
-def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = [p.name for p in path.glob("*.safetensors")]
-    if not files:
-        raise FileNotFoundError(
-            f"{path} has no *.safetensors weights; convert the checkpoint to safetensors "
-            "(pickle .bin files are not loaded, since they can run code)"
-        )
-    sd: dict[str, torch.Tensor] = {}
-    for name in files:
-        sd.update(load_file(str(path / name)))
-    return sd
-
-
-def config_from_llama(hf_cfg: dict[str, Any], **overrides: Any) -> ModelConfig:
-    if "trainable_parts" in hf_cfg:
-        return ModelConfig.from_dict({**hf_cfg["trainable_parts"], **overrides})
-    rope = hf_cfg.get("rope_parameters") or {}
-    heads = hf_cfg["num_attention_heads"]
-    if hf_cfg.get("head_dim") not in (None, hf_cfg["hidden_size"] // heads):
-        raise ConfigError("head_dim != hidden_size / num_attention_heads is not supported")
-    return ModelConfig(
-        vocab_size=hf_cfg["vocab_size"],
-        hidden_size=hf_cfg["hidden_size"],
-        intermediate_size=hf_cfg["intermediate_size"],
-        num_layers=hf_cfg["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=hf_cfg.get("num_key_value_heads") or heads,
-        max_seq_len=hf_cfg.get("max_position_embeddings", 2048),
-        rms_norm_eps=hf_cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)),
-        rope_scaling=rope_scaling_from_hf(hf_cfg),
-        tie_embeddings=hf_cfg.get("tie_word_embeddings", False),
-        bias=bool(hf_cfg.get("attention_bias", False)),
-        **overrides,
-    )
-
-
-def rope_scaling_from_hf(hf_cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """Our model.rope_scaling from an HF config: `rope_parameters` (transformers >= 5) or the older
-    `rope_scaling` (whose type key was once `type`). An unsupported type is left for ModelConfig to refuse."""
-    rope = dict(hf_cfg.get("rope_parameters") or hf_cfg.get("rope_scaling") or {})
-    kind = rope.pop("rope_type", rope.pop("type", "default"))
-    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
-        raise ConfigError(
-            "rope_parameters.partial_rotary_factor != 1 is not supported. "
-            "Fix: import a Llama whose rotary embedding covers the whole head"
-        )
-    if kind in ("default", None):
-        return None
-    rope.pop("rope_theta", None)
-    if kind == "llama3":  # as transformers: a top-level value first, else the model's own context
-        rope["original_max_position_embeddings"] = hf_cfg.get(
-            "original_max_position_embeddings",
-            rope.get("original_max_position_embeddings", hf_cfg.get("max_position_embeddings", 2048)),
-        )
-    return {"rope_type": kind, **rope}
-
-
-def import_hf(path: str | os.PathLike, **overrides: Any) -> Transformer:
-    """Load a local HF Llama (or an exported TrainablePartsForCausalLM) directory into our model.
-
-    `overrides` set ModelConfig fields, e.g. variant="frozen_qk" to freeze parts of a
-    pretrained Llama. Only safetensors weights are read; nothing executes remote code.
-    """
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{path} has no config.json: not a HuggingFace model directory")
-    hf_cfg = json.loads(cfg_file.read_text())
-    model_type = hf_cfg.get("model_type")
-    if model_type not in ("llama", MODEL_TYPE):
-        raise ConfigError(f"{path}: model_type {model_type!r} is not supported (expected 'llama' or '{MODEL_TYPE}')")
-    if model_type == "llama" and hf_cfg.get("mlp_bias", False) != hf_cfg.get("attention_bias", False):
-        raise ConfigError("attention_bias and mlp_bias must agree (our `bias` switch covers both)")
-    cfg = config_from_llama(hf_cfg, **overrides)
-    sd = _read_hf_weights(path)
-    sd = {k.removeprefix("model."): v for k, v in sd.items()}
-    if cfg.tie_embeddings:
-        sd.setdefault("lm_head.weight", sd["embed_tokens.weight"])
-    model = Transformer(cfg)
-    dtype = next(iter(sd.values())).dtype
-    model.to(dtype).load_state_dict(sd, strict=True)
-    return model

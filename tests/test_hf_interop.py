@@ -11,7 +11,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from common.errors import ConfigError
 from model import preset
 from model.flops import flops_per_token
-from model.hf import export_hf, import_hf
+from model.hf import export_hf
+from model.hf_format import import_hf
 from model.layers import rope_inv_freq
 from model.transformer import build_model
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline", "common")
+PACKAGES = ("studies", "eval", "pretrain", "checkpoint", "model", "data_pipeline", "common", "benchmarks")
 # What a function may import lazily: slow to import, or absent on some machines.
 HEAVY = (
     "deepspeed",
@@ -27,13 +27,11 @@ HEAVY = (
     "fsspec",
     "transformers",
     "tokenizers",  # transformers' tokenizer backend, used with it
-    "model.hf",
     "torch.utils.tensorboard",
     "sentencepiece",
     "s3fs",
     "gcsfs",
     "aiohttp",
-    "eval.lm_eval_adapter",
     "mlflow",
     "wandb",
     "tiktoken",

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from model import preset
-from model.hf import export_hf, import_hf
+from model.hf import export_hf
+from model.hf_format import import_hf
 from model.layers import apply_rope, rope_cos_sin
 from model.transformer import build_model
 
