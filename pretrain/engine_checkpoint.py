@@ -234,7 +234,7 @@ def load(model_engine, tag_dir: Path, universal: bool, seed: int) -> None:
 
 class Checkpointer:
     """A run's saves: each one collective (`save` above), written on a thread with
-    `checkpoint.background`, and timed; `since_save_s` is the clock `checkpoint.every_minutes` reads."""
+    `checkpoint.background`, and timed."""
 
     def __init__(self, run_dir: Path, keep_last: int, background: bool, timeout_s: float, collective_timeout_s: float):
         """A save's collectives wait for the slowest rank's writes, up to `timeout_s` (checkpoint.timeout_s), never
@@ -243,7 +243,6 @@ class Checkpointer:
         self.timeouts = (max(timeout_s, collective_timeout_s), collective_timeout_s)
         self.writer = CheckpointWriter(self.timeouts[0]) if background else None
         self.saves: list[SaveTiming] = []  # each save's blocked and until-complete seconds
-        self.last_save = time.monotonic()  # built just before the loop: its start counts as a save
 
     def save(self, model_engine, step: int, trainer_state: dict[str, Any]) -> Path:
         """A failed write raises CheckpointWriteFailed on every rank after the partial checkpoint is
@@ -257,11 +256,7 @@ class Checkpointer:
             path = save(model_engine, self.run_dir, step, trainer_state, self.keep_last, self.writer, timing)
         timing.blocked_s = time.perf_counter() - started
         self.saves.append(timing)
-        self.last_save = time.monotonic()
         return path
-
-    def since_save_s(self) -> float:
-        return time.monotonic() - self.last_save
 
     def rollback(self, model_engine, seed: int, step: int, log: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
         """Load the newest intact checkpoint into `model_engine` (weights and optimizer, rebuilt first when

@@ -1,6 +1,6 @@
 """The training loop: steps, logging (with what the callbacks add to a step's record: validation,
-pretrain/validation.py), checkpoints (every N steps and every M minutes), preemption, and the
-non-finite policy.
+pretrain/validation.py), checkpoints (when a callback votes for one: pretrain/periodic_save.py), preemption,
+and the non-finite policy.
 
 A step whose loss or gradient norm was not finite has had its update skipped by the engine's step
 gate (pretrain/engine.py); the callbacks' `on_nonfinite` decide what happens next (the NaN guard,
@@ -8,8 +8,9 @@ pretrain/nan_guard.py, applies `train.nan_policy`): a rollback reloads the last 
 and the loop steps over every batch that was not finite from then on (a resumed run too: their positions
 are in the checkpoint).
 
-Whether to save is decided collectively after every step (one all-reduce of the stop request and
-of rank 0's `checkpoint.every_minutes` clock), so every rank enters the collective save at the same step.
+Whether to save is decided collectively after every step (one all-reduce of the stop request and of
+the callbacks' votes, which read rank 0's `checkpoint.every_minutes` clock), so every rank enters the
+collective save at the same step.
 """
 
 from __future__ import annotations
@@ -116,10 +117,11 @@ class TrainingLoop:
         )
         self._fpt: dict[int, float] = {}  # FLOPs per token per stretch of the freeze schedule (model/flops.py)
         self._bounds = sorted(ctx.mcfg.schedule_boundaries())
-        self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: NaN guard, profiler, faults, validation
-        self._before_step, self._after_update, self._after_log = (
+        self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: what pretrain/setup.py built
+        hooks = ("before_step", "after_update", "on_record", "after_log", "save_due", "on_save")
+        self._before_step, self._after_update, self._on_record, self._after_log, self._save_due, self._on_save = (
             [getattr(cb, hook) for cb in self.callbacks if getattr(type(cb), hook) is not getattr(Callback, hook)]
-            for hook in ("before_step", "after_update", "after_log")
+            for hook in hooks
         )
         self.skip_positions: set[int] = set(int(p) for p in state.get("nan_skipped", []))
         self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
@@ -140,7 +142,10 @@ class TrainingLoop:
 
     def save(self) -> Path:
         """Collective (pretrain/engine_checkpoint.py's Checkpointer)."""
-        return self.checkpointer.save(self.model_engine, self.step, self.checkpoint_state())
+        path = self.checkpointer.save(self.model_engine, self.step, self.checkpoint_state())
+        for on_save in self._on_save:
+            on_save(self.step)
+        return path
 
     def rollback(self) -> None:
         """Reload the last intact checkpoint (weights, optimizer, data position)."""
@@ -176,6 +181,8 @@ class TrainingLoop:
                 rec.update(mfu=mfu(rec["tflops"], peak), mfu_peak=source)
             rec.update(memory_gib(self.device))
             self.logger.log(rec)
+            for on_record in self._on_record:
+                on_record(rec)
 
     def _flops_per_token(self, step: int) -> float:
         """Training FLOPs per token of the trainable set at `step`, counted once per stretch between the
@@ -185,11 +192,10 @@ class TrainingLoop:
             self._fpt[key] = train_flops_per_token(self.mcfg, self.cfg.train.seq_len, step)[0]
         return self._fpt[key]
 
-    def _save_requests(self, stop: StopRequest, flags: torch.Tensor) -> tuple[bool, bool]:
-        """Collective: (a signal asked to stop on some rank, checkpoint.every_minutes have passed by rank 0's clock)."""
-        every_s = self.cfg.checkpoint.every_minutes * 60
-        due = self.rank == 0 and every_s > 0 and self.checkpointer.since_save_s() >= every_s
-        flags[0], flags[1] = float(stop.requested), float(due)
+    def _agree(self, stop: StopRequest, flags: torch.Tensor) -> tuple[bool, bool]:
+        """Collective: (a signal asked some rank to stop, some rank's callbacks vote for a save)."""
+        votes = [due(self.step) for due in self._save_due]  # every callback asked: votes have no side effects
+        flags[0], flags[1] = float(stop.requested), float(any(votes))
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return bool(flags[0].item()), bool(flags[1].item())
 
@@ -199,6 +205,9 @@ class TrainingLoop:
         except (UserError, RunStopped):
             self.checkpointer.wait(raise_error=False)  # every rank stops at this step: their writers finish together
             raise
+        finally:
+            for cb in self.callbacks:
+                cb.close()
         self.checkpointer.wait()  # the last checkpoint is complete (or its failure raised) before the run returns
         return self.result
 
@@ -241,15 +250,14 @@ class TrainingLoop:
             self._log(loss, lr, grad_norm, dt)
             for after_log in self._after_log:
                 after_log(self.step)
-            # Preemption and time-based saves: every rank must agree before anyone saves.
-            stop_now, minutes_due = self._save_requests(stop, flags)
+            # Preemption and periodic saves: every rank must agree before anyone saves.
+            stop_now, save_due = self._agree(stop, flags)
             if stop_now:
                 self.logger.message(f"signal received: saving a checkpoint at step {self.step} and stopping")
                 result.last_checkpoint = self.save()
                 result.interrupted = True
                 break
-            steps_due = cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0
-            if (steps_due or minutes_due) and self.step < self.max_steps:
+            if save_due and self.step < self.max_steps:
                 result.last_checkpoint = self.save()
             if stop_after_steps is not None and self.step >= stop_after_steps:
                 break
@@ -258,7 +266,5 @@ class TrainingLoop:
                 result.last_checkpoint = self.save()
             elif result.resumed_from is not None and self.step == self.start_step:
                 result.last_checkpoint = result.resumed_from
-        for cb in self.callbacks:
-            cb.close()
         result.final_step = self.step
         result.tokens_seen = self.tokens_seen

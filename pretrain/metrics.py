@@ -1,5 +1,5 @@
-"""Throughput accounting (FLOPs: model/flops.py; MFU: model/mfu.py) and the log sinks: metrics.jsonl,
-TensorBoard, console, and the recipe's trackers (W&B, MLflow: pretrain/trackers.py)."""
+"""Throughput accounting (FLOPs: model/flops.py; MFU: model/mfu.py) and the run's own record: metrics.jsonl
+and the console (the trackers, TensorBoard among them, are callbacks: pretrain/trackers.py)."""
 
 from __future__ import annotations
 
@@ -58,34 +58,16 @@ def last_step(run_dir: str | Path) -> int:
 
 
 class Logger:
-    """Rank-0 sinks. `log(record)` appends one JSON line, writes scalars to TensorBoard and
-    prints a console line (or, on a terminal with logging.progress_bar auto/on, updates a bar)."""
+    """Rank 0's record. `log(record)` appends one JSON line and prints a console line (or, on a terminal
+    with logging.progress_bar auto/on, updates a bar)."""
 
-    def __init__(
-        self,
-        run_dir: Path,
-        enabled: bool,
-        tensorboard: bool,
-        progress_bar: str,
-        total_steps: int,
-        start_step: int,
-        trackers: list | None = None,
-    ):
+    def __init__(self, run_dir: Path, enabled: bool, progress_bar: str, total_steps: int, start_step: int):
         self.enabled = enabled
-        self.tb = None
         self.bar = None
-        self.trackers = list(trackers or [])  # pretrain/trackers.py: W&B, MLflow
         self.peak: tuple[float | None, str] = (None, "unknown")  # MFU's (TFLOP/s per device, source): model/mfu.py
         if not enabled:
             return
         self.path = run_dir / "metrics.jsonl"
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter  # deferred: heavy (tensorboard)
-
-                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
-            except ImportError:
-                self.tb = None
         # A bar only where it can redraw in place: written to a log (CI, Slurm, `> log`) every refresh
         # becomes a line, so there each record prints one line instead, whatever the setting.
         if progress_bar != "off" and is_terminal(sys.stderr):
@@ -109,15 +91,9 @@ class Logger:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        step = rec["step"]
-        if self.tb is not None:
-            for k, v in named_scalars(rec).items():
-                self.tb.add_scalar(k, v, step)
-        for tracker in self.trackers:
-            tracker.log(rec)
         line = format_line(rec)
         if self.bar is not None:
-            self.bar.n = step
+            self.bar.n = rec["step"]
             self.bar.set_postfix_str(line, refresh=True)
         else:
             print(line, flush=True)
@@ -127,11 +103,6 @@ class Logger:
             (self.bar.write if self.bar is not None else print)(text)
 
     def close(self) -> None:
-        for tracker in self.trackers:
-            tracker.close()
-        if self.tb is not None:
-            self.tb.flush()
-            self.tb.close()
         if self.bar is not None:
             self.bar.close()
 

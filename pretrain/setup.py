@@ -1,6 +1,7 @@
 """The one place a run is put together: from the recipe, in a fixed order, the layout, the resume point,
-the data (which sizes the model), the model engine, the training loader, the logger, the checkpointer and
-the loop. Every check a user's input can fail runs before the first expensive step (docs/ARCHITECTURE.md)."""
+the data (which sizes the model), the model engine, the training loader, the logger, the checkpointer, the
+callbacks (pretrain/callbacks.py) and the loop. Every check a user's input can fail runs before the first
+expensive step (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from common.errors import RecipeError
 from model.mfu import peak_tflops
 
 from . import faults, loaders
+from .callbacks import Callback
 from .config import RunConfig
 from .context import RunContext
 from .engine import ModelEngine
@@ -23,6 +25,7 @@ from .layout import plan_layout
 from .loop import TrainingLoop
 from .metrics import Logger
 from .nan_guard import NanGuard
+from .periodic_save import PeriodicSave
 from .profiling import StepProfiler
 from .resume import agreed_resume_point, check_fits, check_layout
 from .run_dir import check_run_dir, resolved_config, write_config
@@ -56,24 +59,29 @@ def check_data(cfg: RunConfig, dp_world_size: int, run_dir: Path):
 
 
 def build_logger(ctx: RunContext) -> Logger:
-    """Rank 0's sinks (metrics.jsonl cut back to the resume step, TensorBoard, the trackers) and the peak
-    its MFU divides by (model/mfu.py); every rank takes part (the trackers' outcome is shared)."""
-    lg = ctx.cfg.logging
+    """Rank 0's record (metrics.jsonl cut back to the resume step, the console) and the peak its MFU
+    divides by (model/mfu.py)."""
+    start = ctx.point.step
+    logger = Logger(ctx.run_dir, ctx.rank == 0, ctx.cfg.logging.progress_bar, ctx.cfg.max_steps, start)
+    if ctx.point.tag_dir is not None:
+        logger.truncate_after(start)
+    logger.peak = peak_tflops(ctx.cfg.logging.peak_tflops, ctx.cfg.logging.measure_peak, ctx.device)
+    return logger
+
+
+def start_trackers(ctx: RunContext) -> list[Callback]:
+    """Rank 0's trackers (pretrain/trackers.py); every rank takes part: a tracker that did not start stops
+    every rank with its line, not rank 0 alone while the others wait in their first collective."""
     trackers, refused = [], [None]
     if ctx.rank == 0:
         try:
-            trackers = build_trackers(lg, ctx.run_dir, ctx.cfg.name, ctx.resolved)
+            trackers = build_trackers(ctx.cfg.logging, ctx.run_dir, ctx.cfg.name, ctx.resolved, ctx.point.step)
         except RecipeError as e:
             refused = [str(e)]
-    dist.broadcast_object_list(refused, src=0)  # a tracker that did not start stops every rank with its line,
-    if refused[0] is not None:  # not rank 0 alone while the others wait in their first collective
+    dist.broadcast_object_list(refused, src=0)
+    if refused[0] is not None:
         raise RecipeError(refused[0])
-    start = ctx.point.step
-    logger = Logger(ctx.run_dir, ctx.rank == 0, lg.tensorboard, lg.progress_bar, ctx.cfg.max_steps, start, trackers)
-    if ctx.point.tag_dir is not None:
-        logger.truncate_after(start)
-    logger.peak = peak_tflops(lg.peak_tflops, lg.measure_peak, ctx.device)
-    return logger
+    return trackers
 
 
 def build_run(
@@ -109,7 +117,8 @@ def build_run(
     guard = NanGuard(
         tc.nan_policy, tc.max_nan_skips, cfg.global_batch_size, run_dir if rank == 0 else None, logger.message
     )
-    callbacks = [guard, *faults.step_killer(run_dir, rank)]  # faults: only where PRETRAIN_FAULTS asks
+    saving = PeriodicSave(ck.every_steps, ck.every_minutes, rank)
+    callbacks = [guard, saving, *start_trackers(ctx), *faults.step_killer(run_dir, rank)]  # faults: if asked
     if StepProfiler.wanted(cfg.profile, rank):
         callbacks.insert(0, StepProfiler(cfg.profile, run_dir, rank, device, logger.message))
     if cfg.train.eval_every_steps:

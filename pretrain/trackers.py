@@ -1,4 +1,5 @@
-"""Experiment trackers beside TensorBoard: Weights & Biases (`logging.wandb`) and MLflow (`logging.mlflow`).
+"""Experiment trackers, callbacks that receive every record the loop logs (rank 0): TensorBoard
+(`logging.tensorboard`, RUN_DIR/tb), Weights & Biases (`logging.wandb`) and MLflow (`logging.mlflow`).
 
     logging:
       wandb: {project: variants, group: scaling, name: std-n27k, tags: [cpu], mode: offline}
@@ -13,6 +14,7 @@ error line before training, or a warning with `logging.on_tracker_error: warn`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -26,6 +28,7 @@ from typing import Any
 from common.constants import atomic_write
 from common.errors import RecipeError
 
+from .callbacks import Callback
 from .metrics import named_scalars
 from .recipe_checks import check_types
 
@@ -131,7 +134,7 @@ def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-class WandbTracker:
+class WandbTracker(Callback):
     def __init__(self, settings: WandbSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
         self.last: dict[str, Any] | None = None  # the last record: the final metrics at close
         wandb = _require("wandb", "logging.wandb")
@@ -150,7 +153,7 @@ class WandbTracker:
             config=config,
         )
 
-    def log(self, rec: dict[str, Any]) -> None:
+    def on_record(self, rec: dict[str, Any]) -> None:
         self.run.log(named_scalars(rec), step=int(rec["step"]))
         self.last = rec
 
@@ -160,7 +163,7 @@ class WandbTracker:
         self.run.finish()
 
 
-class MlflowTracker:
+class MlflowTracker(Callback):
     def __init__(self, settings: MlflowSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
         self.last: dict[str, Any] | None = None  # the last record: the final metrics at close
         if settings.tracking_uri.startswith("file:"):
@@ -187,7 +190,7 @@ class MlflowTracker:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
 
-    def log(self, rec: dict[str, Any]) -> None:
+    def on_record(self, rec: dict[str, Any]) -> None:
         step, now = int(rec["step"]), int(1000 * time.time())
         metrics = [self.Metric(k, v, now, step) for k, v in named_scalars(rec).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
@@ -201,11 +204,34 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id)
 
 
-def build_trackers(logging_cfg, run_dir: Path, run_name: str, config: dict[str, Any], warn=print) -> list:
-    """The recipe's trackers (rank 0 only calls this). One that does not start is a RecipeError naming it
-    and the fix, or, with `logging.on_tracker_error: warn`, a warning and no such tracker."""
+class TensorBoardTracker(Callback):
+    """RUN_DIR/tb; a resumed run's events after its resume step are dropped (they are recomputed)."""
+
+    def __init__(self, run_dir: Path, start_step: int):
+        from torch.utils.tensorboard import SummaryWriter  # deferred: heavy (tensorboard)
+
+        self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+
+    def on_record(self, rec: dict[str, Any]) -> None:
+        for k, v in named_scalars(rec).items():
+            self.writer.add_scalar(k, v, rec["step"])
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+def build_trackers(
+    logging_cfg, run_dir: Path, run_name: str, config: dict[str, Any], start_step: int, warn=print
+) -> list[Callback]:
+    """The recipe's trackers (rank 0 only calls this). TensorBoard is left out where it is not installed.
+    Another that does not start is a RecipeError naming it and the fix, or, with
+    `logging.on_tracker_error: warn`, a warning and no such tracker."""
     wb, ml = _settings(logging_cfg)
-    out: list = []
+    out: list[Callback] = []
+    if logging_cfg.tensorboard:
+        with contextlib.suppress(ImportError):
+            out.append(TensorBoardTracker(run_dir, start_step))
     for key, settings, cls in (("wandb", wb, WandbTracker), ("mlflow", ml, MlflowTracker)):
         if settings is None:
             continue

@@ -18,7 +18,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _run(path, losses: dict[int, float], max_steps: int | None):
     """A run directory as the trainer leaves it: metrics.jsonl written by its Logger, and config.yaml."""
     path.mkdir(parents=True)
-    log = Logger(path, enabled=True, tensorboard=False, progress_bar="off", total_steps=max_steps or 0, start_step=0)
+    log = Logger(path, enabled=True, progress_bar="off", total_steps=max_steps or 0, start_step=0)
     for step, loss in losses.items():
         log.log({"step": step, "loss": loss, "lr": 1e-3})
     log.log({"step": max(losses), "eval_loss": 9.0})  # a record without a training loss is not a point

@@ -24,9 +24,12 @@ def test_profile_steps_write_a_trace_with_the_forward_ops(tmp_path, capfd):
     assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank0.steps2-3.pt.trace.json"]
     events = json.loads((run / "profile" / "rank0.steps2-3.pt.trace.json").read_text())["traceEvents"]
     names = {e.get("name") for e in events}
-    assert {"aten::embedding", "aten::linear"} <= names  # the model's forward
+    # the model's forward: its embedding and its projections (aten::linear; aten::matmul where a ZeRO-3 run
+    # earlier in this process left DeepSpeed's linear in torch.nn.functional, as DeepSpeed does not restore it)
+    products = {"aten::linear", "aten::matmul"} & names
+    assert "aten::embedding" in names and products
     assert any(n and "backward" in n.lower() for n in names)  # and its backward
-    assert any(e.get("args", {}).get("Input Dims") for e in events if e.get("name") == "aten::linear")
+    assert any(e.get("args", {}).get("Input Dims") for e in events if e.get("name") in products)
     assert {"ProfilerStep#2", "ProfilerStep#3"} <= names  # each step's bounds, as viewers expect them
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # the run went on
 

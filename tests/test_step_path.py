@@ -1,5 +1,6 @@
 """The files one optimizer step passes through, traced (docs/ARCHITECTURE.md lists them): step 3 of a
-standard run on a synthetic task, its batch built in the step (data.prefetch=0) and logged."""
+standard run on a synthetic task, its batch built in the step (data.prefetch=0), logged (TensorBoard on, as
+by default), and the save decision after it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ STEP_PATH = {
     "pretrain/loop.py",
     "pretrain/engine.py",
     "pretrain/metrics.py",
+    "pretrain/trackers.py",
+    "pretrain/periodic_save.py",
     "data_pipeline/loader.py",
     "data_pipeline/synthetic.py",
     "model/config.py",
@@ -27,7 +30,8 @@ STEP_PATH = {
 
 
 class Trace(Callback):
-    """Records every project file a Python call enters between before_step(3) and after_log(3)."""
+    """Records every project file a Python call enters from before_step(3) to before_step(4): the whole of
+    step 3, its record, its trackers and the save decision included."""
 
     def __init__(self):
         self.files: set[str] = set()
@@ -41,17 +45,9 @@ class Trace(Callback):
         if step == 3:
             sys.setprofile(self._profile)
             threading.setprofile(self._profile)
-
-    def after_update(self, step: int) -> None:
-        pass
-
-    def after_log(self, step: int) -> None:
-        if step == 3:
+        elif step == 4:
             sys.setprofile(None)
             threading.setprofile(None)
-
-    def close(self) -> None:
-        pass
 
 
 def test_one_step_passes_through_these_files(tmp_path, monkeypatch):
