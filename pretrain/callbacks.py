@@ -14,6 +14,7 @@ so that the loop keeps the batch, the step and the schedule and a new feature do
     on_nonfinite(step, position, loss, grad_norm)
                         step `step + 1`'s update was skipped (not finite): "rollback" has the loop reload
                         the last checkpoint; a callback may raise to stop the run
+    on_exception(error) the loop is ending with `error` (before close): the trackers mark the run failed
     close()             once, when the loop ends (also inside a profiled window, or on an error)
 
 pretrain/setup.py builds them: the NaN guard (pretrain/nan_guard.py, `train.nan_policy`), periodic saving
@@ -56,6 +57,9 @@ class Callback:
 
     def on_nonfinite(self, step: int, position: int | None, loss: float, grad_norm: float | None) -> str | None:
         return None
+
+    def on_exception(self, error: BaseException) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -202,8 +202,11 @@ class TrainingLoop:
     def run(self, stop: StopRequest, stop_after_steps: int | None = None) -> RunResult:
         try:
             self._steps(stop, stop_after_steps)
-        except (UserError, RunStopped):
-            self.checkpointer.wait(raise_error=False)  # every rank stops at this step: their writers finish together
+        except BaseException as e:
+            for cb in self.callbacks:
+                cb.on_exception(e)
+            if isinstance(e, (UserError, RunStopped)):  # every rank stops at this step: their writers finish together
+                self.checkpointer.wait(raise_error=False)
             raise
         finally:
             for cb in self.callbacks:

@@ -137,6 +137,7 @@ def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class WandbTracker(Callback):
     def __init__(self, settings: WandbSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
         self.last: dict[str, Any] | None = None  # the last record: the final metrics at close
+        self.exit_code = 0
         wandb = _require("wandb", "logging.wandb")
         run_id = _ids(run_dir).get("wandb") or uuid.uuid4().hex[:12]
         _save_id(run_dir, "wandb", run_id)
@@ -157,15 +158,19 @@ class WandbTracker(Callback):
         self.run.log(named_scalars(rec), step=int(rec["step"]))
         self.last = rec
 
+    def on_exception(self, error: BaseException) -> None:
+        self.exit_code = 1
+
     def close(self) -> None:
         if self.last is not None:  # the final metrics, under their names, in the run's summary
             self.run.summary.update(named_scalars(self.last))
-        self.run.finish()
+        self.run.finish(exit_code=self.exit_code)  # 1: the run is marked failed
 
 
 class MlflowTracker(Callback):
     def __init__(self, settings: MlflowSettings, run_dir: Path, run_name: str, config: dict[str, Any]):
         self.last: dict[str, Any] | None = None  # the last record: the final metrics at close
+        self.status = "FINISHED"
         if settings.tracking_uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         for key, value in MLFLOW_HTTP_BOUNDS.items():
@@ -201,7 +206,10 @@ class MlflowTracker(Callback):
             self.client.log_dict(
                 self.run_id, {"step": self.last["step"], **named_scalars(self.last)}, "final_metrics.json"
             )
-        self.client.set_terminated(self.run_id)
+        self.client.set_terminated(self.run_id, status=self.status)
+
+    def on_exception(self, error: BaseException) -> None:
+        self.status = "FAILED"
 
 
 class TensorBoardTracker(Callback):

@@ -16,7 +16,8 @@ import pytest
 from conftest import finish_ranks, start_ranks
 from wandb.proto import wandb_internal_pb2
 
-from common.errors import RecipeError
+from common.errors import NonFiniteLoss, RecipeError
+from pretrain import faults
 from pretrain.metrics import metric_name
 from pretrain.trackers import MLFLOW_HTTP_BOUNDS
 from pretrain.train import train
@@ -112,6 +113,25 @@ def test_mlflow_file_store_holds_the_scalars_params_and_resume_continues_it(tmp_
     val = {m.step: m.value for m in client.get_metric_history(run_id, "val/loss")}
     assert val == pytest.approx({s: r["val_loss"] for s, r in logged.items() if "val_loss" in r})
     assert sorted(val) == [2, 4, 6]
+
+
+def test_a_run_that_fails_is_marked_failed_in_the_trackers(tmp_path, monkeypatch):
+    run, store = tmp_path / "run", (tmp_path / "mlruns").as_uri()
+    ml, wb = {"tracking_uri": store, "experiment": "variants"}, {"project": "variants", "mode": "offline"}
+    monkeypatch.setenv(faults.ENV, json.dumps({"nan_batches": [2]}))  # step 3's loss: NaN
+    over = [*BASE, "train.nan_policy=stop", f"logging.mlflow={json.dumps(ml)}", f"logging.wandb={json.dumps(wb)}"]
+    with pytest.raises(NonFiniteLoss):
+        train("recipes/tiny_cpu.yaml", over, run_dir=run, resume="never")
+    ids = json.loads((run / "trackers.json").read_text())
+    client = mlflow.tracking.MlflowClient(store)
+    assert client.get_run(ids["mlflow"]).info.status == "FAILED"
+    assert {m.step for m in client.get_metric_history(ids["mlflow"], "train/loss")} == {1, 2}
+    (wandb_file,) = (run / "wandb").glob(f"offline-run-*-{ids['wandb']}/run-{ids['wandb']}.wandb")
+    deadline = time.monotonic() + 60  # W&B's service process may still be writing the file on a busy machine
+    while not (exits := [r.exit.exit_code for r in wandb_records(wandb_file) if r.WhichOneof("record_type") == "exit"]):
+        assert time.monotonic() < deadline, "no exit record in the W&B run file"
+        time.sleep(0.5)
+    assert exits == [1]
 
 
 @pytest.mark.parametrize(
