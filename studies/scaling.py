@@ -483,6 +483,12 @@ def main(argv: list[str] | None = None) -> int:
         help="PATH[,VARIANT=PATH...]: lr.json of µP lr-sweeps whose transfer check held, one rate per variant",
     )
     iso.add_argument(
+        "--per-width-rates",
+        default="",
+        help="VARIANT,...: variants whose transfer check failed, each width at a rate log-linear in log width "
+        "through the check's two optima",
+    )
+    iso.add_argument(
         "--variant-override",
         action="append",
         default=[],

@@ -3,7 +3,9 @@ exactly C FLOPs each, so the loss-optimal size at C is read from one profile, no
 
 The design rules, each checked before anything trains:
 - Only the width changes (`WIDTHS`: depth 4, head dim 16); under µP one rate per variant (the transfer
-  check's, `lr.json`'s `transfer.rate`) serves every width, so no rate is extrapolated. The rate was
+  check's, `lr.json`'s `transfer.rate`) serves every width, so no rate is extrapolated. A variant whose
+  check failed trains only when `--per-width-rates` names it: each width at a rate log-linear in log
+  width through the check's two optima (held at them outside their widths). The rate was
   measured on one model: its `model.*` overrides (lr.json's `model_overrides`) must be the grid's for that
   variant (`--variant-override` adds a variant's own, e.g. MixiT's plain residual), else it is refused.
 - One global batch in tokens for every run (the recipe's or `--batch-sequences`), and `min_lr` a fixed
@@ -21,6 +23,7 @@ The design rules, each checked before anything trains:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +49,21 @@ from .shared import check_variants
 
 @dataclass(frozen=True)
 class TransferRate:
-    """A variant's rate from a transfer check that held, and the model it was measured on."""
+    """A variant's rate from its transfer check, and the model it was measured on."""
 
     rate: float
     model: dict[str, str] | None  # lr.json's `model_overrides`; None: a file written before they were recorded
     source: str
+    optima: dict[str, float] | None = None  # a failed check's best rate per width: the rate then moves with it
+
+    def at(self, size: str) -> float:
+        """The rate `size` trains at: the one rate, or log-linear in log width through the two optima."""
+        if self.optima is None:
+            return self.rate
+        (narrow, lo), (wide, hi) = sorted(self.optima.items(), key=lambda kv: SHAPES[kv[0]]["hidden_size"])
+        x = math.log(SHAPES[size]["hidden_size"] / SHAPES[narrow]["hidden_size"])
+        span = math.log(SHAPES[wide]["hidden_size"] / SHAPES[narrow]["hidden_size"])
+        return lo * (hi / lo) ** min(1.0, max(0.0, x / span))
 
 
 def parse_grid(spec: str) -> dict[float, list[str]]:
@@ -164,7 +177,7 @@ def plan_isoflop(
                     f"{variant} {size} at {c:.3g} FLOPs reads {total * batch / epoch:.1f} passes over the "
                     f"{epoch:,} training tokens, more than --max-epochs {max_epochs:g}. Fix: drop {size} from that budget"
                 )
-        lr = rates[variant].rate
+        lr = rates[variant].at(size)
         for seed in range(seeds.get(size, seeds.get("*", 1))):
             common = dict(lr=lr, min_lr=lr * min_lr_fraction, tokens_per_step=batch, flops_per_token=fpt)
             common["extra"] = tuple(own.get(variant, []))
@@ -194,11 +207,12 @@ def check_rate_model(variant: str, rate: TransferRate, model: dict[str, str]) ->
         )
 
 
-def transfer_rates(spec: str, variants: list[str] | None = None) -> dict[str, TransferRate]:
+def transfer_rates(spec: str, variants: list[str] | None = None, per_width: list[str] = ()) -> dict[str, TransferRate]:
     """{variant: its TransferRate} from `PATH[,VARIANT=PATH...]`: lr.json files of transfer checks, the
     first for every variant, a `VARIANT=PATH` for that variant alone; only `variants` (default: all the
     files hold) are read, and a failed check of one of them is an error (its rate would not carry across
-    the widths)."""
+    the widths) unless `per_width` names it (a rate per width, `TransferRate.at`); `per_width` naming a
+    variant whose check held is an error too (one rate serves it)."""
     if not spec:
         raise StudyError("--lr-from is required: the transfer check's lr.json. Fix: run lr-sweep under µP first")
     default, *named = spec.split(",")
@@ -214,12 +228,24 @@ def transfer_rates(spec: str, variants: list[str] | None = None) -> dict[str, Tr
             check = r.get("transfer")
             if check is None:
                 continue
-            if not check["holds"]:
-                raise StudyError(
-                    f"{path}: {variant}'s best rate moves {check['rate_ratio']:.2f}x from {check['narrow']} to "
-                    f"{check['wide']}, beyond sqrt(2), so one rate does not serve every width. Fix: check µP first"
+            if check["holds"] == (variant in per_width):
+                moves = (
+                    f"{variant}'s best rate moves {check['rate_ratio']:.2f}x from {check['narrow']} to {check['wide']}"
                 )
-            rates[variant] = TransferRate(float(check["rate"]), r.get("model_overrides"), path)
+                raise StudyError(
+                    f"{path}: {moves}, within sqrt(2), so one rate serves every width. Fix: drop {variant} from "
+                    "--per-width-rates"
+                    if check["holds"]
+                    else f"{path}: {moves}, beyond sqrt(2), so one rate does not serve every width. Fix: check µP "
+                    f"first, or --per-width-rates {variant} for a rate per width through the two optima"
+                )
+            optima = (
+                {k: float(r["best"][k]) for k in (check["narrow"], check["wide"])} if variant in per_width else None
+            )
+            rates[variant] = TransferRate(float(check["rate"]), r.get("model_overrides"), path, optima)
+    unknown = sorted(set(per_width) - set(rates))
+    if unknown:
+        raise StudyError(f"--per-width-rates {','.join(unknown)}: no transfer check of it in --lr-from. Fix: drop it")
     return rates
 
 
@@ -259,7 +285,9 @@ def run_isoflop(args) -> int:
         grid,
         seeds,
         args.cooldown,
-        transfer_rates(args.lr_from, args.variants.split(",")),
+        transfer_rates(
+            args.lr_from, args.variants.split(","), args.per_width_rates.split(",") if args.per_width_rates else []
+        ),
         args.min_lr_fraction,
         args.overrides,
         args.min_steps,

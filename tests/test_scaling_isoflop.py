@@ -6,6 +6,7 @@ a tiny grid trains end to end and its rows carry their budgets."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from fixtures import source_corpus
@@ -143,6 +144,31 @@ def test_a_rate_serves_only_the_model_it_was_measured_on(corpus, tmp_path, capsy
            str(tmp_path / "o"), "--variant-override", "mixit", *over]  # fmt: skip
     assert main(bad) != 0 and not (tmp_path / "o").exists()
     assert capsys.readouterr().err.startswith("error: --variant-override 'mixit' must be VARIANT:KEY=VALUE")
+
+
+def test_a_failed_check_trains_only_with_a_rate_per_width_through_its_two_optima(corpus, tmp_path):
+    """--per-width-rates VARIANT: the rate is log-linear in log width through the check's optima at w32 and
+    w128 (w64, half-way in log width: their geometric mean) and held at them outside (w16, w192); refused
+    for a variant whose check held or that no lr.json checked."""
+    _, over = corpus
+    failed = json.loads(open(lr_json(tmp_path / "failed.json", holds=False, variants=("frozen_qk",))).read())
+    failed["frozen_qk"]["best"] = {"w32": 3.2e-2, "w128": 8e-3}
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    rate = transfer_rates(str(tmp_path / "failed.json"), ["frozen_qk"], ["frozen_qk"])["frozen_qk"]
+    assert [rate.at(s) for s in ("w16", "w32", "w64", "w128", "w192")] == pytest.approx(
+        [3.2e-2, 3.2e-2, 1.6e-2, 8e-3, 8e-3]
+    )
+    runs = plan_isoflop(
+        "recipes/tiny_cpu.yaml", ["frozen_qk"], parse_grid("2e10=w32:w64"), {}, 0.2, {"frozen_qk": rate}, 0.1, over, 10
+    )
+    assert {r.size: r.lr for r in runs} == pytest.approx(
+        {"w32": 3.2e-2, "w48": 3.2e-2 * 0.25 ** (math.log(1.5) / math.log(4)), "w64": 1.6e-2}
+    )
+    assert all(r.min_lr == pytest.approx(0.1 * r.lr) for r in runs)
+    with pytest.raises(StudyError, match="within sqrt\\(2\\), so one rate serves every width. Fix: drop standard"):
+        transfer_rates(lr_json(tmp_path / "held.json"), ["standard"], ["standard"])
+    with pytest.raises(StudyError, match="--per-width-rates mixit: no transfer check of it"):
+        transfer_rates(str(tmp_path / "failed.json"), ["frozen_qk"], ["frozen_qk", "mixit"])
 
 
 def test_a_tiny_grid_trains_and_its_rows_carry_the_budget(corpus, tmp_path):
