@@ -497,7 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     iso.add_argument("--min-lr-fraction", type=float, default=0.1, help="every run decays to this share of its rate")
     iso.add_argument("--cooldown", type=float, default=0.2, help="a branch decays over this fraction of its step")
     iso.add_argument("--seeds", type=int, default=1)
-    iso.add_argument("--more-seeds", default="", help="SIZE=K,...: K seeds at these widths (minima and neighbours)")
+    iso.add_argument(
+        "--more-seeds",
+        default="",
+        help="SIZE=K[@FLOPS],...: K seeds at these widths (minima and neighbours); the seeds beyond --seeds stop at FLOPS",
+    )
     iso.add_argument("--min-steps", type=int, default=500, help="the fewest optimizer steps a run may take")
     iso.add_argument("--max-epochs", type=float, default=4.0, help="the most passes over the training shards")
     iso.add_argument("--plan-only", action="store_true", help="print the runs and their FLOPs, train nothing")

@@ -118,11 +118,14 @@ def plan_isoflop(
     max_epochs: float = 4.0,
     standard_grid: dict[float, list[str]] | None = None,
     variant_overrides: dict[str, list[str]] | None = None,
+    seed_caps: dict[str, float] | None = None,
 ) -> list[LadderRun]:
     """Each (variant, size, seed)'s stable run followed by a branch per budget of the grid that holds the
     size, in the order they can run; `standard_grid`: budgets standard alone also trains, so that its
     L*(C) reaches the losses of the weaker variants (the compute multiplier reads it there);
-    `variant_overrides`: a variant's own overrides, after the grid's."""
+    `variant_overrides`: a variant's own overrides, after the grid's; `seed_caps`: {size: budget}, where the
+    seeds beyond `seeds["*"]` stop (their stable run ends at that budget's branch step), since a size needs
+    seeds only at the budgets where it is a minimum or its neighbour."""
     check_variants(variants)
     own = variant_overrides or {}
     if not 0 < cooldown <= 1:
@@ -178,13 +181,21 @@ def plan_isoflop(
                     f"{epoch:,} training tokens, more than --max-epochs {max_epochs:g}. Fix: drop {size} from that budget"
                 )
         lr = rates[variant].at(size)
-        for seed in range(seeds.get(size, seeds.get("*", 1))):
+        first = seeds.get("*", 1)
+        for seed in range(seeds.get(size, first)):
             common = dict(lr=lr, min_lr=lr * min_lr_fraction, tokens_per_step=batch, flops_per_token=fpt)
             common["extra"] = tuple(own.get(variant, []))
-            runs.append(LadderRun(variant, size, seed, steps[-1], None, base, **common))
+            cap = (seed_caps or {}).get(size) if seed >= first else None
+            kept = [(c, s) for c, s in zip(budgets, steps) if cap is None or c <= cap * (1 + 1e-9)]
+            if not kept:
+                raise StudyError(
+                    f"--more-seeds {size}=...@{cap:.3g}: {size}'s smallest budget is {budgets[0]:.3g}. Fix: a budget "
+                    f"of its grid, {', '.join(f'{c:.3g}' for c in budgets)}"
+                )
+            runs.append(LadderRun(variant, size, seed, kept[-1][1], None, base, **common))
             runs += [
                 LadderRun(variant, size, seed, s + max(1, round(cooldown * s)), s, 0, budget=c, **common)
-                for c, s in zip(budgets, steps)
+                for c, s in kept
             ]
     for run in runs:  # every run's recipe loads, before anything trains
         load_recipe(recipe, [*overrides, *run.overrides(cooldown)])
@@ -249,6 +260,22 @@ def transfer_rates(spec: str, variants: list[str] | None = None, per_width: list
     return rates
 
 
+def more_seeds(spec: str) -> tuple[dict[str, int], dict[str, float]]:
+    """`w48=3@4.4e13,w64=3` -> ({size: seeds}, {size: the budget its extra seeds stop at})."""
+    counts, caps = {}, {}
+    for item in filter(None, spec.split(",")):
+        head, _, cap = item.partition("@")
+        counts.update(per_size(head, "--more-seeds"))
+        if cap:
+            try:
+                caps[head.partition("=")[0]] = float(cap)
+            except ValueError:
+                raise StudyError(
+                    f"--more-seeds {item!r}: {cap!r} is not a budget in FLOPs. Fix: SIZE=K or SIZE=K@FLOPS, e.g. w48=3@4.4e13"
+                ) from None
+    return counts, caps
+
+
 def parse_variant_overrides(items: list[str]) -> dict[str, list[str]]:
     """`mixit:model.mixit_residual_scale=null` (repeatable) -> {variant: [override, ...]}."""
     out: dict[str, list[str]] = {}
@@ -278,7 +305,8 @@ def plan_summary(runs: list[LadderRun]) -> str:
 def run_isoflop(args) -> int:
     grid = parse_grid(args.grid)
     standard_grid = parse_grid(args.standard_grid) if args.standard_grid else None
-    seeds = {"*": args.seeds, **per_size(args.more_seeds, "--more-seeds")}
+    more, caps = more_seeds(args.more_seeds)
+    seeds = {"*": args.seeds, **more}
     runs = plan_isoflop(
         args.recipe,
         args.variants.split(","),
@@ -294,6 +322,7 @@ def run_isoflop(args) -> int:
         args.max_epochs,
         standard_grid,
         parse_variant_overrides(args.variant_override),
+        caps,
     )
     if args.plan_only:
         print(plan_summary(runs))

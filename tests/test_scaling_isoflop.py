@@ -14,7 +14,7 @@ from fixtures import source_corpus
 from common.errors import StudyError
 from studies.rows import read_rows
 from studies.scaling import main
-from studies.scaling_isoflop import parse_grid, plan_isoflop, transfer_rates
+from studies.scaling_isoflop import more_seeds, parse_grid, plan_isoflop, transfer_rates
 
 MUP = [
     "model.parametrization=mup",
@@ -169,6 +169,37 @@ def test_a_failed_check_trains_only_with_a_rate_per_width_through_its_two_optima
         transfer_rates(lr_json(tmp_path / "held.json"), ["standard"], ["standard"])
     with pytest.raises(StudyError, match="--per-width-rates mixit: no transfer check of it"):
         transfer_rates(str(tmp_path / "failed.json"), ["frozen_qk"], ["frozen_qk", "mixit"])
+
+
+def test_extra_seeds_stop_at_the_budget_they_are_needed_for(corpus, tmp_path):
+    """--more-seeds w32=3@2e10: seeds 1 and 2 of w32 train its chain only to the 2e10 branch (their stable
+    run ends at its step); seed 0 keeps every budget, and w48 keeps one seed."""
+    _, over = corpus
+    rates = transfer_rates(lr_json(tmp_path / "lr.json"))
+    counts, caps = more_seeds("w32=3@2e10")
+    grid = parse_grid("1e10=w32:w48,2e10=w32:w48,4e10=w32")
+    runs = plan_isoflop(
+        "recipes/tiny_cpu.yaml", ["standard"], grid, {"*": 1, **counts}, 0.2, rates, 0.1, over, 10, 50, None, None, caps
+    )
+    chains = {}
+    for r in runs:
+        chains.setdefault((r.size, r.seed), []).append(r.budget)
+    assert chains == {
+        ("w32", 0): [None, 1e10, 2e10, 4e10],
+        ("w32", 1): [None, 1e10, 2e10],
+        ("w32", 2): [None, 1e10, 2e10],
+        ("w48", 0): [None, 1e10, 2e10],
+    }
+    stable = {(r.size, r.seed): r.max_steps for r in runs if r.branch_step is None}
+    branch = {(r.seed, r.budget): r.branch_step for r in runs if r.size == "w32" and r.branch_step is not None}
+    assert stable[("w32", 1)] == stable[("w32", 2)] == branch[(0, 2e10)] < stable[("w32", 0)] == branch[(0, 4e10)]
+    with pytest.raises(StudyError, match="w32's smallest budget is 1e"):
+        plan_isoflop(
+            "recipes/tiny_cpu.yaml", ["standard"], grid, {"*": 1, "w32": 2}, 0.2, rates, 0.1, over, 10, 50, None, None,
+            {"w32": 5e9},
+        )  # fmt: skip
+    with pytest.raises(StudyError, match="is not a budget in FLOPs. Fix: SIZE=K or SIZE=K@FLOPS"):
+        more_seeds("w32=3@lots")
 
 
 def test_a_tiny_grid_trains_and_its_rows_carry_the_budget(corpus, tmp_path):
