@@ -204,6 +204,15 @@ def multiplier(standard_law: dict[str, Any], loss: float, budget: float) -> floa
     return math.exp((math.log(loss) - i) / s) / budget
 
 
+def reached_by(standard: dict[float, Profile], loss: float, budget: float) -> float | None:
+    """The multiplier's bound from rows, law-free: the smallest standard budget at which some width's mean
+    loss is at or below `loss`, over `budget` (standard needs at most that compute); None if none is."""
+    reached = [
+        c for c, p in standard.items() if any(p.loss[np.array(p.sizes) == size].mean() <= loss for size in set(p.sizes))
+    ]
+    return min(reached) / budget if reached else None
+
+
 def compute_multipliers(fits: dict[str, dict[float, Profile]], law: dict[str, dict]) -> dict[str, Any]:
     """Per variant and budget: the multiplier with its interval (draw j of the variant's L* through draw j
     of standard's law) and whether it extrapolates standard's law; the trend per decade of C."""
@@ -234,6 +243,8 @@ def compute_multipliers(fits: dict[str, dict[float, Profile]], law: dict[str, di
                 "interval": interval(md),
                 "extrapolated": not min(measured) <= p.vertex[1] <= max(measured),
             }
+            if p.vertex[1] > max(measured):
+                per_budget[c]["at_most"] = reached_by(fits[STANDARD], p.vertex[1], c)
             log10C.append(math.log10(c))
             central.append(math.log10(m))
             draws.append(np.log10(md))
@@ -361,6 +372,9 @@ def report_markdown(result: dict) -> str:
     for variant, m in result["multipliers"].items():
         for c, e in sorted(m["per_budget"].items()):
             flag = " (extrapolated)" if e["extrapolated"] else ""
+            if "at_most" in e:
+                bound = e["at_most"]
+                flag += f"; from rows: at most {bound:.3g}" if bound is not None else "; no standard run reaches it"
             mult_rows.append(
                 [variant, f"{c:.3g}", f"{e['multiplier']:.3g} {_fmt_interval(e['interval'], '.3g')}{flag}"]
             )

@@ -13,7 +13,7 @@ import pytest
 
 from common.errors import StudyError
 from studies.scaling import main
-from studies.scaling_profiles import analyse, plot_multipliers, vertex
+from studies.scaling_profiles import analyse, plot_multipliers, report_markdown, vertex
 
 # L(N, D) = A N^-a + B D^-b with C = 6 N D: the optimum is an exact power law in C,
 # N* = G (C/6)^(b/(a+b)) with G = (aA / bB)^(1/(a+b)), and L* ~ C^(-ab/(a+b)).
@@ -74,6 +74,10 @@ def test_optima_laws_and_multiplier_come_back_from_the_law(tmp_path):
     assert abs(m["trend"]["per_decade"]) < 0.05 and not m["trend"]["moves"]
     # mixit's L* at the smallest budget lies above standard's measured optima: flagged as extrapolated
     assert m["per_budget"][BUDGETS[0]]["extrapolated"] and not m["per_budget"][BUDGETS[-1]]["extrapolated"]
+    # and gets the law-free bound from rows: standard's own smallest budget has runs below that loss
+    assert m["per_budget"][BUDGETS[0]]["at_most"] == 1.0 and "at_most" not in m["per_budget"][BUDGETS[-1]]
+    assert f"{m['per_budget'][BUDGETS[0]]['multiplier']:.3g}" in report_markdown(result)
+    assert "(extrapolated); from rows: at most 1 " in report_markdown(result)
     held = result["held_out"]
     assert abs(held["standard"]["relative_error"]) < 0.02 and held["mixit"]["multiplier_predicted"] == pytest.approx(
         0.25, rel=0.15
