@@ -6,7 +6,8 @@ and writing into a run dir that a restarted job owns. A rank sends itself SIGTER
 * its parent (DeepSpeed's launch.py, torchrun, slurmstepd) dies: PR_SET_PDEATHSIG on Linux, a poll of
   the parent PID elsewhere; launched ranks only (LOCAL_RANK set), so a plain `nohup python -m
   pretrain.train` survives its shell;
-* the launch.sh that started the job dies: it exports LAUNCHER_ENV="HOST PID", polled on that host only.
+* the launch.sh that started the job, or the study that started the run (studies/scaling_runs.py), dies:
+  it exports LAUNCHER_ENV="HOST PID", polled on that host only.
 The per-step all-reduce of the stop flag makes every rank stop when one notices.
 """
 
@@ -59,7 +60,7 @@ def _parent_death_signal(sig: int) -> bool:
 
 
 def _launcher_pid() -> int | None:
-    """The launch.sh PID from LAUNCHER_ENV when it was started on this host."""
+    """The launcher's PID (launch.sh, a study) from LAUNCHER_ENV when it was started on this host."""
     host, _, pid = os.environ.get(LAUNCHER_ENV, "").strip().rpartition(" ")
     if not pid.isdigit() or host != socket.gethostname():
         return None
@@ -81,7 +82,7 @@ def _stop(reason: str) -> None:
 def _watch(launcher: int | None, launcher_start: str | None, parent: int | None, poll_s: float) -> None:
     while True:
         if launcher is not None and _start_time(launcher) != launcher_start:
-            return _stop(f"launcher (launch.sh, pid {launcher}) is gone")
+            return _stop(f"launcher (pid {launcher}) is gone")
         if parent is not None and os.getppid() != parent:
             return _stop(f"parent process {parent} is gone")
         time.sleep(poll_s)
@@ -97,7 +98,7 @@ def stop_when_launcher_dies(poll_s: float = POLL_S) -> threading.Thread | None:
         return None
     start = _start_time(launcher) if launcher is not None else None
     if launcher is not None and start is None:
-        _stop(f"launcher (launch.sh, pid {launcher}) is gone")
+        _stop(f"launcher (pid {launcher}) is gone")
         return None
     thread = threading.Thread(
         target=_watch, args=(launcher, start, parent, poll_s), name="orphan-watchdog", daemon=True

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from model.flops import flops_per_token
 from model.transformer import build_model
 from pretrain.config import load_recipe
 from pretrain.metrics import read_metrics
+from pretrain.orphan import LAUNCHER_ENV
 from pretrain.run_dir import read_config
 
 from .rows import append_row, read_rows
@@ -78,8 +80,10 @@ def train_once(
 ) -> bool:
     """Train one run as its own process and, when it finishes, mark `run_dir` done with its wall and
     CPU seconds and `record`; False when it failed (a re-run resumes it). `threads`: its OMP threads;
-    `log`: a file its output is appended to (default: this process's output)."""
+    `log`: a file its output is appended to (default: this process's output). Should this process die, the
+    run saves a checkpoint and stops (pretrain/orphan.py) rather than train on unrecorded."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env[LAUNCHER_ENV] = f"{socket.gethostname()} {os.getpid()}"
     start = time.time()
     with open(log, "a") if log else contextlib.nullcontext() as out:
         proc = subprocess.Popen(

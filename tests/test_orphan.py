@@ -59,7 +59,7 @@ def test_launcher_death_sends_sigterm_on_its_host_only(host_matches):
         rank.kill()
     if host_matches:  # noticed within a few polls, through the SIGTERM handler
         assert out.split() == ["SIGTERM"] and time.time() - t0 < 5, err
-        assert f"launcher (launch.sh, pid {launcher.pid}) is gone" in err
+        assert f"launcher (pid {launcher.pid}) is gone" in err
     else:  # another host's PID means nothing here: no watchdog, no signal
         assert out.split() == ["timeout"], err
 
@@ -79,3 +79,39 @@ def test_parent_death_signal_only_for_launched_ranks():
     assert plain.communicate(timeout=40)[0].split() == ["ready", "False", "0", "timeout"]
     launched = start_rank({"LOCAL_RANK": "0"}, wait_s=0)
     assert launched.communicate(timeout=40)[0].split() == ["ready", "False", str(int(signal.SIGTERM)), "timeout"]
+
+
+# A study driver (studies/scaling_runs.py's train_once) training one long run as its own process.
+DRIVER = """
+import sys
+from pathlib import Path
+from studies.scaling_runs import train_once
+run = Path(sys.argv[1])
+args = ["--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=100000",
+        "train.eval_every_steps=0", "checkpoint.every_steps=0", "logging.every_steps=1", "logging.tensorboard=false"]
+train_once(args, run, {})
+"""
+
+
+def test_a_study_run_saves_and_stops_when_its_driver_dies(tmp_path):
+    """Killing a study's driver does not leave its run training on, unrecorded: the run notices the
+    launcher it was given is gone, saves a checkpoint and stops."""
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "PRETRAIN_LAUNCHER")}
+    env.update(PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.time() + 120
+        while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():
+            assert time.time() < deadline and driver.poll() is None, "the run did not start"
+            time.sleep(0.2)
+        driver.kill()
+        out = driver.communicate(timeout=60)[0].decode()  # EOF once the run, which shares the pipe, has exited
+    finally:
+        driver.kill()
+        subprocess.run(["pkill", "-f", str(run)])  # the run, were it still training
+    assert f"launcher (pid {driver.pid}) is gone" in out, out[-3000:]
+    assert "signal received: saving a checkpoint" in out
+    assert list((run / "checkpoints").glob("step_*")), out[-3000:]
