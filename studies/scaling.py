@@ -56,7 +56,7 @@ from .scaling_isoflop import run_isoflop
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
 from .scaling_profiles import analyse, plot_multipliers, plot_profiles, report_markdown, to_json
-from .scaling_runs import DONE, RowLog, collect_run, tracker_overrides, train_once, write_array_script
+from .scaling_runs import DONE, RowLog, collect_run, recollect, tracker_overrides, train_once, write_array_script
 from .shared import check_variants, study_parser
 
 __all__ = ["branch_overrides", "main"]
@@ -510,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--rows", required=True, help="the isoflop command's row log")
     pr.add_argument("--out", required=True)
     pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
+    rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
+    rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")
+    rc.add_argument("--runs", required=True, help="the study's runs/ directory")
     for p in (la, lr, iso):
         p.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
         p.add_argument("--rows", help="JSON-lines log: a row per finished run; runs in it are skipped")
@@ -526,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_isoflop(args)
         if args.cmd == "profiles":
             return write_profiles(args)
+        if args.cmd == "recollect":
+            given, gone = recollect(Path(args.rows), Path(args.runs))
+            print(f"{args.rows}: {given} row(s) given new fields; {gone} without a run dir under {args.runs}")
+            return 0
         if args.cmd == "collect":
             collect(args)
         else:

@@ -12,7 +12,9 @@ variant's compute multiplier against standard, a held-out budget, and paired gap
   (no irreducible term: four budgets do not determine one).
 - The compute multiplier of a variant at budget C: the compute standard's L*(C) law needs to reach the
   variant's L*, over C (each variant's own FLOPs); beyond standard's measured optima it is an
-  extrapolation and flagged. Its trend is the slope of log10(multiplier) per decade of C.
+  extrapolation and flagged, and bounded from the rows alone: the least compute at which a standard run
+  (a stable run's validation on the way, or a branch's end) reached that loss. Its trend is the slope of
+  log10(multiplier) per decade of C.
 - Held out: the laws refitted without the largest budget predict its L* and multiplier.
 """
 
@@ -204,18 +206,35 @@ def multiplier(standard_law: dict[str, Any], loss: float, budget: float) -> floa
     return math.exp((math.log(loss) - i) / s) / budget
 
 
-def reached_by(standard: dict[float, Profile], loss: float, budget: float) -> float | None:
-    """The multiplier's bound from rows, law-free: the smallest standard budget at which some width's mean
-    loss is at or below `loss`, over `budget` (standard needs at most that compute); None if none is."""
-    reached = [
-        c for c, p in standard.items() if any(p.loss[np.array(p.sizes) == size].mean() <= loss for size in set(p.sizes))
-    ]
+def standard_curve(rows: list[dict[str, Any]], metric: str) -> list[tuple[float, float]]:
+    """(FLOPs, loss) at every validation of standard's runs: each stable run's curve (constant rate, no
+    cooldown) and each branch's end, the mean over seeds at the same (size, branch, step)."""
+    points: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        if r.get("variant") != STANDARD:
+            continue
+        curve = r.get("val_curve") or (
+            [[r["steps"], r["flops"], r[metric]]] if isinstance(r.get(metric), (int, float)) else []
+        )
+        for step, flops, loss in curve:
+            points[(r["size"], r.get("branch_step"), step)].append((float(flops), float(loss)))
+    return [(pts[0][0], float(np.mean([v for _, v in pts]))) for pts in points.values()]
+
+
+def reached_by(curve: list[tuple[float, float]], loss: float, budget: float) -> float | None:
+    """The multiplier's bound from rows, law-free: the least compute at which a standard run (a branch's
+    end or a stable run's validation on the way) had a loss at or below `loss`, over `budget`: standard
+    needs at most that; None if no run reached it."""
+    reached = [flops for flops, v in curve if v <= loss]
     return min(reached) / budget if reached else None
 
 
-def compute_multipliers(fits: dict[str, dict[float, Profile]], law: dict[str, dict]) -> dict[str, Any]:
+def compute_multipliers(
+    fits: dict[str, dict[float, Profile]], law: dict[str, dict], curve: list[tuple[float, float]]
+) -> dict[str, Any]:
     """Per variant and budget: the multiplier with its interval (draw j of the variant's L* through draw j
-    of standard's law) and whether it extrapolates standard's law; the trend per decade of C."""
+    of standard's law), whether it extrapolates standard's law and, above standard's measured optima, the
+    bound from `curve` (standard_curve); the trend per decade of C."""
     if STANDARD not in law or "error" in law[STANDARD]:
         return {}
     std = law[STANDARD]["L"]
@@ -244,7 +263,7 @@ def compute_multipliers(fits: dict[str, dict[float, Profile]], law: dict[str, di
                 "extrapolated": not min(measured) <= p.vertex[1] <= max(measured),
             }
             if p.vertex[1] > max(measured):
-                per_budget[c]["at_most"] = reached_by(fits[STANDARD], p.vertex[1], c)
+                per_budget[c]["at_most"] = reached_by(curve, p.vertex[1], c)
             log10C.append(math.log10(c))
             central.append(math.log10(m))
             draws.append(np.log10(md))
@@ -329,7 +348,9 @@ def analyse(rows: list[dict[str, Any]], metric: str = "final_val_loss", n_boot: 
         "profiles": fits,
         "noise": noise,
         "laws": law,
-        "multipliers": compute_multipliers(fits, {v: law[v] for v in law if "L" in law[v]}),
+        "multipliers": compute_multipliers(
+            fits, {v: law[v] for v in law if "L" in law[v]}, standard_curve(rows, metric)
+        ),
         "held_out": held_out(fits),
         "paired_gaps": paired_gaps(rows, metric, rng, n_boot),
     }

@@ -34,7 +34,7 @@ from pretrain.metrics import read_metrics
 from pretrain.orphan import LAUNCHER_ENV
 from pretrain.run_dir import read_config
 
-from .rows import append_row, read_rows
+from .rows import append_row, read_rows, update_rows
 
 DONE = "sweep_done.json"
 # What every Slurm job the studies write asks for: a USR1 five minutes before the time limit to the batch
@@ -136,7 +136,8 @@ class RowLog:
 
 
 def collect_run(run_dir: Path) -> dict[str, Any] | None:
-    """One row per finished run: losses, sizes, tokens, FLOPs (schedule-aware), wall and CPU time."""
+    """One row per finished run: losses (and the validation curve), sizes, tokens, FLOPs (schedule-aware),
+    wall and CPU time."""
     run = read_config(run_dir)
     rows = read_metrics(run_dir) if run is not None and (run_dir / "metrics.jsonl").is_file() else []
     if not rows:
@@ -149,12 +150,15 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
     tokens = int(last.get("tokens_seen", 0))
     steps = int(last.get("step", 0))
     tokens_per_step = tokens / steps if steps else 0.0
-    # FLOPs with the freeze schedule: each step costs the rate of the groups frozen at that step.
-    bounds = [0] + [b for b in mcfg.schedule_boundaries() if b < steps] + [steps]
-    flops = sum(
-        (b1 - b0) * tokens_per_step * flops_per_token(mcfg, seq_len, step=b0)["train"]
-        for b0, b1 in zip(bounds[:-1], bounds[1:])
-    )
+
+    def flops_through(step: int) -> float:
+        """FLOPs of steps 1..step with the freeze schedule: each step costs the rate of the groups frozen then."""
+        bounds = [0] + [b for b in mcfg.schedule_boundaries() if b < step] + [step]
+        return sum(
+            (b1 - b0) * tokens_per_step * flops_per_token(mcfg, seq_len, step=b0)["train"]
+            for b0, b1 in zip(bounds[:-1], bounds[1:])
+        )
+
     counts = param_count(mcfg)
     with torch.device("meta"):
         trainable = sum(p.numel() for p in build_model(mcfg).parameters() if p.requires_grad)
@@ -173,10 +177,13 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
         "trainable_params": trainable,
         "steps": steps,
         "tokens": tokens,
-        "flops": flops,
+        "flops": flops_through(steps),
         "final_train_loss": last.get("loss"),
         "final_val_loss": val[-1][1] if val else None,
         "best_val_loss": min(v for _, v in val) if val else None,
+        # every validation as [step, FLOPs to that step, loss]: a stable run's curve says what loss its
+        # variant reached at each compute, the law-free bound of studies/scaling_profiles.py
+        "val_curve": [[s, flops_through(s), v] for s, v in val],
         "wall_seconds": timing.get("seconds"),
         "cpu_seconds": timing.get("cpu_seconds"),
         "finished": done.is_file(),
@@ -186,3 +193,26 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
         "branch_step": int(m.group("branch")) if m and m.group("branch") else None,
         **per_set,
     }
+
+
+def recollect(rows_path: Path, runs_dir: Path) -> tuple[int, int]:
+    """Add to each row the fields `collect_run` records now and the row lacks (e.g. `val_curve`), read
+    from its run dir under `runs_dir`; every recorded field stays as it was. Returns (rows given fields,
+    rows whose run dir is gone)."""
+    if not rows_path.is_file() or not runs_dir.is_dir():
+        missing = rows_path if not rows_path.is_file() else runs_dir
+        raise StudyError(f"{missing} does not exist. Fix: pass the study's --rows file and its runs/ directory")
+    counts = [0, 0]
+
+    def add_fields(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for row in rows:
+            fresh = collect_run(runs_dir / row["run"]) if (runs_dir / row["run"]).is_dir() else None
+            new = {k: v for k, v in (fresh or {}).items() if k not in row}
+            counts[0] += bool(new)
+            counts[1] += fresh is None
+            out.append({**row, **new})
+        return out
+
+    update_rows(rows_path, add_fields)
+    return counts[0], counts[1]

@@ -86,6 +86,17 @@ def test_ladder_trains_stable_runs_and_branches_then_fits(tmp_path):
     rerun = collect_run(out / "runs" / "standard-n27k-s0-b3")
     before = next(r for r in logged if r["run"] == "standard-n27k-s0-b3")
     assert rerun["final_val_loss"] == before["final_val_loss"]  # the same run, trained again
+    # rows written before a field existed get it from their run dirs; every recorded field stays
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    stripped = [{k: v for k, v in r.items() if k != "val_curve"} | {"cpu_seconds": 1.5} for r in rows]
+    log.write_text("".join(json.dumps(r) + "\n" for r in stripped))
+    assert main(["recollect", "--rows", str(log), "--runs", str(out / "runs")]) == 0
+    after = {r["run"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert sorted(after) == runs and all(r["cpu_seconds"] == 1.5 for r in after.values())
+    given = sorted(name for name, r in after.items() if "val_curve" in r)
+    assert given == ["standard-n27k-s0", "standard-n27k-s0-b3"]  # the run dirs still here
+    curve = after["standard-n27k-s0-b3"]["val_curve"]
+    assert curve == rerun["val_curve"] and curve[-1] == [rerun["steps"], rerun["flops"], rerun["final_val_loss"]]
     (out / "runs").rename(tmp_path / "again")
     assert main(["collect", "--out", str(out), "--rows", str(log)]) == 0  # the rows alone make the table
     rows = list(csv.DictReader(open(out / "results.csv")))
@@ -120,5 +131,6 @@ def test_ladder_slurm_scripts_and_bad_input(tmp_path):
     assert not list((out / "runs").iterdir())  # nothing trained
     assert main([*args, "--slurm"]) == 2  # the recipe's cosine decay: the stable runs need constant
     assert main([*LADDER_ARGS, "--sizes", "n3", "--out", str(out), *OVERRIDES]) == 2
+    assert main(["recollect", "--rows", str(out / "none.jsonl"), "--runs", str(out / "runs")]) == 2
     with pytest.raises(StudyError, match="optim.decay=constant"):
         plan_ladder("recipes/tiny_cpu.yaml", ["standard"], ["n27k"], {"*": 1}, [1.0], 0.2, None, [])

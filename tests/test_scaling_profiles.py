@@ -13,7 +13,7 @@ import pytest
 
 from common.errors import StudyError
 from studies.scaling import main
-from studies.scaling_profiles import analyse, plot_multipliers, report_markdown, vertex
+from studies.scaling_profiles import analyse, plot_multipliers, reached_by, report_markdown, standard_curve, vertex
 
 # L(N, D) = A N^-a + B D^-b with C = 6 N D: the optimum is an exact power law in C,
 # N* = G (C/6)^(b/(a+b)) with G = (aA / bB)^(1/(a+b)), and L* ~ C^(-ab/(a+b)).
@@ -41,7 +41,8 @@ def rows_from_law(variant="standard", k=1.0, seeds=1, noise=0.0, shift=1.0, rng=
             for seed in range(seeds):
                 loss = law(N, k * D) + (rng.normal(0, noise) if noise else 0.0)
                 rows.append({"variant": variant, "budget": C, "size": f"x{i}", "seed": seed, "cooled": True,
-                             "non_embedding_params": N, "tokens": D, "final_val_loss": loss})  # fmt: skip
+                             "non_embedding_params": N, "tokens": D, "final_val_loss": loss,
+                             "flops": C, "steps": 1000})  # fmt: skip
     return rows
 
 
@@ -86,6 +87,28 @@ def test_optima_laws_and_multiplier_come_back_from_the_law(tmp_path):
     gaps = {(g["variant"], g["budget"], g["size"]): g for g in result["paired_gaps"]}
     g = gaps[("mixit", BUDGETS[0], "x0")]
     assert g["seeds"] == 2 and g["gap"] > 0 and g["interval"] is not None
+
+
+def test_the_bound_from_rows_reads_standards_stable_curves_averaged_over_seeds():
+    """A stable run's validation on the way (constant rate, no cooldown) is a standard run of that compute:
+    the bound is the least compute at which standard's seed-mean loss reached the variant's, not the
+    smallest budget of the grid."""
+    stable = {"variant": "standard", "size": "w16", "branch_step": None, "steps": 1000, "flops": 1e12}
+    rows = [
+        {**stable, "seed": 0, "val_curve": [[250, 2.5e11, 5.0], [500, 5e11, 4.50], [1000, 1e12, 4.2]]},
+        {**stable, "seed": 1, "val_curve": [[250, 2.5e11, 5.1], [500, 5e11, 4.62], [1000, 1e12, 4.3]]},
+        {"variant": "standard", "size": "w16", "branch_step": 1000, "steps": 1200, "flops": 1.2e12, "seed": 0,
+         "final_val_loss": 4.0},  # a branch without a curve: its end
+        {"variant": "mixit", "size": "w16", "branch_step": None, "steps": 1000, "flops": 1e12, "seed": 0,
+         "val_curve": [[250, 2.5e11, 3.0]]},  # another variant's curve says nothing about standard
+    ]  # fmt: skip
+    curve = standard_curve(rows, "final_val_loss")
+    flops, losses = zip(*sorted(curve))
+    assert flops == (2.5e11, 5e11, 1e12, 1.2e12) and losses == pytest.approx([5.05, 4.56, 4.25, 4.0])
+    assert reached_by(curve, 4.6, 1e13) == pytest.approx(0.05)  # seed 0 alone (4.50) is not enough: the mean 4.56
+    assert reached_by(curve, 4.5, 1e13) == pytest.approx(0.1)
+    assert reached_by(curve, 4.1, 1e13) == pytest.approx(0.12)
+    assert reached_by(curve, 3.9, 1e13) is None
 
 
 def test_an_optimum_beyond_the_sizes_is_not_identified_and_leaves_the_laws(tmp_path):
