@@ -490,8 +490,8 @@ def plot_profiles(result: dict, png: Path) -> Path:
 
 
 def plot_multipliers(result: dict, png: Path) -> Path | None:
-    """Each variant's compute multiplier against C with its interval (hollow where extrapolated), on
-    log axes; None when there is none yet."""
+    """Each variant's compute multiplier against C with its interval (hollow where extrapolated) and its
+    bound from rows where it has one (a downward triangle: at most), on log axes; None when there is none."""
     import matplotlib  # deferred: heavy
 
     matplotlib.use("Agg")
@@ -509,6 +509,10 @@ def plot_multipliers(result: dict, png: Path) -> Path | None:
         for c, y in zip(budgets, mult):
             face = "none" if m["per_budget"][c]["extrapolated"] else line_.get_color()
             ax.plot(c, y, "o", mfc=face, mec=line_.get_color())
+            if (bound := m["per_budget"][c].get("at_most")) is not None:  # the law-free bound: at most this
+                ax.plot(c, bound, "v", ms=8, color=line_.get_color())
+    if any("at_most" in e for m in result["multipliers"].values() for e in m["per_budget"].values()):
+        ax.plot([], [], "kv", label="at most (from rows, no law)")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_yscale("log")
