@@ -214,17 +214,20 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
         md += [
             f"### {y} vs {label}: L = E + A x^-alpha",
             "",
-            "| variant | E | A | alpha | R² | RMSE | points |",
-            "|---|---|---|---|---:|---:|---:|",
+            "| variant | E | A | alpha | R² | RMSE | points | identified |",
+            "|---|---|---|---|---:|---:|---:|---|",
         ]
         for v, f in fits.items():
             if isinstance(f, PowerLawFit):
+                why = f.not_identified()
                 md.append(
                     f"| {v} | {f.E:.3f} ± {f.E_err:.3f} | {f.A:.3g} ± {f.A_err:.2g} | "
-                    f"{f.alpha:.3f} ± {f.alpha_err:.3f} | {f.r2:.4f} | {f.rmse:.4f} | {f.n_points} |"
+                    f"{f.alpha:.3f} ± {f.alpha_err:.3f} | {f.r2:.4f} | {f.rmse:.4f} | {f.n_points} | "
+                    + ("yes" if not why else "**not identified**: " + "; ".join(why))
+                    + " |"
                 )
             else:
-                md.append(f"| {v} | — | — | — | — | — | {f} |")
+                md.append(f"| {v} | — | — | — | — | — | — | {f} |")
         md.append("")
     report["joint"], joint_md, joint = joint_fits(rows, args.param_kind, y, args.boot)
     md += joint_md

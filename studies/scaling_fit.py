@@ -33,12 +33,29 @@ class PowerLawFit:
     r2: float
     rmse: float
     n_points: int
+    E_max: float = math.inf  # the search's upper bound on E: the lowest loss fitted
 
     def predict(self, x: np.ndarray | float) -> np.ndarray:
         return self.E + self.A * np.power(np.asarray(x, dtype=float), -self.alpha)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "not_identified": self.not_identified()}
+
+    def not_identified(self) -> list[str]:
+        """Why the fit does not determine the law, if it does not (JointFit's rule): a parameter at a bound
+        of the search (E at 0 or at the lowest loss, alpha at 0 or 5), or a 90 % interval (1.645 standard
+        errors either side) reaching 0 or spanning more than a decade."""
+        reasons = []
+        if self.E <= 1e-3 or self.E >= self.E_max - 1e-3:
+            reasons.append(f"E at its bound {'0' if self.E <= 1e-3 else 'the lowest loss'} ({self.E:.3g})")
+        if self.alpha <= 1e-3 or self.alpha >= 5 - 1e-3:
+            reasons.append(f"alpha at its bound {5 if self.alpha >= 5 - 1e-3 else 0} ({self.alpha:.3g})")
+        for k in ("E", "A", "alpha"):
+            value, err = getattr(self, k), getattr(self, f"{k}_err")
+            low, high = value - 1.645 * err, value + 1.645 * err
+            if not np.isfinite(err) or low <= 0 or high / low > 10:
+                reasons.append(f"{k}'s interval [{low:.3g}, {high:.3g}] reaches 0 or spans more than a decade")
+        return reasons
 
 
 def _model(logx: np.ndarray, E: float, logA: float, alpha: float) -> np.ndarray:
@@ -88,7 +105,9 @@ def fit_power_law(x, loss, sigma=None) -> PowerLawFit:
     ss_tot = float(np.sum((loss - loss.mean()) ** 2))
     r2 = 1.0 - sse / ss_tot if ss_tot > 0 else float("nan")
     errors = float(err[0]), float(A * err[1]), float(err[2])  # of E, A (from log A's) and alpha
-    return PowerLawFit(E, A, alpha, *errors, r2=r2, rmse=math.sqrt(sse / len(loss)), n_points=len(loss))
+    return PowerLawFit(
+        E, A, alpha, *errors, r2=r2, rmse=math.sqrt(sse / len(loss)), n_points=len(loss), E_max=float(loss.min())
+    )
 
 
 def aggregate_seeds(rows: list[dict], x_key: str, y_key: str) -> dict[str, dict[str, np.ndarray]]:

@@ -26,7 +26,7 @@ def test_recovers_known_law_exactly():
     n = np.geomspace(1e5, 1e9, 8)
     fit = fit_power_law(n, 1.7 + 400.0 * n**-0.34)
     assert abs(fit.alpha - 0.34) < 1e-3 and abs(fit.E - 1.7) < 1e-3 and abs(fit.A / 400.0 - 1) < 1e-2
-    assert fit.r2 > 0.9999
+    assert fit.r2 > 0.9999 and fit.not_identified() == []
 
 
 def test_recovers_exponents_with_noise_and_seeds(tmp_path):
@@ -186,3 +186,8 @@ def test_a_fit_at_a_bound_or_with_a_wide_interval_says_it_is_not_identified():
     assert len(reasons) == 3 and reasons[0].startswith("E at its bound 0") and "alpha at its bound 5" in reasons[1]
     assert "B's interval [10, 4e+03] spans more than a decade" in reasons[2]
     assert law.to_dict()["not_identified"] == reasons
+    # the one-variable fits by the same rule: a flat loss pins E to the lowest loss and alpha is not determined
+    n = np.geomspace(1e4, 1e6, 5)
+    flat = fit_power_law(n, 4.0 + 0.01 * np.random.default_rng(0).normal(size=5))
+    why = flat.not_identified()
+    assert why and any("interval" in w for w in why) and flat.to_dict()["not_identified"] == why
