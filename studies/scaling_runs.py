@@ -1,10 +1,11 @@
 """Running a scaling study's training processes: one process per run, K at a time, and a durable row
 per finished run.
 
-A run is `python -m pretrain.train ARGS` in its own process. A finished run gets `sweep_done.json`
-(wall and CPU seconds) in its directory and, with a row log, one JSON line of its results
-(`collect_run`) appended to that log, which outlives the run directories: a study resumes from its
-rows on a machine where the runs themselves are gone, and the rows are what a page cites.
+A run is `python -m pretrain.train ARGS` in its own process. A run that trained to its last step gets
+`sweep_done.json` (the wall and CPU seconds of all its processes) in its directory and, with a row log,
+one JSON line of its results (`collect_run`) appended to that log, which outlives the run directories:
+a study resumes from its rows on a machine where the runs themselves are gone, and the rows are what a
+page cites. SIGTERM to a study stops its runs in flight with a checkpoint and records their time.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 from common.constants import REPO_ROOT
-from common.errors import StudyError
+from common.errors import RunStopped, StudyError
 from model import ModelConfig, param_count
 from model.flops import flops_per_token
 from model.transformer import build_model
@@ -36,7 +39,10 @@ from pretrain.run_dir import read_config
 
 from .rows import append_row, read_rows, update_rows
 
-DONE = "sweep_done.json"
+DONE = "sweep_done.json"  # a finished run: the wall and CPU seconds of all its processes, and the study's record
+ATTEMPTS = "attempts.jsonl"  # one row per training process of a run, finished or not: its seconds and exit code
+_STOPPING = threading.Event()  # set by SIGTERM to a study (`_stop_runs`)
+_RUNNING: set[subprocess.Popen] = set()  # the runs' processes in flight
 # What every Slurm job the studies write asks for: a USR1 five minutes before the time limit to the batch
 # shell, which has exec'd launch.sh, so every rank checkpoints and the job is requeued (launch.sh), and
 # the requeued job's log appended to its first one.
@@ -78,10 +84,13 @@ def tracker_overrides(recipe: str, overrides: list[str], group: str) -> list[str
 def train_once(
     train_args: list[str], run_dir: Path, record: dict, threads: int | None = None, log: Path | None = None
 ) -> bool:
-    """Train one run as its own process and, when it finishes, mark `run_dir` done with its wall and
-    CPU seconds and `record`; False when it failed (a re-run resumes it). `threads`: its OMP threads;
+    """Train one run as its own process and, when it finishes, mark `run_dir` done with the wall and CPU
+    seconds of every process it took (resumes included; ATTEMPTS) and `record`; False when it failed or
+    the study is stopping (a re-run resumes it). `threads`: its OMP threads;
     `log`: a file its output is appended to (default: this process's output). Should this process die, the
     run saves a checkpoint and stops (pretrain/orphan.py) rather than train on unrecorded."""
+    if _STOPPING.is_set():
+        return False
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     env[LAUNCHER_ENV] = f"{socket.gethostname()} {os.getpid()}"
     start = time.time()
@@ -93,24 +102,64 @@ def train_once(
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
         )
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, even with others running beside it
+        _RUNNING.add(proc)
+        if _STOPPING.is_set():  # the study was stopped while this run started
+            proc.send_signal(signal.SIGTERM)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, even with others beside it
+        finally:
+            _RUNNING.discard(proc)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
+    spent = {"seconds": time.time() - start, "cpu_seconds": usage.ru_utime + usage.ru_stime}
+    append_row(run_dir / ATTEMPTS, {**spent, "exit_code": proc.returncode})
+    if proc.returncode != 0 or not reached_its_end(run_dir):
         return False
-    cpu = usage.ru_utime + usage.ru_stime
-    (run_dir / DONE).write_text(json.dumps({"seconds": time.time() - start, "cpu_seconds": cpu, **record}))
+    processes = read_rows(run_dir / ATTEMPTS)
+    total = {k: sum(p[k] for p in processes) for k in spent}
+    (run_dir / DONE).write_text(json.dumps({**total, "processes": len(processes), **record}))
     return True
+
+
+def reached_its_end(run_dir: Path) -> bool:
+    """Whether the run logged its last step: one stopped by a signal (SIGTERM from its study, a
+    preemption, its launcher gone) exits 0 after its checkpoint, and is not finished."""
+    logged = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    steps = [r["step"] for r in logged if isinstance(r.get("step"), int)]
+    return bool(steps) and max(steps) >= load_recipe(str(run_dir / "config.yaml"), []).max_steps
+
+
+def _stop_runs(signum: int, frame: Any) -> None:
+    """SIGTERM to a study: no run starts any more, and each run in flight gets SIGTERM (it saves a
+    checkpoint and stops: its own path), so the study records its time before it exits."""
+    _STOPPING.set()
+    for proc in list(_RUNNING):
+        proc.send_signal(signal.SIGTERM)
 
 
 def run_chains(chains: Sequence[Callable[[], list[str]]], jobs: int) -> list[str]:
     """Run each chain (a callable that trains some runs in order and returns the names that failed)
-    with up to `jobs` chains at once; the names that failed, over all chains."""
+    with up to `jobs` chains at once; the names that failed, over all chains. SIGTERM stops them all
+    (`_stop_runs`) and then raises RunStopped."""
     if jobs < 1:
         raise StudyError(f"--jobs {jobs} must be >= 1. Fix: e.g. --jobs 2 on a 2-core machine")
-    if jobs == 1:
-        return [name for chain in chains for name in chain()]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return [name for failed in pool.map(lambda chain: chain(), chains) for name in failed]
+    _STOPPING.clear()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop_runs) if main_thread else None
+    try:
+        if jobs == 1:
+            failed = [name for chain in chains for name in chain()]
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                failed = [name for names in pool.map(lambda chain: chain(), chains) for name in names]
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if _STOPPING.is_set():
+        raise RunStopped(
+            "the study was stopped (SIGTERM); its runs in flight saved a checkpoint and their time is recorded. "
+            "Fix: re-run the same command to resume"
+        )
+    return failed
 
 
 def threads_per_job(jobs: int) -> int | None:

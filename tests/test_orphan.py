@@ -13,6 +13,9 @@ import time
 import pytest
 from conftest import REPO
 
+from studies.rows import read_rows
+from studies.scaling_runs import ATTEMPTS, DONE
+
 # A stand-in rank: the trainer's SIGTERM handler, then the one call pretrain.train makes at startup.
 RANK = """
 import ctypes, signal, sys, time
@@ -81,32 +84,42 @@ def test_parent_death_signal_only_for_launched_ranks():
     assert launched.communicate(timeout=40)[0].split() == ["ready", "False", str(int(signal.SIGTERM)), "timeout"]
 
 
-# A study driver (studies/scaling_runs.py's train_once) training one long run as its own process.
+# A study driver (studies/scaling_runs.py) training one long run as its own process, as a study does
+# (run_chains under run_cli).
 DRIVER = """
 import sys
 from pathlib import Path
-from studies.scaling_runs import train_once
+from common.cli import run_cli
+from studies.scaling_runs import run_chains, train_once
 run = Path(sys.argv[1])
 args = ["--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=100000",
         "train.eval_every_steps=0", "checkpoint.every_steps=0", "logging.every_steps=1", "logging.tensorboard=false"]
-train_once(args, run, {})
+sys.exit(run_cli(lambda: len(run_chains([lambda: [] if train_once(args, run, {}) else ["run"]], 1))))
 """
+
+
+def start_driver(run):
+    """The driver, once its run has logged a step (its output: a pipe it shares with the run)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "PRETRAIN_LAUNCHER")}
+    env.update(PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():
+        if time.time() > deadline or driver.poll() is not None:
+            driver.kill()
+            pytest.fail(f"the run did not start:\n{driver.communicate()[0].decode()[-3000:]}")
+        time.sleep(0.2)
+    return driver
 
 
 def test_a_study_run_saves_and_stops_when_its_driver_dies(tmp_path):
     """Killing a study's driver does not leave its run training on, unrecorded: the run notices the
     launcher it was given is gone, saves a checkpoint and stops."""
     run = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "PRETRAIN_LAUNCHER")}
-    env.update(PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
-    driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    driver = start_driver(run)
     try:
-        deadline = time.time() + 120
-        while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():
-            assert time.time() < deadline and driver.poll() is None, "the run did not start"
-            time.sleep(0.2)
         driver.kill()
         out = driver.communicate(timeout=60)[0].decode()  # EOF once the run, which shares the pipe, has exited
     finally:
@@ -115,3 +128,26 @@ def test_a_study_run_saves_and_stops_when_its_driver_dies(tmp_path):
     assert f"launcher (pid {driver.pid}) is gone" in out, out[-3000:]
     assert "signal received: saving a checkpoint" in out
     assert list((run / "checkpoints").glob("step_*")), out[-3000:]
+
+
+def test_sigterm_to_a_study_stops_its_run_with_a_checkpoint_records_its_time_and_not_done(tmp_path):
+    """SIGTERM to the driver alone: it passes the stop to its run, which saves a checkpoint and exits 0;
+    the driver records the process's time, does not mark the run finished (it did not reach its last
+    step), starts nothing more and ends with one error line saying how to resume."""
+    run = tmp_path / "run"
+    driver = start_driver(run)
+    try:
+        driver.send_signal(signal.SIGTERM)
+        out = driver.communicate(timeout=120)[0].decode()
+    finally:
+        driver.kill()
+        subprocess.run(["pkill", "-f", str(run)])
+    assert driver.returncode == 3 and "signal received: saving a checkpoint" in out, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: the study was stopped (SIGTERM); its runs in flight saved a checkpoint and their time is "
+        "recorded. Fix: re-run the same command to resume"
+    ], out[-3000:]
+    assert list((run / "checkpoints").glob("step_*")) and not (run / DONE).exists()
+    (attempt,) = read_rows(run / ATTEMPTS)
+    assert attempt["exit_code"] == 0 and attempt["cpu_seconds"] > 0.5 and attempt["seconds"] > 0.5
