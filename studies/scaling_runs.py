@@ -145,12 +145,16 @@ def run_chains(chains: Sequence[Callable[[], list[str]]], jobs: int) -> list[str
     _STOPPING.clear()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _stop_runs) if main_thread else None
+
+    def unless_stopping(chain: Callable[[], list[str]]) -> list[str]:
+        return [] if _STOPPING.is_set() else chain()  # a stopped study starts no more chains
+
     try:
         if jobs == 1:
-            failed = [name for chain in chains for name in chain()]
+            failed = [name for chain in chains for name in unless_stopping(chain)]
         else:
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                failed = [name for names in pool.map(lambda chain: chain(), chains) for name in names]
+                failed = [name for names in pool.map(unless_stopping, chains) for name in names]
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -94,7 +94,8 @@ from studies.scaling_runs import run_chains, train_once
 run = Path(sys.argv[1])
 args = ["--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=100000",
         "train.eval_every_steps=0", "checkpoint.every_steps=0", "logging.every_steps=1", "logging.tensorboard=false"]
-sys.exit(run_cli(lambda: len(run_chains([lambda: [] if train_once(args, run, {}) else ["run"]], 1))))
+chains = [lambda: [] if train_once(args, run, {}) else ["run"], lambda: print("the second chain started") or []]
+sys.exit(run_cli(lambda: len(run_chains(chains, 1))))
 """
 
 
@@ -133,7 +134,7 @@ def test_a_study_run_saves_and_stops_when_its_driver_dies(tmp_path):
 def test_sigterm_to_a_study_stops_its_run_with_a_checkpoint_records_its_time_and_not_done(tmp_path):
     """SIGTERM to the driver alone: it passes the stop to its run, which saves a checkpoint and exits 0;
     the driver records the process's time, does not mark the run finished (it did not reach its last
-    step), starts nothing more and ends with one error line saying how to resume."""
+    step), starts no further chain and ends with one error line saying how to resume."""
     run = tmp_path / "run"
     driver = start_driver(run)
     try:
@@ -149,5 +150,6 @@ def test_sigterm_to_a_study_stops_its_run_with_a_checkpoint_records_its_time_and
         "recorded. Fix: re-run the same command to resume"
     ], out[-3000:]
     assert list((run / "checkpoints").glob("step_*")) and not (run / DONE).exists()
+    assert "the second chain started" not in out
     (attempt,) = read_rows(run / ATTEMPTS)
     assert attempt["exit_code"] == 0 and attempt["cpu_seconds"] > 0.5 and attempt["seconds"] > 0.5
