@@ -479,6 +479,7 @@ def plot_profiles(result: dict, png: Path) -> Path:
             if p.vertex:
                 ax.plot(math.exp(p.vertex[0]), p.vertex[1], "k*", ms=7)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # decade labels only: the minor ones overlap
         ax.set_title(variant)
         ax.set_xlabel("non-embedding parameters")
         ax.legend(title="FLOPs", fontsize=7)
