@@ -9,24 +9,21 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import threading
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, TextIO
 
 from common.errors import StudyError
 
-_LOCK = threading.Lock()
-
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[TextIO]:
-    """The row file open for appending, held against this process's threads and every other process
-    (flock), so a rewrite never drops a row a running study appends meanwhile."""
-    with _LOCK:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            yield f
+    """The row file open for appending under an exclusive flock. Each call opens its own file
+    description, so the lock holds against this process's other threads as well as other processes, and
+    a rewrite never drops a row a running study appends meanwhile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield f
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
