@@ -56,7 +56,16 @@ from .scaling_isoflop import run_isoflop
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
 from .scaling_profiles import analyse, plot_multipliers, plot_profiles, report_markdown, to_json
-from .scaling_runs import DONE, RowLog, collect_run, recollect, tracker_overrides, train_once, write_array_script
+from .scaling_runs import (
+    DONE,
+    RowLog,
+    collect_run,
+    merge_share,
+    recollect,
+    tracker_overrides,
+    train_once,
+    write_array_script,
+)
 from .shared import check_variants, study_parser
 
 __all__ = ["branch_overrides", "main"]
@@ -507,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     iso.add_argument("--min-steps", type=int, default=500, help="the fewest optimizer steps a run may take")
     iso.add_argument("--max-epochs", type=float, default=4.0, help="the most passes over the training shards")
+    iso.add_argument(
+        "--chains", help="VARIANT-SIZE,...: train only these chains of the grid (a grid split across machines)"
+    )
     iso.add_argument("--plan-only", action="store_true", help="print the runs and their FLOPs, train nothing")
     iso.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
     pr = sub.add_parser("profiles", help="IsoFLOP optima, laws, compute multipliers (studies/scaling_profiles.py)")
@@ -516,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
     rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")
     rc.add_argument("--runs", required=True, help="the study's runs/ directory")
+    mg = sub.add_parser("merge", help="add another machine's share of a grid to its row log, whole chains only")
+    mg.add_argument("--rows", required=True, help="the grid's row log (appended under its lock)")
+    mg.add_argument("--share", required=True, help="the row log the other machine's isoflop --chains wrote")
     for p in (la, lr, iso):
         p.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
         p.add_argument("--rows", help="JSON-lines log: a row per finished run; runs in it are skipped")
@@ -535,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "recollect":
             given, gone = recollect(Path(args.rows), Path(args.runs))
             print(f"{args.rows}: {given} row(s) given new fields; {gone} without a run dir under {args.runs}")
+            return 0
+        if args.cmd == "merge":
+            taken, left = merge_share(Path(args.rows), Path(args.share))
+            print(
+                f"{args.rows}: took the chains {', '.join(taken) or 'none'}; left out (unfinished): {', '.join(left) or 'none'}"
+            )
             return 0
         if args.cmd == "collect":
             collect(args)

@@ -324,7 +324,22 @@ def run_isoflop(args) -> int:
         parse_variant_overrides(args.variant_override),
         caps,
     )
+    if args.chains:
+        runs = only_chains(runs, args.chains.split(","))
     if args.plan_only:
         print(plan_summary(runs))
         return 0
     return train_plan(args, runs, "isoflop")
+
+
+def only_chains(runs: list[LadderRun], names: list[str]) -> list[LadderRun]:
+    """The runs of the chains named `VARIANT-SIZE` (a stable run and its branches): a grid split across
+    machines, each training its share into its own rows; a name the plan lacks is an error."""
+    planned = {f"{r.variant}-{r.size}" for r in runs}
+    unknown = [n for n in names if n not in planned]
+    if unknown:
+        raise StudyError(
+            f"--chains {','.join(unknown)}: not in the grid's plan. Fix: VARIANT-SIZE names of it, e.g. "
+            f"{', '.join(sorted(planned)[:3])}"
+        )
+    return [r for r in runs if f"{r.variant}-{r.size}" in names]

@@ -211,10 +211,17 @@ def train_args(recipe: str, run: LadderRun, out: Path, cooldown: float, extra: l
     return ["--recipe", recipe, "--run-dir", str(run_dir), "--resume", resume, *extra, *run.overrides(cooldown)]
 
 
+# `model.*` keys that pick a kernel, not the function it computes: a rate measured with one serves another
+KERNEL_CHOICES = ("model.attn_impl", "model.mixit_impl")
+
+
 def model_overrides(overrides: list[str]) -> dict[str, str]:
     """The `model.*` keys of dotted overrides, the last value of each: the model a rate was measured on
-    (lr-sweep records it in lr.json; a plan on another model refuses the rate)."""
-    return {k: v for k, _, v in (o.partition("=") for o in overrides) if k.startswith("model.")}
+    (lr-sweep records it in lr.json; a plan on another model refuses the rate). Kernel choices are left
+    out: the same model computed by another kernel (a GPU's) keeps its rate."""
+    return {
+        k: v for k, _, v in (o.partition("=") for o in overrides) if k.startswith("model.") and k not in KERNEL_CHOICES
+    }
 
 
 def per_size(spec: str | None, option: str) -> dict[str, int]:

@@ -241,6 +241,9 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
         "cpu_seconds": timing.get("cpu_seconds"),
         "finished": done.is_file(),
         "lr": run["optim"]["lr"],
+        # where it trained: a grid split across machines (CPU and GPU) names each run's own
+        "device": run["train"]["device"],
+        "precision": run["train"]["precision"],
         # a loss after a decay to min_lr; a stable-phase (constant-rate) loss is not a budget's loss
         "cooled": run["optim"]["decay"] != "constant",
         "branch_step": int(m.group("branch")) if m and m.group("branch") else None,
@@ -269,3 +272,37 @@ def recollect(rows_path: Path, runs_dir: Path) -> tuple[int, int]:
 
     update_rows(rows_path, add_fields)
     return counts[0], counts[1]
+
+
+def merge_share(rows_path: Path, share_path: Path) -> tuple[list[str], list[str]]:
+    """Append to `rows_path` the rows of another machine's share of the grid (`share_path`, that
+    machine's copy of the row log) that it lacks, whole chains only: a chain whose last branch (the one
+    at its stable run's last step) is missing is left out, so its runs stay with the machine that trains
+    the rest of it. Returns (the chains taken, the chains left out)."""
+    for path, what in (
+        (rows_path, "the grid's row log"),
+        (share_path, "the row log the other machine wrote (its --rows)"),
+    ):
+        if not path.is_file():
+            raise StudyError(f"{path} does not exist. Fix: {what}")
+    chains: dict[str, list[dict[str, Any]]] = {}
+    for row in read_rows(share_path):
+        chains.setdefault(re.sub(r"-b\d+$", "", row["run"]), []).append(row)  # its stable run's name
+    taken, left = [], []
+
+    def add(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        have = {r["run"] for r in rows}
+        for name, chain in chains.items():
+            new = [r for r in chain if r["run"] not in have]
+            stable = next((r for r in chain if r["run"] == name), None)
+            if not new:
+                continue
+            if stable is not None and any(r.get("branch_step") == stable["steps"] for r in chain):
+                taken.append(name)
+                rows = rows + new
+            else:
+                left.append(name)
+        return rows
+
+    update_rows(rows_path, add)
+    return taken, left

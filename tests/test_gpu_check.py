@@ -183,3 +183,29 @@ def test_device_wheels_plan_builds_deepspeed_and_leaves_out_the_image():
     # what the image has is not downloaded again: torch least of all, and pytest (the image holds it)
     assert not any(p.startswith(("torch", "triton", "transformers", "numpy", "pytest")) for p in planned), planned
     assert "torch" in next(x for x in lines if "image provides" in x).split()
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--seconds", "soon", "--chains", "standard-w32", "--rows", "README.md"], "--seconds must be a whole number"),
+        (["--seconds", "60", "--rows", "README.md"], "no --chains or --check"),
+        (
+            ["--seconds", "60", "--chains", "standard-w32", "--rows", "absent.jsonl"],
+            "--rows 'absent.jsonl' is not a file",
+        ),
+        (
+            ["--seconds", "60", "--chains", "standard-w32", "--rows", "README.md", "--", "--jobs", "2"],
+            "STUDY_ARGS set --jobs",
+        ),
+    ],
+)
+def test_device_isoflop_refuses_bad_input_with_one_line_before_any_work(args, said, tmp_path):
+    """scripts/device_isoflop.sh: a call's minutes are few, so a wrong argument is one error line at once
+    (nothing installed, unpacked or trained, $OUT untouched)."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "DEVICE": "cpu"}
+    out = subprocess.run(
+        ["scripts/device_isoflop.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {said}") and out.stderr.count("\n") == 1
+    assert "Fix: " in out.stderr and not (tmp_path / "out").exists()

@@ -1,7 +1,8 @@
 """The IsoFLOP plan: every branch holds its budget in its variant's own FLOPs to within a step, one batch
 and one µP rate per variant, min_lr a fraction of it; grids that break the step or epoch rule, budgets
 that are not whole multiples, a failed transfer check and unprepared data are refused before training;
-a tiny grid trains end to end and its rows carry their budgets."""
+a tiny grid trains end to end and its rows carry their budgets and device; a grid split across machines
+trains each share's chains and merges back whole chains only."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 from fixtures import source_corpus
 
 from common.errors import StudyError
-from studies.rows import read_rows
+from studies.rows import append_row, read_rows
 from studies.scaling import main
-from studies.scaling_isoflop import more_seeds, parse_grid, plan_isoflop, transfer_rates
+from studies.scaling_isoflop import more_seeds, only_chains, parse_grid, plan_isoflop, transfer_rates
+from studies.scaling_runs import merge_share
 
 MUP = [
     "model.parametrization=mup",
@@ -228,6 +230,38 @@ def test_a_tiny_grid_trains_and_its_rows_carry_the_budget(corpus, tmp_path):
     ]
     for r in branches:
         assert r["cooled"] and abs(r["flops"] / r["budget"] - 1) < 0.15 and r["lr"] == 4e-3
+        assert (r["device"], r["precision"]) == ("cpu", "fp32")
     assert main(["profiles", "--rows", str(rows), "--out", str(tmp_path / "prof"), "--boot", "5"]) == 0
     md = (tmp_path / "prof" / "profiles.md").read_text()
     assert "not identified: 2 sizes" in md and "standard nan from none yet" in md
+
+
+def test_a_grid_split_across_machines_trains_its_chains_and_merges_whole_ones(corpus, tmp_path, capsys):
+    """--chains keeps a share of the plan (a kernel choice such as a GPU's MixiT product keeps the rate);
+    `merge` appends another machine's rows of finished chains only, once, and never a chain whose last
+    branch is missing."""
+    _, over = corpus
+    rates = transfer_rates(lr_json(tmp_path / "lr.json"))
+    gpu = [*over, "model.mixit_impl=dense", "model.attn_impl=sdpa"]  # kernels, not the model: the rate serves
+    grid = parse_grid("1e10=w32:w48,2e10=w32:w48")
+    runs = plan_isoflop("recipes/tiny_cpu.yaml", ["standard", "mixit"], grid, {"*": 1}, 0.2, rates, 0.1, gpu, 10, 50)
+    share = only_chains(runs, ["mixit-w48", "standard-w32"])
+    assert {(r.variant, r.size) for r in share} == {("mixit", "w48"), ("standard", "w32")} and len(share) == 6
+    with pytest.raises(StudyError, match="--chains mixit-w64: not in the grid's plan"):
+        only_chains(runs, ["mixit-w64"])
+    with pytest.raises(StudyError, match="measured on another model"):  # a model key still refuses it
+        plan_isoflop("recipes/tiny_cpu.yaml", ["mixit"], grid, {}, 0.2, rates, 0.1, [*over, "model.mixit_seed=7"])
+
+    rows, theirs = tmp_path / "rows.jsonl", tmp_path / "share.jsonl"
+    append_row(rows, {"run": "standard-w48-s0", "steps": 40, "branch_step": None})
+    whole = [("standard-w32-s0", 20, None), ("standard-w32-s0-b10", 12, 10), ("standard-w32-s0-b20", 24, 20)]
+    cut = [("mixit-w48-s0", 30, None), ("mixit-w48-s0-b15", 18, 15)]  # its b30 branch never finished
+    for run, steps, branch in [*whole, *cut, ("standard-w48-s0", 40, None)]:
+        append_row(theirs, {"run": run, "steps": steps, "branch_step": branch, "device": "cuda"})
+    assert merge_share(rows, theirs) == (["standard-w32-s0"], ["mixit-w48-s0"])
+    assert merge_share(rows, theirs) == ([], ["mixit-w48-s0"])  # taken once
+    merged = read_rows(rows)
+    assert [r["run"] for r in merged] == ["standard-w48-s0", *(w[0] for w in whole)]
+    assert "device" not in merged[0] and all(r["device"] == "cuda" for r in merged[1:])
+    assert main(["merge", "--rows", str(tmp_path / "absent.jsonl"), "--share", str(theirs)]) != 0
+    assert capsys.readouterr().err.startswith("error: ") and not (tmp_path / "absent.jsonl").exists()
