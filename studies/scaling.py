@@ -254,7 +254,12 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
 
 def write_profiles(args: argparse.Namespace) -> int:
     """The IsoFLOP analysis of a row log, as JSON, a markdown report and a figure."""
-    result = analyse(read_rows(args.rows), n_boot=args.boot)
+    again = read_rows(args.device_check) if args.device_check else None
+    if args.device_check and not again:
+        raise StudyError(
+            f"--device-check {args.device_check} holds no rows. Fix: the rows of a device_isoflop.sh --check"
+        )
+    result = analyse(read_rows(args.rows), n_boot=args.boot, again=again)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = report_markdown(result)
@@ -525,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--rows", required=True, help="the isoflop command's row log")
     pr.add_argument("--out", required=True)
     pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
+    pr.add_argument("--device-check", help="rows of runs of the grid trained again on another device")
     rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
     rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")
     rc.add_argument("--runs", required=True, help="the study's runs/ directory")

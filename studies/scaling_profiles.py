@@ -16,6 +16,9 @@ variant's compute multiplier against standard, a held-out budget, and paired gap
   (a stable run's validation on the way, or a branch's end) reached that loss. Its trend is the slope of
   log10(multiplier) per decade of C.
 - Held out: the laws refitted without the largest budget predict its L* and multiplier.
+- A grid split across machines says where each size trained (a row's `device`; rows without one are
+  the CPU's), and a device check (the same runs trained again on the other device) gives the loss the
+  device alone moves, to set beside the noise per run.
 """
 
 from __future__ import annotations
@@ -332,8 +335,15 @@ def paired_gaps(rows: list[dict[str, Any]], metric: str, rng: np.random.Generato
     return out
 
 
-def analyse(rows: list[dict[str, Any]], metric: str = "final_val_loss", n_boot: int = 1000, seed: int = 0) -> dict:
-    """Everything above from the rows; JSON-ready but for the bootstrap arrays (dropped by `to_json`)."""
+def analyse(
+    rows: list[dict[str, Any]],
+    metric: str = "final_val_loss",
+    n_boot: int = 1000,
+    seed: int = 0,
+    again: list[dict[str, Any]] | None = None,
+) -> dict:
+    """Everything above from the rows (and `again`: a device check's rows); JSON-ready but for the
+    bootstrap arrays (dropped by `to_json`)."""
     rng = np.random.default_rng(seed)
     fits = profiles_from_rows(rows, metric)
     if not fits:
@@ -353,7 +363,35 @@ def analyse(rows: list[dict[str, Any]], metric: str = "final_val_loss", n_boot: 
         ),
         "held_out": held_out(fits),
         "paired_gaps": paired_gaps(rows, metric, rng, n_boot),
+        "devices": devices(rows),
+        "device_check": device_check(rows, again or [], metric),
     }
+
+
+def devices(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """{variant: {device: the sizes whose budget runs trained there, narrowest first}}."""
+    where: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for r in rows:
+        if r.get("budget"):
+            where[r["variant"]][r.get("device", "cpu")].add(r["size"])
+    width = lambda size: int(size.lstrip("w")) if size.lstrip("w").isdigit() else 0  # noqa: E731
+    return {v: {d: sorted(s, key=width) for d, s in sorted(ds.items())} for v, ds in sorted(where.items())}
+
+
+def device_check(rows: list[dict[str, Any]], again: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """The runs of `again` (trained again on another device) beside their grid rows: the loss the device
+    alone moves (same seed, data order, initial weights and MixiT matrix; only the rounding differs)."""
+    grid = {r["run"]: r for r in rows}
+    out = []
+    for r in again:
+        first = grid.get(r["run"])
+        if first is None or first.get(metric) is None or r.get(metric) is None:
+            continue
+        out.append(
+            {"run": r["run"], "variant": r["variant"], "budget": r.get("budget"), "devices": [first.get("device", "cpu"),
+             r.get("device", "cpu")], "losses": [first[metric], r[metric]], "difference": r[metric] - first[metric]}
+        )  # fmt: skip
+    return out
 
 
 def _fmt_interval(lo_hi, fmt: str) -> str:
@@ -440,6 +478,25 @@ def report_markdown(result: dict) -> str:
     ]
     md += ["### Paired gaps to standard (same budget, size, seed and data order)", ""]
     md += [markdown_table(["variant", "budget", "size", "seeds", "gap (nats)"], gaps) if gaps else "(none yet)", ""]
+    where = [[v, d, ", ".join(sizes)] for v, ds in result["devices"].items() for d, sizes in ds.items()]
+    md += ["### Where the sizes trained", "", markdown_table(["variant", "device", "sizes"], where), ""]
+    if checks := result["device_check"]:
+        md += ["### The device check: the same runs trained again on the other device", ""]
+        md += [
+            markdown_table(
+                ["run", "budget", "devices", "losses", "difference"],
+                [[c["run"], f"{c['budget']:.3g}" if c["budget"] else "stable run", " -> ".join(c["devices"]),
+                  " -> ".join(f"{x:.4f}" for x in c["losses"]), f"{c['difference']:+.4f}"] for c in checks],
+            ),
+            "",
+        ]  # fmt: skip
+        for v in sorted({c["variant"] for c in checks}):
+            diffs = [abs(c["difference"]) for c in checks if c["variant"] == v]
+            noise = result["noise"].get(v, {}).get("sigma", float("nan"))
+            md.append(
+                f"- {v}: largest |difference| {max(diffs):.4f} nats over {len(diffs)} runs; noise per run {noise:.3f}"
+            )
+        md.append("")
     return "\n".join(md)
 
 
