@@ -369,19 +369,18 @@ def analyse(
 
 
 def devices(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
-    """{variant: {device: the sizes whose budget runs trained there, narrowest first}}."""
-    where: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    """{variant: {device: the sizes whose budget runs trained there, smallest first}}."""
+    where: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
         if r.get("budget"):
-            where[r["variant"]][r.get("device", "cpu")].add(r["size"])
-    width = lambda size: int(size.lstrip("w")) if size.lstrip("w").isdigit() else 0  # noqa: E731
-    return {v: {d: sorted(s, key=width) for d, s in sorted(ds.items())} for v, ds in sorted(where.items())}
+            where[r["variant"]][r.get("device", "cpu")][r["size"]] = r["non_embedding_params"]
+    return {v: {d: sorted(s, key=s.get) for d, s in sorted(ds.items())} for v, ds in sorted(where.items())}
 
 
 def device_check(rows: list[dict[str, Any]], again: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     """The runs of `again` (trained again on another device) beside their grid rows: the loss the device
     alone moves (same seed, data order, initial weights and MixiT matrix; only the rounding differs)."""
-    grid = {r["run"]: r for r in rows}
+    grid = {r["run"]: r for r in rows if "run" in r}
     out = []
     for r in again:
         first = grid.get(r["run"])

@@ -152,3 +152,26 @@ def test_the_parabola_is_fitted_near_the_minimum_only():
     x = np.log(2.0 ** np.arange(8))  # the lowest loss at 2^3; five points around it are exact
     loss = 3 + (x - math.log(8)) ** 2 + np.where(x > math.log(33), 5.0, 0.0)
     assert math.exp(vertex(x, loss)[0]) == pytest.approx(8.0)
+
+
+def test_a_split_grid_says_where_each_size_trained_and_the_device_check_its_difference(tmp_path):
+    """Rows without a device are the CPU's; `--device-check` rows are set beside the grid's rows of the same
+    run (second device minus first), and a run the grid lacks is left out."""
+    rows = rows_from_law()
+    for r in rows:
+        r["run"] = f"standard-{r['size']}-s0-b{int(r['budget'] / 1e15)}"
+        if r["size"] in ("x2", "x3"):
+            r["device"] = "cuda"
+    again = [{**r, "device": "cuda", "final_val_loss": r["final_val_loss"] + 0.01} for r in rows if r["size"] == "x0"]
+    again.append({**again[0], "run": "standard-x9-s0-b1"})  # not in the grid
+    result = analyse(rows, n_boot=20, again=again)
+    assert result["devices"] == {"standard": {"cpu": ["x-3", "x-2", "x-1", "x0", "x1"], "cuda": ["x2", "x3"]}}
+    checks = result["device_check"]
+    assert len(checks) == len(BUDGETS) and all(c["difference"] == pytest.approx(0.01) for c in checks)
+    assert {tuple(c["devices"]) for c in checks} == {("cpu", "cuda")}
+    md = report_markdown(result)
+    assert "| standard | cuda | x2, x3 |" in md and "standard: largest |difference| 0.0100 nats over 4 runs" in md
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "empty.jsonl").write_text("")
+    args = ["profiles", "--rows", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "p"), "--boot", "5"]
+    assert main([*args, "--device-check", str(tmp_path / "empty.jsonl")]) != 0 and not (tmp_path / "p").exists()
