@@ -48,6 +48,7 @@ class Profile:
     logD: np.ndarray
     sizes: list[str]
     seeds: list[int]
+    devices: list[str] = field(default_factory=list)  # where each point trained (a row's `device`, else cpu)
     status: str = "identified"
     vertex: tuple[float, float] | None = None  # (log N*, L*)
     draws: np.ndarray = field(default_factory=lambda: np.empty((0, 2)))  # (log N*, L*) per bootstrap draw
@@ -111,6 +112,7 @@ def profiles_from_rows(rows: list[dict[str, Any]], metric: str = "final_val_loss
             np.log([float(p["tokens"]) for p in pts]),
             [p["size"] for p in pts],
             [int(p["seed"]) for p in pts],
+            [p.get("device", "cpu") for p in pts],
         )
     return dict(out)
 
@@ -529,6 +531,9 @@ def plot_profiles(result: dict, png: Path) -> Path:
     for ax, variant in zip(axes[0], variants):
         for c, p in sorted(result["profiles"][variant].items()):
             (h,) = ax.plot(np.exp(p.logN), p.loss, "o", ms=3, label=f"{c:.2g}")
+            gpu = np.array([d == "cuda" for d in p.devices], dtype=bool)
+            if gpu.any():  # another device's points: ringed, so a reader sees which sizes trained where
+                ax.plot(np.exp(p.logN[gpu]), p.loss[gpu], "o", ms=7, mfc="none", color=h.get_color(), mew=0.8)
             if len(set(p.sizes)) >= 3 and (fit := local_fit(p.logN, p.loss)) is not None:
                 x = np.linspace(p.logN[fit[0]].min(), p.logN[fit[0]].max(), 50)
                 ax.plot(np.exp(x), np.polyval(fit[1], x), "-", color=h.get_color(), lw=1)
@@ -540,6 +545,8 @@ def plot_profiles(result: dict, png: Path) -> Path:
         ax.set_xlabel("non-embedding parameters")
         ax.legend(title="FLOPs", fontsize=7)
     axes[0][0].set_ylabel("final validation loss")
+    if any(d == "cuda" for ps in result["profiles"].values() for p in ps.values() for d in p.devices):
+        fig.text(0.01, 0.01, "ringed: trained on the GPU (fp32); the rest on the CPU", fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)

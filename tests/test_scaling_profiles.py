@@ -166,6 +166,10 @@ def test_a_split_grid_says_where_each_size_trained_and_the_device_check_its_diff
     again.append({**again[0], "run": "standard-x9-s0-b1"})  # not in the grid
     result = analyse(rows, n_boot=20, again=again)
     assert result["devices"] == {"standard": {"cpu": ["x-3", "x-2", "x-1", "x0", "x1"], "cuda": ["x2", "x3"]}}
+    first = result["profiles"]["standard"][BUDGETS[0]]  # each point knows its device (the figure rings the GPU's)
+    assert [d for s, d in zip(first.sizes, first.devices) if d == "cuda"] and all(
+        (d == "cuda") == (s in ("x2", "x3")) for s, d in zip(first.sizes, first.devices)
+    )
     checks = result["device_check"]
     assert len(checks) == len(BUDGETS) and all(c["difference"] == pytest.approx(0.01) for c in checks)
     assert {tuple(c["devices"]) for c in checks} == {("cpu", "cuda")}
