@@ -50,7 +50,8 @@ if [ "$DEVICE" = cuda ]; then
   nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
   if ! "$PYTHON" -c "import deepspeed" 2>/dev/null; then   # the image has no DeepSpeed: the carried wheels
     [ -d .whl ] || fail "no DeepSpeed and no .whl/" "scripts/device_wheels.sh, and carry .whl"
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    SITE=/tmp/site OUT="$OUT/wheels" scripts/gpu_check.sh --only wheels > /dev/null ||
+      fail "the carried wheels did not install ($OUT/wheels/summary.txt)" "scripts/device_wheels.sh for the device's Python"
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
 else

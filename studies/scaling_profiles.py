@@ -365,17 +365,18 @@ def analyse(
         ),
         "held_out": held_out(fits),
         "paired_gaps": paired_gaps(rows, metric, rng, n_boot),
-        "devices": devices(rows),
+        "devices": devices(fits),
         "device_check": device_check(rows, again or [], metric),
     }
 
 
-def devices(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
-    """{variant: {device: the sizes whose budget runs trained there, smallest first}}."""
+def devices(fits: dict[str, dict[float, Profile]]) -> dict[str, dict[str, list[str]]]:
+    """{variant: {device: the sizes of its profiles' points that trained there, smallest first}}."""
     where: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    for r in rows:
-        if r.get("budget"):
-            where[r["variant"]][r.get("device", "cpu")][r["size"]] = r["non_embedding_params"]
+    for variant, profiles in fits.items():
+        for p in profiles.values():
+            for size, device, logN in zip(p.sizes, p.devices, p.logN):
+                where[variant][device][size] = logN
     return {v: {d: sorted(s, key=s.get) for d, s in sorted(ds.items())} for v, ds in sorted(where.items())}
 
 
