@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     iso.add_argument("--min-steps", type=int, default=500, help="the fewest optimizer steps a run may take")
     iso.add_argument("--max-epochs", type=float, default=4.0, help="the most passes over the training shards")
     iso.add_argument(
-        "--chains", help="VARIANT-SIZE,...: train only these chains of the grid (a grid split across machines)"
+        "--chains", help="VARIANT-SIZE[-sSEED],...: train only these chains of the grid (a grid split across machines)"
     )
     iso.add_argument("--plan-only", action="store_true", help="print the runs and their FLOPs, train nothing")
     iso.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")

@@ -333,13 +333,14 @@ def run_isoflop(args) -> int:
 
 
 def only_chains(runs: list[LadderRun], names: list[str]) -> list[LadderRun]:
-    """The runs of the chains named `VARIANT-SIZE` (a stable run and its branches): a grid split across
-    machines, each training its share into its own rows; a name the plan lacks is an error."""
-    planned = {f"{r.variant}-{r.size}" for r in runs}
+    """The runs of the chains named `VARIANT-SIZE` (every seed's) or `VARIANT-SIZE-sSEED` (one seed's: a
+    stable run and its branches): a grid split across machines, each training its share into its own
+    rows; a name the plan lacks is an error."""
+    planned = {f"{r.variant}-{r.size}" for r in runs} | {r.stable_name for r in runs}
     unknown = [n for n in names if n not in planned]
     if unknown:
         raise StudyError(
-            f"--chains {','.join(unknown)}: not in the grid's plan. Fix: VARIANT-SIZE names of it, e.g. "
-            f"{', '.join(sorted(planned)[:3])}"
+            f"--chains {','.join(unknown)}: not in the grid's plan. Fix: VARIANT-SIZE or VARIANT-SIZE-sSEED names "
+            f"of it, e.g. {', '.join(sorted(planned)[:3])}"
         )
-    return [r for r in runs if f"{r.variant}-{r.size}" in names]
+    return [r for r in runs if f"{r.variant}-{r.size}" in names or r.stable_name in names]
