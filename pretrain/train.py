@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from common.cli import STOPPED, CliParser, exit_code, print_error
-from common.constants import free_port
 from common.errors import DataError, RankFailure, RunStopped, UserError
 
 from . import faults, orphan
@@ -64,7 +63,9 @@ def train(
     device = pick_device(cfg.train.device)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     plain = "RANK" not in os.environ
-    if plain:  # a plain process: world size 1 (the environment is restored on return)
+    if plain:  # a plain process: world size 1 (the environment is restored on return). No peer looks for
+        # its store, so port 0 lets the store bind any free port itself: a port picked before the bind
+        # could be taken meanwhile by another run started beside it (EADDRINUSE).
         os.environ.update(
             RANK="0",
             LOCAL_RANK="0",
@@ -72,7 +73,7 @@ def train(
             LOCAL_WORLD_SIZE="1",
             LOCAL_SIZE="1",
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
+            MASTER_PORT="0",
         )
     if init_distributed(device, cfg.parallel.timeout_s):
         # ZeRO-3 processes abort at exit unless the process group is destroyed. It is kept

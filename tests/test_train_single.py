@@ -94,6 +94,31 @@ def test_sigterm_saves_a_checkpoint_at_that_step_and_resume_continues(tmp_path, 
     assert read_losses(run) == ref12.losses
 
 
+def test_a_plain_run_trains_while_the_port_a_probe_would_pick_is_taken(tmp_path):
+    """Runs started together on one machine (a study's side-by-side chains) each make a store: one that
+    binds a port probed free a moment earlier can lose it to another (EADDRINUSE, seen on a GPU with 13
+    runs at once). Here every probe answers with a port this test holds, so only a run whose store picks
+    its own port trains."""
+    script = (
+        "import socket, sys\n"
+        "import common.constants, pretrain.train\n"
+        "held = socket.socket(); held.bind(('127.0.0.1', 0)); held.listen()\n"
+        "taken = lambda: held.getsockname()[1]\n"
+        "common.constants.free_port = pretrain.train.free_port = taken\n"
+        "r = pretrain.train.train(sys.argv[1], sys.argv[3:], run_dir=sys.argv[2], resume='never')\n"
+        "print('steps', len(r.losses))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, RECIPE, str(tmp_path / "run"), *FAST, "train.max_steps=2"],
+        cwd=REPO,
+        env=plain_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0 and "steps 2" in out.stdout, out.stderr[-2000:]
+
+
 def test_freeze_schedule_applies_at_its_step_and_across_resume(tmp_path):
     over = FAST + [
         "model.variant=frozen_qk",
