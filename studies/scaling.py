@@ -537,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     mg = sub.add_parser("merge", help="add another machine's share of a grid to its row log, whole chains only")
     mg.add_argument("--rows", required=True, help="the grid's row log (appended under its lock)")
     mg.add_argument("--share", required=True, help="the row log the other machine's isoflop --chains wrote")
+    mg.add_argument("--chains", help="VARIANT-SIZE-sSEED,...: only these chains of the share")
     for p in (la, lr, iso):
         p.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
         p.add_argument("--rows", help="JSON-lines log: a row per finished run; runs in it are skipped")
@@ -558,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.rows}: {given} row(s) given new fields; {gone} without a run dir under {args.runs}")
             return 0
         if args.cmd == "merge":
-            taken, left = merge_share(Path(args.rows), Path(args.share))
+            taken, left = merge_share(Path(args.rows), Path(args.share), args.chains.split(",") if args.chains else None)
             print(
                 f"{args.rows}: took the chains {', '.join(taken) or 'none'}; left out (unfinished): {', '.join(left) or 'none'}"
             )

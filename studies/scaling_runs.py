@@ -274,11 +274,12 @@ def recollect(rows_path: Path, runs_dir: Path) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def merge_share(rows_path: Path, share_path: Path) -> tuple[list[str], list[str]]:
+def merge_share(rows_path: Path, share_path: Path, only: list[str] | None = None) -> tuple[list[str], list[str]]:
     """Append to `rows_path` the rows of another machine's share of the grid (`share_path`, that
     machine's copy of the row log) that it lacks, whole chains only: a chain whose last branch (the one
     at its stable run's last step) is missing is left out, so its runs stay with the machine that trains
-    the rest of it. Returns (the chains taken, the chains left out)."""
+    the rest of it. `only`: these chains (stable-run names) and no other, e.g. a device check's rows taken
+    from a share whose copy also holds the grid's. Returns (the chains taken, the chains left out)."""
     for path, what in (
         (rows_path, "the grid's row log"),
         (share_path, "the row log the other machine wrote (its --rows)"),
@@ -288,6 +289,10 @@ def merge_share(rows_path: Path, share_path: Path) -> tuple[list[str], list[str]
     chains: dict[str, list[dict[str, Any]]] = {}
     for row in read_rows(share_path):
         chains.setdefault(re.sub(r"-b\d+$", "", row["run"]), []).append(row)  # its stable run's name
+    if only is not None:
+        if missing := [n for n in only if n not in chains]:
+            raise StudyError(f"--chains {','.join(missing)}: not in {share_path}. Fix: stable-run names of its rows")
+        chains = {n: chains[n] for n in only}
     taken, left = [], []
 
     def add(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

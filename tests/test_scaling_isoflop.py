@@ -264,5 +264,11 @@ def test_a_grid_split_across_machines_trains_its_chains_and_merges_whole_ones(co
     merged = read_rows(rows)
     assert [r["run"] for r in merged] == ["standard-w48-s0", *(w[0] for w in whole)]
     assert "device" not in merged[0] and all(r["device"] == "cuda" for r in merged[1:])
+    check = tmp_path / "check.jsonl"  # a device check's rows: only the chain named, from a share of the grid
+    append_row(check, {"run": "mixit-w64-s0", "steps": 30, "branch_step": None})
+    assert merge_share(check, theirs, ["standard-w32-s0"]) == (["standard-w32-s0"], [])
+    assert [r["run"] for r in read_rows(check)] == ["mixit-w64-s0", *(w[0] for w in whole)]
+    assert main(["merge", "--rows", str(check), "--share", str(theirs), "--chains", "standard-w64-s0"]) != 0
+    assert capsys.readouterr().err.startswith("error: --chains standard-w64-s0: not in ")
     assert main(["merge", "--rows", str(tmp_path / "absent.jsonl"), "--share", str(theirs)]) != 0
     assert capsys.readouterr().err.startswith("error: ") and not (tmp_path / "absent.jsonl").exists()
