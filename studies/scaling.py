@@ -55,7 +55,7 @@ from .scaling_fit import (
 from .scaling_isoflop import run_isoflop
 from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
 from .scaling_lr import lr_sweep
-from .scaling_profiles import analyse, plot_multipliers, plot_profiles, report_markdown, to_json
+from .scaling_profiles import analyse, plot_multipliers, plot_profiles, report_markdown, shift_rows, to_json
 from .scaling_runs import (
     DONE,
     RowLog,
@@ -259,10 +259,13 @@ def write_profiles(args: argparse.Namespace) -> int:
         raise StudyError(
             f"--device-check {args.device_check} holds no rows. Fix: the rows of a device_isoflop.sh --check"
         )
-    result = analyse(read_rows(args.rows), n_boot=args.boot, again=again)
+    rows = read_rows(args.rows)
+    result = analyse(shift_rows(rows, args.shift) if args.shift else rows, n_boot=args.boot, again=again)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = report_markdown(result)
+    if args.shift:
+        md = f"**Shifted rows** (`--shift {args.shift}`): a sensitivity check, not the measured grid.\n\n{md}"
     (out / "profiles.json").write_text(json.dumps(to_json(result), indent=2))
     (out / "profiles.md").write_text(md + "\n")
     pngs = [plot_profiles(result, out / "isoflop.png"), plot_multipliers(result, out / "multiplier.png")]
@@ -531,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--out", required=True)
     pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
     pr.add_argument("--device-check", help="rows of runs of the grid trained again on another device")
+    pr.add_argument("--shift", help="VARIANT@DEVICE=NATS,...: move those rows' losses first (a sensitivity check)")
     rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
     rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")
     rc.add_argument("--runs", required=True, help="the study's runs/ directory")
@@ -559,7 +563,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.rows}: {given} row(s) given new fields; {gone} without a run dir under {args.runs}")
             return 0
         if args.cmd == "merge":
-            taken, left = merge_share(Path(args.rows), Path(args.share), args.chains.split(",") if args.chains else None)
+            taken, left = merge_share(
+                Path(args.rows), Path(args.share), args.chains.split(",") if args.chains else None
+            )
             print(
                 f"{args.rows}: took the chains {', '.join(taken) or 'none'}; left out (unfinished): {', '.join(left) or 'none'}"
             )

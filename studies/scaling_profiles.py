@@ -24,6 +24,7 @@ variant's compute multiplier against standard, a held-out budget, and paired gap
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,6 +369,29 @@ def analyse(
         "devices": devices(fits),
         "device_check": device_check(rows, again or [], metric),
     }
+
+
+def shift_rows(rows: list[dict[str, Any]], spec: str, metric: str = "final_val_loss") -> list[dict[str, Any]]:
+    """`spec` VARIANT@DEVICE=NATS,...: the rows with every run of VARIANT trained on DEVICE moved by NATS
+    (its final loss and each validation on the way): how far a verdict stands from a device's possible
+    bias, the device check's size, without training anything."""
+    moves: dict[tuple[str, str], float] = {}
+    for item in spec.split(","):
+        m = re.fullmatch(r"([\w-]+)@(\w+)=([-+]?[0-9.]+(?:e[-+]?\d+)?)", item.strip())
+        if m is None:
+            raise StudyError(f"--shift {item!r} is not VARIANT@DEVICE=NATS. Fix: e.g. --shift standard@cuda=-0.075")
+        moves[(m[1], m[2])] = float(m[3])
+    if missing := [
+        f"{v}@{d}" for v, d in moves if not any(r["variant"] == v and r.get("device", "cpu") == d for r in rows)
+    ]:
+        raise StudyError(f"--shift {','.join(missing)}: no such rows. Fix: a variant and a device the rows name")
+    out = []
+    for r in rows:
+        d = moves.get((r["variant"], r.get("device", "cpu")))
+        if d is not None and r.get(metric) is not None:
+            r = {**r, metric: r[metric] + d, "val_curve": [[s, c, v + d] for s, c, v in r.get("val_curve", [])]}
+        out.append(r)
+    return out
 
 
 def devices(fits: dict[str, dict[float, Profile]]) -> dict[str, dict[str, list[str]]]:

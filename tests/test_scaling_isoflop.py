@@ -246,7 +246,11 @@ def test_a_grid_split_across_machines_trains_its_chains_and_merges_whole_ones(co
     grid = parse_grid("1e10=w32:w48,2e10=w32:w48")
     runs = plan_isoflop("recipes/tiny_cpu.yaml", ["standard", "mixit"], grid, {"*": 2}, 0.2, rates, 0.1, gpu, 10, 50)
     share = only_chains(runs, ["mixit-w48", "standard-w32-s1"])  # every seed's chain, or one seed's
-    assert {(r.variant, r.size, r.seed) for r in share} == {("mixit", "w48", 0), ("mixit", "w48", 1), ("standard", "w32", 1)}
+    assert {(r.variant, r.size, r.seed) for r in share} == {
+        ("mixit", "w48", 0),
+        ("mixit", "w48", 1),
+        ("standard", "w32", 1),
+    }
     assert len(share) == 9
     with pytest.raises(StudyError, match="--chains mixit-w64: not in the grid's plan"):
         only_chains(runs, ["mixit-w64"])

@@ -13,7 +13,15 @@ import pytest
 
 from common.errors import StudyError
 from studies.scaling import main
-from studies.scaling_profiles import analyse, plot_multipliers, reached_by, report_markdown, standard_curve, vertex
+from studies.scaling_profiles import (
+    analyse,
+    plot_multipliers,
+    reached_by,
+    report_markdown,
+    shift_rows,
+    standard_curve,
+    vertex,
+)
 
 # L(N, D) = A N^-a + B D^-b with C = 6 N D: the optimum is an exact power law in C,
 # N* = G (C/6)^(b/(a+b)) with G = (aA / bB)^(1/(a+b)), and L* ~ C^(-ab/(a+b)).
@@ -179,3 +187,31 @@ def test_a_split_grid_says_where_each_size_trained_and_the_device_check_its_diff
     (tmp_path / "empty.jsonl").write_text("")
     args = ["profiles", "--rows", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "p"), "--boot", "5"]
     assert main([*args, "--device-check", str(tmp_path / "empty.jsonl")]) != 0 and not (tmp_path / "p").exists()
+
+
+def test_a_shift_moves_one_devices_rows_and_their_optima_by_as_much(tmp_path, capsys):
+    """--shift VARIANT@DEVICE=NATS: a sensitivity check of a device's possible bias. Shifting every row of
+    a profile moves its L* by exactly that, and nothing else; the report says the rows are shifted."""
+    rows = rows_from_law() + [{**r, "variant": "mixit", "device": "cuda"} for r in rows_from_law("mixit", k=0.5)]
+    for r in rows:
+        r["val_curve"] = [[10, r["flops"] / 2, r["final_val_loss"] + 0.3]]
+    moved = shift_rows(rows, "mixit@cuda=-0.05")
+    assert [r["final_val_loss"] for r in moved if r["variant"] == "standard"] == [
+        r["final_val_loss"] for r in rows if r["variant"] == "standard"
+    ]
+    assert all(
+        m["final_val_loss"] == pytest.approx(r["final_val_loss"] - 0.05) and m["val_curve"][0][2] == pytest.approx(r["val_curve"][0][2] - 0.05)
+        for m, r in zip(moved, rows) if r["variant"] == "mixit"
+    )  # fmt: skip
+    before, after = analyse(rows, n_boot=20), analyse(moved, n_boot=20)
+    for c in BUDGETS:
+        assert after["profiles"]["mixit"][c].vertex[1] == pytest.approx(before["profiles"]["mixit"][c].vertex[1] - 0.05)
+        assert after["profiles"]["standard"][c].vertex == before["profiles"]["standard"][c].vertex
+    with pytest.raises(StudyError, match="no such rows"):
+        shift_rows(rows, "standard@cuda=0.1")
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["profiles", "--rows", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "p"), "--boot", "5"]
+    assert main([*args, "--shift", "mixit=0.1"]) != 0 and not (tmp_path / "p").exists()
+    assert capsys.readouterr().err.startswith("error: --shift 'mixit=0.1' is not VARIANT@DEVICE=NATS")
+    assert main([*args, "--shift", "mixit@cuda=0.02"]) == 0
+    assert (tmp_path / "p" / "profiles.md").read_text().startswith("**Shifted rows** (`--shift mixit@cuda=0.02`)")
