@@ -377,7 +377,7 @@ def shift_rows(rows: list[dict[str, Any]], spec: str, metric: str = "final_val_l
     bias, the device check's size, without training anything."""
     moves: dict[tuple[str, str], float] = {}
     for item in spec.split(","):
-        m = re.fullmatch(r"([\w-]+)@(\w+)=([-+]?[0-9.]+(?:e[-+]?\d+)?)", item.strip())
+        m = re.fullmatch(r"([\w-]+)@(\w+)=([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)", item.strip())
         if m is None:
             raise StudyError(f"--shift {item!r} is not VARIANT@DEVICE=NATS. Fix: e.g. --shift standard@cuda=-0.075")
         moves[(m[1], m[2])] = float(m[3])

@@ -207,6 +207,8 @@ def test_a_shift_moves_one_devices_rows_and_their_optima_by_as_much(tmp_path, ca
     for c in BUDGETS:
         assert after["profiles"]["mixit"][c].vertex[1] == pytest.approx(before["profiles"]["mixit"][c].vertex[1] - 0.05)
         assert after["profiles"]["standard"][c].vertex == before["profiles"]["standard"][c].vertex
+    with pytest.raises(StudyError, match="is not VARIANT@DEVICE=NATS"):
+        shift_rows(rows, "mixit@cuda=1.2.3")
     with pytest.raises(StudyError, match="no such rows"):
         shift_rows(rows, "standard@cuda=0.1")
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
