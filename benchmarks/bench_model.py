@@ -38,7 +38,6 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from common.cli import CliParser, run_cli  # noqa: E402
-from common.constants import free_port  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from model import PRESETS, ModelConfig, preset  # noqa: E402
 from model.flops import flops_per_token  # noqa: E402
@@ -47,7 +46,7 @@ from model.layers import MixingAttention  # noqa: E402
 from model.mfu import measure_matmul_tflops, mfu, table_peak_tflops  # noqa: E402
 from model.transformer import build_model
 from pretrain.config import load_recipe  # noqa: E402
-from pretrain.distributed import init_distributed, pick_device, shutdown_distributed  # noqa: E402
+from pretrain.distributed import SOLO_ENV, init_distributed, pick_device, shutdown_distributed  # noqa: E402
 from pretrain.engine import ModelEngine  # noqa: E402
 from pretrain.layout import plan_layout  # noqa: E402
 from pretrain.task_model import model_config  # noqa: E402
@@ -229,8 +228,7 @@ class Entry:
     def _build_trainer(self, args, shape: str) -> None:
         """The trainer's engine in this process, alone in a process group of one."""
         cfg, mcfg = trainer_config(args, shape)
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
+        os.environ.update(SOLO_ENV)
         self.device = pick_device(self.device.type)
         init_distributed(self.device)
         layout = plan_layout(cfg, 1)

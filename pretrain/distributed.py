@@ -36,6 +36,19 @@ NCCL_ENV = {
     "TORCH_NCCL_BLOCKING_WAIT": "0",
 }
 
+# The environment of a process that is its own world of one (a plain run, a benchmark). No peer looks for
+# its store, so port 0 lets the store bind a free port itself: a port probed free before the bind can be
+# taken meanwhile by another process started beside it (EADDRINUSE, seen with 13 runs on one machine).
+SOLO_ENV = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "LOCAL_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "0",
+}
+
 
 def pick_device(want: str) -> torch.device:
     """`train.device` (auto | cpu | cuda) -> this rank's device."""

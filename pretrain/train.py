@@ -23,6 +23,7 @@ from common.errors import DataError, RankFailure, RunStopped, UserError
 from . import faults, orphan
 from .config import RunConfig, load_recipe
 from .distributed import (
+    SOLO_ENV,
     collective_failure,
     comm_failure,
     exit_process,
@@ -63,18 +64,8 @@ def train(
     device = pick_device(cfg.train.device)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     plain = "RANK" not in os.environ
-    if plain:  # a plain process: world size 1 (the environment is restored on return). No peer looks for
-        # its store, so port 0 lets the store bind any free port itself: a port picked before the bind
-        # could be taken meanwhile by another run started beside it (EADDRINUSE).
-        os.environ.update(
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_WORLD_SIZE="1",
-            LOCAL_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT="0",
-        )
+    if plain:  # a plain process: world size 1 (the environment is restored on return)
+        os.environ.update(SOLO_ENV)
     if init_distributed(device, cfg.parallel.timeout_s):
         # ZeRO-3 processes abort at exit unless the process group is destroyed. It is kept
         # until then (DeepSpeed caches its groups), so train() can be called again in-process.
