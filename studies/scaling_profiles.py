@@ -88,6 +88,11 @@ def vertex(logN: np.ndarray, loss: np.ndarray) -> tuple[float, float] | None:
     return float(x), float(c - b * b / (4 * a))
 
 
+def device_of(row: dict[str, Any]) -> str:
+    """Where a row's run trained: its `device`; rows written before rows named one are the CPU's."""
+    return row.get("device", "cpu")
+
+
 def profiles_from_rows(rows: list[dict[str, Any]], metric: str = "final_val_loss") -> dict[str, dict[float, Profile]]:
     """{variant: {budget: Profile}} from the rows of cooled branches that carry an IsoFLOP budget; a
     variant trained on two models (its rows' `variant_overrides` differ) is an error, not one profile."""
@@ -113,7 +118,7 @@ def profiles_from_rows(rows: list[dict[str, Any]], metric: str = "final_val_loss
             np.log([float(p["tokens"]) for p in pts]),
             [p["size"] for p in pts],
             [int(p["seed"]) for p in pts],
-            [p.get("device", "cpu") for p in pts],
+            [device_of(p) for p in pts],
         )
     return dict(out)
 
@@ -381,13 +386,11 @@ def shift_rows(rows: list[dict[str, Any]], spec: str, metric: str = "final_val_l
         if m is None:
             raise StudyError(f"--shift {item!r} is not VARIANT@DEVICE=NATS. Fix: e.g. --shift standard@cuda=-0.075")
         moves[(m[1], m[2])] = float(m[3])
-    if missing := [
-        f"{v}@{d}" for v, d in moves if not any(r["variant"] == v and r.get("device", "cpu") == d for r in rows)
-    ]:
+    if missing := [f"{v}@{d}" for v, d in moves if not any(r["variant"] == v and device_of(r) == d for r in rows)]:
         raise StudyError(f"--shift {','.join(missing)}: no such rows. Fix: a variant and a device the rows name")
     out = []
     for r in rows:
-        d = moves.get((r["variant"], r.get("device", "cpu")))
+        d = moves.get((r["variant"], device_of(r)))
         if d is not None and r.get(metric) is not None:
             r = {**r, metric: r[metric] + d, "val_curve": [[s, c, v + d] for s, c, v in r.get("val_curve", [])]}
         out.append(r)
@@ -414,8 +417,8 @@ def device_check(rows: list[dict[str, Any]], again: list[dict[str, Any]], metric
         if first is None or first.get(metric) is None or r.get(metric) is None:
             continue
         out.append(
-            {"run": r["run"], "variant": r["variant"], "budget": r.get("budget"), "devices": [first.get("device", "cpu"),
-             r.get("device", "cpu")], "losses": [first[metric], r[metric]], "difference": r[metric] - first[metric]}
+            {"run": r["run"], "variant": r["variant"], "budget": r.get("budget"), "devices": [device_of(first),
+             device_of(r)], "losses": [first[metric], r[metric]], "difference": r[metric] - first[metric]}
         )  # fmt: skip
     return out
 

@@ -51,7 +51,8 @@ def test_demo_end_to_end_small(tmp_path, capsys):
     assert "\r" not in text and not re.search(r"\d+%\|.*\|", text)
     for stage in ("training", "evaluating"):
         lines = [line for line in text.splitlines() if line.startswith(f"{stage}: ")]
-        assert 1 <= len(lines) <= 20 + elapsed / 30 + 1, lines
+        assert lines, f"no {stage} progress line"
+        assert len(lines) <= 20 + elapsed / 30 + 1, lines
     assert (out / "demo.png").stat().st_size > 10_000
     assert (out / "results.md").is_file() and (out / "results.json").is_file()
     runs = sorted(p.name for p in (out / "runs").iterdir())
