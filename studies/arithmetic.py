@@ -3,6 +3,7 @@
     python -m studies.arithmetic --stage sweep --digits 3                 # every arm x layout x the rate grid, seed 0
     python -m studies.arithmetic --stage seeds --digits 2,3,5 --lr-digits 3   # 5 seeds at the rates chosen at 3 digits
     python -m studies.arithmetic --stage all                              # the page's plan, in order
+    python -m studies.arithmetic --stage ladder                           # the budget ladder (1x, 4x, 16x steps)
     python -m studies.arithmetic --render                                 # the table from the rows, nothing trained
 
 Trains recipes/reference_addition.yaml (the reference implementation's model and optimiser) on reversed
@@ -14,8 +15,10 @@ process, with a hook (pretrain/hooks.py) scoring held-out exact match (every sco
 --probe-every steps; the final checkpoint is scored on --eval-samples held-out sums (eval/run.py): exact
 match, and token accuracy over the scored positions (the reference's measure). The sweep trains seed 0
 at every rate of --grid per (digits, layout, arm) and picks by exact match, then token accuracy, then
-loss; a best rate at an edge grows the grid by x3 (at most --extend times) and a seeds stage refuses
-it. Each finished run appends its row to --rows (`step_solved`: the first probed step at >= 90 % exact
+loss; with --sweep-seeds K > 1 it trains seeds 0..K-1 at every rate and picks by how many of them
+solved the task, then by their mean held-out loss. A best rate at an edge grows the grid by x3 (at most
+--extend times) and a seeds stage refuses it. A seeds stage takes the rate its sweep chose at --steps,
+or at --lr-steps (the budget ladder: MixiT's rate chosen at 4x the steps serves every rung). Each finished run appends its row to --rows (`step_solved`: the first probed step at >= 90 % exact
 match, None: not within the budget); a run whose row exists is skipped, so the command resumes from the
 committed rows; run dirs under --out are scratch. Training stops once the rows hold --budget-cpu-h.
 Seed i trains with the recipe's seed + i (init, data order, the held-out draw) and MixiT matrices of seed i.
@@ -25,14 +28,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from common.cli import floats, ints, run_cli
+from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from eval.report import markdown_table
 from pretrain.config import load_recipe
@@ -68,6 +74,20 @@ PLAN = (
     ("seeds", {"digits": [5], "lr_digits": 3}),
     ("seeds", {"digits": [2], "lr_digits": 3}),
 )
+# --stage ladder, in order (docs/results/arithmetic.md, "The budget ladder"): 3 digits, reference layout,
+# MixiT's rate re-chosen at 4x the steps with 3 seeds per rate; then 5 seeds of MixiT (at that rate) and
+# standard (at its rate chosen at 1x) at 4x, MixiT at 1x, and both at 16x, the costliest rung last.
+STEPS_1X = 1250
+LADDER_COMMON = {"digits": [3], "layouts": ["reference"]}
+LADDER = (
+    ("sweep", {"variants": ["mixit"], "steps": 4 * STEPS_1X, "sweep_seeds": 3}),
+    ("seeds", {"variants": ["mixit"], "steps": 4 * STEPS_1X, "lr_steps": 4 * STEPS_1X}),
+    ("seeds", {"variants": ["standard"], "steps": 4 * STEPS_1X, "lr_steps": STEPS_1X}),
+    ("seeds", {"variants": ["mixit"], "steps": STEPS_1X, "lr_steps": 4 * STEPS_1X}),
+    ("seeds", {"variants": ["mixit"], "steps": 16 * STEPS_1X, "lr_steps": 4 * STEPS_1X}),
+    ("seeds", {"variants": ["standard"], "steps": 16 * STEPS_1X, "lr_steps": STEPS_1X}),
+)
+LADDER_ARMS = ("standard", "mixit")
 
 
 @dataclass(frozen=True)
@@ -95,28 +115,69 @@ def row_key(r: dict) -> tuple:
 
 
 def score(r: dict) -> tuple:
-    """How a sweep ranks its runs: exact match, then token accuracy, then held-out loss; a diverged run last."""
+    """How a one-seed sweep ranks its runs: exact match, then token accuracy, then held-out loss; a diverged
+    run last."""
     return (-1.0, -1.0, 0.0) if r["acc"] is None else (r["exact_match"], r["acc"], -r["loss"])
 
 
-def sweep_rows(rows: list[dict], digits: int, layout: str, arm: str, steps: int) -> list[dict]:
-    return [r for r in rows if row_key(r)[:3] == (digits, layout, arm) and r["seed"] == 0 and r["steps"] == steps]
+def solved(r: dict) -> bool:
+    return r["acc"] is not None and r["step_solved"] is not None
+
+
+def group_score(g: dict) -> tuple:
+    """How a sweep of several seeds per rate ranks its rates: how many seeds solved, then the seeds' mean
+    held-out loss (a diverged seed counts as unsolved at infinite loss)."""
+    rs = g["runs"]
+    mean_loss = sum(math.inf if r["acc"] is None else r["loss"] for r in rs) / len(rs)
+    return (sum(map(solved, rs)), -mean_loss)
+
+
+def sweep_rows(rows: list[dict], digits: int, layout: str, arm: str, steps: int, seeds: int = 1) -> list[dict]:
+    """The sweep's rows of (digits, layout, arm, steps): seeds 0..seeds-1 at every rate."""
+    return [r for r in rows if row_key(r)[:3] == (digits, layout, arm) and r["seed"] < seeds and r["steps"] == steps]
+
+
+def sweep_seeds_of(rows: list[dict], digits: int, layout: str, arm: str, steps: int) -> int:
+    """How many seeds per rate the sweep at this setting trained (1: the one-seed sweeps)."""
+    seeds = [r["seed"] for r in rows if r.get("stage") == "sweep" and row_key(r)[:3] == (digits, layout, arm)
+             and r["steps"] == steps]  # fmt: skip
+    return 1 + max(seeds, default=0)
+
+
+def rate_choices(swept: list[dict], seeds: int) -> tuple[list[dict], Callable[[dict], tuple], list[float]]:
+    """A sweep as what `rates_to_sweep` and `chosen_rate` rank: one seed, its rows and `score`; several, one
+    entry per rate whose seeds are all in (`group_score`), and the rates still missing a seed, which the
+    sweep must finish before it ranks or grows."""
+    if seeds == 1:
+        return swept, score, []
+    by_rate: dict[float, list[dict]] = {}
+    for r in swept:
+        by_rate.setdefault(float(r["lr"]), []).append(r)
+    complete = [{"lr": lr, "runs": rs} for lr, rs in sorted(by_rate.items()) if len(rs) == seeds]
+    return complete, group_score, [lr for lr, rs in by_rate.items() if len(rs) < seeds]
 
 
 def cells_for(args: argparse.Namespace, rows: list[dict], digits: int, layout: str, arm: str) -> list[Cell]:
     """The cells this stage still needs for (digits, layout, arm), given the rows so far."""
     base = dict(digits=digits, layout=layout, arm=arm, steps=args.steps)
     if args.stage == "sweep":
-        swept = sweep_rows(rows, digits, layout, arm, args.steps)
-        return [Cell(lr=lr, seed=0, **base) for lr in rates_to_sweep(args.grid, swept, score, args.extend)]
+        k = args.sweep_seeds
+        ranked, by, partial = rate_choices(sweep_rows(rows, digits, layout, arm, args.steps, k), k)
+        rates = rates_to_sweep(sorted({*args.grid, *partial}), ranked, by, args.extend)
+        return [Cell(lr=lr, seed=s, **base) for lr in rates for s in range(k)]
     lr_digits = args.lr_digits or digits
+    lr_steps = args.lr_steps or args.steps
+    k = sweep_seeds_of(rows, lr_digits, layout, arm, lr_steps)
+    ranked, by, partial = rate_choices(sweep_rows(rows, lr_digits, layout, arm, lr_steps, k), k)
     lr = args.lr or chosen_rate(
-        sweep_rows(rows, lr_digits, layout, arm, args.steps),
-        score,
+        [] if partial else ranked,
+        by,
         args.grid,
         args.extend,
-        f"{arm} at {lr_digits} digits ({layout} layout) and {args.steps} steps",
-        f"run --stage sweep --digits {lr_digits} --layouts {layout}, or give --lr",
+        f"{arm} at {lr_digits} digits ({layout} layout) and {lr_steps} steps",
+        f"run --stage sweep --digits {lr_digits} --layouts {layout} --steps {lr_steps}"
+        + (f" --sweep-seeds {k}" if k > 1 else "")
+        + ", or give --lr",
     )
     seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     return [Cell(lr=lr, seed=s, **base) for s in seeds]
@@ -236,6 +297,80 @@ def render(rows: list[dict]) -> str:
     )
 
 
+def ladder_rate(rows: list[dict], arm: str) -> float | None:
+    """The rate an arm trains at on every rung of the ladder: the sweep's choice at the steps its LADDER
+    entries name (MixiT's 4x sweep; standard's 1x one); None while that sweep is unfinished or at an edge."""
+    lr_steps = next(ch["lr_steps"] for st, ch in LADDER if st == "seeds" and ch["variants"] == [arm])
+    args = argparse.Namespace(stage="seeds", steps=lr_steps, lr=None, lr_digits=None, lr_steps=lr_steps,
+                              grid=list(GRID), extend=2, seed_list=[0], seeds=1)  # fmt: skip
+    try:
+        return cells_for(args, rows, 3, "reference", arm)[0].lr
+    except StudyError:
+        return None
+
+
+def verdict(standard: list[dict], mixit: list[dict]) -> str:
+    """The page's rule (docs/results/arithmetic.md, written before the first runs), on one rung's seeds."""
+    ks, km = sum(map(solved, standard)), sum(map(solved, mixit))
+    es, em = Spread.of(r["exact_match"] for r in standard), Spread.of(r["exact_match"] for r in mixit)
+    if km >= ks and abs(em.mean - es.mean) <= max(es.std, em.std, 0.05):
+        return "holds"
+    if 2 * ks > len(standard) and km <= 1:
+        return "refuted"
+    if 2 * ks <= len(standard):
+        return "the budget decides nothing"
+    return f"partly ({km}/{len(mixit)} against {ks}/{len(standard)})"
+
+
+def render_ladder(rows: list[dict]) -> str:
+    """Markdown: the budget ladder (3 digits, reference layout), per rung and arm at its ladder rate, the
+    solve count with its 95 % interval, exact match and token accuracy over seeds, and the page's verdict
+    where both arms have 5 seeds; then MixiT's 4x sweep per rate."""
+    rates = {arm: ladder_rate(rows, arm) for arm in LADDER_ARMS}
+    header = ["steps", "examples", "arm", "rate", "seeds", "solved (≥ 90 %), 95 % interval", "exact match (mean ± std)",
+              "token accuracy", "step solved, per seed", "verdict (5 seeds each)"]  # fmt: skip
+    table = []
+    for steps in sorted({ch["steps"] for _, ch in LADDER} | {STEPS_1X}):
+        runs = {
+            arm: sorted((r for r in rows if row_key(r)[:3] == (3, "reference", arm) and r["steps"] == steps
+                         and rates[arm] is not None and float(r["lr"]) == rates[arm] and r["acc"] is not None),
+                        key=lambda r: r["seed"])[:5]
+            for arm in LADDER_ARMS
+        }  # fmt: skip
+        said = verdict(runs["standard"], runs["mixit"]) if all(len(rs) == 5 for rs in runs.values()) else "—"
+        for arm, rs in runs.items():
+            if not rs:
+                table.append([steps, f"{steps * 256:,}", arm, f"{rates[arm]:g}" if rates[arm] else "—", 0] + ["—"] * 5)
+                continue
+            k = sum(map(solved, rs))
+            lo, hi = wilson(k, len(rs))
+            exact, acc = Spread.of(r["exact_match"] for r in rs), Spread.of(r["acc"] for r in rs)
+            table.append([
+                steps, f"{steps * 256:,}", arm, f"{rates[arm]:g}", len(rs), f"{k}/{len(rs)} ({100 * lo:.0f}-{100 * hi:.0f} %)",
+                f"{100 * exact.mean:.1f} ± {100 * exact.std:.1f} %", f"{100 * acc.mean:.1f} ± {100 * acc.std:.1f} %",
+                ", ".join("—" if r["step_solved"] is None else str(r["step_solved"]) for r in rs),
+                said if arm == "mixit" else "",
+            ])  # fmt: skip
+    md = markdown_table(header, table, align="rrllrrrrll")
+    steps4 = next(ch["steps"] for st, ch in LADDER if st == "sweep")
+    swept = [r for r in rows if r.get("stage") == "sweep" and row_key(r)[:3] == (3, "reference", "mixit")
+             and r["steps"] == steps4]  # fmt: skip
+    lines = []
+    for lr in sorted({float(r["lr"]) for r in swept}):
+        rs = sorted((r for r in swept if float(r["lr"]) == lr), key=lambda r: r["seed"])
+        _, loss = group_score({"runs": rs})
+        lines.append([
+            f"{lr:g}", len(rs), sum(map(solved, rs)), ", ".join("diverged" if r["acc"] is None else
+                                                                f"{100 * r['exact_match']:.1f}" for r in rs),
+            f"{-loss:.3f}",
+        ])  # fmt: skip
+    if lines:
+        md += f"\n\nMixiT's rate sweep at {steps4} steps (seeds 0-2 per rate; ranked by seeds solved, then mean loss):\n\n"
+        md += markdown_table(["rate", "seeds", "solved", "exact match per seed (%)", "mean held-out loss"], lines,
+                             align="rrrlr")  # fmt: skip
+    return md
+
+
 def run_stage(args: argparse.Namespace, log=print) -> int | None:
     """Train every missing cell of the stage, one at a time (seed-major); returns how many were trained
     (None: the CPU budget is spent)."""
@@ -266,7 +401,12 @@ def run_stage(args: argparse.Namespace, log=print) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = study_parser("studies.arithmetic", __doc__)
-    ap.add_argument("--stage", choices=("sweep", "seeds", "all"), default="seeds", help="all: the PLAN, in order")
+    ap.add_argument(
+        "--stage",
+        choices=("sweep", "seeds", "all", "ladder"),
+        default="seeds",
+        help="all: the PLAN; ladder: the LADDER",
+    )
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--digits", type=ints, default=[3], help="comma-separated operand lengths")
     ap.add_argument("--layouts", type=names, default=list(LAYOUTS), help=f"comma-separated, from {list(LAYOUTS)}")
@@ -275,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
     ap.add_argument("--seed-list", type=ints, help="exactly these seed indices (overrides --seeds)")
-    ap.add_argument("--steps", type=int, default=1250)
+    ap.add_argument("--steps", type=int, default=STEPS_1X)
+    ap.add_argument("--sweep-seeds", type=int, default=1, help="sweep: seeds 0..K-1 at every rate")
+    ap.add_argument("--lr-steps", type=int, help="seeds: the best rate of the sweep at this many steps")
     ap.add_argument("--grid", type=floats, default=list(GRID), help="the sweep's rates")
     ap.add_argument("--extend", type=int, default=2, help="rates the sweep may add beyond an edge")
     ap.add_argument("--lr", type=float, help="seeds: this rate instead of the sweep's best")
@@ -299,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
                 get_task(TASK, n_digits=d, layout=layout)  # an impossible setting is one error line before any training
         if not args.render:
             torch.set_num_threads(args.threads)
-            stages = PLAN if args.stage == "all" else [(args.stage, {})]
+            plans = {"all": PLAN, "ladder": tuple((st, {**LADDER_COMMON, **ch}) for st, ch in LADDER)}
+            stages = plans.get(args.stage, [(args.stage, {})])
             for stage, changes in stages:
                 if run_stage(argparse.Namespace(**{**vars(args), "stage": stage, **changes})) is None:
                     break

@@ -475,6 +475,9 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
     "capacity-rows": table_capacity_commands,
     "retrieval": lambda _, data_dir: retrieval.render(read_rows(data_dir / "retrieval" / "runs.jsonl")) + "\n",
     "arithmetic": lambda _, data_dir: arithmetic.render(read_rows(data_dir / "arithmetic" / "runs.jsonl")) + "\n",
+    "arithmetic-ladder": lambda _, data_dir: (
+        arithmetic.render_ladder(read_rows(data_dir / "arithmetic" / "runs.jsonl")) + "\n"
+    ),
     "parity": lambda _, data_dir: (
         parity.render(read_rows(data_dir / "parity" / "runs.jsonl"), read_rows(data_dir / "parity" / "reference.jsonl"))
         + "\n"

@@ -4,13 +4,15 @@ rendered from the rows."""
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
 
+from common.errors import StudyError
 from pretrain.config import load_recipe
 from pretrain.task_model import model_config
-from studies.arithmetic import chosen_runs, main, read_rows, render
+from studies.arithmetic import cells_for, chosen_runs, main, read_rows, render, verdict
 from studies.shared import arm_overrides
 from studies.spread import wilson
 
@@ -92,3 +94,50 @@ def test_a_sweep_only_arm_is_shown_at_its_best_rate_and_seeds_win_once_they_exis
     assert [r["lr"] for r in chosen_runs(sweep)[(3, "reference", 1250, "mixit")]] == [1e-3]  # not the lowest rate
     seeds = [row(3e-3, s, 0.1) for s in (1, 2)]
     assert [r["seed"] for r in chosen_runs(sweep + seeds)[(3, "reference", 1250, "mixit")]] == [0, 1, 2]
+
+
+def _row(lr, seed, steps, solved_at, loss, stage="sweep"):
+    exact = 1.0 if solved_at else 0.1
+    return {
+        "task_args": {"n_digits": 3, "layout": "reference"}, "arm": "mixit", "variant": "mixit", "lr": lr,
+        "seed": seed, "steps": steps, "acc": 0.5 + exact / 2, "exact_match": exact, "loss": loss,
+        "step_solved": solved_at, "stage": stage,
+    }  # fmt: skip
+
+
+def test_a_sweep_of_several_seeds_finishes_every_rate_then_ranks_by_seeds_solved_then_loss():
+    args = argparse.Namespace(stage="sweep", steps=40, sweep_seeds=3, grid=[1e-3, 3e-3, 1e-2], extend=1)
+    # one seed of 1e-2 solved with the lowest loss, but 3e-3 solved in two: 3e-3 wins once every seed is in
+    rows = [_row(1e-3, s, 40, None, 0.6) for s in range(3)] + [
+        _row(3e-3, s, 40, 20 if s else None, 0.5) for s in range(3)
+    ]
+    rows += [_row(1e-2, 0, 40, 20, 0.1)]
+    cells = cells_for(args, rows, 3, "reference", "mixit")
+    assert {(c.lr, c.seed) for c in cells} == {(lr, s) for lr in (1e-3, 3e-3, 1e-2) for s in range(3)}
+    seeds = argparse.Namespace(stage="seeds", steps=160, lr=None, lr_digits=None, lr_steps=40, grid=args.grid,
+                               extend=1, seed_list=None, seeds=5)  # fmt: skip
+    with pytest.raises(StudyError, match="--sweep-seeds 3"):  # 1e-2 still lacks two seeds: no choice yet
+        cells_for(seeds, rows, 3, "reference", "mixit")
+    rows += [_row(1e-2, s, 40, None, 0.2) for s in (1, 2)]
+    assert {c.lr for c in cells_for(seeds, rows, 3, "reference", "mixit")} == {3e-3}
+    assert [c.steps for c in cells_for(seeds, rows, 3, "reference", "mixit")] == [160] * 5
+    # a best rate at an edge grows the grid by x3, and the seeds refuse it until that rate is in
+    edge = [_row(1e-3, s, 40, 20, 0.3) for s in range(3)] + [
+        _row(lr, s, 40, None, 0.5) for lr in (3e-3, 1e-2) for s in range(3)
+    ]
+    assert {c.lr for c in cells_for(args, edge, 3, "reference", "mixit")} == {3.33e-4, 1e-3, 3e-3, 1e-2}
+    with pytest.raises(StudyError, match="edge"):
+        cells_for(seeds, edge, 3, "reference", "mixit")
+
+
+def test_the_ladder_verdict_is_the_pages_rule():
+    def runs(k, exact=None):
+        return [
+            _row(1e-3, s, 40, 20 if s < k else None, 0.1) | ({"exact_match": exact[s]} if exact else {})
+            for s in range(5)
+        ]
+
+    assert verdict(runs(5), runs(5)) == "holds"
+    assert verdict(runs(5), runs(1)) == "refuted"
+    assert verdict(runs(2), runs(0)) == "the budget decides nothing"
+    assert verdict(runs(5), runs(3)) == "partly (3/5 against 5/5)"
