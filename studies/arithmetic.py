@@ -31,7 +31,6 @@ import json
 import math
 import shlex
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from .shared import (
     check_variants,
     chosen_rate,
     names,
+    rate_choices,
     rates_to_sweep,
     seed_overrides,
     split_arm,
@@ -144,31 +144,18 @@ def sweep_seeds_of(rows: list[dict], digits: int, layout: str, arm: str, steps: 
     return 1 + max(seeds, default=0)
 
 
-def rate_choices(swept: list[dict], seeds: int) -> tuple[list[dict], Callable[[dict], tuple], list[float]]:
-    """A sweep as what `rates_to_sweep` and `chosen_rate` rank: one seed, its rows and `score`; several, one
-    entry per rate whose seeds are all in (`group_score`), and the rates still missing a seed, which the
-    sweep must finish before it ranks or grows."""
-    if seeds == 1:
-        return swept, score, []
-    by_rate: dict[float, list[dict]] = {}
-    for r in swept:
-        by_rate.setdefault(float(r["lr"]), []).append(r)
-    complete = [{"lr": lr, "runs": rs} for lr, rs in sorted(by_rate.items()) if len(rs) == seeds]
-    return complete, group_score, [lr for lr, rs in by_rate.items() if len(rs) < seeds]
-
-
 def cells_for(args: argparse.Namespace, rows: list[dict], digits: int, layout: str, arm: str) -> list[Cell]:
     """The cells this stage still needs for (digits, layout, arm), given the rows so far."""
     base = dict(digits=digits, layout=layout, arm=arm, steps=args.steps)
     if args.stage == "sweep":
         k = args.sweep_seeds
-        ranked, by, partial = rate_choices(sweep_rows(rows, digits, layout, arm, args.steps, k), k)
+        ranked, by, partial = rate_choices(sweep_rows(rows, digits, layout, arm, args.steps, k), k, score, group_score)
         rates = rates_to_sweep(sorted({*args.grid, *partial}), ranked, by, args.extend)
         return [Cell(lr=lr, seed=s, **base) for lr in rates for s in range(k)]
     lr_digits = args.lr_digits or digits
     lr_steps = args.lr_steps or args.steps
     k = sweep_seeds_of(rows, lr_digits, layout, arm, lr_steps)
-    ranked, by, partial = rate_choices(sweep_rows(rows, lr_digits, layout, arm, lr_steps, k), k)
+    ranked, by, partial = rate_choices(sweep_rows(rows, lr_digits, layout, arm, lr_steps, k), k, score, group_score)
     lr = args.lr or chosen_rate(
         [] if partial else ranked,
         by,

@@ -57,6 +57,7 @@ from .shared import (
     chosen_rate,
     names,
     ran_to_end,
+    rate_choices,
     rates_to_sweep,
     seed_overrides,
     split_arm,
@@ -80,6 +81,26 @@ PLAN = (
     ("seeds", {"pairs": [30], "values": 32, "lr_pairs": 16}),
     ("seeds", {"pairs": [16], "values": 255, "lr_pairs": 16, "lr_values": 32}),
     ("seeds", {"pairs": [30], "values": 255, "lr_pairs": 16, "lr_values": 32}),
+)
+# --stage budget, in order (docs/results/retrieval.md, "Budget and training"): MixiT's seeded sweep at the paper's
+# setting (30 pairs, 255 values) and its 5 seeds there; the other arms' 5 seeds there at their rates chosen at 16
+# pairs and 32 values; then 4x the steps at 30 pairs and 32 values, the main arms first, MixiT at its seeded rate.
+STEPS_1X = 1562
+PAPER = {"pairs": [30], "values": 255}
+QK_ARMS, CONTROLS = ["standard", "frozen_qk"], ["standard@0.02", "frozen_qk@0.02"]
+AT_16 = {"lr_pairs": 16, "lr_values": 32, "lr_steps": STEPS_1X}
+AT_PAPER = {"lr_pairs": 30, "lr_values": 255, "lr_steps": STEPS_1X}
+LONG = {"pairs": [30], "values": 32, "steps": 4 * STEPS_1X}
+BUDGET_PLAN = (
+    ("sweep", {**PAPER, "variants": ["mixit"], "sweep_seeds": 2}),
+    ("seeds", {**PAPER, "variants": ["mixit"], **AT_PAPER}),
+    ("seeds", {**PAPER, "variants": QK_ARMS + CONTROLS, **AT_16}),
+    ("seeds", {**LONG, "variants": QK_ARMS, **AT_16}),
+    ("seeds", {**LONG, "variants": ["mixit"], **AT_PAPER}),
+    ("seeds", {**LONG, "variants": CONTROLS, **AT_16}),
+)
+UNTRAINED_NATS = (
+    0.05  # "did not train": a final loss within this of ln V, the loss of knowing only the answer is a value
 )
 TABLE_BEGIN, TABLE_END = "<!-- table:retrieval -->", "<!-- /table:retrieval -->"  # as studies.results_page
 
@@ -194,14 +215,40 @@ def retrieval_score(r: dict) -> tuple:
     return (-1.0, 0.0) if r["acc"] is None else (r["acc"], -r["loss"])
 
 
-def sweep_rows(rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: int | None = None) -> list[dict]:
-    """The sweep's rows (seed 0) of (n_pairs, arm, steps[, n_values])."""
+def did_not_train(r: dict) -> bool:
+    """A run whose held-out loss ended within UNTRAINED_NATS of ln V: it learned at most that the answer is
+    one of V values (every run starts above that, at ln of the vocabulary), nothing from the context. It
+    counts for no verdict (docs/results/retrieval.md, "Did not train"); a diverged run did not train either."""
+    return r["acc"] is None or r["loss"] >= math.log(r["task_args"]["n_values"]) - UNTRAINED_NATS
+
+
+def group_score(g: dict) -> tuple:
+    """How a sweep of several seeds per rate ranks its rates: how many seeds trained, then their mean held-out
+    accuracy, then their mean loss (diverged seeds at 0 and infinity)."""
+    rs = g["runs"]
+    acc = sum(r["acc"] or 0.0 for r in rs) / len(rs)
+    loss = sum(math.inf if r["acc"] is None else r["loss"] for r in rs) / len(rs)
+    return (sum(not did_not_train(r) for r in rs), acc, -loss)
+
+
+def sweep_rows(
+    rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: int | None = None, seeds: int = 1
+) -> list[dict]:
+    """The sweep's rows (seeds 0..seeds-1) of (n_pairs, arm, steps[, n_values])."""
     return [
         r
         for r in rows
-        if r["task_args"]["n_pairs"] == n_pairs and arm_of(r) == arm and r["seed"] == 0 and r["steps"] == steps
+        if r["task_args"]["n_pairs"] == n_pairs and arm_of(r) == arm and r["seed"] < seeds and r["steps"] == steps
         and (n_values is None or r["task_args"]["n_values"] == n_values)
     ]  # fmt: skip
+
+
+def sweep_seeds_of(rows: list[dict], n_pairs: int, arm: str, steps: int, n_values: int) -> int:
+    """How many seeds per rate the sweep at this setting trained (1: the one-seed sweeps)."""
+    seeds = [
+        r["seed"] for r in sweep_rows(rows, n_pairs, arm, steps, n_values, seeds=10**9) if r.get("stage") == "sweep"
+    ]
+    return 1 + max(seeds, default=0)
 
 
 # -- training -----------------------------------------------------------------------------------------
@@ -296,19 +343,29 @@ def cells_for(args: argparse.Namespace, rows: list[dict], pairs: int, variant: s
     """The cells this stage still needs for (pairs, variant), given the rows so far."""
     base = dict(n_pairs=pairs, arm=variant, steps=args.steps, n_keys=args.keys, n_values=args.values)
     if args.stage == "sweep":
-        swept = sweep_rows(rows, pairs, variant, args.steps, args.values)
-        return [Cell(lr=lr, seed=0, **base) for lr in rates_to_sweep(args.grid, swept, retrieval_score, args.extend)]
+        k = args.sweep_seeds
+        swept = sweep_rows(rows, pairs, variant, args.steps, args.values, k)
+        ranked, by, partial = rate_choices(swept, k, retrieval_score, group_score)
+        rates = rates_to_sweep(sorted({*args.grid, *partial}), ranked, by, args.extend)
+        return [Cell(lr=lr, seed=s, **base) for lr in rates for s in range(k)]
     if args.lr is not None:
         lr = args.lr
     else:
         lr_pairs, lr_values = args.lr_pairs or pairs, args.lr_values or args.values
+        lr_steps = args.lr_steps or args.steps
+        k = sweep_seeds_of(rows, lr_pairs, variant, lr_steps, lr_values)
+        ranked, by, partial = rate_choices(
+            sweep_rows(rows, lr_pairs, variant, lr_steps, lr_values, k), k, retrieval_score, group_score
+        )
         lr = chosen_rate(
-            sweep_rows(rows, lr_pairs, variant, args.steps, lr_values),
-            retrieval_score,
+            [] if partial else ranked,
+            by,
             args.grid,
             args.extend,
-            f"{variant} at {lr_pairs} pairs, {lr_values} values and {args.steps} steps",
-            f"run --stage sweep --pairs {lr_pairs} --values {lr_values}, or give --lr",
+            f"{variant} at {lr_pairs} pairs, {lr_values} values and {lr_steps} steps",
+            f"run --stage sweep --pairs {lr_pairs} --values {lr_values} --steps {lr_steps}"
+            + (f" --sweep-seeds {k}" if k > 1 else "")
+            + ", or give --lr",
         )
     seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     return [Cell(lr=lr, seed=s, **base) for s in seeds]
@@ -498,9 +555,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.page}: {'updated' if changed else 'unchanged'}")
         return 0
     torch.set_num_threads(args.threads)
-    if args.stage != "all":
+    plans = {"all": PLAN, "budget": BUDGET_PLAN}
+    if args.stage not in plans:
         run_stage(args)
-    for stage, changes in PLAN if args.stage == "all" else ():
+    for stage, changes in plans.get(args.stage, ()):
         if run_stage(argparse.Namespace(**{**vars(args), "stage": stage, **changes})) is None:
             break
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -511,7 +569,10 @@ def run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = study_parser("studies.retrieval", __doc__)
     ap.add_argument(
-        "--stage", choices=("sweep", "seeds", "curve", "all"), default="sweep", help="all: the PLAN, in order"
+        "--stage",
+        choices=("sweep", "seeds", "curve", "all", "budget"),
+        default="sweep",
+        help="all: the PLAN, in order; budget: the BUDGET_PLAN",
     )
     ap.add_argument("--pairs", type=ints, default=[16], help="comma-separated pair counts (default 16)")
     ap.add_argument(
@@ -519,7 +580,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--keys", type=int, default=32)
     ap.add_argument("--values", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=1562)
+    ap.add_argument("--steps", type=int, default=STEPS_1X)
+    ap.add_argument("--sweep-seeds", type=int, default=1, help="sweep: seeds 0..K-1 at every rate")
+    ap.add_argument("--lr-steps", type=int, help="seeds/curve: the best rate of the sweep at this many steps")
     ap.add_argument("--grid", type=floats, default=list(GRID), help="the sweep's rates")
     ap.add_argument("--extend", type=int, default=2, help="rates the sweep may add beyond an edge")
     ap.add_argument("--lr", type=float, help="seeds/curve: this rate instead of the sweep's best")

@@ -131,6 +131,21 @@ def rates_to_sweep(grid: list[float], swept: list[dict], score: Callable[[dict],
     return todo
 
 
+def rate_choices(
+    swept: list[dict], seeds: int, score: Callable[[dict], tuple], group_score: Callable[[dict], tuple]
+) -> tuple[list[dict], Callable[[dict], tuple], list[float]]:
+    """A sweep as `rates_to_sweep` and `chosen_rate` rank it: with one seed per rate, its rows by `score`;
+    with several, one entry {"lr", "runs"} per rate whose seeds are all in, by `group_score`, and the rates
+    still missing a seed, which the sweep finishes before it ranks or grows."""
+    if seeds == 1:
+        return swept, score, []
+    by_rate: dict[float, list[dict]] = {}
+    for r in swept:
+        by_rate.setdefault(float(r["lr"]), []).append(r)
+    complete = [{"lr": lr, "runs": rs} for lr, rs in sorted(by_rate.items()) if len(rs) == seeds]
+    return complete, group_score, [lr for lr, rs in by_rate.items() if len(rs) < seeds]
+
+
 def chosen_rate(
     swept: list[dict], score: Callable[[dict], tuple], grid: list[float], extend: int, what: str, fix: str
 ) -> float:

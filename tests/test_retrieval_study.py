@@ -2,12 +2,15 @@
 tiny budget (sweep with its grid growing past an edge, seeds reusing the sweep's run, resuming from
 the rows, the CPU budget), and the page's table against the committed rows."""
 
+import argparse
+import math
 import re
 
 import numpy as np
 import pytest
 from conftest import REPO
 
+from common.errors import StudyError
 from data_pipeline.synthetic import get_task
 from studies.retrieval import (
     PAGE,
@@ -15,7 +18,10 @@ from studies.retrieval import (
     TABLE_BEGIN,
     TABLE_END,
     bag_loss_exact,
+    build_parser,
+    cells_for,
     context_guesses,
+    did_not_train,
     main,
     mode_guess_exact,
     read_rows,
@@ -163,3 +169,34 @@ def test_stage_all_stops_where_the_budget_is_spent(tmp_path, capsys):
     assert main(["--stage", "all", "--budget-cpu-h", "0", "--rows", str(rows), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "[sweep] CPU budget spent" in out and "[seeds]" not in out and not rows.exists()
+
+
+def _kv_row(lr, seed, acc, loss, values=255, steps=1562, stage="sweep"):
+    return {
+        "task_args": {"n_pairs": 30, "n_keys": 32, "n_values": values, "min_pairs": 1}, "arm": "mixit",
+        "variant": "mixit", "lr": lr, "seed": seed, "steps": steps, "acc": acc, "loss": loss, "stage": stage,
+    }  # fmt: skip
+
+
+def test_a_run_at_the_loss_of_knowing_only_that_the_answer_is_a_value_did_not_train():
+    ln_v = math.log(255)
+    assert did_not_train(_kv_row(1e-3, 0, 0.004, ln_v + 0.001))  # MixiT's 30-pair rows: at ln V to 3 decimals
+    assert did_not_train(_kv_row(1e-3, 0, None, None))  # diverged
+    assert not did_not_train(_kv_row(1e-3, 0, 0.05, ln_v - 0.2))  # used the context a little: trained
+    assert not did_not_train(_kv_row(1e-3, 0, 0.2, 2.4))  # the bag of values: trained, near G
+
+
+def test_a_seeded_sweep_ranks_rates_by_seeds_that_trained_and_the_seeds_read_it_at_lr_steps():
+    args = build_parser().parse_args(["--pairs", "30", "--values", "255", "--variants", "mixit"])
+    sweep = argparse.Namespace(**{**vars(args), "stage": "sweep", "sweep_seeds": 2, "grid": [3.33e-4, 1e-3, 3e-3]})
+    ln_v = math.log(255)
+    # 3e-3 has the best single seed, but 1e-3 trained in both of its seeds
+    rows = [_kv_row(3.33e-4, s, 0.004, ln_v) for s in range(2)]
+    rows += [_kv_row(1e-3, s, 0.05, ln_v - 0.3) for s in range(2)]
+    rows += [_kv_row(3e-3, 0, 0.3, 2.0), _kv_row(3e-3, 1, 0.004, ln_v)]
+    assert cells_for(sweep, rows, 30, "mixit") == cells_for(sweep, rows[:4], 30, "mixit")  # every rate, both seeds
+    seeds = argparse.Namespace(**{**vars(sweep), "stage": "seeds", "steps": 4 * 1562, "lr_steps": 1562})
+    cells = cells_for(seeds, rows, 30, "mixit")
+    assert {c.lr for c in cells} == {1e-3} and {c.steps for c in cells} == {4 * 1562} and len(cells) == 5
+    with pytest.raises(StudyError, match="--sweep-seeds 2"):  # a rate with one seed of two: no choice yet
+        cells_for(seeds, rows[:-1], 30, "mixit")
