@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from common.cli import CliParser, print_error, run_cli
 from common.constants import REPO_ROOT
 from common.errors import StudyError
@@ -34,6 +36,7 @@ from pretrain.config import load_recipe
 
 from . import arithmetic, induction, parity, retrieval
 from .rows import read_rows
+from .scaling_profiles import paired_gaps
 from .spread import Spread
 
 # the (pairs, values) docs/results/retrieval.md gives baselines for
@@ -311,38 +314,64 @@ def ours_capacity(cells: list[Cell]) -> str:
 
 
 def ours_retrieval(data_dir: Path) -> str:
-    """Per variant at each pair count: the held-out accuracy at its rate with the most seeds (then the best mean)."""
-    rows = read_rows(data_dir / "retrieval" / "runs.jsonl")
-    # the main arms at 32 values (the page has the controls and 255 values)
-    rows = [
-        r for r in rows if r["acc"] is not None and "@" not in retrieval.arm_of(r) and r["task_args"]["n_values"] == 32
-    ]
+    """Per (pairs, values), each main arm's held-out accuracy at its rate with the most seeds (then the best
+    mean), with how many of its seeds trained where some did not (the controls are on the page)."""
+    rows = [r for r in read_rows(data_dir / "retrieval" / "runs.jsonl") if "@" not in retrieval.arm_of(r)]
     if not rows:
         return "—"
-    best: dict[tuple[int, str], list[dict]] = {}
+    best: dict[tuple[int, int, int, str], list[dict]] = {}
+
+    def setting(r: dict) -> tuple[int, int, int, str]:
+        return r["task_args"]["n_pairs"], r["task_args"]["n_values"], r["steps"], r["variant"]
 
     def score(rs: list[dict]) -> tuple[int, float]:
-        return len(rs), mean_std([r["acc"] for r in rs])[0]
+        return len(rs), mean_std([r["acc"] or 0.0 for r in rs])[0]
 
-    for key in sorted({(r["task_args"]["n_pairs"], r["variant"], r["lr"]) for r in rows}):  # ties: the lower rate
-        rs = [r for r in rows if (r["task_args"]["n_pairs"], r["variant"], r["lr"]) == key]
-        if key[:2] not in best or score(rs) > score(best[key[:2]]):
-            best[key[:2]] = rs
-    # pair counts the plan trains every variant at (the learning curve trains standard only)
-    every_variant = {p for _, changes in retrieval.PLAN if "variants" not in changes for p in changes["pairs"]}
+    for key in sorted({(*setting(r), r["lr"]) for r in rows}):  # ties: the lower rate
+        rs = [r for r in rows if (*setting(r), r["lr"]) == key]
+        if key[:4] not in best or score(rs) > score(best[key[:4]]):
+            best[key[:4]] = rs
     parts = []
-    for pairs in sorted({p for p, _ in best}):
+    for pairs, values, steps in sorted({k[:3] for k in best}):
         cells = []
         for v in VARIANT_ORDER:
-            rs = best.get((pairs, v))
-            if rs:
+            rs = [r for r in best.get((pairs, values, steps, v), []) if r["acc"] is not None]
+            if len(rs) > 1:
                 m, s = mean_std([100 * r["acc"] for r in rs])
-                cells.append(f"{VARIANT_NAMES[v]} {m:.1f} ± {s:.1f} % ({len(rs)} seed{'s' * (len(rs) > 1)})")
-            elif v != "frozen_mlp" and pairs in every_variant:
-                cells.append(f"{VARIANT_NAMES[v]} not yet trained")
-        g = 100 * retrieval.mode_guess_exact(pairs, 32)
-        parts.append(f"{pairs} pairs: " + ", ".join(cells) + f"; in-context guess {g:.1f} %")
+                trained = sum(not retrieval.did_not_train(r) for r in rs)
+                note = "" if trained == len(rs) else f", {trained} of them trained"
+                cells.append(f"{VARIANT_NAMES[v]} {m:.1f} ± {s:.1f} % ({len(rs)} seeds{note})")
+        if cells:
+            g = 100 * retrieval.mode_guess_exact(pairs, values)
+            parts.append(
+                f"{pairs} pairs, {values} values, {steps} steps: " + ", ".join(cells) + f"; in-context guess {g:.1f} %"
+            )
     return "; ".join(parts)
+
+
+def ours_lm(data_dir: Path) -> str:
+    """The scaling study's paired gaps to standard (validation loss on the docs corpus, same budget, width,
+    seed and data order) where a cell has >= 3 seeds: their range per variant, with the widths and budgets."""
+    rows = read_rows(data_dir / "scaling" / "isoflop_runs.jsonl")
+    gaps = [g for g in paired_gaps(rows, "final_val_loss", np.random.default_rng(0), 1000) if g["seeds"] >= 3]
+    if not gaps:
+        return "—"
+    sizes = sorted({g["size"] for g in gaps}, key=lambda w: int(w[1:]))
+    budgets = sorted({g["budget"] for g in gaps})
+    params = sorted({r["non_embedding_params"] for r in rows if r["size"] in sizes})
+    cells = []
+    for v in ("frozen_qk", "mixit"):
+        gs = [g for g in gaps if g["variant"] == v]
+        excluding = sum(g["interval"][0] > 0 or g["interval"][1] < 0 for g in gs)
+        cells.append(
+            f"{VARIANT_NAMES[v]} {min(g['gap'] for g in gs):+.2f} to {max(g['gap'] for g in gs):+.2f} nats "
+            f"({excluding} of {len(gs)} intervals exclude 0)"
+        )
+    return (
+        "validation loss minus standard's, same budget, width and seed, 3 seeds: " + ", ".join(cells)
+        + f"; docs corpus, 4 layers, widths {sizes[0]}-{sizes[-1]} ({params[0] / 1e3:.0f}k-{params[-1] / 1e3:.0f}k "
+        f"non-embedding parameters), {budgets[0]:.2g}-{budgets[-1]:.2g} FLOPs".replace("e+", "e")
+    )  # fmt: skip
 
 
 def ours_induction(data_dir: Path) -> str:
@@ -438,6 +467,7 @@ OURS: dict[str, Callable[[list[Cell], Path], str]] = {
     "induction": lambda _, data_dir: ours_induction(data_dir),
     "capacity": lambda cells, _: ours_capacity(cells),
     "retrieval": lambda _, data_dir: ours_retrieval(data_dir),
+    "lm": lambda _, data_dir: ours_lm(data_dir),
 }
 
 
