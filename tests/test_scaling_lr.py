@@ -10,9 +10,9 @@ import random
 import pytest
 
 from common.errors import StudyError
-from studies.scaling import main
-from studies.scaling_ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
-from studies.scaling_lr import choose_rates, extra_rates, lr_table, rate_overrides, rate_rule, transfer_check
+from studies.scaling.cli import main
+from studies.scaling.ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
+from studies.scaling.lr import choose_rates, extra_rates, lr_table, rate_overrides, rate_rule, transfer_check
 
 GRID = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
 

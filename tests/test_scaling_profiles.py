@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from common.errors import StudyError
-from studies.scaling import main
-from studies.scaling_profiles import (
+from studies.scaling.cli import main
+from studies.scaling.profiles import (
     analyse,
     plot_multipliers,
     reached_by,

@@ -22,8 +22,8 @@ from common.errors import StudyError
 from eval.report import markdown_table
 from pretrain.config import load_recipe
 
-from .scaling_ladder import LADDER, SHAPES, model_overrides, non_embedding_params, per_size, shape_overrides
-from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
+from .ladder import LADDER, SHAPES, model_overrides, non_embedding_params, per_size, shape_overrides
+from .runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
 
 
 def rate_name(variant: str, size: str, lr: float, seed: int = 0) -> str:

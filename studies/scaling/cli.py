@@ -1,4 +1,4 @@
-"""Scaling studies of the variants: sweep, collect, fit.
+"""The scaling studies' command line (`python -m studies.scaling`): sweep, collect, fit, and the rest.
 
   python -m studies.scaling sweep   --recipe R --variants standard,frozen_qk,mixit --sizes tiny,xs,s \
                                  --tokens N [--seeds K] --out DIR [--slurm] [key=value ...]
@@ -8,7 +8,7 @@
                                  --out DIR [--max-tokens T] [--more-seeds n27k=2,n214k=2] [--lr-from LR.json] [--slurm] [key=value ...]
   python -m studies.scaling lr-sweep --recipe R --sizes n27k,n90k,n214k --lrs 1e-3,...,1.6e-2 [--seeds K] --out DIR   # -> DIR/lr.json
   python -m studies.scaling isoflop --recipe R --grid 1e13=w32:w128,2e13=w32:w192 --lr-from LR.json --out DIR \
-                                 [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling_isoflop.py)
+                                 [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling/isoflop.py)
   python -m studies.scaling profiles --rows ROWS --out DIR   # -> DIR/profiles.json, profiles.md, isoflop.png, multiplier.png
 
 A sweep point is one run directory DIR/runs/<variant>-<size>-s<seed>, trained by
@@ -25,7 +25,6 @@ import csv
 import json
 import math
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,9 @@ from eval.report import markdown_table
 from model import PRESETS
 from pretrain.config import load_recipe
 
-from .rows import read_rows
-from .scaling_fit import (
+from ..rows import read_rows
+from ..shared import check_variants, study_parser
+from .fit import (
     JointFit,
     PowerLawFit,
     fit_joint,
@@ -52,23 +52,21 @@ from .scaling_fit import (
     plot_fits,
     plot_frontier,
 )
-from .scaling_isoflop import run_isoflop
-from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
-from .scaling_lr import lr_sweep
-from .scaling_profiles import analyse, plot_multipliers, plot_profiles, report_markdown, shift_rows, to_json
-from .scaling_runs import (
+from .isoflop import run_isoflop
+from .ladder import LADDER, run_ladder, shape_overrides
+from .lr import lr_sweep
+from .profiles import analyse, plot_multipliers, plot_profiles, report_markdown, shift_rows, to_json
+from .runs import (
     DONE,
     RowLog,
     collect_run,
     merge_share,
     recollect,
+    run_name,
     tracker_overrides,
     train_once,
     write_array_script,
 )
-from .shared import check_variants, study_parser
-
-__all__ = ["branch_overrides", "main"]
 
 
 @dataclass
@@ -79,7 +77,7 @@ class Point:
 
     @property
     def name(self) -> str:
-        return f"{self.variant}-{self.size}-s{self.seed}"
+        return run_name(self.variant, self.size, self.seed)
 
     def overrides(self, tokens: int | None) -> list[str]:
         shape = shape_overrides(self.size) if self.size in LADDER else [f"model.preset={self.size}"]
@@ -460,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     fi.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the joint fit L(N, D)")
     la = trainer(
         "ladder",
-        "stable runs and their cooldown branches (studies/scaling_ladder.py)",
+        "stable runs and their cooldown branches (studies/scaling/ladder.py)",
         ",".join(LADDER),
         f"ladder sizes: {', '.join(LADDER)}",
     )
@@ -476,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
     lr = trainer(
         "lr-sweep",
-        "a rate grid per variant at the smaller sizes, and the rule (studies/scaling_lr.py)",
+        "a rate grid per variant at the smaller sizes, and the rule (studies/scaling/lr.py)",
         "n27k,n90k,n214k",
     )
     lr.add_argument(
@@ -493,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="seeds per point (seed i: the recipe's + i); >= 2 gives the transfer an interval",
     )
-    iso = trainer("isoflop", "IsoFLOP profiles at fixed batch under µP (studies/scaling_isoflop.py)", None)
+    iso = trainer("isoflop", "IsoFLOP profiles at fixed batch under µP (studies/scaling/isoflop.py)", None)
     iso.add_argument("--grid", required=True, help="BUDGET=FIRST:LAST,...: FLOPs and the widths each holds")
     iso.add_argument(
         "--standard-grid", help="BUDGET=FIRST:LAST,...: budgets standard alone trains too (its curve at lower loss)"
@@ -529,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     iso.add_argument("--plan-only", action="store_true", help="print the runs and their FLOPs, train nothing")
     iso.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
-    pr = sub.add_parser("profiles", help="IsoFLOP optima, laws, compute multipliers (studies/scaling_profiles.py)")
+    pr = sub.add_parser("profiles", help="IsoFLOP optima, laws, compute multipliers (studies/scaling/profiles.py)")
     pr.add_argument("--rows", required=True, help="the isoflop command's row log")
     pr.add_argument("--out", required=True)
     pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
@@ -577,7 +575,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return run_cli(body)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
