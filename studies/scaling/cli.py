@@ -10,6 +10,8 @@
   python -m studies.scaling isoflop --recipe R --grid 1e13=w32:w128,2e13=w32:w192 --lr-from LR.json --out DIR \
                                  [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling/isoflop.py)
   python -m studies.scaling profiles --rows ROWS --out DIR   # -> DIR/profiles.json, profiles.md, isoflop.png, multiplier.png
+  python -m studies.scaling band --rows ROWS --out DIR       # -> DIR/band.json, band.md: every analysis choice
+  python -m studies.scaling transfer --rows LR_ROWS[,...] --out DIR   # -> DIR/transfer.json, transfer.md
 
 A sweep point is one run directory DIR/runs/<variant>-<size>-s<seed>, trained by
 `pretrain.train` with overrides; a finished point carries `sweep_done.json` and is
@@ -40,6 +42,9 @@ from pretrain.config import load_recipe
 
 from ..rows import read_rows
 from ..shared import check_variants, study_parser
+from .band import band
+from .band import report_markdown as band_markdown
+from .band import to_json as band_json
 from .fit import (
     JointFit,
     PowerLawFit,
@@ -54,7 +59,7 @@ from .fit import (
 )
 from .isoflop import run_isoflop
 from .ladder import LADDER, run_ladder, shape_overrides
-from .lr import lr_sweep
+from .lr import lr_sweep, sensitivity_table, transfer_sensitivity
 from .profiles import analyse, plot_multipliers, plot_profiles, report_markdown, shift_rows, to_json
 from .runs import (
     DONE,
@@ -269,6 +274,41 @@ def write_profiles(args: argparse.Namespace) -> int:
     pngs = [plot_profiles(result, out / "isoflop.png"), plot_multipliers(result, out / "multiplier.png")]
     print(md)
     print(f"wrote {out / 'profiles.json'}, {out / 'profiles.md'}, " + ", ".join(str(p) for p in pngs if p))
+    return 0
+
+
+def write_band(args: argparse.Namespace) -> int:
+    """The compute multiplier under every analysis choice (studies/scaling/band.py), as JSON and markdown."""
+    result = band(read_rows(args.rows), n_boot=args.boot, draws=args.draws)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = band_markdown(result)
+    (out / "band.json").write_text(json.dumps(band_json(result), indent=2))
+    (out / "band.md").write_text(md + "\n")
+    print(md)
+    print(f"wrote {out / 'band.json'}, {out / 'band.md'}")
+    return 0
+
+
+def write_transfer(args: argparse.Namespace) -> int:
+    """µP's transfer check again from lr-sweep rows, per seed and per window (studies/scaling/lr.py)."""
+    checks = {}
+    for path in args.rows.split(","):
+        rows = read_rows(path)
+        if not rows:
+            raise StudyError(f"--rows {path} holds no rows. Fix: the row log of an lr-sweep at two widths")
+        checks[Path(path).stem] = transfer_sensitivity(rows, draws=args.draws)
+    if not any(checks.values()):
+        raise StudyError(
+            f"--rows {args.rows}: no variant swept at two widths. Fix: an lr-sweep's --sizes w32,w128 rows"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = sensitivity_table(checks)
+    (out / "transfer.json").write_text(json.dumps(checks, indent=2))
+    (out / "transfer.md").write_text(md)
+    print(md)
+    print(f"wrote {out / 'transfer.json'}, {out / 'transfer.md'}")
     return 0
 
 
@@ -533,6 +573,19 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
     pr.add_argument("--device-check", help="rows of runs of the grid trained again on another device")
     pr.add_argument("--shift", help="VARIANT@DEVICE=NATS,...: move those rows' losses first (a sensitivity check)")
+    bd = sub.add_parser(
+        "band", help="the compute multiplier under every analysis choice, beside its interval (studies/scaling/band.py)"
+    )
+    bd.add_argument("--rows", required=True, help="the isoflop command's row log")
+    bd.add_argument("--out", required=True)
+    bd.add_argument("--boot", type=int, default=1000, help="bootstrap draws of the profiles (approach 2)")
+    bd.add_argument("--draws", type=int, default=200, help="parametric bootstrap draws of the joint fits (approach 3)")
+    tr = sub.add_parser(
+        "transfer", help="µP's transfer check again per seed and per window of the best rate (studies/scaling/lr.py)"
+    )
+    tr.add_argument("--rows", required=True, help="PATH[,PATH...]: lr-sweep row logs (each its own models)")
+    tr.add_argument("--out", required=True)
+    tr.add_argument("--draws", type=int, default=1000, help="bootstrap draws over seeds")
     rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
     rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")
     rc.add_argument("--runs", required=True, help="the study's runs/ directory")
@@ -556,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_isoflop(args)
         if args.cmd == "profiles":
             return write_profiles(args)
+        if args.cmd == "band":
+            return write_band(args)
+        if args.cmd == "transfer":
+            return write_transfer(args)
         if args.cmd == "recollect":
             given, gone = recollect(Path(args.rows), Path(args.runs))
             print(f"{args.rows}: {given} row(s) given new fields; {gone} without a run dir under {args.runs}")
