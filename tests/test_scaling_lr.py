@@ -220,6 +220,8 @@ def test_the_transfer_again_per_seed_and_per_window(tmp_path, capsys):
     (tmp_path / "lr_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["transfer", "--rows", str(tmp_path / "lr_rows.jsonl"), "--out", str(tmp_path / "t")]) == 0
     assert "| lr_rows | standard | w32 → w128 | 3 | ±2 |" in (tmp_path / "t" / "transfer.md").read_text()
+    one_rate = [{**r, "lr": 1e-2} for r in rows]  # e.g. a grid's rows: one rate per width, no sweep
+    assert transfer_sensitivity(one_rate) == {}
     (tmp_path / "empty.jsonl").write_text("")
     assert main(["transfer", "--rows", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "t")]) != 0
     assert capsys.readouterr().err.startswith("error: --rows")

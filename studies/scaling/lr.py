@@ -202,7 +202,8 @@ def transfer_sensitivity(rows: list[dict[str, Any]], halves: tuple[int, ...] = (
     """The transfer check of an lr-sweep's rows again, per variant swept at two widths: for each window
     of the best-rate parabola (`half` rates on either side of the lowest; 1 is the rule's), the ratio of
     the seed-mean curves' best rates (the rule's verdict, within sqrt(2)), its bootstrap interval over
-    seeds, and each seed's own ratio; a best rate at an edge of the grid is that rate, flagged."""
+    seeds, and each seed's own ratio; a best rate at an edge of the grid is that rate, flagged. A
+    variant with fewer than 3 rates at either width is no sweep and is left out."""
     out = {}
     for variant, found in seed_curves(rows).items():
         per_seed = found["per_seed"]
@@ -211,6 +212,8 @@ def transfer_sensitivity(rows: list[dict[str, Any]], halves: tuple[int, ...] = (
             continue
         narrow, wide = sizes[0], sizes[-1]
         grids = {s: sorted(lr for _, z, lr in per_seed if z == s) for s in (narrow, wide)}
+        if any(len(g) < 3 for g in grids.values()):  # not a sweep of rates (a best rate needs 3)
+            continue
         windows = {}
         for half in halves:
 
