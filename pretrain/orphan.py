@@ -6,7 +6,7 @@ and writing into a run dir that a restarted job owns. A rank sends itself SIGTER
 * its parent (DeepSpeed's launch.py, torchrun, slurmstepd) dies: PR_SET_PDEATHSIG on Linux, a poll of
   the parent PID elsewhere; launched ranks only (LOCAL_RANK set), so a plain `nohup python -m
   pretrain.train` survives its shell;
-* the launch.sh that started the job, or the study that started the run (studies/scaling_runs.py), dies:
+* the launch.sh that started the job, or the study that started the run (studies/scaling/runs.py), dies:
   it exports LAUNCHER_ENV="HOST PID", polled on that host only.
 The per-step all-reduce of the stop flag makes every rank stop when one notices.
 """

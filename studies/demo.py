@@ -40,7 +40,7 @@ from pretrain.config import load_recipe
 from pretrain.metrics import last_step, read_metrics
 
 from .retrieval import mode_guess_exact
-from .scaling_runs import DONE, run_chains, threads_per_job, train_once
+from .scaling.runs import DONE, run_chains, threads_per_job, train_once
 from .shared import check_variants, label_axes, names, seed_overrides, study_parser
 from .spread import Spread
 
@@ -128,7 +128,7 @@ def train_all(
     out: Path, tasks, variants: list[str], scale: float, parallel: int, seeds: int = 1
 ) -> dict[tuple[str, str, int], Path]:
     """Train every (task, variant, seed index) as its own process, `parallel` at a time (the studies'
-    launcher, studies/scaling_runs.py), with one progress bar over their steps."""
+    launcher, studies/scaling/runs.py), with one progress bar over their steps."""
     jobs = [(t, v, i) for i in range(seeds) for t in tasks for v in variants]
     total = {(t.name, v): max(1, int(load_recipe(t.recipe).max_steps * scale)) for t in tasks for v in variants}
     running: set[str] = set()  # labels of the runs in progress, shared with the progress watcher

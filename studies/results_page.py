@@ -36,7 +36,7 @@ from pretrain.config import load_recipe
 
 from . import arithmetic, induction, parity, retrieval
 from .rows import read_rows
-from .scaling_profiles import paired_gaps
+from .scaling.profiles import paired_gaps
 from .spread import Spread
 
 # the (pairs, values) docs/results/retrieval.md gives baselines for

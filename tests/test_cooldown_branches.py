@@ -14,7 +14,7 @@ from conftest import read_losses
 from pretrain.config import load_recipe
 from pretrain.loop import lr_at
 from pretrain.train import train
-from studies.scaling import branch_overrides
+from studies.scaling.ladder import branch_overrides
 
 RECIPE = "recipes/tiny_cpu.yaml"
 BASE = [

@@ -14,7 +14,7 @@ from conftest import REPO
 
 from studies.demo import CONTEXT_GUESS, KV, MODADD, aggregate, main, table, verdict
 from studies.retrieval import mode_guess_exact
-from studies.scaling_runs import DONE
+from studies.scaling.runs import DONE
 from studies.spread import Spread
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 
 from studies.rows import read_rows
-from studies.scaling_runs import ATTEMPTS, DONE
+from studies.scaling.runs import ATTEMPTS, DONE
 
 # A stand-in rank: the trainer's SIGTERM handler, then the one call pretrain.train makes at startup.
 RANK = """
@@ -84,13 +84,13 @@ def test_parent_death_signal_only_for_launched_ranks():
     assert launched.communicate(timeout=40)[0].split() == ["ready", "False", str(int(signal.SIGTERM)), "timeout"]
 
 
-# A study driver (studies/scaling_runs.py) training one long run as its own process, as a study does
+# A study driver (studies/scaling/runs.py) training one long run as its own process, as a study does
 # (run_chains under run_cli).
 DRIVER = """
 import sys
 from pathlib import Path
 from common.cli import run_cli
-from studies.scaling_runs import run_chains, train_once
+from studies.scaling.runs import run_chains, train_once
 run = Path(sys.argv[1])
 args = ["--recipe", "recipes/tiny_cpu.yaml", "--run-dir", str(run), "train.max_steps=100000",
         "train.eval_every_steps=0", "checkpoint.every_steps=0", "logging.every_steps=1", "logging.tensorboard=false"]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from common.errors import StudyError
-from studies.scaling import main
-from studies.scaling_fit import (
+from studies.scaling.cli import main
+from studies.scaling.fit import (
     JOINT_PARAMS,
     JointFit,
     fit_joint,

@@ -14,9 +14,10 @@ from fixtures import source_corpus
 
 from common.errors import StudyError
 from studies.rows import append_row, read_rows
-from studies.scaling import main
-from studies.scaling_isoflop import more_seeds, only_chains, parse_grid, plan_isoflop, transfer_rates
-from studies.scaling_runs import merge_share
+from studies.scaling.cli import main
+from studies.scaling.isoflop import more_seeds, only_chains, parse_grid, plan_isoflop, transfer_rates
+from studies.scaling.ladder import LadderRun
+from studies.scaling.runs import RUN_NAME, chain_name, merge_share, run_name
 
 MUP = [
     "model.parametrization=mup",
@@ -276,3 +277,14 @@ def test_a_grid_split_across_machines_trains_its_chains_and_merges_whole_ones(co
     assert capsys.readouterr().err.startswith("error: --chains standard-w64-s0: not in ")
     assert main(["merge", "--rows", str(tmp_path / "absent.jsonl"), "--share", str(theirs)]) != 0
     assert capsys.readouterr().err.startswith("error: ") and not (tmp_path / "absent.jsonl").exists()
+
+
+def test_one_naming_rule_names_runs_and_finds_their_chains():
+    """A plan's names, a row's parsed fields and a merge's chains all come from `run_name`: a branch's chain
+    is its stable run, and a name outside the rule is its own chain."""
+    branch = LadderRun("frozen_qk", "w64", 2, 3000, 2462)
+    assert branch.name == run_name("frozen_qk", "w64", 2, 2462) == "frozen_qk-w64-s2-b2462"
+    assert branch.stable_name == chain_name(branch.name) == chain_name(branch.stable_name) == "frozen_qk-w64-s2"
+    m = RUN_NAME.match(branch.name)
+    assert (m["variant"], m["size"], m["seed"], m["branch"]) == ("frozen_qk", "w64", "2", "2462")
+    assert run_name("mixit", "w48") == "mixit-w48" and chain_name("standard-w32-lr0.01") == "standard-w32-lr0.01"

@@ -10,9 +10,9 @@ import pytest
 from fixtures import source_corpus
 
 from common.errors import StudyError
-from studies.scaling import main
-from studies.scaling_ladder import LADDER, branch_steps, non_embedding_params, plan_ladder
-from studies.scaling_runs import collect_run
+from studies.scaling.cli import main
+from studies.scaling.ladder import LADDER, branch_steps, non_embedding_params, plan_ladder
+from studies.scaling.runs import collect_run
 
 LADDER_ARGS = [
     "ladder",

@@ -10,9 +10,17 @@ import random
 import pytest
 
 from common.errors import StudyError
-from studies.scaling import main
-from studies.scaling_ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
-from studies.scaling_lr import choose_rates, extra_rates, lr_table, rate_overrides, rate_rule, transfer_check
+from studies.scaling.cli import main
+from studies.scaling.ladder import LADDER, ladder_rates, non_embedding_params, plan_ladder
+from studies.scaling.lr import (
+    choose_rates,
+    extra_rates,
+    lr_table,
+    rate_overrides,
+    rate_rule,
+    transfer_check,
+    transfer_sensitivity,
+)
 
 GRID = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
 
@@ -185,6 +193,46 @@ def test_transfer_interval_comes_from_the_seeds():
     assert math.log(noisy["ratio_interval"][1] / noisy["ratio_interval"][0]) > 3 * math.log(hi / lo)
     one = transfer_check(choose_rates(means), "mup", {k: v[:1] for k, v in per_seed.items()})["standard"]
     assert "ratio_interval" not in one and "seeds" not in one
+
+
+def test_the_transfer_again_per_seed_and_per_window(tmp_path, capsys):
+    """From an lr-sweep's rows: the rule's window (±1) gives the rule's ratio and its interval over the
+    seeds; each seed's own ratio is its curves' alone; a wider window (±2) is a parabola through five
+    rates. On curves that are parabolas in log(lr) every window finds the truth."""
+    grid = [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2]
+    truth = {"w32": 5e-3, "w128": 1.2e-2}
+    rows = [
+        {"variant": "standard", "size": size, "lr": lr, "seed": 1234 + k,
+         "final_val_loss": 3.0 + 0.1 * math.log(lr / best) ** 2 + 0.01 * k * (size == "w128")}
+        for size, best in truth.items() for lr in grid for k in range(3)
+    ]  # fmt: skip
+    rows.append({**rows[0], "seed": 9})  # a seed with one point: not a curve, left out
+    found = transfer_sensitivity(rows, draws=50)["standard"]
+    assert found["seeds"] == [1234, 1235, 1236] and (found["narrow"], found["wide"]) == ("w32", "w128")
+    for half, w in found["windows"].items():
+        assert w["ratio"] == pytest.approx(2.4, rel=1e-6) and not w["holds"] and not w["edge"]
+        assert [s["ratio"] for s in w["per_seed"]] == pytest.approx([2.4] * 3, rel=1e-6)
+        assert w["ratio_interval"] == pytest.approx([2.4, 2.4], rel=1e-6)
+    means = {k: sum(x) / len(x) for k, x in _per_seed(rows).items()}
+    assert found["windows"][1]["ratio"] == pytest.approx(
+        transfer_check(choose_rates(means), "mup")["standard"]["rate_ratio"]
+    )
+    (tmp_path / "lr_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["transfer", "--rows", str(tmp_path / "lr_rows.jsonl"), "--out", str(tmp_path / "t")]) == 0
+    assert "| lr_rows | standard | w32 → w128 | 3 | ±2 |" in (tmp_path / "t" / "transfer.md").read_text()
+    one_rate = [{**r, "lr": 1e-2} for r in rows]  # e.g. a grid's rows: one rate per width, no sweep
+    assert transfer_sensitivity(one_rate) == {}
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["transfer", "--rows", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "t")]) != 0
+    assert capsys.readouterr().err.startswith("error: --rows")
+
+
+def _per_seed(rows):
+    out = {}
+    for r in rows:
+        if r["seed"] != 9:
+            out.setdefault((r["variant"], r["size"], r["lr"]), []).append(r["final_val_loss"])
+    return out
 
 
 def test_extra_rates_extend_one_variants_grid_only():

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from common.errors import StudyError
-from studies.scaling import main
-from studies.scaling_profiles import (
+from studies.scaling.cli import main
+from studies.scaling.profiles import (
     analyse,
     plot_multipliers,
     reached_by,
@@ -117,6 +117,9 @@ def test_the_bound_from_rows_reads_standards_stable_curves_averaged_over_seeds()
     assert reached_by(curve, 4.5, 1e13) == pytest.approx(0.1)
     assert reached_by(curve, 4.1, 1e13) == pytest.approx(0.12)
     assert reached_by(curve, 3.9, 1e13) is None
+    # a row's curve is the pooled loss: one validation set's curve has the runs' ends only
+    per_set = [{**r, "val_loss/gcide": 3.0} for r in rows]
+    assert sorted(standard_curve(per_set, "val_loss/gcide")) == [(1e12, 3.0), (1.2e12, 3.0)]
 
 
 def test_an_optimum_beyond_the_sizes_is_not_identified_and_leaves_the_laws(tmp_path):

@@ -5,7 +5,7 @@ import json
 import shlex
 
 from pretrain.config import load_recipe
-from studies.scaling import main
+from studies.scaling.cli import main
 
 
 def test_sweep_collect_fit(tmp_path):

@@ -15,7 +15,7 @@ import time
 from conftest import REPO, read_losses
 
 from checkpoint import tag_format as ckpt
-from studies.scaling import main
+from studies.scaling.cli import main
 
 SRUN = """#!/bin/bash
 # srun stand-in: one task on this machine, with the variables srun gives it

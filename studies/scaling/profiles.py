@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from eval.report import markdown_table
 LEVEL = 0.95
 HALF_WINDOW = 2  # a profile's parabola: the lowest size and two on either side
 STANDARD = "standard"
+POOLED = "final_val_loss"  # the loss over every validation set's tokens, which `val_curve` records too
 
 
 @dataclass
@@ -73,10 +75,10 @@ def local_fit(logN: np.ndarray, loss: np.ndarray, half: int = HALF_WINDOW) -> tu
     return keep, np.polyfit(logN[keep], loss[keep], 2)
 
 
-def vertex(logN: np.ndarray, loss: np.ndarray) -> tuple[float, float] | None:
+def vertex(logN: np.ndarray, loss: np.ndarray, half: int = HALF_WINDOW) -> tuple[float, float] | None:
     """(log N*, L*) of the local parabola, or None when the lowest loss is at an end of the sizes, the
     parabola opens downward or its vertex lies outside the sizes it was fitted to."""
-    fit = local_fit(logN, loss)
+    fit = local_fit(logN, loss, half)
     if fit is None:
         return None
     keep, (a, b, c) = fit
@@ -123,7 +125,7 @@ def profiles_from_rows(rows: list[dict[str, Any]], metric: str = "final_val_loss
     return dict(out)
 
 
-def seed_noise(profiles: dict[float, Profile]) -> tuple[float, str]:
+def seed_noise(profiles: dict[float, Profile], half: int = HALF_WINDOW) -> tuple[float, str]:
     """The pooled standard deviation of a variant's losses over seeds at one (budget, size); the fits'
     residual one where no size has two seeds."""
     ss, dof = 0.0, 0
@@ -136,7 +138,7 @@ def seed_noise(profiles: dict[float, Profile]) -> tuple[float, str]:
     if dof:
         return math.sqrt(ss / dof), f"seeds (pooled over {dof} degrees of freedom)"
     for p in profiles.values():
-        fit = local_fit(p.logN, p.loss)
+        fit = local_fit(p.logN, p.loss, half)
         if fit is not None and fit[0].sum() > 3:
             keep, coef = fit
             ss += float(np.sum((p.loss[keep] - np.polyval(coef, p.logN[keep])) ** 2))
@@ -146,21 +148,24 @@ def seed_noise(profiles: dict[float, Profile]) -> tuple[float, str]:
     return math.sqrt(ss / dof), f"parabola residuals ({dof} degrees of freedom; no size has 2 seeds yet)"
 
 
-def fit_profiles(profiles: dict[float, Profile], sigma: float, n_boot: int, rng: np.random.Generator) -> None:
-    """Each profile's vertex and its bootstrap draws (NaN where a draw has no vertex inside the sizes)."""
+def fit_profiles(
+    profiles: dict[float, Profile], sigma: float, n_boot: int, rng: np.random.Generator, half: int = HALF_WINDOW
+) -> None:
+    """Each profile's vertex and its bootstrap draws (NaN where a draw has no vertex inside the sizes);
+    `half`: the sizes on either side of the lowest that its parabola takes."""
     for p in profiles.values():
         if len(set(p.sizes)) < 3:
             p.status = f"not identified: {len(set(p.sizes))} sizes (a parabola needs 3)"
             continue
-        p.vertex = vertex(p.logN, p.loss)
+        p.vertex = vertex(p.logN, p.loss, half)
         if p.vertex is None:
             p.status = "not identified: the lowest loss is at an edge of the sizes run (or the profile is not convex)"
             continue
         if not math.isfinite(sigma):
             continue
-        keep, coef = local_fit(p.logN, p.loss)
+        keep, coef = local_fit(p.logN, p.loss, half)
         logN, fitted = p.logN[keep], np.polyval(coef, p.logN[keep])
-        draws = [vertex(logN, fitted + rng.normal(0, sigma, len(fitted))) for _ in range(n_boot)]
+        draws = [vertex(logN, fitted + rng.normal(0, sigma, len(fitted)), half) for _ in range(n_boot)]
         p.draws = np.array([d if d is not None else (np.nan, np.nan) for d in draws])
         edge = float(np.mean(np.isnan(p.draws[:, 0])))
         if edge > 1 - LEVEL:
@@ -219,12 +224,14 @@ def multiplier(standard_law: dict[str, Any], loss: float, budget: float) -> floa
 
 def standard_curve(rows: list[dict[str, Any]], metric: str) -> list[tuple[float, float]]:
     """(FLOPs, loss) at every validation of standard's runs: each stable run's curve (constant rate, no
-    cooldown) and each branch's end, the mean over seeds at the same (size, branch, step)."""
+    cooldown) and each branch's end, the mean over seeds at the same (size, branch, step). A row's
+    `val_curve` holds the pooled validation loss, so another metric (one validation set's) has the
+    branches' ends only."""
     points: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         if r.get("variant") != STANDARD:
             continue
-        curve = r.get("val_curve") or (
+        curve = (r.get("val_curve") if metric == POOLED else None) or (
             [[r["steps"], r["flops"], r[metric]]] if isinstance(r.get(metric), (int, float)) else []
         )
         for step, flops, loss in curve:
@@ -249,6 +256,30 @@ def compute_multipliers(
     if STANDARD not in law or "error" in law[STANDARD]:
         return {}
     std = law[STANDARD]["L"]
+
+    def by_draw(j: int, loss: float) -> float:
+        i, s = std["draws"][j]
+        return math.exp((math.log(loss) - i) / s) if np.isfinite(loss) and np.isfinite(s) else np.nan
+
+    return invert_multipliers(
+        fits, lambda loss: multiplier(std, loss, 1.0), by_draw, len(std["draws"]), curve, extrapolates=True
+    )
+
+
+def invert_multipliers(
+    fits: dict[str, dict[float, Profile]],
+    compute_at: Callable[[float], float],
+    compute_at_draw: Callable[[int, float], float],
+    n_draws: int,
+    curve: list[tuple[float, float]],
+    extrapolates: bool,
+) -> dict[str, Any]:
+    """The multipliers of every variant through one map of standard's compute to reach a loss
+    (`compute_at`; `compute_at_draw(j, loss)` its bootstrap draw j, paired with each variant's draw j; NaN
+    where a map has no value). A map that `extrapolates` gives a value beyond standard's measured optima,
+    flagged; one that does not leaves the multiplier out there ("outside"). Above those optima the bound
+    from `curve` (standard_curve) stands beside it. The trend: log10(multiplier) per decade of C through
+    the budgets with a multiplier."""
     measured = [p.vertex[1] for p in fits[STANDARD].values() if p.vertex is not None]
     out: dict[str, Any] = {}
     for variant, profiles in fits.items():
@@ -258,26 +289,21 @@ def compute_multipliers(
         for c, p in sorted(profiles.items()):
             if p.vertex is None:
                 continue
-            m = multiplier(std, p.vertex[1], c)
-            n = min(len(p.draws), len(std["draws"]))
-            md = np.array(
-                [
-                    math.exp((math.log(p.draws[j, 1]) - std["draws"][j, 0]) / std["draws"][j, 1]) / c
-                    if np.isfinite(p.draws[j, 1]) and np.isfinite(std["draws"][j, 1])
-                    else np.nan
-                    for j in range(n)
-                ]
-            )
+            inside = min(measured) <= p.vertex[1] <= max(measured)
+            m = compute_at(p.vertex[1]) / c if inside or extrapolates else math.nan
+            n = min(len(p.draws), n_draws)
+            md = np.array([compute_at_draw(j, p.draws[j, 1]) / c for j in range(n)]) if math.isfinite(m) else []
             per_budget[c] = {
                 "multiplier": m,
-                "interval": interval(md),
-                "extrapolated": not min(measured) <= p.vertex[1] <= max(measured),
+                "interval": interval(np.asarray(md, dtype=float)),
+                "extrapolated": not inside,
             }
             if p.vertex[1] > max(measured):
                 per_budget[c]["at_most"] = reached_by(curve, p.vertex[1], c)
-            log10C.append(math.log10(c))
-            central.append(math.log10(m))
-            draws.append(np.log10(md))
+            if math.isfinite(m):
+                log10C.append(math.log10(c))
+                central.append(math.log10(m))
+                draws.append(np.log10(md) if len(md) else np.full(0, np.nan))
         trend = None
         if len(log10C) >= 2:
             x = np.array(log10C)
@@ -345,22 +371,23 @@ def paired_gaps(rows: list[dict[str, Any]], metric: str, rng: np.random.Generato
 
 def analyse(
     rows: list[dict[str, Any]],
-    metric: str = "final_val_loss",
+    metric: str = POOLED,
     n_boot: int = 1000,
     seed: int = 0,
     again: list[dict[str, Any]] | None = None,
+    half: int = HALF_WINDOW,
 ) -> dict:
-    """Everything above from the rows (and `again`: a device check's rows); JSON-ready but for the
-    bootstrap arrays (dropped by `to_json`)."""
+    """Everything above from the rows (and `again`: a device check's rows; `half`: each parabola's sizes
+    on either side of the lowest); JSON-ready but for the bootstrap arrays (dropped by `to_json`)."""
     rng = np.random.default_rng(seed)
     fits = profiles_from_rows(rows, metric)
     if not fits:
         raise StudyError("no IsoFLOP rows (cooled branches with a budget). Fix: run `studies.scaling isoflop` first")
     noise, law = {}, {}
     for variant, profiles in fits.items():
-        sigma, source = seed_noise(profiles)
+        sigma, source = seed_noise(profiles, half)
         noise[variant] = {"sigma": sigma, "from": source}
-        fit_profiles(profiles, sigma, n_boot, rng)
+        fit_profiles(profiles, sigma, n_boot, rng, half)
         law[variant] = laws(profiles)
     return {
         "profiles": fits,

@@ -37,7 +37,7 @@ from pretrain.metrics import read_metrics
 from pretrain.orphan import LAUNCHER_ENV
 from pretrain.run_dir import read_config
 
-from .rows import append_row, read_rows, update_rows
+from ..rows import append_row, read_rows, update_rows
 
 DONE = "sweep_done.json"  # a finished run: the wall and CPU seconds of all its processes, and the study's record
 ATTEMPTS = "attempts.jsonl"  # one row per training process of a run, finished or not: its seconds and exit code
@@ -47,7 +47,23 @@ _RUNNING: set[subprocess.Popen] = set()  # the runs' processes in flight
 # shell, which has exec'd launch.sh, so every rank checkpoints and the job is requeued (launch.sh), and
 # the requeued job's log appended to its first one.
 SLURM_REQUEUE = ("--signal=B:USR1@300", "--requeue", "--open-mode=append")
+# The naming rule of a study's runs, in one place: a stable run (a chain's first) is VARIANT-SIZE-sSEED, its
+# cooldown branch from step S the same name with -bS; a chain is named after its stable run.
 RUN_NAME = re.compile(r"^(?P<variant>.+?)-(?P<size>[^-]+)-s(?P<seed>\d+)(?:-b(?P<branch>\d+))?$")
+
+
+def run_name(variant: str, size: str, seed: int | None = None, branch_step: int | None = None) -> str:
+    """A run's name (RUN_NAME's rule); without a seed, the prefix every seed's chain of (variant, size)
+    shares, as `isoflop --chains` takes it."""
+    name = f"{variant}-{size}" if seed is None else f"{variant}-{size}-s{seed}"
+    return name if branch_step is None else f"{name}-b{branch_step}"
+
+
+def chain_name(run: str) -> str:
+    """The chain a run belongs to, its stable run's name: a branch's name less its -bSTEP (a name outside
+    the rule is its own chain)."""
+    m = RUN_NAME.match(run)
+    return run_name(m["variant"], m["size"], int(m["seed"])) if m and m["branch"] else run
 
 
 def write_array_script(script: Path, job_name: str, arg_lines: list[str], args_file: Path, what: str) -> None:
@@ -235,7 +251,7 @@ def collect_run(run_dir: Path) -> dict[str, Any] | None:
         "final_val_loss": val[-1][1] if val else None,
         "best_val_loss": min(v for _, v in val) if val else None,
         # every validation as [step, FLOPs to that step, loss]: a stable run's curve says what loss its
-        # variant reached at each compute, the law-free bound of studies/scaling_profiles.py
+        # variant reached at each compute, the law-free bound of studies/scaling/profiles.py
         "val_curve": [[s, flops_through(s), v] for s, v in val],
         "wall_seconds": timing.get("seconds"),
         "cpu_seconds": timing.get("cpu_seconds"),
@@ -288,7 +304,7 @@ def merge_share(rows_path: Path, share_path: Path, only: list[str] | None = None
             raise StudyError(f"{path} does not exist. Fix: {what}")
     chains: dict[str, list[dict[str, Any]]] = {}
     for row in read_rows(share_path):
-        chains.setdefault(re.sub(r"-b\d+$", "", row["run"]), []).append(row)  # its stable run's name
+        chains.setdefault(chain_name(row["run"]), []).append(row)
     if only is not None:
         if missing := [n for n in only if n not in chains]:
             raise StudyError(f"--chains {','.join(missing)}: not in {share_path}. Fix: stable-run names of its rows")

@@ -41,15 +41,21 @@ class PowerLawFit:
     def to_dict(self) -> dict:
         return {**asdict(self), "not_identified": self.not_identified()}
 
-    def not_identified(self) -> list[str]:
-        """Why the fit does not determine the law, if it does not (JointFit's rule): a parameter at a bound
-        of the search (E at 0 or at the lowest loss, alpha at 0 or 5), or a 90 % interval (1.645 standard
-        errors either side) reaching 0 or spanning more than a decade."""
+    def at_bounds(self) -> list[str]:
+        """The parameters at a bound of the search (E at 0 or at the lowest loss, alpha at 0 or 5): the fit
+        is degenerate, a law of another form."""
         reasons = []
         if self.E <= 1e-3 or self.E >= self.E_max - 1e-3:
             reasons.append(f"E at its bound {'0' if self.E <= 1e-3 else 'the lowest loss'} ({self.E:.3g})")
         if self.alpha <= 1e-3 or self.alpha >= 5 - 1e-3:
             reasons.append(f"alpha at its bound {5 if self.alpha >= 5 - 1e-3 else 0} ({self.alpha:.3g})")
+        return reasons
+
+    def not_identified(self) -> list[str]:
+        """Why the fit does not determine the law, if it does not (JointFit's rule): a parameter at a bound
+        of the search (`at_bounds`), or a 90 % interval (1.645 standard errors either side) reaching 0 or
+        spanning more than a decade."""
+        reasons = self.at_bounds()
         for k in ("E", "A", "alpha"):
             value, err = getattr(self, k), getattr(self, f"{k}_err")
             low, high = value - 1.645 * err, value + 1.645 * err
@@ -195,9 +201,8 @@ class JointFit:
     def to_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "samples"}, "not_identified": self.not_identified()}
 
-    def not_identified(self) -> list[str]:
-        """Why the fit does not determine the law, if it does not: a parameter at a bound of the search
-        (E at 0, an exponent at 0 or 5), or a bootstrap interval spanning more than a decade."""
+    def at_bounds(self) -> list[str]:
+        """The parameters at a bound of the search (E at 0, an exponent at 0 or 5): the fit is degenerate."""
         reasons = []
         if self.E <= 1e-3:
             reasons.append(f"E at its bound 0 ({self.E:.2g})")
@@ -205,6 +210,12 @@ class JointFit:
             value = getattr(self, k)
             if value <= low + 1e-3 or value >= high - 1e-3:
                 reasons.append(f"{k} at its bound {high if value >= high - 1e-3 else low:g} ({value:.3g})")
+        return reasons
+
+    def not_identified(self) -> list[str]:
+        """Why the fit does not determine the law, if it does not: a parameter at a bound of the search
+        (`at_bounds`), or a bootstrap interval spanning more than a decade."""
+        reasons = self.at_bounds()
         for k, (low, high) in self.intervals.items():
             if low <= 0 or high / low > 10:
                 reasons.append(f"{k}'s interval [{low:.3g}, {high:.3g}] spans more than a decade")
@@ -321,6 +332,32 @@ def fit_joint(N, D, L, *, n_boot: int = 200, seed: int = 0, delta: float = HUBER
             values = np.array([s[k] for s in samples])
             fit.intervals[k] = [float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))]
     return fit
+
+
+def parametric_samples(
+    fit: JointFit, N, D, n: int, seed: int = 0, delta: float = HUBER_DELTA, level: float = 0.9
+) -> list[dict[str, float]]:
+    """A parametric bootstrap of `fit`: `n` refits to its own predictions at the points (N, D) with
+    Gaussian noise of its residual scale in log loss (`rmse_log`), each from the fit and a coarse linear
+    start (as `fit_joint`'s resamples). Unlike resampling points, every draw keeps every size and budget
+    (an IsoFLOP grid's frontier needs them all). Sets `fit.intervals` (`level`) from the draws."""
+    N, D = np.asarray(N, dtype=float), np.asarray(D, dtype=float)
+    logN, logD = np.log(N), np.log(D)
+    p = fit.params()
+    theta = np.array([math.log(p["A"]), p["alpha"], math.log(p["B"]), p["beta"], math.log(p["E"])])
+    mean = np.log(fit.predict(N, D))
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n):
+        logL = mean + rng.normal(0.0, fit.rmse_log, len(mean))
+        t, _ = _minimise([theta, _linear_start(N, D, np.exp(logL), _EXPONENTS[::2])], logN, logD, logL, delta)
+        samples.append(_named(t))
+    tail = 50 * (1 - level)
+    if samples:
+        fit.intervals = {
+            k: [float(np.percentile([s[k] for s in samples], q)) for q in (tail, 100 - tail)] for k in JOINT_PARAMS
+        }
+    return samples
 
 
 def _named(theta: np.ndarray) -> dict[str, float]:

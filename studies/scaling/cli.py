@@ -1,4 +1,4 @@
-"""Scaling studies of the variants: sweep, collect, fit.
+"""The scaling studies' command line (`python -m studies.scaling`): sweep, collect, fit, and the rest.
 
   python -m studies.scaling sweep   --recipe R --variants standard,frozen_qk,mixit --sizes tiny,xs,s \
                                  --tokens N [--seeds K] --out DIR [--slurm] [key=value ...]
@@ -8,8 +8,10 @@
                                  --out DIR [--max-tokens T] [--more-seeds n27k=2,n214k=2] [--lr-from LR.json] [--slurm] [key=value ...]
   python -m studies.scaling lr-sweep --recipe R --sizes n27k,n90k,n214k --lrs 1e-3,...,1.6e-2 [--seeds K] --out DIR   # -> DIR/lr.json
   python -m studies.scaling isoflop --recipe R --grid 1e13=w32:w128,2e13=w32:w192 --lr-from LR.json --out DIR \
-                                 [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling_isoflop.py)
+                                 [--more-seeds w64=3] [--plan-only] [key=value ...]   (studies/scaling/isoflop.py)
   python -m studies.scaling profiles --rows ROWS --out DIR   # -> DIR/profiles.json, profiles.md, isoflop.png, multiplier.png
+  python -m studies.scaling band --rows ROWS --out DIR       # -> DIR/band.json, band.md: every analysis choice
+  python -m studies.scaling transfer --rows LR_ROWS[,...] --out DIR   # -> DIR/transfer.json, transfer.md
 
 A sweep point is one run directory DIR/runs/<variant>-<size>-s<seed>, trained by
 `pretrain.train` with overrides; a finished point carries `sweep_done.json` and is
@@ -25,7 +27,6 @@ import csv
 import json
 import math
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,12 @@ from eval.report import markdown_table
 from model import PRESETS
 from pretrain.config import load_recipe
 
-from .rows import read_rows
-from .scaling_fit import (
+from ..rows import read_rows
+from ..shared import check_variants, study_parser
+from .band import band
+from .band import report_markdown as band_markdown
+from .band import to_json as band_json
+from .fit import (
     JointFit,
     PowerLawFit,
     fit_joint,
@@ -52,23 +57,21 @@ from .scaling_fit import (
     plot_fits,
     plot_frontier,
 )
-from .scaling_isoflop import run_isoflop
-from .scaling_ladder import LADDER, branch_overrides, run_ladder, shape_overrides
-from .scaling_lr import lr_sweep
-from .scaling_profiles import analyse, plot_multipliers, plot_profiles, report_markdown, shift_rows, to_json
-from .scaling_runs import (
+from .isoflop import run_isoflop
+from .ladder import LADDER, run_ladder, shape_overrides
+from .lr import lr_sweep, sensitivity_table, transfer_sensitivity
+from .profiles import analyse, plot_multipliers, plot_profiles, report_markdown, shift_rows, to_json
+from .runs import (
     DONE,
     RowLog,
     collect_run,
     merge_share,
     recollect,
+    run_name,
     tracker_overrides,
     train_once,
     write_array_script,
 )
-from .shared import check_variants, study_parser
-
-__all__ = ["branch_overrides", "main"]
 
 
 @dataclass
@@ -79,7 +82,7 @@ class Point:
 
     @property
     def name(self) -> str:
-        return f"{self.variant}-{self.size}-s{self.seed}"
+        return run_name(self.variant, self.size, self.seed)
 
     def overrides(self, tokens: int | None) -> list[str]:
         shape = shape_overrides(self.size) if self.size in LADDER else [f"model.preset={self.size}"]
@@ -274,6 +277,41 @@ def write_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_band(args: argparse.Namespace) -> int:
+    """The compute multiplier under every analysis choice (studies/scaling/band.py), as JSON and markdown."""
+    result = band(read_rows(args.rows), n_boot=args.boot, draws=args.draws)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = band_markdown(result)
+    (out / "band.json").write_text(json.dumps(band_json(result), indent=2))
+    (out / "band.md").write_text(md + "\n")
+    print(md)
+    print(f"wrote {out / 'band.json'}, {out / 'band.md'}")
+    return 0
+
+
+def write_transfer(args: argparse.Namespace) -> int:
+    """µP's transfer check again from lr-sweep rows, per seed and per window (studies/scaling/lr.py)."""
+    checks = {}
+    for path in args.rows.split(","):
+        rows = read_rows(path)
+        if not rows:
+            raise StudyError(f"--rows {path} holds no rows. Fix: the row log of an lr-sweep at two widths")
+        checks[Path(path).stem] = transfer_sensitivity(rows, draws=args.draws)
+    if not any(checks.values()):
+        raise StudyError(
+            f"--rows {args.rows}: no variant swept at two widths. Fix: an lr-sweep's --sizes w32,w128 rows"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = sensitivity_table(checks)
+    (out / "transfer.json").write_text(json.dumps(checks, indent=2))
+    (out / "transfer.md").write_text(md)
+    print(md)
+    print(f"wrote {out / 'transfer.json'}, {out / 'transfer.md'}")
+    return 0
+
+
 def power_law_points(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The rows of L(N) and of L(C). A sweep's rows serve both. Of a ladder, only runs that ended at
     min_lr count (a stable run's loss is at the peak rate), and L(N) takes each (variant, size, seed)'s
@@ -460,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     fi.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the joint fit L(N, D)")
     la = trainer(
         "ladder",
-        "stable runs and their cooldown branches (studies/scaling_ladder.py)",
+        "stable runs and their cooldown branches (studies/scaling/ladder.py)",
         ",".join(LADDER),
         f"ladder sizes: {', '.join(LADDER)}",
     )
@@ -476,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
     lr = trainer(
         "lr-sweep",
-        "a rate grid per variant at the smaller sizes, and the rule (studies/scaling_lr.py)",
+        "a rate grid per variant at the smaller sizes, and the rule (studies/scaling/lr.py)",
         "n27k,n90k,n214k",
     )
     lr.add_argument(
@@ -493,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="seeds per point (seed i: the recipe's + i); >= 2 gives the transfer an interval",
     )
-    iso = trainer("isoflop", "IsoFLOP profiles at fixed batch under µP (studies/scaling_isoflop.py)", None)
+    iso = trainer("isoflop", "IsoFLOP profiles at fixed batch under µP (studies/scaling/isoflop.py)", None)
     iso.add_argument("--grid", required=True, help="BUDGET=FIRST:LAST,...: FLOPs and the widths each holds")
     iso.add_argument(
         "--standard-grid", help="BUDGET=FIRST:LAST,...: budgets standard alone trains too (its curve at lower loss)"
@@ -529,12 +567,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     iso.add_argument("--plan-only", action="store_true", help="print the runs and their FLOPs, train nothing")
     iso.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
-    pr = sub.add_parser("profiles", help="IsoFLOP optima, laws, compute multipliers (studies/scaling_profiles.py)")
+    pr = sub.add_parser("profiles", help="IsoFLOP optima, laws, compute multipliers (studies/scaling/profiles.py)")
     pr.add_argument("--rows", required=True, help="the isoflop command's row log")
     pr.add_argument("--out", required=True)
     pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
     pr.add_argument("--device-check", help="rows of runs of the grid trained again on another device")
     pr.add_argument("--shift", help="VARIANT@DEVICE=NATS,...: move those rows' losses first (a sensitivity check)")
+    bd = sub.add_parser(
+        "band", help="the compute multiplier under every analysis choice, beside its interval (studies/scaling/band.py)"
+    )
+    bd.add_argument("--rows", required=True, help="the isoflop command's row log")
+    bd.add_argument("--out", required=True)
+    bd.add_argument("--boot", type=int, default=1000, help="bootstrap draws of the profiles (approach 2)")
+    bd.add_argument("--draws", type=int, default=200, help="parametric bootstrap draws of the joint fits (approach 3)")
+    tr = sub.add_parser(
+        "transfer", help="µP's transfer check again per seed and per window of the best rate (studies/scaling/lr.py)"
+    )
+    tr.add_argument("--rows", required=True, help="PATH[,PATH...]: lr-sweep row logs (each its own models)")
+    tr.add_argument("--out", required=True)
+    tr.add_argument("--draws", type=int, default=1000, help="bootstrap draws over seeds")
     rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
     rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")
     rc.add_argument("--runs", required=True, help="the study's runs/ directory")
@@ -558,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_isoflop(args)
         if args.cmd == "profiles":
             return write_profiles(args)
+        if args.cmd == "band":
+            return write_band(args)
+        if args.cmd == "transfer":
+            return write_transfer(args)
         if args.cmd == "recollect":
             given, gone = recollect(Path(args.rows), Path(args.runs))
             print(f"{args.rows}: {given} row(s) given new fields; {gone} without a run dir under {args.runs}")
@@ -577,7 +632,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return run_cli(body)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,7 +34,8 @@ from model.flops import flops_per_token
 from pretrain.config import load_recipe
 from pretrain.dry_run import resolve_model
 
-from .scaling_ladder import (
+from ..shared import check_variants
+from .ladder import (
     SHAPES,
     WIDTHS,
     LadderRun,
@@ -44,7 +45,7 @@ from .scaling_ladder import (
     shape_overrides,
     train_plan,
 )
-from .shared import check_variants
+from .runs import run_name
 
 
 @dataclass(frozen=True)
@@ -336,11 +337,11 @@ def only_chains(runs: list[LadderRun], names: list[str]) -> list[LadderRun]:
     """The runs of the chains named `VARIANT-SIZE` (every seed's) or `VARIANT-SIZE-sSEED` (one seed's: a
     stable run and its branches): a grid split across machines, each training its share into its own
     rows; a name the plan lacks is an error."""
-    planned = {f"{r.variant}-{r.size}" for r in runs} | {r.stable_name for r in runs}
+    planned = {run_name(r.variant, r.size) for r in runs} | {r.stable_name for r in runs}
     unknown = [n for n in names if n not in planned]
     if unknown:
         raise StudyError(
             f"--chains {','.join(unknown)}: not in the grid's plan. Fix: VARIANT-SIZE or VARIANT-SIZE-sSEED names "
             f"of it, e.g. {', '.join(sorted(planned)[:3])}"
         )
-    return [r for r in runs if f"{r.variant}-{r.size}" in names or r.stable_name in names]
+    return [r for r in runs if run_name(r.variant, r.size) in names or r.stable_name in names]

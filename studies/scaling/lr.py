@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +23,8 @@ from common.errors import StudyError
 from eval.report import markdown_table
 from pretrain.config import load_recipe
 
-from .scaling_ladder import LADDER, SHAPES, model_overrides, non_embedding_params, per_size, shape_overrides
-from .scaling_runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
+from .ladder import LADDER, SHAPES, model_overrides, non_embedding_params, per_size, shape_overrides
+from .runs import DONE, RowLog, collect_run, run_chains, threads_per_job, tracker_overrides, train_once
 
 
 def rate_name(variant: str, size: str, lr: float, seed: int = 0) -> str:
@@ -65,22 +66,24 @@ def rate_overrides(
     ]
 
 
-def best_rate(grid: list[float], losses: list[float]) -> float:
-    """The vertex of the parabola in log(lr) through the grid's lowest loss and its two neighbours: a
-    noisy grid's lowest point jumps between neighbours on a flat bottom, the vertex moves little.
-    It lies between those neighbours; a lowest loss at either end of the grid has none (an error)."""
+def best_rate(grid: list[float], losses: list[float], half: int = 1) -> float:
+    """The vertex of the parabola in log(lr) through the grid's lowest loss and its neighbours, `half` on
+    either side (the rule's: one): a noisy grid's lowest point jumps between neighbours on a flat bottom,
+    the vertex moves little. It lies within those neighbours; a lowest loss at either end of the grid has
+    none (an error)."""
     i = int(np.argmin(losses))
-    x = np.log(grid[i - 1 : i + 2])
-    a, b, _ = np.polyfit(x, losses[i - 1 : i + 2], 2)
-    vertex = -b / (2 * a) if a > 0 else x[1]
-    return float(math.exp(min(max(vertex, x[0]), x[2])))
+    window = slice(max(0, i - half), i + half + 1)
+    x = np.log(grid[window])
+    a, b, _ = np.polyfit(x, losses[window], 2)
+    vertex = -b / (2 * a) if a > 0 else math.log(grid[i])
+    return float(math.exp(min(max(vertex, x[0]), x[-1])))
 
 
-def grid_best(grid: list[float], losses: list[float]) -> float:
+def grid_best(grid: list[float], losses: list[float], half: int = 1) -> float:
     """`best_rate`, or the edge rate itself where the lowest loss is at an edge (a bootstrap draw may
     put it there; the sweep's own choice refuses that)."""
     i = int(np.argmin(losses))
-    return grid[i] if i in (0, len(grid) - 1) else best_rate(grid, losses)
+    return grid[i] if i in (0, len(grid) - 1) else best_rate(grid, losses, half)
 
 
 def choose_rates(losses: dict[tuple[str, str, float], float]) -> dict[str, dict[str, float]]:
@@ -134,6 +137,7 @@ def transfer_check(
     parametrization: str,
     per_seed: dict[tuple[str, str, float], list[float]] | None = None,
     draws: int = 1000,
+    half: int = 1,
 ) -> dict[str, dict]:
     """µP's promise, per variant swept at >= 2 sizes: the best rate at the widest size over the best rate
     at the narrowest, which holds within a factor sqrt(2) (Yang et al.'s transfer; judged on the
@@ -169,11 +173,91 @@ def transfer_check(
                 best_at = {}
                 for size, (grid, by_seed) in curves.items():
                     pick = rng.integers(0, by_seed.shape[1], by_seed.shape[1])
-                    best_at[size] = grid_best(grid, list(by_seed[:, pick].mean(axis=1)))
+                    best_at[size] = grid_best(grid, list(by_seed[:, pick].mean(axis=1)), half)
                 drawn.append(best_at[wide] / best_at[narrow])
             out[variant]["seeds"] = int(min(c[1].shape[1] for c in curves.values()))
             out[variant]["ratio_interval"] = [float(q) for q in np.quantile(drawn, [0.025, 0.975])]
     return out
+
+
+def seed_curves(rows: list[dict[str, Any]], metric: str = "final_val_loss") -> dict[str, dict]:
+    """{variant: {"seeds": [...], "per_seed": {(variant, size, lr): losses in the seeds' order}}} from an
+    lr-sweep's rows, keeping the seeds that trained at every (size, rate) of the variant, so that a
+    seed's curve at one width and at another are the same init and data order."""
+    by: dict[str, dict[tuple[str, str, float], dict[int, float]]] = {}
+    for r in rows:
+        if isinstance(r.get(metric), float):
+            by.setdefault(r["variant"], {}).setdefault((r["variant"], r["size"], float(r["lr"])), {})[r["seed"]] = r[
+                metric
+            ]
+    out = {}
+    for variant, points in by.items():
+        seeds = sorted(set.intersection(*(set(p) for p in points.values())))
+        if seeds:
+            out[variant] = {"seeds": seeds, "per_seed": {k: [p[s] for s in seeds] for k, p in points.items()}}
+    return out
+
+
+def transfer_sensitivity(rows: list[dict[str, Any]], halves: tuple[int, ...] = (1, 2), draws: int = 1000) -> dict:
+    """The transfer check of an lr-sweep's rows again, per variant swept at two widths: for each window
+    of the best-rate parabola (`half` rates on either side of the lowest; 1 is the rule's), the ratio of
+    the seed-mean curves' best rates (the rule's verdict, within sqrt(2)), its bootstrap interval over
+    seeds, and each seed's own ratio; a best rate at an edge of the grid is that rate, flagged. A
+    variant with fewer than 3 rates at either width is no sweep and is left out."""
+    out = {}
+    for variant, found in seed_curves(rows).items():
+        per_seed = found["per_seed"]
+        sizes = sorted({s for _, s, _ in per_seed}, key=lambda s: SHAPES[s]["hidden_size"])
+        if len(sizes) < 2:
+            continue
+        narrow, wide = sizes[0], sizes[-1]
+        grids = {s: sorted(lr for _, z, lr in per_seed if z == s) for s in (narrow, wide)}
+        if any(len(g) < 3 for g in grids.values()):  # not a sweep of rates (a best rate needs 3)
+            continue
+        windows = {}
+        for half in halves:
+
+            def best(size: str, curve: list[float], half: int = half) -> tuple[float, bool]:
+                i = int(np.argmin(curve))
+                return grid_best(grids[size], curve, half), i in (0, len(curve) - 1)
+
+            mean = {s: [float(np.mean(per_seed[(variant, s, lr)])) for lr in grids[s]] for s in (narrow, wide)}
+            (lo, lo_edge), (hi, hi_edge) = best(narrow, mean[narrow]), best(wide, mean[wide])
+            check = transfer_check({variant: {narrow: lo, wide: hi}}, "", per_seed, draws, half)[variant]
+            seeds = []
+            for k, seed in enumerate(found["seeds"]):
+                (a, a_edge), (b, b_edge) = (
+                    best(s, [per_seed[(variant, s, lr)][k] for lr in grids[s]]) for s in (narrow, wide)
+                )
+                seeds.append({"seed": seed, "narrow": a, "wide": b, "ratio": b / a, "edge": a_edge or b_edge})
+            windows[half] = {"narrow": lo, "wide": hi, "ratio": hi / lo, "holds": check["holds"], "edge": lo_edge or hi_edge,
+                             "ratio_interval": check.get("ratio_interval"), "per_seed": seeds}  # fmt: skip
+        out[variant] = {"narrow": narrow, "wide": wide, "seeds": found["seeds"], "windows": windows}
+    return out
+
+
+def sensitivity_table(checks: dict[str, dict[str, dict]]) -> str:
+    """Markdown of `transfer_sensitivity` per row file: one line per (variant, window)."""
+    rows = []
+    for source, variants in checks.items():
+        for variant, c in variants.items():
+            for half, w in c["windows"].items():
+                verdict = f"{w['ratio']:.2f} ({'within' if w['holds'] else 'beyond'} √2)" + (
+                    " (edge)" if w["edge"] else ""
+                )
+                per_seed = ", ".join(f"{s['ratio']:.2f}" + ("*" if s["edge"] else "") for s in w["per_seed"])
+                iv = "{:.2f}-{:.2f}".format(*w["ratio_interval"]) if w["ratio_interval"] else "— (one seed)"
+                rows.append(
+                    [source, variant, f"{c['narrow']} → {c['wide']}", len(c["seeds"]), f"±{half}",
+                     f"{w['narrow']:.3g}", f"{w['wide']:.3g}", verdict, iv, per_seed]
+                )  # fmt: skip
+    header = ["rows", "variant", "widths", "seeds", "window", "best rate, narrow", "best rate, wide"]
+    header += ["wide / narrow (seed mean)", "95 % interval over seeds", "per seed"]
+    return (
+        markdown_table(header, rows, right_from=3)
+        + "\n\n(±1: the rule's parabola through the lowest rate and one on either side; ±2: two on either side. "
+        "*: that seed's lowest loss at an edge of the grid, its best rate the edge rate.)\n"
+    )
 
 
 def lr_table(losses: dict[tuple[str, str, float], float], rule: dict[str, dict]) -> str:

@@ -25,18 +25,19 @@ from common.errors import StudyError
 from model import ModelConfig, param_count
 from pretrain.config import load_recipe
 
-from .scaling_runs import (
+from ..shared import check_variants
+from .runs import (
     DONE,
     SLURM_REQUEUE,
     RowLog,
     collect_run,
     run_chains,
+    run_name,
     threads_per_job,
     tracker_overrides,
     train_once,
     write_array_script,
 )
-from .shared import check_variants
 
 # name -> model shape (intermediate = 3 x hidden, head dim 16, tied head): 27k .. 2.0M non-embedding
 # parameters of the standard variant, 75x; MixiT has ~15% fewer (no Q, K).
@@ -48,7 +49,7 @@ LADDER: dict[str, dict[str, int]] = {
     "n1280k": dict(hidden_size=128, num_layers=6, num_heads=8, intermediate_size=384),
     "n2000k": dict(hidden_size=160, num_layers=6, num_heads=10, intermediate_size=480),
 }
-# The IsoFLOP grid's widths (studies/scaling_isoflop.py): depth 4, head dim 16, intermediate 3 x width, so
+# The IsoFLOP grid's widths (studies/scaling/isoflop.py): depth 4, head dim 16, intermediate 3 x width, so
 # only the width changes and µP's width rule carries a rate from one size to the next; 13k .. 3.4M
 # non-embedding parameters (52 width^2).
 WIDTHS: dict[str, dict[str, int]] = {
@@ -104,11 +105,11 @@ class LadderRun:
 
     @property
     def stable_name(self) -> str:
-        return f"{self.variant}-{self.size}-s{self.seed}"
+        return run_name(self.variant, self.size, self.seed)
 
     @property
     def name(self) -> str:
-        return self.stable_name + ("" if self.branch_step is None else f"-b{self.branch_step}")
+        return run_name(self.variant, self.size, self.seed, self.branch_step)
 
     def overrides(self, cooldown: float) -> list[str]:
         out = [*self.extra, *shape_overrides(self.size), f"model.variant={self.variant}", f"seed={self.seed}"]
