@@ -65,6 +65,13 @@ if [ -n "$iface" ]; then
     echo "error: --iface '$iface' is not an interface name (gloo ignores names under 2 characters). Fix: a name from 'ip -br link' on the nodes, e.g. --iface ib0" >&2
     exit 2
   }
+  # where this node starts ranks itself, the interface must be here: gloo would fail on it only after every
+  # node had waited for this one (over ssh, or under Slurm from a login node, each rank checks its own node)
+  if [ "$dry" = 0 ] && [ "$mode" != slurm ] && { [ -z "$hostfile" ] || [ "$no_ssh" = 1 ]; } && [ -d /sys/class/net ] \
+      && [ ! -e "/sys/class/net/$iface" ]; then
+    echo "error: --iface '$iface': this node has no such network interface (it has: $(cd /sys/class/net && echo *)). Fix: --iface with a name every node has ('ip -br link'; python -m pretrain.preflight --iface NAME checks every node)" >&2
+    exit 2
+  fi
   export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"
   iface_env=(NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface")
 fi
@@ -122,7 +129,10 @@ run() {
     last="$rc:$step"
     attempt=$((attempt + 1))
     delay=$(( restart_backoff * (1 << (attempt - 1)) ))
-    printf '{"restart": %d, "exit_code": %d, "after_step": %d, "time": %d}\n' "$attempt" "$rc" "$step" "$(date +%s)" >> "$run_dir/restarts.jsonl"
+    # one line per restart of the job: with --no-ssh every node restarts its own ranks, and the first one writes
+    if [ -z "$node_rank" ] || [ "$node_rank" = 0 ]; then
+      printf '{"restart": %d, "exit_code": %d, "after_step": %d, "time": %d}\n' "$attempt" "$rc" "$step" "$(date +%s)" >> "$run_dir/restarts.jsonl"
+    fi
     echo "[launch] the job exited with $rc after step $step; restart $attempt of $max_restarts in ${delay}s (--resume auto)" >&2
     sleep "$delay"
     [ "$stopping" = 1 ] && exit "$rc"

@@ -149,6 +149,14 @@ def test_iface_reaches_every_launch_form():
     bad = dry("--gpus", "2", "--iface", "eth0;reboot")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --iface 'eth0;reboot' is not an interface name")
     assert "Fix:" in bad.stderr and bad.stdout == ""
+    for opts in (["--cpu", "2"], no_ssh):  # where this node starts ranks, it must have the interface: before any
+        cmd = ["./launch.sh", *opts, "--iface", "nosuch0", "--", "--recipe", "recipes/tiny_cpu.yaml"]
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+        assert re.fullmatch(
+            r"error: --iface 'nosuch0': this node has no such network interface \(it has: .*lo.*\)\. Fix: .*\n",
+            out.stderr,
+        )
     assert "--iface NAME" in subprocess.run(["./launch.sh", "--help"], cwd=REPO, capture_output=True, text=True).stdout
 
 
