@@ -116,14 +116,21 @@ def probe(a: argparse.Namespace) -> dict:
         out["shared"] = (run_dir / mark_name(a.token, "")).read_text() == a.token
     except OSError:
         out["shared"] = False
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # what mkdir creates, deepest first
+    mark = run_dir / mark_name(a.token, node)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / mark_name(a.token, node)).write_text(node)
+        mark.write_text(node)
         out["write"] = ""
     except OSError as e:
         out["write"] = f"{type(e).__name__}: {e.strerror or e}"
     where = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     out["free"] = shutil.disk_usage(where).free
+    if not out["shared"]:  # a dir the first node does not see: it cannot remove this node's mark, so this node does
+        with contextlib.suppress(OSError):
+            mark.unlink(missing_ok=True)
+            for d in made:
+                d.rmdir()
     try:
         socket.create_connection((a.master_addr, a.master_port), timeout=10).close()
         out["port"] = ""

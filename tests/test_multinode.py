@@ -293,6 +293,7 @@ def test_preflight_names_the_first_failing_check_and_its_fix(tmp_path, small_tmp
     failing = [row for row in out.stdout.splitlines() if "(!)" in row]
     assert failing and all(row.startswith(f"| {NODES[1]} ") for row in failing) or case in ("disk", "iface")
     assert not list(Path(run).glob(".preflight-*"))
+    assert not (tmp_path / "node2-local").exists()  # a node that does not share the run dir removes its own mark
 
 
 def test_preflight_inside_slurm_reads_the_allocation(tmp_path):
