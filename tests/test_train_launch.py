@@ -74,6 +74,9 @@ def test_two_nodes_on_loopback_train_and_checkpoint(tmp_path):
     state = ckpt.read_state(run / "checkpoints" / ckpt.tag_for(4))
     assert state["world_size"] == 2 and state["step"] == 4
     assert sorted(read_losses(run)) == [1, 2, 3, 4]
+    code = json.loads((run / "code.json").read_text())  # what both nodes agreed on before step 1
+    assert [n.split(" (")[0] for n in code["nodes"]] == ["node 0", "node 1"] and len(code["sources_sha256"]) == 64
+    assert code["commit"] and code["versions"]["deepspeed"] and code["fingerprint_sha256"]
 
 
 def test_two_process_cpu_run_learns_text_with_the_wikitext2_recipe(tmp_path):
