@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from common.errors import RendezvousError
 
-PREFIX = "pretrain/"  # this module's keys in the store, apart from the process group's
+PREFIX = "pretrain/"  # this module's keys in the store (then torchrun's attempt), apart from the process group's
 ARRIVED = "arrived"  # a counter, and ARRIVED/RANK: where that rank runs
 REFUSED = "refused"  # the first refusal: "WHO: MESSAGE"
 KNOWN = "refusal_known"  # how many ranks know of the refusal
@@ -121,7 +121,8 @@ def connect(rank: int, world: int, bound_s: float, deadline: float) -> dist.Stor
         store = host(addr, port, world, bound_s)
     else:
         store = join(addr, port, world, bound_s, deadline)
-    return dist.PrefixStore(PREFIX, store)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun's agent store outlives an attempt
+    return dist.PrefixStore(f"{PREFIX}{attempt}/", store)
 
 
 def meet(rank: int, world: int, bound_s: float) -> dist.Store:

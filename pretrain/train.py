@@ -67,7 +67,7 @@ def train(
         hooks = check_inputs(cfg, hooks)
         device = pick_device(cfg.train.device)
         check_interface()
-    except UserError as e:
+    except (UserError, OSError) as e:
         rendezvous.refused(str(e), (cfg.parallel if cfg else ParallelConfig()).rendezvous_timeout_s)
         raise
     bounds = CollectiveBounds(cfg.parallel)
