@@ -26,7 +26,7 @@ from common.errors import RankFailure, RecipeError, RendezvousError
 from .rendezvous import first_line, init_process_group, launched_world, where
 
 # NCCL's failure behaviour, stated rather than left to torch's defaults (launch.sh exports the same;
-# values already in the environment win). A failed or timed-out collective (parallel.timeout_s) is seen
+# values already in the environment win). A failed or timed-out collective (pretrain/bounds.py) is seen
 # by NCCL's watchdog thread, never by the Python call: with 2 (CleanUpOnly) the watchdog aborts the
 # communicators, so no kernel waits for a dead peer, but leaves the process to `watch_collectives`, which
 # ends it with the project's message (1, TearDown, would abort the process with torch's log only);

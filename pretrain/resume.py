@@ -98,7 +98,7 @@ def agreed_resume_point(
     every rank must see that mark (the run dir is on a filesystem all nodes share) and read the checkpoint
     rank 0 picked, else every rank raises the same RecipeError naming the ranks, hosts and paths. Decided
     per rank, a node whose disk lacks the checkpoint would start fresh while the others resume, and the
-    job would hang in its first collective until parallel.timeout_s."""
+    job would hang in its first collective until the collective bound."""
     token, point, error = None, None, None
     if rank == 0:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
