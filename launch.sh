@@ -9,11 +9,13 @@
 #                                                              every node started by hand / by a scheduler
 # Launcher options: --master-addr A, --master-port P, --dry-print (print the command, do not run it),
 # --iface NAME: the network interface the ranks talk over (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, on
-# every node; the background checkpoint writer's gloo group uses it too); check it first with
-# `python -m pretrain.preflight` (docs/TRAINING.md, "First multi-node job"),
+# every node; the background checkpoint writer's gloo group uses it too; refused at once where this node
+# starts ranks and lacks it); check it first with `python -m pretrain.preflight` (docs/TRAINING.md, "First
+# multi-node job"),
 # --max-restarts N [--restart-backoff S]: when the job exits non-zero (a rank crashed, was killed or timed
 # out; the launcher then stops every rank), relaunch it with --resume auto, up to N times, waiting S, 2S,
-# 4S ... seconds (default 10); each restart goes to RUN_DIR/restarts.jsonl and the metrics' `restarts`.
+# 4S ... seconds (default 10); each restart goes to RUN_DIR/restarts.jsonl (under --no-ssh, from node 0's
+# launcher: one line per restart of the job) and the metrics' `restarts`.
 # Never retried: bad input (exit 2), a stop this launcher was asked for (SIGTERM/SIGINT), and a failure
 # with the same exit code at the same step as the last one (it would only repeat).
 # SIGUSR1 (Slurm's `--signal=B:USR1@300` to a batch script that execs this launcher): every rank
@@ -175,12 +177,13 @@ if [ -z "$master_port" ] && [ "$mode" != slurm ]; then
 fi
 
 # NCCL (GPU runs), stated here rather than left to torch's defaults: a collective that fails (a peer
-# died) or outlives parallel.timeout_s is seen by NCCL's watchdog thread, which aborts the communicators
+# died) or outlives its bound is seen by NCCL's watchdog thread, which aborts the communicators
 # but leaves the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2) to the trainer's own watch, so every rank
 # ends with the project's error line naming the last complete checkpoint (1 would abort the process
 # with torch's log only); TORCH_NCCL_PROPAGATE_ERROR=1 tells every rank through the rendezvous store;
-# TORCH_NCCL_BLOCKING_WAIT=0 keeps collectives asynchronous. The timeout is the recipe's
-# parallel.timeout_s. pretrain/distributed.py sets the same defaults for ranks started any other way.
+# TORCH_NCCL_BLOCKING_WAIT=0 keeps collectives asynchronous. The bound is the recipe's parallel.timeout_s,
+# or one derived from the step time (pretrain/bounds.py). pretrain/distributed.py sets the same defaults for
+# ranks started any other way.
 # Values already in the environment win. See docs/TRAINING.md, "When a rank dies under NCCL".
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-2}"
 export TORCH_NCCL_PROPAGATE_ERROR="${TORCH_NCCL_PROPAGATE_ERROR:-1}"
