@@ -9,11 +9,13 @@
 #                                                              every node started by hand / by a scheduler
 # Launcher options: --master-addr A, --master-port P, --dry-print (print the command, do not run it),
 # --iface NAME: the network interface the ranks talk over (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, on
-# every node; the background checkpoint writer's gloo group uses it too); check it first with
-# `python -m pretrain.preflight` (docs/TRAINING.md, "First multi-node job"),
+# every node; the background checkpoint writer's gloo group uses it too; refused at once where this node
+# starts ranks and lacks it); check it first with `python -m pretrain.preflight` (docs/TRAINING.md, "First
+# multi-node job"),
 # --max-restarts N [--restart-backoff S]: when the job exits non-zero (a rank crashed, was killed or timed
 # out; the launcher then stops every rank), relaunch it with --resume auto, up to N times, waiting S, 2S,
-# 4S ... seconds (default 10); each restart goes to RUN_DIR/restarts.jsonl and the metrics' `restarts`.
+# 4S ... seconds (default 10); each restart goes to RUN_DIR/restarts.jsonl (under --no-ssh, from node 0's
+# launcher: one line per restart of the job) and the metrics' `restarts`.
 # Never retried: bad input (exit 2), a stop this launcher was asked for (SIGTERM/SIGINT), and a failure
 # with the same exit code at the same step as the last one (it would only repeat).
 # SIGUSR1 (Slurm's `--signal=B:USR1@300` to a batch script that execs this launcher): every rank
@@ -65,6 +67,13 @@ if [ -n "$iface" ]; then
     echo "error: --iface '$iface' is not an interface name (gloo ignores names under 2 characters). Fix: a name from 'ip -br link' on the nodes, e.g. --iface ib0" >&2
     exit 2
   }
+  # where this node starts ranks itself, the interface must be here: gloo would fail on it only after every
+  # node had waited for this one (over ssh, or under Slurm from a login node, each rank checks its own node)
+  if [ "$dry" = 0 ] && [ "$mode" != slurm ] && { [ -z "$hostfile" ] || [ "$no_ssh" = 1 ]; } && [ -d /sys/class/net ] \
+      && [ ! -e "/sys/class/net/$iface" ]; then
+    echo "error: --iface '$iface': this node has no such network interface (it has: $(cd /sys/class/net && echo *)). Fix: --iface with a name every node has ('ip -br link'; python -m pretrain.preflight --iface NAME checks every node)" >&2
+    exit 2
+  fi
   export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"
   iface_env=(NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface")
 fi
@@ -122,7 +131,10 @@ run() {
     last="$rc:$step"
     attempt=$((attempt + 1))
     delay=$(( restart_backoff * (1 << (attempt - 1)) ))
-    printf '{"restart": %d, "exit_code": %d, "after_step": %d, "time": %d}\n' "$attempt" "$rc" "$step" "$(date +%s)" >> "$run_dir/restarts.jsonl"
+    # one line per restart of the job: with --no-ssh every node restarts its own ranks, and the first one writes
+    if [ -z "$node_rank" ] || [ "$node_rank" = 0 ]; then
+      printf '{"restart": %d, "exit_code": %d, "after_step": %d, "time": %d}\n' "$attempt" "$rc" "$step" "$(date +%s)" >> "$run_dir/restarts.jsonl"
+    fi
     echo "[launch] the job exited with $rc after step $step; restart $attempt of $max_restarts in ${delay}s (--resume auto)" >&2
     sleep "$delay"
     [ "$stopping" = 1 ] && exit "$rc"
@@ -165,12 +177,13 @@ if [ -z "$master_port" ] && [ "$mode" != slurm ]; then
 fi
 
 # NCCL (GPU runs), stated here rather than left to torch's defaults: a collective that fails (a peer
-# died) or outlives parallel.timeout_s is seen by NCCL's watchdog thread, which aborts the communicators
+# died) or outlives its bound is seen by NCCL's watchdog thread, which aborts the communicators
 # but leaves the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2) to the trainer's own watch, so every rank
 # ends with the project's error line naming the last complete checkpoint (1 would abort the process
 # with torch's log only); TORCH_NCCL_PROPAGATE_ERROR=1 tells every rank through the rendezvous store;
-# TORCH_NCCL_BLOCKING_WAIT=0 keeps collectives asynchronous. The timeout is the recipe's
-# parallel.timeout_s. pretrain/distributed.py sets the same defaults for ranks started any other way.
+# TORCH_NCCL_BLOCKING_WAIT=0 keeps collectives asynchronous. The bound is the recipe's parallel.timeout_s,
+# or one derived from the step time (pretrain/bounds.py). pretrain/distributed.py sets the same defaults for
+# ranks started any other way.
 # Values already in the environment win. See docs/TRAINING.md, "When a rank dies under NCCL".
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-2}"
 export TORCH_NCCL_PROPAGATE_ERROR="${TORCH_NCCL_PROPAGATE_ERROR:-1}"

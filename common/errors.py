@@ -58,6 +58,15 @@ class PreflightError(UserError):
     does not share, too few GPUs or too little disk, no route to the rendezvous port, no such interface."""
 
 
+class RendezvousError(UserError):
+    """The ranks of a job could not meet: rank 0's port is held by another program, a rank never arrived or
+    refused its input, or the ranks could not connect to each other."""
+
+
+class NodesDisagree(UserError):
+    """The ranks of one job were given different recipes, code, package versions or world sizes."""
+
+
 class StudyError(UserError):
     """A study's option or input is wrong (an unknown variant, nothing to collect, ...), or a run failed."""
 

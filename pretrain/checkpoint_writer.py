@@ -37,7 +37,7 @@ class CheckpointWriter:
 
     def __init__(self, timeout_s: float):
         # Collective: every rank creates it at the same point (the loop's construction). Its collectives wait
-        # for the slowest rank's writes, so they get checkpoint.timeout_s, not the step's parallel.timeout_s;
+        # for the slowest rank's writes, so they get checkpoint.timeout_s, not the step bound;
         # it crosses nodes on GLOO_SOCKET_IFNAME (pretrain.distributed.gloo_interface).
         self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         # the host copies of the last save, reused by the next one (engine_checkpoint.copy_to_host):

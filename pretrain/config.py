@@ -69,7 +69,13 @@ class ParallelConfig:
     ds_config: str = "zero1"  # a name in ds_configs/ or a path to a JSON file
     pipeline_stages: int = 1
     partition_method: str = "parameters"  # PipelineModule partitioning: parameters | uniform | type:Block
-    timeout_s: float = 1800.0  # collective timeout: a dead or hung rank ends the run with a message
+    # How long a collective waits for the slowest rank before every rank stops with a message (a dead or hung
+    # peer): a number bounds every collective from the start; null derives the bound from the measured step
+    # time, max(min_timeout_s, 20x the median step), once the first steps are timed (pretrain/bounds.py)
+    timeout_s: float | None = None
+    min_timeout_s: float = 300.0  # the least a derived step bound waits
+    startup_timeout_s: float = 1800.0  # the bound while the run is built, before the steps are timed (timeout_s null)
+    rendezvous_timeout_s: float = 300.0  # how long ranks wait for each other to arrive (pretrain/rendezvous.py)
 
 
 @dataclass
@@ -257,8 +263,18 @@ class RunConfig:
         if c.keep_last < 0 or c.every_steps < 0 or c.every_minutes < 0:
             raise RecipeError("checkpoint.keep_last, checkpoint.every_steps and checkpoint.every_minutes must be >= 0")
         check_name(self.name)
-        if t.max_nan_skips < 0 or p.timeout_s <= 0 or c.timeout_s <= 0:
-            raise RecipeError("train.max_nan_skips must be >= 0, parallel.timeout_s and checkpoint.timeout_s > 0")
+        bounds = (
+            1 if p.timeout_s is None else p.timeout_s,
+            p.min_timeout_s,
+            p.startup_timeout_s,
+            p.rendezvous_timeout_s,
+            c.timeout_s,
+        )
+        if t.max_nan_skips < 0 or min(bounds) <= 0:
+            raise RecipeError(
+                "train.max_nan_skips must be >= 0; parallel.timeout_s (or null), parallel.min_timeout_s, "
+                "parallel.startup_timeout_s, parallel.rendezvous_timeout_s and checkpoint.timeout_s > 0"
+            )
         check_task(self)
         check_profile(self.profile)
         if not (self.task == "classification" and self.classification.get("init_from")):

@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -20,10 +21,12 @@ from torch.distributed import distributed_c10d as c10d
 from checkpoint import tag_format
 from common.cli import STOPPED, print_error
 from common.deepspeed_import import import_deepspeed
-from common.errors import RankFailure, RecipeError
+from common.errors import RankFailure, RecipeError, RendezvousError
+
+from .rendezvous import first_line, init_process_group, launched_world, where
 
 # NCCL's failure behaviour, stated rather than left to torch's defaults (launch.sh exports the same;
-# values already in the environment win). A failed or timed-out collective (parallel.timeout_s) is seen
+# values already in the environment win). A failed or timed-out collective (pretrain/bounds.py) is seen
 # by NCCL's watchdog thread, never by the Python call: with 2 (CleanUpOnly) the watchdog aborts the
 # communicators, so no kernel waits for a dead peer, but leaves the process to `watch_collectives`, which
 # ends it with the project's message (1, TearDown, would abort the process with torch's log only);
@@ -83,9 +86,10 @@ def cuda_index(visible: int) -> int:
     return local
 
 
-def init_distributed(device: torch.device, timeout_s: float | None = None) -> bool:
+def init_distributed(device: torch.device, timeout_s: float | None = None, rendezvous_s: float | None = None) -> bool:
     """Initialise torch.distributed through DeepSpeed; returns True when this call created it.
-    `timeout_s` bounds every collective (a dead or hung peer ends the run instead of hanging it)."""
+    `timeout_s` bounds every collective (a dead or hung peer ends the run instead of hanging it); with
+    `rendezvous_s`, the ranks of a launched job first meet within that bound (pretrain/rendezvous.py)."""
     deepspeed = import_deepspeed()
 
     if dist.is_available() and dist.is_initialized():
@@ -104,17 +108,40 @@ def init_distributed(device: torch.device, timeout_s: float | None = None) -> bo
         for k, v in NCCL_ENV.items():
             os.environ.setdefault(k, v)
     gloo_interface()
+    backend = "nccl" if device.type == "cuda" else "gloo"
     kw = {}
     if timeout_s:
         kw["timeout"] = datetime.timedelta(seconds=timeout_s)
-        # DeepSpeed creates its data/pipeline/ZeRO groups with `new_group(ranks)`, which takes
-        # torch's module-level default (30 min for gloo), not the world group's timeout: without
-        # this, a peer that hangs inside a sub-group collective holds this rank for 30 minutes.
-        c10d.default_pg_timeout = kw["timeout"]
-        if hasattr(c10d, "default_pg_nccl_timeout"):
-            c10d.default_pg_nccl_timeout = kw["timeout"]
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False, **kw)
+        set_default_timeout(timeout_s)
+    if rendezvous_s and launched_world() > 1:  # DeepSpeed then takes over the group made here
+        init_process_group(backend, int(os.environ["RANK"]), launched_world(), rendezvous_s)
+        if timeout_s:
+            set_group_timeouts(timeout_s)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, **kw)
     return True
+
+
+def check_interface() -> None:
+    """The interfaces the ranks are told to use exist on this node: GLOO_SOCKET_IFNAME's by name, else one of
+    NCCL_SOCKET_IFNAME's as NCCL reads them (prefixes; `=NAME` exact; a `^` exclusion is not checked). gloo would
+    fail on a missing one only while connecting, with a traceback, after every rank had waited for this one."""
+    have = sorted(name for _, name in socket.if_nameindex())
+    gloo, nccl = os.environ.get("GLOO_SOCKET_IFNAME", ""), os.environ.get("NCCL_SOCKET_IFNAME", "")
+    if gloo:
+        missing = [n for n in gloo.split(",") if n and n not in have]
+    elif nccl and not nccl.startswith("^"):  # NCCL takes the interfaces that match any of its names
+        names = [n for n in nccl.lstrip("=").split(",") if n]
+        exact = nccl.startswith("=")
+        matched = any(h == n or (not exact and h.startswith(n)) for n in names for h in have)
+        missing = [] if matched else names
+    else:
+        missing = []
+    if missing:
+        raise RendezvousError(
+            f"{where()} has no network interface {', '.join(missing)} (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME, set by "
+            f"launch.sh --iface; it has {', '.join(have)}). Fix: --iface with a name every node has (ip -br link; "
+            "python -m pretrain.preflight --iface NAME checks every node)"
+        )
 
 
 def gloo_interface() -> None:
@@ -146,53 +173,75 @@ def comm_failure() -> str | None:
 
 
 def watch_collectives(
-    run_dir: Path, timeout_s: float, probe: Callable[[], str | None], poll_s: float = 0.5
+    run_dir: Path, bound: Callable[[], str], probe: Callable[[], str | None], poll_s: float = 0.5
 ) -> threading.Event:
     """Every `poll_s`, ask `probe` whether a collective failed (comm_failure under NCCL); if so, print the
     project's message (rank_failure_message: the last complete checkpoint and the fix) and end this rank
     with exit code 3. Under NCCL the main thread may sit in a CUDA sync on a collective that never
-    completes, so only another thread can speak for it. Set the returned event to stop watching."""
+    completes, so only another thread can speak for it. `bound` says the collective bound in force. Set the
+    returned event to stop watching."""
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.wait(poll_s):
             failure = probe()
             if failure:
-                print_error(RankFailure(rank_failure_message(RuntimeError(failure), timeout_s, run_dir)))
+                print_error(RankFailure(rank_failure_message(RuntimeError(failure), bound(), run_dir)))
                 exit_process(STOPPED)
 
     threading.Thread(target=watch, name="collective-watch", daemon=True).start()
     return stop
 
 
+def set_default_timeout(seconds: float) -> None:
+    """The bound of the groups made from now on. DeepSpeed creates its data/pipeline/ZeRO groups with
+    `new_group(ranks)`, which takes torch's module-level default (30 min for gloo), not the world group's
+    timeout: without this, a peer that hangs inside a sub-group collective holds this rank for 30 minutes."""
+    c10d.default_pg_timeout = datetime.timedelta(seconds=seconds)
+    if hasattr(c10d, "default_pg_nccl_timeout"):
+        c10d.default_pg_nccl_timeout = c10d.default_pg_timeout
+
+
+def set_group_timeouts(seconds: float, skip=()) -> None:
+    """Every process group but `skip` may wait `seconds` in a collective from now on."""
+    for pg in [g for g in c10d._world.pg_map if g not in skip]:
+        with contextlib.suppress(ValueError, RuntimeError):  # a group this rank is not in
+            c10d._set_pg_timeout(datetime.timedelta(seconds=seconds), pg)
+
+
 @contextlib.contextmanager
 def collective_timeout(seconds: float, restore: float, skip=()) -> Iterator[None]:
     """Inside the block every process group but `skip` may wait `seconds` in a collective (a checkpoint save:
-    the ranks wait for the slowest writer on a shared filesystem, which parallel.timeout_s, set to catch a
+    the ranks wait for the slowest writer on a shared filesystem, which the step bound, set to catch a
     hung step, should not cut short); `restore` after it."""
-
-    def set_all(s: float) -> None:
-        for pg in [g for g in c10d._world.pg_map if g not in skip]:
-            with contextlib.suppress(ValueError, RuntimeError):  # a group this rank is not in
-                c10d._set_pg_timeout(datetime.timedelta(seconds=s), pg)
-
     if seconds == restore or not dist.is_initialized():
         yield
         return
-    set_all(seconds)
+    set_group_timeouts(seconds, skip)
     try:
         yield
     finally:
-        set_all(restore)
+        set_group_timeouts(restore, skip)
 
 
-def shutdown_distributed(finished: bool = False) -> None:
+def shutdown_distributed(finished: bool = False, run_dir: Path | None = None) -> None:
     """Destroy the process group. `finished`: every rank got here the same way (a completed run),
     so a barrier first makes sure no rank closes its connections while a peer is still in a
-    collective."""
+    collective; a peer that never gets there stops this rank with the project's message (RankFailure)
+    naming `run_dir`'s last complete checkpoint."""
     if dist.is_available() and dist.is_initialized():
         if finished and dist.get_world_size() > 1:
-            dist.barrier()
+            try:
+                dist.barrier()
+            except Exception as e:
+                if not collective_failure(e):
+                    raise
+                latest = tag_format.latest_checkpoint(run_dir) if run_dir is not None else None
+                raise RankFailure(
+                    f"this rank finished the run, but another rank did not reach its end ({first_line(e)}). "
+                    f"Last complete checkpoint: {latest or 'none'}. Fix: find why the other rank stopped (its "
+                    "log); --resume auto continues from that checkpoint"
+                ) from e
         dist.destroy_process_group()
 
 
@@ -229,12 +278,12 @@ def collective_failure(exc: BaseException) -> bool:
     )
 
 
-def rank_failure_message(exc: BaseException, timeout_s: float, run_dir: Path) -> str:
+def rank_failure_message(exc: BaseException, bound: str, run_dir: Path) -> str:
+    """The line a rank stops with when a collective failed: the bound in force (`bound`), the last complete
+    checkpoint and the fix."""
     latest = tag_format.latest_checkpoint(run_dir)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
-        f"a collective operation failed or waited more than parallel.timeout_s={timeout_s:g}s: another rank "
-        f"died or hangs ({first[:300]}). This rank stops. Last complete checkpoint: "
-        f"{latest if latest else 'none'}. Fix: find why the other rank stopped (its log), then restart every "
-        "rank with --resume auto"
+        f"a collective operation failed or waited more than {bound}: another rank died or hangs ({first_line(exc)}). "
+        f"This rank stops. Last complete checkpoint: {latest if latest else 'none'}. Fix: find why the other rank "
+        "stopped (its log), then restart every rank with --resume auto"
     )

@@ -33,6 +33,7 @@ from common.constants import free_space, fsync_path
 from common.errors import CheckpointWriteFailed, CorruptCheckpoint, NonFiniteLoss
 
 from . import faults
+from .bounds import CollectiveBounds
 from .checkpoint_writer import CheckpointWriter, SaveTiming
 from .distributed import collective_timeout, comm_failure
 
@@ -236,13 +237,19 @@ class Checkpointer:
     """A run's saves: each one collective (`save` above), written on a thread with
     `checkpoint.background`, and timed."""
 
-    def __init__(self, run_dir: Path, keep_last: int, background: bool, timeout_s: float, collective_timeout_s: float):
-        """A save's collectives wait for the slowest rank's writes, up to `timeout_s` (checkpoint.timeout_s), never
-        less than `collective_timeout_s` (parallel.timeout_s), the bound of every other collective."""
-        self.run_dir, self.keep_last = run_dir, keep_last
-        self.timeouts = (max(timeout_s, collective_timeout_s), collective_timeout_s)
-        self.writer = CheckpointWriter(self.timeouts[0]) if background else None
+    def __init__(self, run_dir: Path, keep_last: int, background: bool, timeout_s: float, bounds: CollectiveBounds):
+        """A save's collectives, and a rollback's, wait for the slowest rank's writes or reads, up to `timeout_s`
+        (checkpoint.timeout_s), never less than the bound of every other collective (`bounds`, pretrain/bounds.py)."""
+        self.run_dir, self.keep_last, self.timeout_s, self.bounds = run_dir, keep_last, timeout_s, bounds
+        self.writer = CheckpointWriter(max(timeout_s, bounds.now_s)) if background else None
+        if self.writer:
+            bounds.exempt.append(self.writer.group)
         self.saves: list[SaveTiming] = []  # each save's blocked and until-complete seconds
+
+    def waiting(self):
+        """Inside the block, every group but the writer's waits a save's bound; the step bound after it."""
+        now = self.bounds.now_s
+        return collective_timeout(max(self.timeout_s, now), now, skip=self.bounds.exempt)
 
     def save(self, model_engine, step: int, trainer_state: dict[str, Any]) -> Path:
         """A failed write raises CheckpointWriteFailed on every rank after the partial checkpoint is
@@ -251,8 +258,7 @@ class Checkpointer:
         started = time.perf_counter()
         self.wait()
         timing = SaveTiming(step, 0.0)
-        skip = (self.writer.group,) if self.writer else ()
-        with collective_timeout(*self.timeouts, skip=skip):
+        with self.waiting():
             path = save(model_engine, self.run_dir, step, trainer_state, self.keep_last, self.writer, timing)
         timing.blocked_s = time.perf_counter() - started
         self.saves.append(timing)
@@ -278,7 +284,8 @@ class Checkpointer:
             model_engine.trainable_step
         ):
             model_engine.rebuild(trainable_step)
-        load(model_engine, tag_dir, False, seed)
+        with self.waiting():
+            load(model_engine, tag_dir, False, seed)
         return tag_dir, st
 
     def wait(self, raise_error: bool = True) -> None:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from common.errors import RunStopped, UserError
 from model.mfu import mfu
 
+from .bounds import CollectiveBounds
 from .callbacks import Callback
 from .checkpoint_writer import SaveTiming
 from .config import RunConfig
@@ -98,6 +99,7 @@ class TrainingLoop:
         logger: Logger,
         checkpointer: Checkpointer,
         callbacks: list[Callback] | None = None,
+        bounds: CollectiveBounds | None = None,
     ):
         cfg, state = ctx.cfg, ctx.point.state
         self.ctx, self.cfg, self.mcfg, self.model_engine = ctx, cfg, ctx.mcfg, model_engine
@@ -125,6 +127,8 @@ class TrainingLoop:
         )
         self.skip_positions: set[int] = set(int(p) for p in state.get("nan_skipped", []))
         self.restarts = restart_count(ctx.run_dir)  # launch.sh --max-restarts records each one
+        self.bounds = bounds  # the step bound, derived from the first steps' time unless the recipe sets it
+        self._step_s = 0.0  # this step's time, while the bounds time the first steps
 
     # -- what a checkpoint records besides the engine's tensors (trainer_state.json) ----------
     def checkpoint_state(self) -> dict[str, Any]:
@@ -193,11 +197,17 @@ class TrainingLoop:
         return self._fpt[key]
 
     def _agree(self, stop: StopRequest, flags: torch.Tensor) -> tuple[bool, bool]:
-        """Collective: (a signal asked some rank to stop, some rank's callbacks vote for a save)."""
+        """Collective: (a signal asked some rank to stop, some rank's callbacks vote for a save); the same
+        all-reduce agrees on the median step time the step bound is derived from, at the step it is known."""
         votes = [due(self.step) for due in self._save_due]  # every callback asked: votes have no side effects
+        timing = self.bounds is not None and self.bounds.timing  # once derived, the step path leaves it alone
         flags[0], flags[1] = float(stop.requested), float(any(votes))
+        flags[2] = self.bounds.step_time(self._step_s) if timing else 0.0
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0].item()), bool(flags[1].item())
+        stop_now, save_due, median = flags.tolist()  # one host sync
+        if median > 0:
+            self.bounds.derive(median)
+        return bool(stop_now), bool(save_due)
 
     def run(self, stop: StopRequest, stop_after_steps: int | None = None) -> RunResult:
         try:
@@ -216,7 +226,7 @@ class TrainingLoop:
 
     def _steps(self, stop: StopRequest, stop_after_steps: int | None) -> None:
         cfg, model_engine, result = self.cfg, self.model_engine, self.result
-        flags = torch.zeros(2, device=self.device)
+        flags = torch.zeros(3, device=self.device)
         while self.step < self.max_steps:
             if self._changes_trainable_set(self.step):
                 self.logger.message(
@@ -244,7 +254,7 @@ class TrainingLoop:
                 continue
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
+            dt = self._step_s = time.perf_counter() - t0
             self.step += 1
             self.tokens_seen += self.tokens_per_step
             result.losses[self.step] = loss

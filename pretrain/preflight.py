@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -40,54 +37,16 @@ from common.errors import PreflightError
 from eval.report import markdown_table
 from model.transformer import Transformer
 
+from .agreement import commit, versions
 from .config import load_recipe
 from .dry_run import resolve_model
 from .run_dir import default_run_dir
 
 CHECKS = ("reached", "commit", "environment", "run dir", "gpus", "disk", "port", "interface")
 TAG = "PREFLIGHT "  # a probe's answer line; a login banner or srun's own lines around it are ignored
-CODE = ("*.py", "*.sh", "*.json", "*.yaml", "*.toml")  # local edits that change what runs (not data, not docs)
 
 
 # ---- on each node ------------------------------------------------------------------------------
-
-
-def git(*args: str) -> str:
-    """git's output in this checkout; empty where git fails (not a checkout), which the commit check shows."""
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=60).stdout
-
-
-def commit() -> str:
-    """This checkout's HEAD, plus a hash of its uncommitted edits to code: every node must run the same."""
-    try:
-        head, diff = git("rev-parse", "HEAD").strip(), git("diff", "HEAD", "--", *CODE)
-        new = sorted(filter(None, git("ls-files", "--others", "--exclude-standard", "-z", "--", *CODE).split("\0")))
-    except (OSError, subprocess.TimeoutExpired):
-        return "no git"
-    h = hashlib.sha256(diff.encode())
-    for name in new:
-        h.update(name.encode())
-        with contextlib.suppress(OSError):  # a dangling link: its name is what differs
-            h.update((REPO_ROOT / name).read_bytes())
-    return (head[:12] or "no git") + (f"+edits {h.hexdigest()[:8]}" if diff or new else "")
-
-
-def versions() -> dict[str, str]:
-    """What ranks must share to agree on kernels, collectives and checkpoint formats (DeepSpeed's version is
-    read from its metadata: importing it takes seconds)."""
-
-    def version(name: str) -> str:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return "missing"
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "none",
-        "deepspeed": version("deepspeed"),
-    }
 
 
 def visible_gpus() -> int:
@@ -116,14 +75,21 @@ def probe(a: argparse.Namespace) -> dict:
         out["shared"] = (run_dir / mark_name(a.token, "")).read_text() == a.token
     except OSError:
         out["shared"] = False
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # what mkdir creates, deepest first
+    mark = run_dir / mark_name(a.token, node)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / mark_name(a.token, node)).write_text(node)
+        mark.write_text(node)
         out["write"] = ""
     except OSError as e:
         out["write"] = f"{type(e).__name__}: {e.strerror or e}"
     where = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     out["free"] = shutil.disk_usage(where).free
+    if not out["shared"]:  # a dir the first node does not see: it cannot remove this node's mark, so this node does
+        with contextlib.suppress(OSError):
+            mark.unlink(missing_ok=True)
+            for d in made:
+                d.rmdir()
     try:
         socket.create_connection((a.master_addr, a.master_port), timeout=10).close()
         out["port"] = ""

@@ -55,7 +55,8 @@ def check_value(key: str, v: Any, tp: Any, default: Any = dataclasses.MISSING) -
         raise RecipeError(f"{key} must be one of {choices}, got {v!r}. Fix: {fix}")
     if not _type_ok(v, tp):
         want = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-        fix = f". Fix: e.g. {key}={default!r}" if default is not dataclasses.MISSING else ""
+        example = "null" if default is None else repr(default)  # YAML reads None as a string
+        fix = f". Fix: e.g. {key}={example}" if default is not dataclasses.MISSING else ""
         raise RecipeError(f"{key}={v!r} has type {type(v).__name__}; expected {want}{fix}")
 
 

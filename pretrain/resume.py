@@ -98,7 +98,7 @@ def agreed_resume_point(
     every rank must see that mark (the run dir is on a filesystem all nodes share) and read the checkpoint
     rank 0 picked, else every rank raises the same RecipeError naming the ranks, hosts and paths. Decided
     per rank, a node whose disk lacks the checkpoint would start fresh while the others resume, and the
-    job would hang in its first collective until parallel.timeout_s."""
+    job would hang in its first collective until the collective bound."""
     token, point, error = None, None, None
     if rank == 0:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -112,15 +112,18 @@ def agreed_resume_point(
         if error:
             raise RecipeError(error)
         return point
-    shared = [token, None if point is None or point.tag_dir is None else str(point.tag_dir), error]
+    tag = None if point is None or point.tag_dir is None else str(point.tag_dir)
+    shared = [token, tag, error, str(Path(run_dir).resolve())]
     dist.broadcast_object_list(shared, src=0)
-    token, tag, error = shared
+    token, tag, error, first = shared
     if error:
         raise RecipeError(error)
     problem = ""
     marker = Path(run_dir) / RENDEZVOUS
     if not (marker.is_file() and marker.read_text() == token):
-        problem = f"does not see rank 0's run dir {Path(run_dir).resolve()} (its mark is missing or another run's)"
+        here = str(Path(run_dir).resolve())
+        own = "" if here == first else f" (its own is {here})"
+        problem = f"does not see rank 0's run dir {first}{own}: rank 0's mark is missing there or another run's"
     elif rank != 0:
         try:
             state = tag_format.read_state(Path(tag)) if tag is not None else {}

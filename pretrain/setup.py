@@ -15,6 +15,8 @@ from common.errors import RecipeError
 from model.mfu import peak_tflops
 
 from . import faults, loaders
+from .agreement import agree, write_code
+from .bounds import CollectiveBounds
 from .callbacks import Callback
 from .config import RunConfig
 from .context import RunContext
@@ -85,10 +87,18 @@ def start_trackers(ctx: RunContext) -> list[Callback]:
 
 
 def build_run(
-    cfg: RunConfig, device: torch.device, run_dir: Path, resume, overwrite: bool, hooks: list[TrainHook]
+    cfg: RunConfig,
+    device: torch.device,
+    run_dir: Path,
+    resume,
+    overwrite: bool,
+    hooks: list[TrainHook],
+    bounds: CollectiveBounds,
 ) -> Run:
-    """Build this rank's run, every rank in step; the process group is up."""
+    """Build this rank's run, every rank in step; the process group is up. First of all, every rank agrees on
+    the run (pretrain/agreement.py): nothing is read or written before the ranks know they run the same."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    agreed = agree(cfg, device, rank, world)
     torch.manual_seed(cfg.seed)
     point = agreed_resume_point(cfg, run_dir, resume, overwrite, rank, world)
     layout = plan_layout(cfg, world)
@@ -107,12 +117,13 @@ def build_run(
     model_engine = ModelEngine.from_context(ctx)
     if rank == 0:  # the run dir is this run's once its engine stands
         write_config(run_dir, resolved)
+        write_code(run_dir, agreed)
     loader = loaders.loader(cfg, "train", model_engine.dp_rank, layout.data_parallel, verify_record=run_dir)
     if point.tag_dir is not None:  # at the resume point's position
         loader.load_state_dict(point.state["loader"])
     logger = build_logger(ctx)
     ck = cfg.checkpoint
-    checkpointer = Checkpointer(run_dir, ck.keep_last, ck.background, ck.timeout_s, cfg.parallel.timeout_s)
+    checkpointer = Checkpointer(run_dir, ck.keep_last, ck.background, ck.timeout_s, bounds)
     tc = cfg.train
     guard = NanGuard(
         tc.nan_policy, tc.max_nan_skips, cfg.global_batch_size, run_dir if rank == 0 else None, logger.message
@@ -123,5 +134,5 @@ def build_run(
         callbacks.insert(0, StepProfiler(cfg.profile, run_dir, rank, device, logger.message))
     if cfg.train.eval_every_steps:
         callbacks.append(Validation(ctx, model_engine, getattr(loader, "tokenizer_id", None), hooks))
-    loop = TrainingLoop(ctx, model_engine, loader, logger, checkpointer, callbacks)
+    loop = TrainingLoop(ctx, model_engine, loader, logger, checkpointer, callbacks, bounds)
     return Run(ctx, model_engine, logger, loop)

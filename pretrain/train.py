@@ -20,10 +20,12 @@ import torch
 from common.cli import STOPPED, CliParser, exit_code, print_error
 from common.errors import DataError, RankFailure, RunStopped, UserError
 
-from . import faults, orphan
-from .config import RunConfig, load_recipe
+from . import faults, orphan, rendezvous
+from .bounds import CollectiveBounds
+from .config import ParallelConfig, RunConfig, load_recipe
 from .distributed import (
     SOLO_ENV,
+    check_interface,
     collective_failure,
     comm_failure,
     exit_process,
@@ -59,14 +61,21 @@ def train(
     process's loop early at that step without a final checkpoint (for tests). A run dir that
     holds another run is refused unless resumed or `overwrite` (pretrain/run_dir.py). `hooks`:
     callables (model, step) -> metrics run at the validation cadence (pretrain/hooks.py)."""
-    cfg = load_recipe(recipe, overrides)
-    hooks = check_inputs(cfg, hooks)
-    device = pick_device(cfg.train.device)
+    cfg = None
+    try:  # what a rank refuses before it meets the others, it tells them (pretrain/rendezvous.py)
+        cfg = load_recipe(recipe, overrides)
+        hooks = check_inputs(cfg, hooks)
+        device = pick_device(cfg.train.device)
+        check_interface()
+    except (UserError, OSError) as e:
+        rendezvous.refused(str(e), (cfg.parallel if cfg else ParallelConfig()).rendezvous_timeout_s)
+        raise
+    bounds = CollectiveBounds(cfg.parallel)
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     plain = "RANK" not in os.environ
     if plain:  # a plain process: world size 1 (the environment is restored on return)
         os.environ.update(SOLO_ENV)
-    if init_distributed(device, cfg.parallel.timeout_s):
+    if init_distributed(device, bounds.now_s, bounds.rendezvous_s):
         # ZeRO-3 processes abort at exit unless the process group is destroyed. It is kept
         # until then (DeepSpeed caches its groups), so train() can be called again in-process.
         atexit.register(shutdown_distributed)
@@ -74,13 +83,13 @@ def train(
     # NCCL reports a dead or hung peer on its watchdog thread, not in this one: a thread of ours turns it
     # into the same message (gloo raises here, below); a CPU test injects the report (pretrain/faults.py)
     probe = faults.comm_probe() or (comm_failure if device.type == "cuda" else None)
-    watching = watch_collectives(run_dir, cfg.parallel.timeout_s, probe) if probe else None
+    watching = watch_collectives(run_dir, bounds.describe, probe) if probe else None
     try:
-        return _train(cfg, device, run_dir, resume, stop_after_steps, overwrite, hooks)
+        return _train(cfg, device, run_dir, resume, stop_after_steps, overwrite, hooks, bounds)
     except Exception as e:
         if isinstance(e, (UserError, RunStopped)) or not collective_failure(e):
             raise
-        raise RankFailure(rank_failure_message(e, cfg.parallel.timeout_s, run_dir)) from e
+        raise RankFailure(rank_failure_message(e, bounds.describe(), run_dir)) from e
     finally:
         if watching is not None:
             watching.set()
@@ -93,9 +102,16 @@ def train(
 
 
 def _train(
-    cfg: RunConfig, device: torch.device, run_dir: Path, resume, stop_after_steps, overwrite, hooks: list[TrainHook]
+    cfg: RunConfig,
+    device: torch.device,
+    run_dir: Path,
+    resume,
+    stop_after_steps,
+    overwrite,
+    hooks: list[TrainHook],
+    bounds: CollectiveBounds,
 ) -> RunResult:
-    run = build_run(cfg, device, run_dir, resume, overwrite, hooks)
+    run = build_run(cfg, device, run_dir, resume, overwrite, hooks, bounds)
     point, logger = run.ctx.point, run.logger
     for note in point.notes:
         logger.message(note)
@@ -151,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
             return 0
         res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
-        shutdown_distributed(finished=True)
+        shutdown_distributed(finished=True, run_dir=res.run_dir)
     except (UserError, RunStopped, OSError) as e:
         print_error(e)
+        rendezvous.linger()  # a refusal before the run began: every rank learns it before this one goes
         if isinstance(e, RankFailure):
             os._exit(STOPPED)  # a dead peer can make process-group teardown hang
         return exit_code(e)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, read_losses
+from conftest import REPO, finish_ranks, free_port, rank_env, read_losses
 
 from checkpoint import tag_format as ckpt
 
@@ -149,6 +152,14 @@ def test_iface_reaches_every_launch_form():
     bad = dry("--gpus", "2", "--iface", "eth0;reboot")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --iface 'eth0;reboot' is not an interface name")
     assert "Fix:" in bad.stderr and bad.stdout == ""
+    for opts in (["--cpu", "2"], no_ssh):  # where this node starts ranks, it must have the interface: before any
+        cmd = ["./launch.sh", *opts, "--iface", "nosuch0", "--", "--recipe", "recipes/tiny_cpu.yaml"]
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+        assert re.fullmatch(
+            r"error: --iface 'nosuch0': this node has no such network interface \(it has: .*lo.*\)\. Fix: .*\n",
+            out.stderr,
+        )
     assert "--iface NAME" in subprocess.run(["./launch.sh", "--help"], cwd=REPO, capture_output=True, text=True).stdout
 
 
@@ -285,6 +296,7 @@ def test_preflight_names_the_first_failing_check_and_its_fix(tmp_path, small_tmp
     failing = [row for row in out.stdout.splitlines() if "(!)" in row]
     assert failing and all(row.startswith(f"| {NODES[1]} ") for row in failing) or case in ("disk", "iface")
     assert not list(Path(run).glob(".preflight-*"))
+    assert not (tmp_path / "node2-local").exists()  # a node that does not share the run dir removes its own mark
 
 
 def test_preflight_inside_slurm_reads_the_allocation(tmp_path):
@@ -326,3 +338,125 @@ def test_preflight_bad_input_is_one_error_line(tmp_path, hostfile, env, said):
         cwd=REPO, env=base, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert said in one_error(out)
+
+
+# ---- before step 1: the ranks meet within a bound, and agree on the run ------------------------------------
+
+TRAIN = ["--recipe", "recipes/tiny_cpu.yaml", "train.eval_every_steps=0", "logging.tensorboard=false"]
+
+
+def start_nodes(port: int, args: list[list[str] | None], envs: list[dict] | None = None) -> list[subprocess.Popen]:
+    """One rank per loopback "node", as DeepSpeed's launcher starts it there (CROSS_RANK: the node), with that
+    node's training arguments and environment; a node whose arguments are None is not started."""
+    procs = []
+    for node, extra in enumerate(args):
+        if extra is None:
+            continue
+        env = dict(rank_env(node, len(args), port), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", LOCAL_SIZE="1")
+        env.update(CROSS_RANK=str(node), **(envs[node] if envs else {}))
+        cmd = [sys.executable, "-m", "pretrain.train", *TRAIN, *extra]
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    return procs
+
+
+def error_lines(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each process's one `error:` line; each exited 2 (bad input, not retried) without a traceback."""
+    outs = finish_ranks(procs, timeout)
+    lines = []
+    for p, out in zip(procs, outs):
+        errors = [line for line in out.splitlines() if line.startswith("error: ")]
+        assert p.returncode == 2 and len(errors) == 1 and "Traceback" not in out, out[-3000:]
+        assert "Fix: " in errors[0], errors[0]
+        lines.append(errors[0])
+    return lines
+
+
+def test_nodes_given_different_runs_stop_before_step_1_naming_the_differences(tmp_path):
+    """Two loopback nodes through launch.sh --no-ssh; the second runs from a copy of the checkout with RMSNorm
+    changed (no git there) and with another learning rate and step count. Both stop before the run dir is
+    touched, in one line naming each difference and the node that has each value: trained apart, they would
+    have run to the end with different results (the run's config.yaml holding node 0's recipe only)."""
+    other = tmp_path / "other"
+    for top in ("common", "model", "data_pipeline", "checkpoint", "eval", "pretrain", "ds_configs", "recipes"):
+        shutil.copytree(REPO / top, other / top, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO / "launch.sh", other / "launch.sh")
+    layers = other / "model" / "layers.py"
+    layers.write_text(layers.read_text().replace("self.eps = eps", "self.eps = 2 * eps", 1))
+    hostfile, run, port = tmp_path / "hostfile", tmp_path / "run", free_port()
+    hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHON=sys.executable)
+    procs, start = [], time.monotonic()
+    for node, (where, extra) in enumerate([(REPO, []), (other, ["optim.lr=1e-3", "train.max_steps=7"])]):
+        cmd = ["./launch.sh", "--cpu", "1", "--hostfile", str(hostfile), "--no-ssh", "--node-rank", str(node)]
+        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--", *TRAIN, "--run-dir", str(run), *extra]
+        procs.append(
+            subprocess.Popen(cmd, cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    lines = error_lines(procs, timeout=300)
+    assert time.monotonic() - start < 120
+    assert lines[0] == lines[1] and lines[0].startswith("error: the ranks of this job were not given the same run: ")
+    said = lines[0]
+    assert re.search(
+        r"code: sources \w{12} \(commit [^)]+\) on node 0 \(.+\), sources \w{12} \(commit no git\) on node 1", said
+    ), said
+    assert re.search(r"optim\.lr: 0\.003 on node 0 \(.+\), 0\.001 on node 1 \(.+\)", said), said
+    assert re.search(r"train\.max_steps: 20 on node 0 \(.+\), 7 on node 1 \(.+\)", said), said
+    assert "python -m pretrain.preflight" in said
+    assert not run.exists() or not {"config.yaml", "metrics.jsonl", "checkpoints"} & {p.name for p in run.iterdir()}
+
+
+@pytest.mark.parametrize("refuser", [0, 1])
+def test_a_node_that_refuses_its_input_tells_the_others_at_once(tmp_path, refuser):
+    """A node that stops on its input before the ranks meet (node 0: a misspelt key; node 1: an interface it lacks)
+    tells the others through the rendezvous store: they stop at once with its line, instead of waiting for it
+    (here parallel.rendezvous_timeout_s=120; before, 30 minutes and a C++ traceback). Node 0, whose store it is,
+    hosts one for the telling."""
+    run = str(tmp_path / "run")
+    args = [["--run-dir", run, "parallel.rendezvous_timeout_s=120"] for _ in range(2)]
+    envs = [{}, {}]
+    if refuser == 0:
+        args[0].append("train.max_stepz=3")
+    else:
+        envs[1] = {"GLOO_SOCKET_IFNAME": "nosuch0"}
+    start = time.monotonic()
+    lines = error_lines(start_nodes(free_port(), args, envs), timeout=300)
+    assert time.monotonic() - start < 60  # not the 120 s bound
+    own = lines[refuser].removeprefix("error: ")
+    want = (
+        "train.max_stepz: unknown key"
+        if refuser == 0
+        else f"node 1 ({socket.gethostname()}) has no network interface nosuch0"
+    )
+    assert own.startswith(want), own
+    assert lines[1 - refuser] == f"error: node {refuser} ({socket.gethostname()}) stopped before the run began: {own}"
+
+
+def test_a_node_that_never_arrives_or_a_port_held_by_another_program_is_one_line(tmp_path):
+    """Within parallel.rendezvous_timeout_s, each in one line: rank 0 alone names the rank that never arrived;
+    rank 1 alone, that nothing answered at rank 0's address; on a port another program holds, rank 0 says so at
+    once and rank 1, which reaches that program instead of rank 0's store, says so after the store's handshake
+    went unanswered (before: a traceback, and a silent wait for good)."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(8)
+    held = holder.getsockname()[1]
+    bound = ["parallel.rendezvous_timeout_s=8"]
+    try:
+        start = time.monotonic()
+        alone = start_nodes(free_port(), [[*bound, "--run-dir", str(tmp_path / "alone")], None])
+        lost = start_nodes(free_port(), [None, [*bound, "--run-dir", str(tmp_path / "lost")]])
+        both = start_nodes(held, [[*bound, "--run-dir", str(tmp_path / "held")]] * 2)
+        lines = error_lines([*alone, *lost, *both], timeout=300)
+        waited = time.monotonic() - start
+    finally:
+        holder.close()
+    assert lines[0].startswith(
+        "error: rank(s) 1 of 2 never arrived at the rendezvous within parallel.rendezvous_timeout_s=8s"
+    )
+    assert lines[1].startswith("error: nothing answered at 127.0.0.1:") and "(Connection refused)" in lines[1]
+    assert lines[2].startswith(f"error: port {held} on node 0 ({socket.gethostname()}) is held by another program")
+    assert lines[3].startswith(f"error: 127.0.0.1:{held} accepts connections but is not rank 0's rendezvous")
+    assert waited < 90

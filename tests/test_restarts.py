@@ -61,3 +61,24 @@ def test_the_same_failure_twice_stops_and_bad_input_is_not_retried(tmp_path):
     assert len((tmp_path / "nan" / "restarts.jsonl").read_text().splitlines()) == 1
     bad = launch(tmp_path / "bad", "--max-restarts", "5", extra=["train.max_stepz=3"])
     assert bad.returncode == 2 and "[launch]" not in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_restart_of_a_job_on_two_nodes_is_one_line(tmp_path):
+    """With --no-ssh each node's launch.sh restarts its own ranks when the job fails, so both restart; the job
+    restarted once, and restarts.jsonl (and the metrics' `restarts`) says once: node 0's launcher writes it. The
+    job is a stand-in that fails at once (PYTHON); launch.sh's bookkeeping is the real one."""
+    run = tmp_path / "run"
+    job = tmp_path / "python"
+    job.write_text(f'#!/bin/bash\ncase " $* " in *" --print-run-dir "*) echo {run} ;; *) exit 3 ;; esac\n')
+    job.chmod(0o755)
+    (tmp_path / "hostfile").write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    run.mkdir()
+    for node in (0, 1):
+        cmd = ["./launch.sh", "--cpu", "1", "--hostfile", str(tmp_path / "hostfile"), "--no-ssh", "--node-rank"]
+        cmd += [str(node), "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", "1"]
+        cmd += ["--restart-backoff", "0", "--", *TRAIN, "--run-dir", str(run)]
+        out = subprocess.run(cmd, cwd=REPO, env=launch_env() | {"PYTHON": str(job)}, capture_output=True, text=True)
+        assert out.returncode == 3, out.stdout + out.stderr
+        assert "[launch] the job exited with 3 after step 0; restart 1 of 1" in out.stderr
+        assert "error: the run failed (exit 3 after step 0) and --max-restarts 1 are used up" in out.stderr
+    assert [json.loads(line)["restart"] for line in (run / "restarts.jsonl").read_text().splitlines()] == [1]

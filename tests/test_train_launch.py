@@ -74,6 +74,9 @@ def test_two_nodes_on_loopback_train_and_checkpoint(tmp_path):
     state = ckpt.read_state(run / "checkpoints" / ckpt.tag_for(4))
     assert state["world_size"] == 2 and state["step"] == 4
     assert sorted(read_losses(run)) == [1, 2, 3, 4]
+    code = json.loads((run / "code.json").read_text())  # what both nodes agreed on before step 1
+    assert [n.split(" (")[0] for n in code["nodes"]] == ["node 0", "node 1"] and len(code["sources_sha256"]) == 64
+    assert code["commit"] and code["versions"]["deepspeed"] and code["fingerprint_sha256"]
 
 
 def test_two_process_cpu_run_learns_text_with_the_wikitext2_recipe(tmp_path):
@@ -560,5 +563,7 @@ def test_two_nodes_that_do_not_share_the_run_dir_stop_in_one_line_not_a_hang(tmp
     for p, (out, err) in zip(procs, outs):
         lines = [x for x in err.splitlines() if x.startswith("error: ")]
         assert p.returncode == 2 and len(lines) == 1, err[-2000:]
-        assert "rank 1 on " in lines[0] and "does not see rank 0's run dir" in lines[0] and "Fix:" in lines[0]
+        assert "rank 1 on " in lines[0] and "Fix:" in lines[0]
+        own = tmp_path / "node1" / "runs" / "shared"
+        assert f"does not see rank 0's run dir {tmp_path / 'node0' / 'runs' / 'shared'} (its own is {own})" in lines[0]
     assert not (tmp_path / "node1" / "runs" / "shared" / "checkpoints").exists()
