@@ -65,6 +65,16 @@ def attention_backend(
     return "flash_varlen", "packed documents, flash-attn installed"
 
 
+def sdpa_native_gqa(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Whether SDPA takes K and V with fewer heads than Q itself (`enable_gqa`) for this call, instead of
+    copies repeated to Q's heads: on the CPU always (its flash kernel reads the shared heads); on CUDA
+    only where the flash kernel takes the call (fp16/bf16, no mask, head dim <= 256), because elsewhere
+    `enable_gqa` falls back to the unfused math kernel, slower than the copies."""
+    if not q.is_cuda:
+        return True
+    return q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and q.shape[-1] <= 256
+
+
 def mixit_dense_bytes(num_heads: int, num_layers: int, max_seq_len: int, element_bytes: int) -> int:
     """Bytes the dense mixing matrices of every layer hold on one device (the dense path's cache)."""
     return num_layers * num_heads * max_seq_len**2 * element_bytes
