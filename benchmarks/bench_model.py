@@ -235,7 +235,7 @@ class Entry:
         self.engine = ModelEngine(cfg, mcfg, layout, self.device)
         self.engine.build(0)
         self.model = self.engine.model
-        ckpt = "on" if cfg.train.activation_checkpointing else "off"
+        ckpt = f"{self.engine.checkpointing} ({self.engine.checkpointing_reason})"
         self.note = f"{TRAINER_RECIPE}: {layout.describe()}; activation checkpointing {ckpt}; {cfg.train.precision}"
 
     def step(self):

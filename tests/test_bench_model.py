@@ -62,11 +62,11 @@ def test_custom_shape_is_labelled_custom_and_is_not_the_1b_preset():
 
 
 def test_trainer_entry_is_the_1b_recipe_on_the_same_model():
-    """ZeRO-1 and activation checkpointing, as recipes/1b_gpu_zero1.yaml trains, on the benchmark's batch."""
+    """ZeRO-1 and activation checkpointing `auto`, as recipes/1b_gpu_zero1.yaml trains, on the benchmark's batch."""
     args = parsed("--preset", "1b", "--variants", "trainer", "--batch", "4", "--dtype", "bf16")
     cfg, mcfg = bench.trainer_config(args, "1b@2048")
     assert mcfg == preset("1b")
-    assert cfg.train.activation_checkpointing and cfg.train.precision == "bf16"
+    assert cfg.train.activation_checkpointing == "auto" and cfg.train.precision == "bf16"
     layout = plan_layout(cfg, 1)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 4, 1)
 
