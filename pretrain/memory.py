@@ -164,6 +164,8 @@ def memory_estimate(
     if layout.offload_param:
         weights = 0.0
     mode = checkpointing or cfg.train.activation_checkpointing
+    if mode not in CHECKPOINTING_MODES:
+        raise ValueError(f"checkpointing {mode!r}: estimate each mode (estimates_by_mode) and choose from them")
     tokens = cfg.train.seq_len * layout.micro_batch
     impl = mixit_impl_for(mcfg, wb, device_type, device_memory)
     kv_copies = device_type == "cuda" and getattr(cfg.data, "return_doc_ids", False)  # masked SDPA: K/V repeated
