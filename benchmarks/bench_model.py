@@ -432,6 +432,21 @@ def table_row(
     )
 
 
+def causal_line(args, shape: str, entries, median: dict, peaks: tuple[float, float | None]) -> str:
+    """The MFU of each entry with attention's causal half only (model/flops.py causal_half), beside the
+    table's, which counts the whole T x T square (the convention, torchtitan's too)."""
+    measured, sheet = peaks
+    parts = []
+    for e in entries:
+        cfg = entry_config(args, shape, e.kind)
+        full, half = (flops_per_token(cfg, cfg.max_seq_len, causal_half=c)["train"] for c in (False, True))
+        tf = e.flops * half / full / median[e.kind] / 1e12
+        parts.append(
+            f"{e.kind} {percent(mfu(tf, measured))}" + (f" (sheet {percent(mfu(tf, sheet))})" if sheet else "")
+        )
+    return "MFU of attention's causal half (the table counts the whole square): " + ", ".join(parts)
+
+
 def check_args(args) -> None:
     """Refuse combinations that would time something else than was asked for."""
     if args.preset:
@@ -561,6 +576,7 @@ def main() -> None:
             vs = tuple(f"{median[k] / t:.2f}x" if k in median else "" for k in ("standard", "hf_llama"))
             note = "see below" if e.kind == TRAINER else e.note
             print(table_row(e.kind, e.tokens, e.flops, t, (peak, sheet), mem, vs, note), flush=True)
+        print(causal_line(args, shape, entries, median, (peak, sheet)))
         for note in dropped + [f"{e.kind}: {e.note}" for e in entries if e.kind == TRAINER]:
             print(note)
         for kind, table in profiles.items():

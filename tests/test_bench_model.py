@@ -135,3 +135,20 @@ def test_mfu_against_the_measured_and_the_data_sheet_peak():
     row = bench.table_row("standard", tokens, 7.2383e9 * tokens, seconds, (784.596, None), "", ("", ""), "")
     assert row.split()[3:5] == ["55.3%", "-"]
     assert "unknown" in bench.peak_lines(0.2, None, "none", "fp32").splitlines()[1]
+
+
+def test_causal_half_mfu_beside_the_tables():
+    """Beside the table's MFU (the whole T x T square), each entry's with attention's causal half only."""
+
+    class Done:  # a timed entry, as the parent holds it
+        def __init__(self, kind, flops):
+            self.kind, self.flops = kind, flops
+
+    args = parsed("--preset", "tiny", "--seq", "64", "--variants", "standard", "mixit")
+    cfgs = {k: bench.entry_config(args, "tiny@64", k) for k in ("standard", "mixit")}
+    entries = [Done(k, bench.flops_per_token(c, 64)["train"] * 64) for k, c in cfgs.items()]
+    line = bench.causal_line(args, "tiny@64", entries, {"standard": 1e-6, "mixit": 1e-6}, (1.0, 2.0))
+    for kind, cfg in cfgs.items():
+        half = bench.flops_per_token(cfg, 64, causal_half=True)["train"] * 64 / 1e-6 / 1e12
+        assert f"{kind} {half:.1%} (sheet {half / 2:.1%})" in line, line
+    assert line.startswith("MFU of attention's causal half (the table counts the whole square): standard ")
