@@ -338,12 +338,14 @@ class MixingAttention(nn.Module):
 
     @torch._disable_dynamo  # generated once, cached, like the dense matrix
     def tiles(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """M of heads 1..H-1 as stored 64 x 64 tiles in `dtype` (kernels/mixit_streamed.py): written once per
-        device and dtype and kept for the model's life; the same tiles serve every t <= T."""
+        """Heads 1..H-1 as stored 64 x 64 tiles in `dtype` (kernels/mixit_streamed.py: causal, beta (M - drift
+        1^T), the centering folded in; bidirectional, M): written once per device and dtype and kept for the
+        model's life; the same tiles serve every t <= T."""
         key = ("tiles", str(device), dtype)
         if key not in self._cache:
+            drift = self.drift(self.cfg.max_seq_len, device) if self.cfg.causal else None
             with torch.no_grad():
-                self._cache[key] = generate_tiles(self.mixit_params(), dtype, device)
+                self._cache[key] = generate_tiles(self.mixit_params(), dtype, device, drift)
         return self._cache[key]
 
     def mixit_params(self) -> MixitParams:

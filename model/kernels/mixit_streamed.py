@@ -5,12 +5,19 @@ The regenerating kernel (mixit_triton.py) makes every tile's normals with Philox
 in the forward, the backward and an activation-checkpoint recompute: about 3,400 ns a 64 x 64 tile,
 where reading a stored bf16 tile from HBM takes about 225-323 ns. Here `generate_tiles` draws
 M_h[i, j] = sigma_h * tl.randn(key_h, i*T + j) for heads 1..H-1 once, with the regenerating kernel's
-own expression (the same numbers before the cast to the storage dtype), into the tiles on and below
-the diagonal (every tile when bidirectional). The forward walks each (row block, head) over its tiles
-with the values of several sequences side by side, the columns of an (n, sequences x d_h) matrix, so
-one read of a tile serves the whole group; its epilogue is the regenerating kernel's (drift_h times
-cumsum(V), beta, identity). The backward is the same walk over the transposed tiles, dV = A^T G, with
-the centering and identity terms fused as well. The sink head 0 stays elementwise in PyTorch.
+own expression (the same numbers), into the tiles on and below the diagonal (every tile when
+bidirectional). Causal tiles hold A_h - I = beta (M_h - drift_h 1^T) on and below the diagonal,
+computed in float32 and rounded once to the storage dtype: the centering and beta are folded into
+the stored entries (drift_h[i] depends on row i only, so the same tiles serve every t <= T), and the
+forward and backward are plain products with them, without the prefix sums of V and of drift * G
+(and their float32 copies) that the regenerating kernel's epilogue needs. **The stored tiles are the
+streamed path's reference of record**: in bf16 its A is that rounding of beta (M - drift 1^T) + I,
+not the regenerating kernel's float32 product (it agrees with it to bf16's rounding of the entries;
+tests/test_kernels_mixit_streamed.py). Bidirectional tiles hold M (its drift averages over t, not
+T) and keep the epilogue's centering. The forward walks each (row block, head) over its tiles with
+the values of several sequences side by side, the columns of an (n, sequences x d_h) matrix, so one
+read of a tile serves the whole group; the identity term is added in its epilogue. The backward is
+the same walk over the transposed tiles, dV = A^T G. The sink head 0 stays elementwise in PyTorch.
 Runs on CUDA, and on CPU tensors under TRITON_INTERPRET=1 (the tests).
 """
 
@@ -22,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from .mixit_blocked import MixitParams, cumsum_rows, sink_backward, sink_forward
+from .mixit_blocked import MixitParams, sink_backward, sink_forward
 from .mixit_triton import sweep_all_tiles
 
 # The stored tile's side: the 64 x 64 tile at 8 warps is what the regenerating kernel compiles without
@@ -91,7 +98,7 @@ def _kernels():
     import triton.language as tl  # deferred: heavy
 
     @triton.jit
-    def generate(A, KEYS, SIG, T, nb, CAUSAL: tl.constexpr, BT: tl.constexpr, RNG4X: tl.constexpr):
+    def generate(A, KEYS, SIG, DRIFT, T, nb, beta, sdh, CAUSAL: tl.constexpr, BT: tl.constexpr, RNG4X: tl.constexpr):
         # one program per stored tile k of head h; causal: k = r (r + 1) / 2 + c with c <= r
         k = tl.program_id(0)
         h = tl.program_id(1)
@@ -115,9 +122,12 @@ def _kernels():
         else:
             z = tl.randn(key, rows[:, None] * T + cols[None, :])
         ok = (rows[:, None] < T) & (cols[None, :] < T)
-        if CAUSAL:
+        if CAUSAL:  # beta (M - drift 1^T): the centering and beta folded into the stored entries
             ok = ok & (cols[None, :] <= rows[:, None])
-        m = tl.where(ok, z * sigma, 0.0)
+            drift = tl.load(DRIFT + h * sdh + rows, mask=rows < T, other=0.0)
+            m = tl.where(ok, (z * sigma - drift[:, None]) * beta, 0.0)
+        else:
+            m = tl.where(ok, z * sigma, 0.0)
         base = (h.to(tl.int64) * tl.num_programs(0) + k) * (BT * BT)
         tile = tl.arange(0, BT)[:, None] * BT + tl.arange(0, BT)[None, :]
         tl.store(A + base + tile, m.to(A.dtype.element_ty))
@@ -189,9 +199,12 @@ def _kernels():
                 a, vb = a.to(tl.float32), vb.to(tl.float32)
             acc = tl.dot(a, vb, acc)
         ok = row_ok[:, None] & w_ok[None, :]
-        cs = tl.load(CS + h * sch + rows[:, None] * sct + (seq * scb + d)[None, :], mask=ok, other=0.0)
-        drift = tl.load(DRIFT + h * sdh + rows, mask=row_ok, other=0.0)
-        out = beta * (acc - drift[:, None] * cs)
+        if CAUSAL:  # the tiles hold beta (M - drift 1^T)
+            out = acc
+        else:
+            cs = tl.load(CS + h * sch + rows[:, None] * sct + (seq * scb + d)[None, :], mask=ok, other=0.0)
+            drift = tl.load(DRIFT + h * sdh + rows, mask=row_ok, other=0.0)
+            out = beta * (acc - drift[:, None] * cs)
         if IDENT:
             out += tl.load(v_base + rows[:, None] * svt + v_cols[None, :], mask=ok, other=0.0).to(tl.float32)
         o_ptr = O + h * soh + (rows[:, None] - row_start) * sot + (seq * sob + d)[None, :]
@@ -226,7 +239,8 @@ def _kernels():
         SWEEP_N: tl.constexpr,
         UPCAST: tl.constexpr,
     ):
-        # dV_j = beta (sum_{i >= j} M[i, j] G_i - RC_j) + G_j, RC_j = sum_{i >= j} drift_i G_i (causal)
+        # causal: dV_j = sum_{i >= j} A'[i, j] G_i + G_j with the stored A' = beta (M - drift 1^T);
+        # bidirectional: dV_j = beta (sum_i M[i, j] G_i - RC_j) + G_j, RC_j = sum_i drift_i G_i
         # G's strides are sv*, RC's sc*, DV's so*; grid (sequence groups, key blocks, heads), the longest
         # walk (key block 0 when causal) first
         grp = tl.program_id(0)
@@ -261,8 +275,11 @@ def _kernels():
                 a, gb = a.to(tl.float32), gb.to(tl.float32)
             acc = tl.dot(tl.trans(a), gb, acc)
         ok = col_ok[:, None] & w_ok[None, :]
-        rc = tl.load(RC + h * sch + cols[:, None] * sct + (seq * scb + d)[None, :], mask=ok, other=0.0)
-        dv = beta * acc - beta * rc
+        if CAUSAL:
+            dv = acc
+        else:
+            rc = tl.load(RC + h * sch + cols[:, None] * sct + (seq * scb + d)[None, :], mask=ok, other=0.0)
+            dv = beta * acc - beta * rc
         if IDENT:
             dv += tl.load(g_base + cols[:, None] * svt + g_cols[None, :], mask=ok, other=0.0).to(tl.float32)
         tl.store(DV + h * soh + cols[:, None] * sot + (seq * sob + d)[None, :], dv.to(DV.dtype.element_ty), mask=ok)
@@ -270,18 +287,24 @@ def _kernels():
     return generate, forward, backward
 
 
-def generate_tiles(p: MixitParams, dtype: torch.dtype, device) -> torch.Tensor:
-    """M of heads 1..H-1 as (H-1, tile_count, TILE, TILE) in `dtype`: tile k of a head is row block r,
-    key block c with k = r (r + 1) / 2 + c when causal (c <= r), k = r * ceil(T / TILE) + c otherwise;
-    entries past T, and above the diagonal when causal, are zero."""
+def generate_tiles(p: MixitParams, dtype: torch.dtype, device, drift: torch.Tensor | None = None) -> torch.Tensor:
+    """The stored tiles of heads 1..H-1 as (H-1, tile_count, TILE, TILE) in `dtype`: causal, beta (M - drift
+    1^T) with `drift` (H-1, T) from mixit_blocked.compute_drift (computed in float32, rounded once);
+    bidirectional, M. Tile k of a head is row block r, key block c with k = r (r + 1) / 2 + c when causal
+    (c <= r), k = r * ceil(T / TILE) + c otherwise; entries past T, and above the diagonal when causal,
+    are zero."""
     hr = len(p.keys)
     nt = tile_count(p.T, p.causal)
     tiles = torch.empty(hr, nt, TILE, TILE, dtype=dtype, device=device)
+    if p.causal and hr and (drift is None or tuple(drift.shape) != (hr, p.T)):
+        raise ValueError(f"causal tiles fold the drift in: pass compute_drift(p, {p.T}, ...), shape ({hr}, {p.T})")
     if hr:
         keys = torch.tensor(p.keys, dtype=torch.int64, device=device)
         sig = torch.tensor(p.sigmas, dtype=torch.float32, device=device)
+        drift = sig if drift is None else drift.to(device=device, dtype=torch.float32)  # bidirectional: unread
+        sdh = drift.stride(0) if drift.dim() == 2 else 0
         meta = dict(CAUSAL=p.causal, BT=TILE, RNG4X=p.generator == "philox4x", **GENERATE)
-        _kernels()[0][(nt, hr)](tiles, keys, sig, p.T, -(-p.T // TILE), **meta)
+        _kernels()[0][(nt, hr)](tiles, keys, sig, drift, p.T, -(-p.T // TILE), p.beta, sdh, **meta)
     return tiles
 
 
@@ -314,8 +337,8 @@ def heads_forward(
     dh); v, out and the tiles in one dtype, accumulated in float32."""
     _check(tiles, p, v)
     b, hr, n, dh = v.shape
-    vf = v.float()
-    cs = cumsum_rows(vf) if p.causal else vf.sum(2, keepdim=True).expand(b, hr, n, dh)
+    # bidirectional: the centering's column sums; causal tiles hold it already (CS is then not read)
+    cs = v if p.causal else v.float().sum(2, keepdim=True).expand(b, hr, n, dh)
     lc = launch(dh, b)
     grid = (-(-b // lc.SEQS), -(-n // TILE) - row_start // TILE, hr)
     strides = (*v.stride()[:3], *cs.stride()[:3], *out.stride()[:3], drift.stride(0))
@@ -328,8 +351,10 @@ def heads_backward(tiles: torch.Tensor, p: MixitParams, g: torch.Tensor, drift: 
     """Heads 1..H-1, rows from 0: writes dV = A^T g of g (b, H-1, n, dh) into dv (b, H-1, n, dh)."""
     _check(tiles, p, g)
     b, hr, n, dh = g.shape
-    dg = drift[None, :, :n, None] * g.float()
-    rc = cumsum_rows(dg, reverse=True) if p.causal else dg.sum(2, keepdim=True).expand(b, hr, n, dh)
+    if p.causal:  # the tiles hold the centering (RC is then not read)
+        rc = g
+    else:
+        rc = (drift[None, :, :n, None] * g.float()).sum(2, keepdim=True).expand(b, hr, n, dh)
     lc = launch(dh, b)
     grid = (-(-b // lc.SEQS), -(-n // TILE), hr)
     strides = (*g.stride()[:3], *rc.stride()[:3], *dv.stride()[:3])
