@@ -137,8 +137,22 @@ def mixit_path(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> st
     if device.type == "cuda" and not torch.cuda.is_available():
         return None
     with torch.device("meta"):
-        layer = MixingAttention(cfg, 0)
-    return layer.impl(device, dtype)
+        paths = [MixingAttention(cfg, i).impl(device, dtype) for i in range(cfg.num_layers)]
+    return layer_ranges(paths)
+
+
+def layer_ranges(paths: list[str]) -> str:
+    """One path, or each path with its layers where they differ (the tiles chunked by layer):
+    'streamed (layers 0-7), triton (layers 8-15)'."""
+    if len(set(paths)) == 1:
+        return paths[0]
+    runs = []
+    for i, path in enumerate(paths):
+        if runs and runs[-1][0] == path:
+            runs[-1][2] = i
+        else:
+            runs.append([path, i, i])
+    return ", ".join(f"{path} (layers {a}-{b})" if a != b else f"{path} (layer {a})" for path, a, b in runs)
 
 
 def distinct_kinds(args, shape: str, kinds: list[str]) -> tuple[list[str], list[str]]:

@@ -318,7 +318,14 @@ class MixingAttention(nn.Module):
         dense = mixit_dense_bytes(c.num_heads, c.num_layers, c.max_seq_len, nbytes)
         streamed = mixit_streamed_bytes(c.num_heads, c.num_layers, c.max_seq_len, nbytes, c.causal)
         impl, reason = mixit_backend(
-            c.mixit_impl, c.max_seq_len, device, dense, streamed_bytes=streamed, causal=c.causal
+            c.mixit_impl,
+            c.max_seq_len,
+            device,
+            dense,
+            streamed_bytes=streamed,
+            causal=c.causal,
+            layer=self.layer,
+            num_layers=c.num_layers,
         )
         log_choice("mixit", impl, reason)
         return impl

@@ -96,30 +96,31 @@ def loss_bytes(mcfg: ModelConfig, tokens: int, element_bytes: int, weight_bytes:
     return kept, min(tokens, mcfg.loss_chunk_tokens) * v * 4 + v * d * 4
 
 
-def mixit_cache_bytes(mcfg: ModelConfig, element_bytes: int, impl: str) -> int:
-    """Bytes MixiT keeps cached per device on `impl`: the dense matrices or the stored tiles (kernels/select.py)."""
-    if mcfg.mixer != "mixit":
-        return 0
-    if impl == "dense":
-        return mixit_dense_bytes(mcfg.num_heads, mcfg.num_layers, mcfg.max_seq_len, element_bytes)
-    if impl == "streamed":
-        return mixit_streamed_bytes(mcfg.num_heads, mcfg.num_layers, mcfg.max_seq_len, element_bytes, mcfg.causal)
-    return 0
-
-
-def mixit_impl_for(mcfg: ModelConfig, element_bytes: int, device_type: str, device_memory: int | None) -> str:
-    """The MixiT path the model would take (kernels/select.py's rule); on CUDA with the device's memory
-    unknown, the tiles (causal) or the dense matrices (bidirectional): the rule's choice where they fit."""
-    if mcfg.mixer != "mixit":
-        return "none"
-    if device_type == "cuda" and device_memory is None:
-        return "streamed" if mcfg.causal and mcfg.mixit_impl == "auto" else mcfg.mixit_impl
+def mixit_paths(mcfg: ModelConfig, element_bytes: int, device_type: str, device_memory: int | None) -> list[str]:
+    """The MixiT path of each layer (kernels/select.py's rule; none for other mixers); on CUDA with the
+    device's memory unknown, the tiles (causal) or the dense matrices (bidirectional): the rule's choice
+    where they fit."""
     c = mcfg
+    if c.mixer != "mixit":
+        return []
+    if device_type == "cuda" and device_memory is None:
+        return [("streamed" if c.causal else "dense") if c.mixit_impl == "auto" else c.mixit_impl] * c.num_layers
     dense = mixit_dense_bytes(c.num_heads, c.num_layers, c.max_seq_len, element_bytes)
     tiles = mixit_streamed_bytes(c.num_heads, c.num_layers, c.max_seq_len, element_bytes, c.causal)
     device = torch.device(device_type)
-    impl, _ = mixit_backend(c.mixit_impl, c.max_seq_len, device, dense, device_memory, tiles, c.causal)
-    return impl
+    return [
+        mixit_backend(c.mixit_impl, c.max_seq_len, device, dense, device_memory, tiles, c.causal, i, c.num_layers)[0]
+        for i in range(c.num_layers)
+    ]
+
+
+def mixit_cache_bytes(mcfg: ModelConfig, element_bytes: int, paths: list[str]) -> float:
+    """Bytes MixiT keeps cached per device with each layer on its path: its dense matrices or its stored tiles."""
+    c, per = mcfg, {}
+    if paths:
+        per["dense"] = mixit_dense_bytes(c.num_heads, 1, c.max_seq_len, element_bytes)
+        per["streamed"] = mixit_streamed_bytes(c.num_heads, 1, c.max_seq_len, element_bytes, c.causal)
+    return float(sum(per.get(path, 0) for path in paths))
 
 
 def memory_estimate(
@@ -145,8 +146,8 @@ def memory_estimate(
     tensors at or under stage3_param_persistence_threshold stay whole on every rank. Activations: each
     block's saved tensors under `checkpointing` (default the recipe's; `layer_activation_bytes`) for the
     micro-batches in flight, the final norm's and the loss's (`loss_bytes`), and while one block is
-    recomputed in the backward its full set; MixiT's cached matrices or tiles on the path the device takes
-    (`mixit_cache`). The peak `total` is the fixed parts plus the larger of the activations and the
+    recomputed in the backward its full set; MixiT's cached matrices or tiles on the path each layer takes
+    on the device (`mixit_cache`). The peak `total` is the fixed parts plus the larger of the activations and the
     optimizer step's copy.
     """
     bf16 = cfg.train.precision == "bf16"
@@ -167,7 +168,8 @@ def memory_estimate(
     if mode not in CHECKPOINTING_MODES:
         raise ValueError(f"checkpointing {mode!r}: estimate each mode (estimates_by_mode) and choose from them")
     tokens = cfg.train.seq_len * layout.micro_batch
-    impl = mixit_impl_for(mcfg, wb, device_type, device_memory)
+    paths = mixit_paths(mcfg, wb, device_type, device_memory)
+    impl = paths[0] if paths else "none"
     kv_copies = device_type == "cuda" and getattr(cfg.data, "return_doc_ids", False)  # masked SDPA: K/V repeated
     layer = layer_activation_bytes(mcfg, mode, wb, impl, kv_copies) * tokens
     recompute = 0.0 if mode == "none" else layer_activation_bytes(mcfg, "none", wb, impl, kv_copies) * tokens
@@ -180,7 +182,7 @@ def memory_estimate(
         "grads": grads,
         "optimizer": optim,
         "activations": acts,
-        "mixit_cache": float(mixit_cache_bytes(mcfg, wb, impl)) / pp,
+        "mixit_cache": mixit_cache_bytes(mcfg, wb, paths) / pp,
         "comm_buffers": comm_buffer_bytes(zero or {}, st, wb, gb),
         "step_copy": step_copy,
     }

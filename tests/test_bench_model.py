@@ -152,3 +152,10 @@ def test_causal_half_mfu_beside_the_tables():
         half = bench.flops_per_token(cfg, 64, causal_half=True)["train"] * 64 / 1e-6 / 1e12
         assert f"{kind} {half:.1%} (sheet {half / 2:.1%})" in line, line
     assert line.startswith("MFU of attention's causal half (the table counts the whole square): standard ")
+
+
+def test_a_path_per_layer_is_named_with_its_layers():
+    """The tiles chunked by layer (model/kernels/select.py): the entry's path names each path's layers."""
+    assert bench.layer_ranges(["streamed"] * 8 + ["triton"] * 8) == "streamed (layers 0-7), triton (layers 8-15)"
+    assert bench.layer_ranges(["streamed", "triton"]) == "streamed (layer 0), triton (layer 1)"
+    assert bench.layer_ranges(["dense"] * 3) == "dense"

@@ -126,8 +126,9 @@ def test_resolve_keeps_a_stated_mode_and_chooses_for_auto_on_the_cpu():
     cfg = load_recipe("recipes/tiny_cpu.yaml", ["train.activation_checkpointing=selective"])
     layout = plan_layout(cfg, 1)
     mcfg = model_config(cfg, 512)
-    mode, reason, gib = resolve_checkpointing(cfg, mcfg, layout, {}, torch.device("cpu"))
+    zero = build_ds_config(cfg, layout, on_cpu=True, hidden_size=mcfg.hidden_size)["zero_optimization"]
+    mode, reason, gib = resolve_checkpointing(cfg, mcfg, layout, zero, torch.device("cpu"))
     assert (mode, reason) == ("selective", "train.activation_checkpointing") and 0 < gib < 1
     cfg = load_recipe("recipes/tiny_cpu.yaml", ["train.activation_checkpointing=auto"])
-    mode, reason, _ = resolve_checkpointing(cfg, mcfg, layout, {}, torch.device("cpu"))
+    mode, reason, _ = resolve_checkpointing(cfg, mcfg, layout, zero, torch.device("cpu"))
     assert mode == "none" and reason.startswith("auto: none ")  # a tiny model fits any host
