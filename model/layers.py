@@ -406,17 +406,19 @@ class MixingAttention(nn.Module):
             raise ConfigError(
                 f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)"
             )
-        v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
+        groups = cfg.num_heads // cfg.num_kv_heads
         impl = self.impl(x.device, v.dtype)
+        if impl == "streamed":  # V's heads shared in the kernels (GQA), not repeated
+            drift = self.drift(total, x.device)
+            out = mixit_streamed(v, self.tiles(x.device, v.dtype), self.mixit_params(), drift, past, groups)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
+        v = _expand_kv(v, groups)
         if impl == "dense":
             a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]  # rows of the new positions
             # one product per head over the whole batch, (H, t, total) @ (H, total, b*dh): a broadcast
             # matmul would first copy A to every sequence (b*H*t^2 entries a step)
             vh = v.permute(1, 2, 0, 3).reshape(cfg.num_heads, total, b * cfg.head_dim)
             out = torch.bmm(a, vh).view(cfg.num_heads, t, b, cfg.head_dim).permute(2, 0, 1, 3)  # (b, H, t, dh)
-        elif impl == "streamed":
-            drift = self.drift(total, x.device)
-            out = mixit_streamed(v, self.tiles(x.device, v.dtype), self.mixit_params(), drift, past)
         else:
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)
