@@ -2,7 +2,8 @@
 tiles are the regenerating kernel's draws bit for bit (beta (M - drift 1^T) of them when causal, beta M
 when bidirectional, computed in float32) and assemble into the dense path's A; forward and backward equal a float64 product with the
 stored tiles (the streamed path's reference of record); the model gives the dense path's loss and
-gradients, decodes with a cache, and writes its tiles once. Each check runs in a subprocess, since TRITON_INTERPRET
+gradients (the same under selective and full activation checkpointing), decodes with a cache, and writes
+its tiles once. Each check runs in a subprocess, since TRITON_INTERPRET
 must be set before Triton is imported."""
 
 import os
@@ -155,6 +156,17 @@ for kw in ({}, {"causal": False}, {"mixit_depth_alpha": 1.0}, {"num_kv_heads": 2
         torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-5)
     assert made == [0, 1], (kw, made)  # once per layer: the tiles are cached for the model's life
     made.clear()
+# the trainer's selective and full checkpointing around the streamed kernels (run again in the backward)
+from pretrain.parallelize import apply_activation_checkpointing
+runs = []
+for mode in ("none", "selective", "full"):
+    model = build_model(cfg_(mixit_impl="streamed", num_kv_heads=2), seed=0)
+    apply_activation_checkpointing(model, mode)
+    loss = model(x[:, :-1], labels=x[:, 1:])
+    loss.backward()
+    runs.append((loss.detach(), [q.grad for q in model.parameters() if q.grad is not None]))
+for loss, grads in runs[1:]:
+    assert torch.equal(loss, runs[0][0]) and all(torch.equal(a, b) for a, b in zip(grads, runs[0][1]))
 model = build_model(cfg_(mixit_impl="streamed"), seed=0).eval()
 with torch.no_grad():
     full = model(x[:, :30])
