@@ -1,10 +1,10 @@
 """MixiT's streamed path (model/kernels/mixit_streamed.py) on CPU under the Triton interpreter: the stored
 tiles are the regenerating kernel's draws bit for bit (beta (M - drift 1^T) of them when causal, beta M
-when bidirectional, computed in float32) and assemble into the dense path's A; forward and backward equal a float64 product with the
-stored tiles (the streamed path's reference of record); the model gives the dense path's loss and
-gradients (the same under selective and full activation checkpointing), decodes with a cache, and writes
-its tiles once. Each check runs in a subprocess, since TRITON_INTERPRET
-must be set before Triton is imported."""
+when bidirectional, computed in float32) and assemble into the dense path's A; forward and backward equal
+a float64 product with the stored tiles (the streamed path's reference of record); the model gives the
+dense path's loss and gradients (the same under selective and full activation checkpointing), decodes
+with a cache, and writes its tiles once. Each check runs in a subprocess, since TRITON_INTERPRET must be
+set before Triton is imported."""
 
 import os
 import subprocess
