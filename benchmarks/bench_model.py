@@ -137,8 +137,22 @@ def mixit_path(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> st
     if device.type == "cuda" and not torch.cuda.is_available():
         return None
     with torch.device("meta"):
-        layer = MixingAttention(cfg, 0)
-    return layer.impl(device, dtype)
+        paths = [MixingAttention(cfg, i).impl(device, dtype) for i in range(cfg.num_layers)]
+    return layer_ranges(paths)
+
+
+def layer_ranges(paths: list[str]) -> str:
+    """One path, or each path with its layers where they differ (the tiles chunked by layer):
+    'streamed (layers 0-7), triton (layers 8-15)'."""
+    if len(set(paths)) == 1:
+        return paths[0]
+    runs = []
+    for i, path in enumerate(paths):
+        if runs and runs[-1][0] == path:
+            runs[-1][2] = i
+        else:
+            runs.append([path, i, i])
+    return ", ".join(f"{path} (layers {a}-{b})" if a != b else f"{path} (layer {a})" for path, a, b in runs)
 
 
 def distinct_kinds(args, shape: str, kinds: list[str]) -> tuple[list[str], list[str]]:
@@ -235,7 +249,7 @@ class Entry:
         self.engine = ModelEngine(cfg, mcfg, layout, self.device)
         self.engine.build(0)
         self.model = self.engine.model
-        ckpt = "on" if cfg.train.activation_checkpointing else "off"
+        ckpt = f"{self.engine.checkpointing} ({self.engine.checkpointing_reason})"
         self.note = f"{TRAINER_RECIPE}: {layout.describe()}; activation checkpointing {ckpt}; {cfg.train.precision}"
 
     def step(self):
@@ -432,6 +446,21 @@ def table_row(
     )
 
 
+def causal_line(args, shape: str, entries, median: dict, peaks: tuple[float, float | None]) -> str:
+    """The MFU of each entry with attention's causal half only (model/flops.py causal_half), beside the
+    table's, which counts the whole T x T square (the convention, torchtitan's too)."""
+    measured, sheet = peaks
+    parts = []
+    for e in entries:
+        cfg = entry_config(args, shape, e.kind)
+        full, half = (flops_per_token(cfg, cfg.max_seq_len, causal_half=c)["train"] for c in (False, True))
+        tf = e.flops * half / full / median[e.kind] / 1e12
+        parts.append(
+            f"{e.kind} {percent(mfu(tf, measured))}" + (f" (sheet {percent(mfu(tf, sheet))})" if sheet else "")
+        )
+    return "MFU of attention's causal half (the table counts the whole square): " + ", ".join(parts)
+
+
 def check_args(args) -> None:
     """Refuse combinations that would time something else than was asked for."""
     if args.preset:
@@ -561,6 +590,7 @@ def main() -> None:
             vs = tuple(f"{median[k] / t:.2f}x" if k in median else "" for k in ("standard", "hf_llama"))
             note = "see below" if e.kind == TRAINER else e.note
             print(table_row(e.kind, e.tokens, e.flops, t, (peak, sheet), mem, vs, note), flush=True)
+        print(causal_line(args, shape, entries, median, (peak, sheet)))
         for note in dropped + [f"{e.kind}: {e.note}" for e in entries if e.kind == TRAINER]:
             print(note)
         for kind, table in profiles.items():

@@ -1,8 +1,10 @@
 """FLOP accounting per token, per variant (for MFU and for scaling studies).
 
-Convention (PaLM / nanoGPT): a matmul with a weight of P entries costs 2P FLOPs per
+Convention (PaLM / nanoGPT, torchtitan's too): a matmul with a weight of P entries costs 2P FLOPs per
 token forward; attention costs 2*t*d for Q K^T and 2*t*d for A V per layer and token
-(t = sequence length, no discount for the causal half). Elementwise ops, norms and
+(t = sequence length, no discount for the causal half; `causal_half=True` counts half of it for a
+causal model, the work a kernel that skips the masked half does: the MFU printed beside the
+convention's). Elementwise ops, norms and
 softmax are not counted. The backward pass costs, for each matmul,
   * 2P for the input gradient, when anything upstream trains (always, except in a
     prefix of fully frozen layers under frozen embeddings), and
@@ -22,8 +24,11 @@ from __future__ import annotations
 from .config import ModelConfig
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, step: int = 0) -> dict[str, float]:
-    """Forward and training (forward + backward) FLOPs per token at optimizer step `step`."""
+def flops_per_token(
+    cfg: ModelConfig, seq_len: int | None = None, step: int = 0, causal_half: bool = False
+) -> dict[str, float]:
+    """Forward and training (forward + backward) FLOPs per token at optimizer step `step`; `causal_half`:
+    attention's causal half only (a causal model's)."""
     t = cfg.max_seq_len if seq_len is None else seq_len
     d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     kv = cfg.num_kv_heads * cfg.head_dim
@@ -43,7 +48,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, step: int = 0)
             fwd += 2 * p
             bwd += (2 * p if upstream else 0) + (2 * p if trains(*groups) else 0)
         upstream = upstream or any(trains(*g) for _, g in ops)
-        attn = (4 if cfg.mixer == "softmax" else 2) * t * d
+        attn = (4 if cfg.mixer == "softmax" else 2) * t * d * (0.5 if causal_half and cfg.causal else 1)
         fwd += attn
         # softmax backward: dQ, dK, dP, dV (2x forward); MixiT backward: only dV = A^T dO (1x)
         bwd += (2 * attn if cfg.mixer == "softmax" else attn) if upstream else 0

@@ -23,7 +23,14 @@ from .kernels.loss import linear_cross_entropy
 from .kernels.mixit_blocked import MixitParams, compute_drift, mixit_blocked
 from .kernels.mixit_streamed import generate_tiles, mixit_streamed
 from .kernels.mixit_triton import mixit_triton
-from .kernels.select import attention_backend, log_choice, mixit_backend, mixit_dense_bytes, mixit_streamed_bytes
+from .kernels.select import (
+    attention_backend,
+    log_choice,
+    mixit_backend,
+    mixit_dense_bytes,
+    mixit_streamed_bytes,
+    sdpa_native_gqa,
+)
 
 
 class RMSNorm(nn.Module):
@@ -107,21 +114,26 @@ def llama3_scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tenso
     return torch.where(wavelen < context / high, inv_freq, long_waves)
 
 
-def rope_cos_sin(cfg: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (…, t, head_dim) in fp32 for the half-rotation convention HF Llama uses."""
+def rope_cos_sin(
+    cfg: ModelConfig, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (…, t, head_dim) for the half-rotation convention HF Llama uses: the angles are
+    computed in fp32, then the tables are cast once to `dtype` (the activations' dtype, as HF does)."""
     inv_freq = rope_inv_freq(cfg, positions.device)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (b, heads, t, dh); cos/sin: (t, dh) or (b, t, dh)."""
+    """x: (b, heads, t, dh); cos/sin: (t, dh) or (b, t, dh). Rotates in x's dtype (HF Llama's order of
+    operations): in bf16 no fp32 copy of q and k is made; the tables are cast if they are not x's dtype."""
     if cos.dim() == 3:
         cos, sin = cos[:, None], sin[:, None]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    return x * cos + rotated * sin
 
 
 class MLP(nn.Module):
@@ -227,9 +239,19 @@ class SoftmaxAttention(nn.Module):
             out = flash_attention_varlen(q, k, v, cu_seqlens, causal=cfg.causal, softmax_scale=cfg.attn_scale)
         else:
             mask, causal = self._sdpa_mask(t, past, attn_mask, q.device)
-            out = F.scaled_dot_product_attention(
-                q, _expand_kv(k, groups), _expand_kv(v, groups), attn_mask=mask, is_causal=causal, scale=cfg.attn_scale
-            )
+            if groups > 1 and sdpa_native_gqa(q, mask):  # K/V heads shared in the kernel, not copied
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=causal, scale=cfg.attn_scale, enable_gqa=True
+                )
+            else:
+                out = F.scaled_dot_product_attention(
+                    q,
+                    _expand_kv(k, groups),
+                    _expand_kv(v, groups),
+                    attn_mask=mask,
+                    is_causal=causal,
+                    scale=cfg.attn_scale,
+                )
         if cfg.shaped:
             out = self._shape(out, _expand_kv(v, groups), past, attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
@@ -296,7 +318,14 @@ class MixingAttention(nn.Module):
         dense = mixit_dense_bytes(c.num_heads, c.num_layers, c.max_seq_len, nbytes)
         streamed = mixit_streamed_bytes(c.num_heads, c.num_layers, c.max_seq_len, nbytes, c.causal)
         impl, reason = mixit_backend(
-            c.mixit_impl, c.max_seq_len, device, dense, streamed_bytes=streamed, causal=c.causal
+            c.mixit_impl,
+            c.max_seq_len,
+            device,
+            dense,
+            streamed_bytes=streamed,
+            causal=c.causal,
+            layer=self.layer,
+            num_layers=c.num_layers,
         )
         log_choice("mixit", impl, reason)
         return impl
@@ -316,12 +345,14 @@ class MixingAttention(nn.Module):
 
     @torch._disable_dynamo  # generated once, cached, like the dense matrix
     def tiles(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """M of heads 1..H-1 as stored 64 x 64 tiles in `dtype` (kernels/mixit_streamed.py): written once per
-        device and dtype and kept for the model's life; the same tiles serve every t <= T."""
+        """Heads 1..H-1 as stored 64 x 64 tiles in `dtype` (kernels/mixit_streamed.py: causal, beta (M - drift
+        1^T), the centering folded in; bidirectional, M): written once per device and dtype and kept for the
+        model's life; the same tiles serve every t <= T."""
         key = ("tiles", str(device), dtype)
         if key not in self._cache:
+            drift = self.drift(self.cfg.max_seq_len, device) if self.cfg.causal else None
             with torch.no_grad():
-                self._cache[key] = generate_tiles(self.mixit_params(), dtype, device)
+                self._cache[key] = generate_tiles(self.mixit_params(), dtype, device, drift)
         return self._cache[key]
 
     def mixit_params(self) -> MixitParams:
@@ -375,17 +406,19 @@ class MixingAttention(nn.Module):
             raise ConfigError(
                 f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)"
             )
-        v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
+        groups = cfg.num_heads // cfg.num_kv_heads
         impl = self.impl(x.device, v.dtype)
+        if impl == "streamed":  # V's heads shared in the kernels (GQA), not repeated
+            drift = self.drift(total, x.device)
+            out = mixit_streamed(v, self.tiles(x.device, v.dtype), self.mixit_params(), drift, past, groups)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
+        v = _expand_kv(v, groups)
         if impl == "dense":
             a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]  # rows of the new positions
             # one product per head over the whole batch, (H, t, total) @ (H, total, b*dh): a broadcast
             # matmul would first copy A to every sequence (b*H*t^2 entries a step)
             vh = v.permute(1, 2, 0, 3).reshape(cfg.num_heads, total, b * cfg.head_dim)
             out = torch.bmm(a, vh).view(cfg.num_heads, t, b, cfg.head_dim).permute(2, 0, 1, 3)  # (b, H, t, dh)
-        elif impl == "streamed":
-            drift = self.drift(total, x.device)
-            out = mixit_streamed(v, self.tiles(x.device, v.dtype), self.mixit_params(), drift, past)
         else:
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)

@@ -113,7 +113,7 @@ class Transformer(nn.Module):
         h = self.embed_tokens(input_ids)
         if self.embed_positions is not None:
             h = h + self.embed_positions(positions)
-        cos, sin = (None, None) if self.cfg.mixer == "mixit" else rope_cos_sin(self.cfg, positions)
+        cos, sin = (None, None) if self.cfg.mixer == "mixit" else rope_cos_sin(self.cfg, positions, h.dtype)
         for block in self.layers:
             h = block(h, cos, sin, cache, attn_mask)
         if return_hidden:

@@ -26,6 +26,7 @@ from .recipe_checks import NanPolicy, check_name, check_profile, check_task, che
 
 DS_CONFIG_DIR = REPO_ROOT / "ds_configs"
 Decay = typing.Literal["cosine", "linear", "constant", "wsd"]
+Checkpointing = typing.Literal["none", "selective", "full", "auto"]
 
 
 @dataclass
@@ -38,13 +39,20 @@ class TrainConfig:
     max_tokens: int | None = None
     precision: str = "fp32"  # fp32 | bf16 (fp16 is not supported)
     grad_clip: float = 1.0  # 0 disables clipping
-    activation_checkpointing: bool = False
+    # none | selective | full | auto (pretrain/parallelize.py; auto: the least recomputation that fits the
+    # device by pretrain/memory.py's estimate); a recipe's true/false read as full/none
+    activation_checkpointing: Checkpointing = "none"
+    compile: bool = False  # torch.compile each decoder block (pretrain/parallelize.py)
     device: typing.Literal["auto", "cpu", "cuda"] = "auto"
     init_seed: int | None = None  # model init seed; None -> top-level seed
     eval_every_steps: int = 0  # 0: no periodic validation
     eval_batches: int = 4  # validation batches (of global_batch_sequences) per evaluation
     nan_policy: NanPolicy = "stop"  # a non-finite loss (pretrain/loop.py)
     max_nan_skips: int = 5  # more non-finite steps than this in one process stop the run
+
+    def __post_init__(self):
+        if isinstance(self.activation_checkpointing, bool):  # the key's earlier form
+            self.activation_checkpointing = "full" if self.activation_checkpointing else "none"
 
 
 @dataclass

@@ -11,11 +11,11 @@ import torch
 import yaml
 
 from model import ModelConfig
-from model.transformer import Transformer
 
 from . import loaders
 from .config import RunConfig
-from .layout import ZERO_DEFAULTS, build_ds_config, memory_estimate, plan_layout
+from .layout import build_ds_config, plan_layout
+from .memory import ZERO_DEFAULTS, choose_checkpointing, device_memory_bytes, estimates_by_mode, parameter_counts
 from .metrics import train_flops_per_token
 from .run_dir import resolved_config
 from .task_model import model_config
@@ -51,17 +51,28 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     mcfg, vocab_note = resolve_model(cfg)
     layout = plan_layout(cfg, world_size)
     layout.check_layers(mcfg.num_layers)
-    with torch.device("meta"):
-        model = Transformer(mcfg)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
     fpt, src = train_flops_per_token(mcfg, cfg.train.seq_len, 0)
     zero = build_ds_config(cfg, layout, on_cpu=cfg.train.device == "cpu", hidden_size=mcfg.hidden_size).get(
         "zero_optimization", {}
     )
     keep = zero.get("stage3_param_persistence_threshold", ZERO_DEFAULTS["stage3_param_persistence_threshold"])
-    persistent = sum(p.numel() for p in model.parameters() if p.numel() <= keep) if layout.zero_stage == 3 else 0
-    mem = memory_estimate(cfg, layout, mcfg, trainable, total - trainable, zero, persistent)
+    trainable, frozen, _ = parameter_counts(mcfg, layout.zero_stage, keep)
+    total = trainable + frozen
+    # the device's memory where this machine has the run's device (`auto` picks from it), else unknown
+    on_cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    device_type = "cuda" if on_cuda else "cpu"
+    here = not on_cuda or torch.cuda.is_available()
+    device_memory = device_memory_bytes(torch.device(device_type)) if here else None
+    by_mode = estimates_by_mode(cfg, layout, mcfg, zero, device_type, device_memory)
+    mode = cfg.train.activation_checkpointing
+    if mode == "auto" and device_memory is not None:
+        mode, reason = choose_checkpointing({m: e["total_gib"] for m, e in by_mode.items()}, device_memory)
+    elif mode == "auto":
+        reason = "auto: chosen at the start from the device's memory (none here); the estimate shown is full's"
+        mode = "full"
+    else:
+        reason = "train.activation_checkpointing"
+    mem = by_mode[mode]
     info = {
         "params_total": total,
         "params_trainable": trainable,
@@ -71,6 +82,8 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
         "train_flops_per_token": fpt,
         "flops_source": src,
         "memory_per_rank_gib": mem,
+        "memory_by_checkpointing_gib": {m: e["total_gib"] for m, e in by_mode.items()},
+        "activation_checkpointing": mode,
         "layout": layout.describe(),
         "zero_optimization": zero,
         "tokens_per_step": cfg.tokens_per_step,
@@ -92,5 +105,10 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
     p(f"layout: {layout.describe()}")
     p(f'deepspeed zero_optimization ({cfg.parallel.ds_config}, "auto" resolved): {json.dumps(zero)}')
     fmt = lambda v: f"{v:.2f} GiB" if v >= 1 else f"{v * 1024:.2f} MiB"  # noqa: E731
+    p(f"activation checkpointing: {mode} ({reason})")
     p("memory per rank (estimate): " + ", ".join(f"{k[:-4]} {fmt(v)}" for k, v in mem.items()))
+    p(
+        "memory per rank by checkpointing mode (estimate, total): "
+        + ", ".join(f"{m} {fmt(e['total_gib'])}" for m, e in by_mode.items())
+    )
     return info

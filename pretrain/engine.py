@@ -35,6 +35,7 @@ from . import engine_checkpoint, faults, freeze_transitions
 from .config import RunConfig
 from .context import RunContext
 from .layout import Layout, build_ds_config
+from .memory import resolve_checkpointing
 from .parallelize import build_local
 
 
@@ -141,6 +142,11 @@ class ModelEngine:
         self.pipe = layout.pipeline_stages > 1
         self.zero3 = layout.zero_stage >= 3
         self.ds_config = build_ds_config(cfg, layout, on_cpu=device.type == "cpu", hidden_size=mcfg.hidden_size)
+        # the activation-checkpointing mode applied, why (`auto`: the estimate against the device), and the
+        # estimated peak memory per rank with it (pretrain/memory.py)
+        self.checkpointing, self.checkpointing_reason, self.memory_estimate_gib = resolve_checkpointing(
+            cfg, mcfg, layout, self.ds_config.get("zero_optimization", {}), device
+        )
         self.engine = None
         self.model = None
         self.trainable_step = 0
@@ -177,7 +183,9 @@ class ModelEngine:
         deepspeed = import_deepspeed()
 
         seed = self.cfg.train.init_seed if self.cfg.train.init_seed is not None else self.cfg.seed
-        model, module = build_local(self.cfg, self.mcfg, self.layout, self.device, self.ds_config, seed, step, state)
+        model, module = build_local(
+            self.cfg, self.mcfg, self.layout, self.device, self.ds_config, seed, step, state, self.checkpointing
+        )
         # DeepSpeed pops keys of the nested dicts it is given (0.18: optimizer.params): a copy per engine
         ds_config = copy.deepcopy(self.ds_config)
         if load_universal:

@@ -1,5 +1,5 @@
-"""Parallel layout: checks that refuse impossible layouts, the DeepSpeed config the
-trainer hands to the engine, and a per-rank memory estimate.
+"""Parallel layout: checks that refuse impossible layouts, and the DeepSpeed config the
+trainer hands to the engine (the per-rank memory estimate: pretrain/memory.py).
 
 The JSON in ds_configs/ only says *how* to parallelise (ZeRO stage, offload, buckets).
 Everything the recipe states (batch sizes, precision, optimizer, clipping) is filled in
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import RecipeError
-from model import ModelConfig
 
 from .config import RunConfig, resolve_ds_config_path
 
@@ -122,6 +121,12 @@ def plan_layout(cfg: RunConfig, world_size: int) -> Layout:
             "would be scaled by the wrong factor. Fix: parallel.ds_config=pipeline (ZeRO-1), "
             "or train.grad_clip=0."
         )
+    if stage >= 3 and cfg.train.compile:
+        raise RecipeError(
+            "train.compile with ZeRO-3: torch.compile traces into DeepSpeed's parameter-gathering hooks around "
+            "each block and recompiles for every block until it gives up (eager again). "
+            "Fix: parallel.ds_config=zero1 or zero2, or train.compile=false."
+        )
     if pp > 1 and ("offload_optimizer" in zero or "offload_param" in zero):
         raise RecipeError("CPU offload is not supported with pipeline parallelism. Fix: parallel.ds_config=pipeline.")
     dp = world_size // pp
@@ -182,81 +187,3 @@ def build_ds_config(cfg: RunConfig, layout: Layout, on_cpu: bool, hidden_size: i
     if torch_adam and o.fused:  # passed through to torch.optim.AdamW
         ds["optimizer"]["params"]["fused"] = True
     return ds
-
-
-# ---- memory estimate --------------------------------------------------------------------
-
-
-# DeepSpeed's zero_optimization defaults for the sizes a template may leave out (deepspeed/runtime/zero/config.py)
-ZERO_DEFAULTS = {
-    "reduce_bucket_size": 5e8,
-    "stage3_prefetch_bucket_size": 5e7,
-    "stage3_param_persistence_threshold": 1e5,
-}
-
-
-def comm_buffer_bytes(zero: dict[str, Any], stage: int, wb: int, gb: int) -> float:
-    """Bytes of DeepSpeed's communication buffers on one rank, as DeepSpeed 0.19 allocates them: ZeRO-1/2
-    copy gradients into a reduce_bucket_size buffer (contiguous_gradients), two with overlap_comm (one
-    fills while the other is reduced); ZeRO-3 keeps one such buffer and gathers up to
-    stage3_prefetch_bucket_size parameters ahead of their use. allgather_bucket_size only cuts ZeRO-1/2's
-    all-gather of the updated weights into pieces, which land in the weights' own memory."""
-    if stage == 0:
-        return 0.0
-    size = lambda key: float(zero.get(key, ZERO_DEFAULTS[key]))  # noqa: E731
-    overlap = zero.get("overlap_comm", stage == 3)  # DeepSpeed turns it on by default for ZeRO-3 only
-    reduce = size("reduce_bucket_size") * gb if zero.get("contiguous_gradients", True) else 0.0
-    if stage < 3:
-        return reduce * (2 if overlap else 1)
-    return reduce + size("stage3_prefetch_bucket_size") * wb
-
-
-def memory_estimate(
-    cfg: RunConfig,
-    layout: Layout,
-    mcfg: ModelConfig,
-    n_trainable: int,
-    n_frozen: int,
-    zero: dict[str, Any] | None = None,
-    n_persistent: int = 0,
-) -> dict[str, float]:
-    """Rough bytes per rank: weights, gradients, optimizer state (ZeRO-sharded), activations, and the
-    communication buffers of `zero` (the resolved zero_optimization section; DeepSpeed's defaults where it
-    leaves a size out: comm_buffer_bytes).
-
-    fp32 training: 4 B weights + 4 B grads + 8 B Adam moments per trainable parameter.
-    bf16 training: 2 B weights + 2 B grads (4 B under pipeline fp32 accumulation) + 4 B fp32
-    master + 8 B moments. Frozen tensors: weights only. ZeRO-1 shards the optimizer state,
-    ZeRO-2 also the gradients, ZeRO-3 also the weights, over the data-parallel ranks; pipeline
-    stages split everything by the stage count. Under ZeRO-3 the `n_persistent` parameters of tensors
-    at or under stage3_param_persistence_threshold stay whole on every rank. Activations follow Korthikanti et al.
-    (sbh(34 + 5as/h) bytes per layer in 16-bit; x2 in fp32), or 2sbh per layer with activation
-    checkpointing, plus the loss's fp32 logits: one (loss_chunk_tokens, vocab) buffer, or with
-    loss_chunk_tokens=0 the full (tokens, vocab) logits and their gradient.
-    """
-    bf16 = cfg.train.precision == "bf16"
-    wb = 2 if bf16 else 4
-    gb = 4 if (bf16 and layout.pipeline_stages > 1) or not bf16 else 2
-    ob = 12 if bf16 else 8
-    dp, pp = layout.data_parallel, layout.pipeline_stages
-    st = layout.zero_stage
-    weights = (n_trainable + n_frozen - n_persistent) * wb / pp / (dp if st >= 3 else 1) + n_persistent * wb / pp
-    grads = n_trainable * gb / pp / (dp if st >= 2 else 1)
-    optim = n_trainable * ob / pp / (dp if st >= 1 else 1)
-    if layout.offload_optimizer:
-        optim = 0.0
-    if layout.offload_param:
-        weights = 0.0
-    s, b = cfg.train.seq_len, layout.micro_batch
-    hidden, heads, vocab, loss_chunk_tokens = mcfg.hidden_size, mcfg.num_heads, mcfg.vocab_size, mcfg.loss_chunk_tokens
-    per_layer = (
-        s * b * hidden * 2 * wb
-        if cfg.train.activation_checkpointing
-        else s * b * hidden * (34 + 5 * heads * s / hidden) * (wb / 2)
-    )
-    in_flight = min(pp, layout.grad_accum) if pp > 1 else 1
-    logits = min(s * b, loss_chunk_tokens) * vocab * 4 if loss_chunk_tokens else s * b * vocab * 4 * 2
-    acts = per_layer * mcfg.num_layers / pp * in_flight + logits
-    buffers = comm_buffer_bytes(zero or {}, st, wb, gb)
-    parts = {"weights": weights, "grads": grads, "optimizer": optim, "activations": acts, "comm_buffers": buffers}
-    return {f"{k}_gib": v / 1024**3 for k, v in {**parts, "total": sum(parts.values())}.items()}

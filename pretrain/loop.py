@@ -117,7 +117,7 @@ class TrainingLoop:
         self.result = RunResult(
             run_dir=ctx.run_dir, resumed_from=ctx.point.tag_dir, final_step=self.start_step, saves=checkpointer.saves
         )
-        self._fpt: dict[int, float] = {}  # FLOPs per token per stretch of the freeze schedule (model/flops.py)
+        self._fpt: dict[tuple, float] = {}  # FLOPs per token per stretch of the freeze schedule (model/flops.py)
         self._bounds = sorted(ctx.mcfg.schedule_boundaries())
         self.callbacks = list(callbacks or [])  # pretrain/callbacks.py: what pretrain/setup.py built
         hooks = ("before_step", "after_update", "on_record", "after_log", "save_due", "on_save")
@@ -183,17 +183,20 @@ class TrainingLoop:
             peak, source = self.logger.peak
             if peak:
                 rec.update(mfu=mfu(rec["tflops"], peak), mfu_peak=source)
+                if self.mcfg.causal:  # attention's causal half only: the work a kernel that skips the rest does
+                    fpt_causal = self._flops_per_token(step - 1, causal_half=True)
+                    rec["mfu_causal"] = mfu(tps * fpt_causal / self.world / 1e12, peak)
             rec.update(memory_gib(self.device))
             self.logger.log(rec)
             for on_record in self._on_record:
                 on_record(rec)
 
-    def _flops_per_token(self, step: int) -> float:
+    def _flops_per_token(self, step: int, causal_half: bool = False) -> float:
         """Training FLOPs per token of the trainable set at `step`, counted once per stretch between the
         freeze schedule's boundaries (the trainable set is constant within one)."""
-        key = bisect.bisect_right(self._bounds, step)
+        key = (bisect.bisect_right(self._bounds, step), causal_half)
         if key not in self._fpt:
-            self._fpt[key] = train_flops_per_token(self.mcfg, self.cfg.train.seq_len, step)[0]
+            self._fpt[key] = train_flops_per_token(self.mcfg, self.cfg.train.seq_len, step, causal_half)[0]
         return self._fpt[key]
 
     def _agree(self, stop: StopRequest, flags: torch.Tensor) -> tuple[bool, bool]:

@@ -18,10 +18,11 @@ from data_pipeline.progress import is_terminal
 from model.flops import flops_per_token
 
 
-def train_flops_per_token(mcfg, seq_len: int, step: int = 0) -> tuple[float, str]:
+def train_flops_per_token(mcfg, seq_len: int, step: int = 0, causal_half: bool = False) -> tuple[float, str]:
     """(forward+backward FLOPs per token at `step`, source): model.flops, frozen weights'
-    gradient work excluded, the freeze schedule in effect at that step."""
-    return float(flops_per_token(mcfg, seq_len, step=step)["train"]), "model.flops"
+    gradient work excluded, the freeze schedule in effect at that step; `causal_half`: attention's
+    causal half only (the `mfu_causal` beside the convention's `mfu`)."""
+    return float(flops_per_token(mcfg, seq_len, step=step, causal_half=causal_half)["train"]), "model.flops"
 
 
 def scalars(rec: dict[str, Any]) -> dict[str, float]:
@@ -117,7 +118,7 @@ def metric_name(k: str) -> str:
         return k
     if k.startswith("val"):
         return f"val/{k}"
-    if k in ("tokens_per_s", "tflops", "mfu", "step_time_s"):
+    if k in ("tokens_per_s", "tflops", "mfu", "mfu_causal", "step_time_s"):
         return f"throughput/{k}"
     if k.startswith("mem"):
         return f"memory/{k}"
@@ -144,4 +145,6 @@ def format_line(rec: dict[str, Any]) -> str:
         v = rec.get(k)
         if v is not None:
             parts.append(f"{k} " + fmt.format(v))
+    if rec.get("mfu_causal") is not None:
+        parts[-1] += f" (causal half {rec['mfu_causal']:.1%})"
     return " | ".join(parts)

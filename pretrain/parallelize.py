@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from common.deepspeed_import import import_deepspeed
 from model import ModelConfig
@@ -39,10 +39,13 @@ def build_local(
     seed: int | None,
     step: int,
     state: dict[str, torch.Tensor] | None = None,
+    checkpointing: str = "none",
 ) -> tuple[nn.Module, nn.Module]:
     """(model, module) with the trainable set of `step`: the plain model, and what the engine wraps
     (the model itself, or this rank's PipelineModule stage). `state` replaces the initial values
-    and must hold every tensor this rank owns."""
+    and must hold every tensor this rank owns. `checkpointing`: the activation-checkpointing mode
+    (none, selective, full: `auto` is resolved before, pretrain/memory.py); `train.compile` compiles
+    each block after it (torchtitan's order)."""
     construct, start_state = task_model_builder(cfg, mcfg, seed)
     zero3 = layout.zero_stage >= 3
     if zero3:
@@ -54,8 +57,9 @@ def build_local(
         with torch.device("meta"):
             model = construct()
     model.set_step(step)
-    if cfg.train.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    apply_activation_checkpointing(model, checkpointing)
+    if cfg.train.compile:
+        apply_compile(model)
     values = _values(model, state, start_state)
     names = {id(p): n for n, p in model.named_parameters()}
     fill = functools.partial(materialise, names=names, values=values, device=device)
@@ -114,25 +118,72 @@ def _fill_partitions(model: nn.Module, values: Values) -> None:
                 p.data.copy_(values(name, p.shape))
 
 
-def apply_activation_checkpointing(model: nn.Module) -> int:
-    """Recompute every decoder block in the backward pass instead of keeping its activations.
-    Applied from outside the model: each block's forward is wrapped in place, so parameter names
-    and the state dict do not change, and every argument (attention masks included) passes
-    through. Off where no gradient is taken or with a KV cache (decoding). Returns the block count."""
+# What `selective` keeps (Korthikanti et al.; torchtitan's op-level policy): the outputs of the matrix
+# products and of attention, the costly ops; the norms, RoPE, the MLP's activation and the casts are
+# recomputed from them in the backward. Ops outside ATen (the MixiT Triton kernels) are recomputed.
+_aten = torch.ops.aten
+SELECTIVE_SAVED_OPS = frozenset(
+    op
+    for op in (
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten.bmm.default,
+        _aten._scaled_dot_product_flash_attention.default,
+        _aten._scaled_dot_product_efficient_attention.default,
+        _aten._scaled_dot_product_cudnn_attention.default,
+        _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    )
+)
+
+
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SELECTIVE_SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str = "full") -> int:
+    """Recompute decoder blocks in the backward pass instead of keeping their activations: `full` keeps
+    only each block's input, `selective` also the outputs of its matrix products and attention
+    (SELECTIVE_SAVED_OPS), `none` leaves the model as it is. Applied from outside the model: each
+    block's forward is wrapped in place, so parameter names and the state dict do not change, and every
+    argument (attention masks included) passes through. Off where no gradient is taken or with a KV
+    cache (decoding). Returns the count of blocks wrapped."""
+    if mode == "none":
+        return 0
+    if mode not in ("full", "selective"):
+        raise ValueError(f"activation checkpointing mode {mode!r}: none, selective or full")
+    context = (
+        functools.partial(create_selective_checkpoint_contexts, _selective_policy) if mode == "selective" else None
+    )
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     for block in blocks:
-        block.forward = _recomputed(block.forward)
+        block.forward = _recomputed(block.forward, context)
     return len(blocks)
 
 
-def _recomputed(forward: Callable) -> Callable:
+def _recomputed(forward: Callable, context: Callable | None) -> Callable:
+    kwargs = {} if context is None else {"context_fn": context}
+
     @functools.wraps(forward)
     def run(h, cos=None, sin=None, cache=None, attn_mask=None):
         if cache is not None or not torch.is_grad_enabled():
             return forward(h, cos, sin, cache, attn_mask)
-        return checkpoint(forward, h, cos, sin, None, attn_mask, use_reentrant=False)
+        return checkpoint(forward, h, cos, sin, None, attn_mask, use_reentrant=False, **kwargs)
 
     return run
+
+
+# train.compile's torch.compile backend (the trainer's: inductor; a test may trace with another)
+COMPILE_BACKEND = "inductor"
+
+
+def apply_compile(model: nn.Module) -> int:
+    """torch.compile each decoder block in place (`nn.Module.compile`: parameter names and the state dict
+    unchanged), around its checkpointing wrapper where there is one. A block the model compiled itself
+    (model.compile_blocks) is left as it is. Returns the count of blocks compiled here."""
+    blocks = [m for m in model.modules() if isinstance(m, Block) and m._compiled_call_impl is None]
+    for block in blocks:
+        block.compile(backend=COMPILE_BACKEND)
+    return len(blocks)
 
 
 def resident_parameter_bytes(model: nn.Module) -> int:

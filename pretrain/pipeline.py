@@ -51,7 +51,7 @@ class BlockPipe(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(h.shape[1], device=h.device)
-        cos, sin = (None, None) if self.cfg.mixer == "mixit" else rope_cos_sin(self.cfg, positions)
+        cos, sin = (None, None) if self.cfg.mixer == "mixit" else rope_cos_sin(self.cfg, positions, h.dtype)
         return self.block(h, cos, sin)
 
 

@@ -119,6 +119,11 @@ def _train(
         logger.message(f"resumed from {point.tag_dir} at step {point.step}")
     logger.message(f"layout: {run.ctx.layout.describe()}")
     logger.message(residency(run.model_engine.model, device))
+    engine = run.model_engine
+    logger.message(
+        f"activation checkpointing: {engine.checkpointing} ({engine.checkpointing_reason}); "
+        f"memory estimate {engine.memory_estimate_gib:.2f} GiB per rank (pretrain/memory.py)"
+    )
     if logger.peak[0]:
         logger.message(f"MFU peak: {logger.peak[0]:.1f} TFLOP/s per device ({logger.peak[1]})")
     try:

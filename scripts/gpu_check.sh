@@ -32,6 +32,15 @@
 #         train:VARIANT:ZERO   bf16 training of preset 1b through launch.sh --gpus 1: 5 steps with a
 #                  checkpoint at step 3, then --resume auto runs steps 4-5 again; their losses are compared
 #                  with the uninterrupted run's (standard, frozen_qk, mixit x zero1, zero3)
+#         trainer:MODE:eager, trainer:MODE:compiled   the trainer's own step at preset 1b with the 1b recipe's
+#                  config (recipes/1b_gpu_zero1.yaml: ZeRO-1 overlapped, bf16, micro-batches of 8 x 2048), but
+#                  for its data (text) and a global batch of 4 micro-batches on the one GPU: 24 steps with
+#                  train.activation_checkpointing=MODE (none, selective, full) and train.compile false or
+#                  true; the median of the last 10 steps: s/step, tok/s, MFU against the data sheet (989 on an
+#                  H100/H200) and the peak measured at the start, each with its causal-half MFU beside it, and
+#                  the peak memory against the trainer's own estimate (pretrain/memory.py); `auto`'s choice on
+#                  this card (its --dry-run). The rehearsal runs one of them at the tiny size (compiling on a
+#                  CPU takes minutes: a compiled stage would rehearse eager)
 #         bench:T2048, bench:T8192   benchmarks/bench_model.py --preset 1b (exactly the preset the trainer
 #                  trains) at that length, 8,192 tokens a step: standard, frozen_qk, mixit on the path the
 #                  memory rule picks, mixit forced to the Triton kernel (not timed twice where the rule picks
@@ -281,6 +290,78 @@ sys.exit(0 if diff <= tol else f"resumed losses differ from the uninterrupted ru
 PYEOF
 }
 
+stage_trainer() {  # MODE eager|compiled: the 1b recipe's step, 24 steps; medians of the last 10
+  local mode=$1 how=$2 compile=false
+  [ "$how" = compiled ] && compile=true
+  local run="$GPU_CHECK_WORK/trainer_${mode}_${how}" save="$OUT/trainer/${mode}_${how}"
+  rm -rf "$run" && mkdir -p "$save"
+  cat README.md docs/*.md > "$GPU_CHECK_WORK/corpus.txt"   # text for the byte tokenizer; the data is not the point
+  local common=(--run-dir "$run" "data.source=text:$GPU_CHECK_WORK/corpus.txt" data.val_fraction=0.05
+    train.eval_every_steps=0 checkpoint.every_steps=0 checkpoint.every_minutes=0 checkpoint.save_final=false
+    logging.every_steps=1 logging.tensorboard=false "train.activation_checkpointing=$mode")
+  # the recipe as it is (preset 1b, its vocabulary 128,256, bf16, ZeRO-1 overlapped, micro-batches of 8 x 2048)
+  # but for the data and the batch: 65,536 tokens a step (4 micro-batches) instead of 1M on a single GPU
+  local gpu_args=(--recipe recipes/1b_gpu_zero1.yaml logging.measure_peak=true train.max_tokens=null
+    train.max_steps=24 train.global_batch_tokens=65536 "train.compile=$compile" "${common[@]}")
+  local launch args
+  if [ "$GPU_CHECK_REHEARSE" = 1 ]; then
+    echo "== the GPU run's plan (--dry-run), then the same steps at the tiny size on the CPU"
+    "$PYTHON" -m pretrain.train "${gpu_args[@]}" --dry-run --world-size 1 || return 1
+    if [ "$GPU_CHECK_CHECK" = 1 ]; then echo "the GPU run's arguments plan a run (--dry-run)" > "$KEYS"; return 0; fi
+    launch=(./launch.sh --cpu 1)
+    # eager: inductor's C++ build on a CPU takes minutes (the compiled path's parity: tests/test_train_options.py)
+    args=(--recipe recipes/tiny_cpu.yaml model.variant=standard logging.measure_peak=true train.max_steps=6
+      train.device=cpu "${common[@]}")
+  else
+    launch=(./launch.sh --gpus 1)
+    args=("${gpu_args[@]}")
+  fi
+  echo "== auto's choice on this device (the trainer's --dry-run)"
+  "$PYTHON" -m pretrain.train "${args[@]}" train.activation_checkpointing=auto --dry-run --world-size 1 \
+    | grep '^activation checkpointing: ' | tee "$save/auto.txt"
+  echo "== $mode, $how: ${args[*]}"
+  "${launch[@]}" -- "${args[@]}" --resume never | tee "$WORK_LOG" || return 1
+  cp "$run/metrics.jsonl" "$save/metrics.jsonl"
+  rm -rf "$run"
+  "$PYTHON" - "$save" "$WORK_LOG" "$mode" "$how" <<'PYEOF'
+import json
+import os
+import re
+import statistics
+import sys
+
+import torch
+
+from model.mfu import table_peak_tflops
+
+save, log, mode, how = sys.argv[1:5]
+recs = [json.loads(x) for x in open(os.path.join(save, "metrics.jsonl")) if x.strip()]
+steps = [r for r in recs if "step_time_s" in r]
+last = steps[-10:] if len(steps) >= 20 else steps[len(steps) // 2 :]  # the rehearsal's few steps: their second half
+med = lambda k: statistics.median(r[k] for r in last)  # noqa: E731
+text = open(log).read()
+estimate = float(re.search(r"memory estimate ([\d.]+) GiB per rank", text).group(1))
+applied = re.search(r"^activation checkpointing: (\w+)", text, re.M).group(1)
+auto = open(os.path.join(save, "auto.txt")).read().split(":", 1)[1].split("(")[0].strip()
+peak_mem = max(r.get("mem_peak_gib", r.get("mem_rss_peak_gib", 0.0)) for r in steps)
+tflops, mfu, causal = med("tflops"), med("mfu"), med("mfu_causal")
+sheet, _ = table_peak_tflops(torch.cuda.get_device_name()) if torch.cuda.is_available() else (None, "")
+measured = tflops / mfu
+if how == "compiled" and os.environ["GPU_CHECK_REHEARSE"] == "1":
+    how = "compiled, rehearsed eager"
+parts = [f"{mode} {how} ({applied}; auto picks {auto})", f"steps {last[0]['step']}-{last[-1]['step']}",
+         f"{med('step_time_s'):.3f} s/step", f"{med('tokens_per_s'):.0f} tok/s", f"{tflops:.4g} TFLOP/s"]
+if sheet:
+    parts.append(f"MFU {tflops / sheet:.1%} of the sheet's {sheet:.0f} (causal half {causal * measured / sheet:.1%})")
+parts.append(f"MFU {mfu:.1%} of the measured {measured:.4g} (causal half {causal:.1%})")
+mem_key = "peak" if torch.cuda.is_available() else "peak RSS"
+parts.append(f"{mem_key} {peak_mem:.2f} GiB, estimate {estimate:.2f} GiB ({estimate / peak_mem - 1:+.0%})")
+keys = "; ".join(parts)
+print(keys)
+open(os.environ["KEYS"], "w").write(keys + "\n")
+PYEOF
+}
+
 bench_keys() {  # the per-model lines of bench_model.py's table: name, tok/s, MFU (measured peak; data sheet's)
   awk '$1 ~ /^(standard|frozen_qk|frozen_mlp|random_transformer|mixit|mixit_[a-z0-9]+|trainer|hf_llama)$/ && $2 ~ /^[0-9]+$/ {
          printf "%s%s %s tok/s MFU %s", sep, $1, $2, $4; if ($5 != "-") printf " (sheet %s)", $5; sep = "; " }' \
@@ -351,6 +432,11 @@ if [ "$rehearse" = 1 ] && [ "$check" = 0 ]; then seqs="64"; else seqs="2048 8192
 # stage name | time limit (s) | function and arguments
 plan=("wheels|120|wheels" "probe|120|probe" "pytest|300|pytest" "pytest:mixit|300|pytest mixit")
 for v in $VARIANTS; do for z in $ZERO; do plan+=("train:$v:$z|300|train $v $z"); done; done
+# the trainer's own step: every checkpointing mode, eager and compiled; the rehearsal runs one (its compiled
+# stages would run eager, the same code)
+if [ "$rehearse" = 1 ] && [ "$check" = 0 ]; then trainer_stages="selective:eager"
+else trainer_stages="none:eager selective:eager full:eager none:compiled selective:compiled full:compiled"; fi
+for m in $trainer_stages; do plan+=("trainer:$m|420|trainer ${m%%:*} ${m##*:}"); done
 for t in $seqs; do plan+=("bench:T$t|420|bench $t"); done
 # the scaling stage: one length further (a GPU's; the rehearsal's bench stage runs its code path)
 [ "$seqs" = 64 ] || plan+=("bench:T16384|420|bench 16384 scaling")
@@ -373,7 +459,7 @@ select_stages() {  # LIST OPTION: the plan's entries LIST names, in its order (a
         matched=1
       fi
     done
-    [ "$matched" = 1 ] || { echo "error: $2 names no stage '$w'. Fix: one of wheels, probe, pytest[:mixit], train[:VARIANT:ZERO], bench[:T...|:compiled|:mixit_memory]" >&2; exit 2; }
+    [ "$matched" = 1 ] || { echo "error: $2 names no stage '$w'. Fix: one of wheels, probe, pytest[:mixit], train[:VARIANT:ZERO], trainer[:MODE:eager|compiled], bench[:T...|:compiled|:mixit_memory]" >&2; exit 2; }
   done
 }
 
@@ -399,6 +485,8 @@ expected() {  # STAGE -> "SECONDS|BASIS"
     train:frozen_qk:zero3) echo "102|measured: $R1/call1/summary.txt" ;;
     train:standard:zero3|train:mixit:zero3) echo "102|measured: $R2/call2/summary.txt" ;;
     train:*) echo "116|ESTIMATE, never run: the longest of the five training stages measured (102-116 s, $R1/call1 and $R2/call2/summary.txt)" ;;
+    trainer:*:eager) echo "90|ESTIMATE, never run: a 1b launch took 60 s for 5 steps and a checkpoint ($R1/call1/train_standard_zero1.log), so start-up about 40 s, then 24 steps of at most the full-checkpointing step's 1.7 s" ;;
+    trainer:*:compiled) echo "135|ESTIMATE, never run: the eager stage's 90 s and compiling the block once, about 45 s (the two compiled benchmark entries took 101 s with their timing: $R3/call2/summary.txt)" ;;
     bench:T2048) echo "204|measured: $R3/call1/summary.txt (5 entries, the peer included)" ;;
     bench:T8192) echo "196|measured: $R3/call1/summary.txt (4 entries; mixit streamed)" ;;
     bench:T16384) echo "120|ESTIMATE: 2 entries (standard, mixit) at about 60 s: the 49 s mean entry of bench:T8192 in $R3/call1/summary.txt, with steps of twice the tokens" ;;

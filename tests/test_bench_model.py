@@ -62,11 +62,11 @@ def test_custom_shape_is_labelled_custom_and_is_not_the_1b_preset():
 
 
 def test_trainer_entry_is_the_1b_recipe_on_the_same_model():
-    """ZeRO-1 and activation checkpointing, as recipes/1b_gpu_zero1.yaml trains, on the benchmark's batch."""
+    """ZeRO-1 and activation checkpointing `auto`, as recipes/1b_gpu_zero1.yaml trains, on the benchmark's batch."""
     args = parsed("--preset", "1b", "--variants", "trainer", "--batch", "4", "--dtype", "bf16")
     cfg, mcfg = bench.trainer_config(args, "1b@2048")
     assert mcfg == preset("1b")
-    assert cfg.train.activation_checkpointing and cfg.train.precision == "bf16"
+    assert cfg.train.activation_checkpointing == "auto" and cfg.train.precision == "bf16"
     layout = plan_layout(cfg, 1)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 4, 1)
 
@@ -135,3 +135,27 @@ def test_mfu_against_the_measured_and_the_data_sheet_peak():
     row = bench.table_row("standard", tokens, 7.2383e9 * tokens, seconds, (784.596, None), "", ("", ""), "")
     assert row.split()[3:5] == ["55.3%", "-"]
     assert "unknown" in bench.peak_lines(0.2, None, "none", "fp32").splitlines()[1]
+
+
+def test_causal_half_mfu_beside_the_tables():
+    """Beside the table's MFU (the whole T x T square), each entry's with attention's causal half only."""
+
+    class Done:  # a timed entry, as the parent holds it
+        def __init__(self, kind, flops):
+            self.kind, self.flops = kind, flops
+
+    args = parsed("--preset", "tiny", "--seq", "64", "--variants", "standard", "mixit")
+    cfgs = {k: bench.entry_config(args, "tiny@64", k) for k in ("standard", "mixit")}
+    entries = [Done(k, bench.flops_per_token(c, 64)["train"] * 64) for k, c in cfgs.items()]
+    line = bench.causal_line(args, "tiny@64", entries, {"standard": 1e-6, "mixit": 1e-6}, (1.0, 2.0))
+    for kind, cfg in cfgs.items():
+        half = bench.flops_per_token(cfg, 64, causal_half=True)["train"] * 64 / 1e-6 / 1e12
+        assert f"{kind} {half:.1%} (sheet {half / 2:.1%})" in line, line
+    assert line.startswith("MFU of attention's causal half (the table counts the whole square): standard ")
+
+
+def test_a_path_per_layer_is_named_with_its_layers():
+    """The tiles chunked by layer (model/kernels/select.py): the entry's path names each path's layers."""
+    assert bench.layer_ranges(["streamed"] * 8 + ["triton"] * 8) == "streamed (layers 0-7), triton (layers 8-15)"
+    assert bench.layer_ranges(["streamed", "triton"]) == "streamed (layer 0), triton (layer 1)"
+    assert bench.layer_ranges(["dense"] * 3) == "dense"

@@ -59,6 +59,19 @@ def test_plan_prints_each_stage_with_its_measured_seconds_or_an_estimate():
     assert f"more than the {600 - sum(s for s, _ in rows.values())} s left" in out.stdout
 
 
+def test_trainer_stages_plan_every_checkpointing_mode_eager_and_compiled_as_estimates():
+    """The trainer's own step at 1b: six stages, each an ESTIMATE until a device has run it; all six are over
+    one call's budget, so the plan is refused and names the fix."""
+    out = gpu_check("--plan", "trainer")
+    assert out.returncode == 2 and "over the 540 s budget" in out.stderr, out.stdout + out.stderr
+    rows = plan_rows(out.stdout)
+    modes = ("none", "selective", "full")
+    assert list(rows) == [f"trainer:{m}:{h}" for h in ("eager", "compiled") for m in modes], rows
+    assert all(basis.startswith("ESTIMATE, never run") for _, basis in rows.values())
+    eager = "trainer:none:eager,trainer:selective:eager,trainer:full:eager"
+    assert gpu_check("--plan", eager).returncode == 0
+
+
 def test_a_stages_own_name_selects_it_alone_and_a_prefix_several():
     assert list(plan_rows(gpu_check("--plan", "pytest").stdout)) == ["pytest"]
     assert list(plan_rows(gpu_check("--plan", "pytest:mixit").stdout)) == ["pytest:mixit"]
@@ -90,13 +103,20 @@ def test_plan_rehearsal_checks_the_gpu_commands_on_the_cpu(tmp_path):
         f.truncate(65 * 2**20)  # sparse: its size without writing it
     env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_CHECK_WORK=str(tmp_path / "work"), PYTHON=sys.executable)
     env.update(OMP_NUM_THREADS="1", GPU_CHECK_WHEELS=str(wheels))
-    out = gpu_check("--plan", "wheels,pytest:mixit,bench:T8192", "--rehearse", env=env, timeout=300)
+    out = gpu_check(
+        "--plan", "wheels,pytest:mixit,bench:T8192,trainer:full:compiled", "--rehearse", env=env, timeout=300
+    )
     assert out.returncode == 1, out.stdout + out.stderr  # the wheelhouse's stage failed, the rest ran
     rows = {}
     for line in (tmp_path / "out" / "summary.txt").read_text().splitlines()[1:]:
         stage, status, _seconds, *keys = line.split(maxsplit=3)
         rows[stage] = (status, keys[0] if keys else "")
-    assert list(rows) == ["wheels", "pytest:mixit", "bench:T8192"]
+    assert list(rows) == ["wheels", "pytest:mixit", "bench:T8192", "trainer:full:compiled"]
+    # the trainer stage's GPU command (the 1b recipe, 24 steps, full checkpointing, compiled) plans a run
+    assert rows["trainer:full:compiled"] == ("PASS", "the GPU run's arguments plan a run (--dry-run)"), rows
+    trainer_log = (tmp_path / "out" / "logs" / "trainer_full_compiled.log").read_text()
+    assert "compile: true" in trainer_log and "activation checkpointing: full" in trainer_log
+    assert "steps: 24" in trainer_log and "memory per rank by checkpointing mode" in trainer_log
     assert rows["wheels"][0] == "FAIL" and "over the 64 MiB one device call carries" in rows["wheels"][1], rows
     assert rows["pytest:mixit"][0] == "PASS" and "tests collected" in rows["pytest:mixit"][1], rows
     assert rows["bench:T8192"] == ("PASS", "dry run: preset 1b, T 8192; entries standard frozen_qk mixit mixit_triton")
@@ -134,6 +154,7 @@ def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
         "pytest:mixit",
         "train:mixit:zero9",
         "train:mixit:zero3",
+        "trainer:selective:eager",
         "bench:T64",
         "bench:compiled:T64",
         "bench:mixit_memory",
@@ -161,6 +182,12 @@ def test_rehearsal_runs_every_stage_and_records_a_failure(tmp_path):
     # the GPU plan was checked too: preset 1b at vocab 128,256, bf16
     train_log = (out_dir / "logs" / "train_mixit_zero3.log").read_text()
     assert "vocab_size: 128256" in train_log and "precision: bf16" in train_log
+    # the trainer's step: the medians of its last steps, the MFU with its causal half, memory against the estimate
+    assert re.match(
+        r"selective eager \(selective; auto picks none\); steps 4-6; [\d.]+ s/step; \d+ tok/s; .*"
+        r"MFU [\d.]+% of the measured [\d.e-]+ \(causal half [\d.]+%\); peak RSS [\d.]+ GiB, estimate [\d.]+ GiB",
+        rows["trainer:selective:eager"][2],
+    ), rows["trainer:selective:eager"]
     # benchmark: a tok/s and an MFU for each variant and the trainer's own step (DeepSpeed ZeRO-1 on gloo), a
     # MixiT memory row per implementation
     for variant in ("standard", "frozen_qk", "mixit", "trainer"):

@@ -130,11 +130,12 @@ def test_streamed_launches_cover_the_presets():
 @pytest.mark.parametrize("dtype, launch", STREAMED, ids=[f"{dt}_dh{lc.BD}_seqs{lc.SEQS}" for dt, lc in STREAMED])
 def test_streamed_kernels_fit_an_h100(hopper, dtype, launch, tmp_path):
     """The streamed forward and backward at the causal, identity-term default; every causal/identity
-    combination at the largest head dim; the tile generator (causal or not, each generator) once per dtype."""
+    combination at the largest head dim; the tile generator (causal or not, each generator) once per dtype.
+    Four heads a V head (GQA: preset 1b's and 8b's): the backward's loop over them."""
     compile_, assemble = hopper
     _, fwd, bwd = mixit_streamed._kernels()
     types = mixit_streamed.arg_types(dtype)
-    base = dict(DH=launch.BD, BT=mixit_streamed.TILE, BD=launch.BD, SEQS=launch.SEQS, SWEEP_N=0, UPCAST=False)
+    base = dict(DH=launch.BD, GROUPS=4, BT=mixit_streamed.TILE, BD=launch.BD, SEQS=launch.SEQS, SWEEP_N=0, UPCAST=False)
     largest = launch.BD == max(lc.BD for _, lc in STREAMED)
     flags = [(True, True), (False, True), (True, False), (False, False)] if largest else [(True, True)]
     problems = []

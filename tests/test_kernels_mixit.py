@@ -13,8 +13,10 @@ from model import preset
 from model.kernels import select
 from model.kernels.mixit_blocked import MixitParams, compute_drift, cumsum_rows, mixit_blocked, raw_slab
 from model.kernels.select import MIXIT_DENSE_MAX_T, mixit_backend, mixit_dense_bytes, mixit_streamed_bytes
+from model.layers import MixingAttention
 from model.mixit import mixing_matrix, raw_block
 from model.transformer import build_model
+from pretrain.memory import mixit_cache_bytes, mixit_paths
 
 T = 40
 CASES = [
@@ -188,6 +190,35 @@ def test_cuda_rule_at_its_boundaries_bidirectional_and_without_triton(monkeypatc
     assert _auto_on_cuda("1b", 2048, H100) == "dense"
     assert _auto_on_cuda("1b", 8192, H200) == "dense"
     assert _auto_on_cuda("1b", 8192, H100) == "blocked"
+
+
+def test_cuda_rule_streams_the_leading_layers_whose_tiles_fit(monkeypatch):
+    """Where the tiles of every layer do not fit, those of the leading layers that do stream, the others
+    regenerate: preset 1b at T 16,384 (124.5 GiB of bf16 tiles, 7.8 GiB a layer) streams 8 of its 16 layers
+    on a 141 GB card and 4 on an 80 GB one; the memory estimate counts those tiles."""
+    monkeypatch.setattr(select, "triton_available", lambda: True)
+    c = preset("1b", variant="mixit", max_seq_len=16384)
+    tiles = mixit_streamed_bytes(c.num_heads, c.num_layers, 16384, 2, True)
+    assert tiles / 2**30 == pytest.approx(124.5, abs=0.05)
+    dense = mixit_dense_bytes(c.num_heads, c.num_layers, 16384, 2)
+    for memory, leading in ((H200, 8), (H100, 4)):
+        paths = [
+            mixit_backend("auto", 16384, torch.device("cuda"), dense, memory, tiles, True, i, c.num_layers)
+            for i in range(c.num_layers)
+        ]
+        assert [impl for impl, _ in paths] == ["streamed"] * leading + ["triton"] * (16 - leading), memory
+        assert f"the first {leading} of 16 layers" in paths[0][1] and f"layers from {leading}" in paths[-1][1]
+        assert len({reason for _, reason in paths}) == 2  # logged once per path, not once per layer
+        assert mixit_paths(c, 2, "cuda", memory) == [impl for impl, _ in paths]
+        assert mixit_cache_bytes(c, 2, [impl for impl, _ in paths]) == leading * tiles / 16
+        assert mixit_cache_bytes(c, 2, [impl for impl, _ in paths]) <= select.MIXIT_STREAMED_MEMORY_FRACTION * memory
+    with torch.device("meta"):
+        layers = [MixingAttention(c, i) for i in range(c.num_layers)]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": H200}))
+    got = [layer.impl(torch.device("cuda"), torch.bfloat16) for layer in layers]
+    assert got == ["streamed"] * 8 + ["triton"] * 8
+    # where every layer's tiles fit, all stream, as before
+    assert _auto_on_cuda("1b", 8192, H100) == "streamed"
 
 
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):

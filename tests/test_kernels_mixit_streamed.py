@@ -1,8 +1,10 @@
 """MixiT's streamed path (model/kernels/mixit_streamed.py) on CPU under the Triton interpreter: the stored
-tiles are the regenerating kernel's draws bit for bit and assemble into the dense path's A; forward and
-backward equal a float64 product with that A; the model gives the dense path's loss and gradients,
-decodes with a cache, and writes its tiles once. Each check runs in a subprocess, since TRITON_INTERPRET
-must be set before Triton is imported."""
+tiles are the regenerating kernel's draws bit for bit (beta (M - drift 1^T) of them when causal, beta M
+when bidirectional, computed in float32) and assemble into the dense path's A; forward and backward equal
+a float64 product with the stored tiles (the streamed path's reference of record); the model gives the
+dense path's loss and gradients (the same under selective and full activation checkpointing), decodes
+with a cache, and writes its tiles once. Each check runs in a subprocess, since TRITON_INTERPRET must be
+set before Triton is imported."""
 
 import os
 import subprocess
@@ -39,42 +41,55 @@ def untile(tiles, T, causal):
 """
 
 # The regenerating kernel's own draw, read back: with V = I, drift 0, beta 1 and no identity term its
-# forward returns M's entries (one nonzero product per sum, so exact in float32).
+# forward returns M's entries (one nonzero product per sum, so exact in float32). The tiles store
+# beta (M - drift 1^T) (causal) or beta M (bidirectional) of that draw, in float32's operations, so bit for
+# bit too.
 TILES_CHECK = r"""
-for kw in ({}, {"causal": False}, {"mixit_rng": "philox4x"}, {"mixit_rng": "philox4x", "causal": False}):
+for kw in ({}, {"causal": False}, {"mixit_rng": "philox4x"}, {"mixit_rng": "philox4x", "causal": False},
+           {"mixit_beta": 0.7}, {"mixit_beta": 0.5, "causal": False}):
     cfg = cfg_(**kw)
     T, hr = cfg.max_seq_len, cfg.num_heads - 1
     p = MixitParams(cfg, 1)
-    padded, m = untile(ms.generate_tiles(p, torch.float32, "cpu"), T, cfg.causal)
+    drift = compute_drift(p, T, "cpu", 16)
+    fold = drift if cfg.causal else None
+    padded, m = untile(ms.generate_tiles(p, torch.float32, "cpu", fold), T, cfg.causal)
     probe = copy.copy(p)
     probe.identity, probe.beta = False, 1.0
     eye = torch.eye(T).expand(1, hr, T, T).contiguous()
     drawn = mt.triton_forward(probe, eye, torch.zeros(hr, T), 0, 64)[0]
-    assert torch.equal(m, drawn), (kw, (m - drawn).abs().max())
-    assert padded[:, T:].abs().sum() == 0 and padded[:, :, T:].abs().sum() == 0, kw
     idx = torch.arange(T)
     seen = idx[:, None] >= idx[None, :] if cfg.causal else torch.ones(T, T, dtype=torch.bool)
+    stored = (drawn - drift[:, :, None]) * cfg.mixit_beta * seen if cfg.causal else drawn * cfg.mixit_beta
+    assert torch.equal(m, stored), (kw, (m - stored).abs().max())
+    assert padded[:, T:].abs().sum() == 0 and padded[:, :, T:].abs().sum() == 0, kw
     for h in range(1, cfg.num_heads):  # model/rng.py's reference (torch's log/cos: within float rounding)
         ref = raw_block(cfg, 1, h, idx, idx, p.sigmas[h - 1]) * seen
-        torch.testing.assert_close(m[h - 1], ref, rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(drawn[h - 1], ref, rtol=1e-6, atol=1e-8)
+    # the tiles hold beta (M - drift 1^T) (causal) or beta M (bidirectional)
     # A assembled from the tiles as mixing_matrix assembles it from its draw: the dense path's matrix, to
     # float32's rounding (the draw's transcendentals above, drift's summation order; 1.2e-7 apart at 1)
-    drift = compute_drift(p, T, "cpu", 16)
-    a = cfg.mixit_beta * (m - drift[:, :, None]) + torch.eye(T)
+    a = (m if cfg.causal else m - cfg.mixit_beta * drift[:, :, None]) + torch.eye(T)
     torch.testing.assert_close(a * seen, mixing_matrix(cfg, 1)[1:], rtol=0, atol=3e-7)
     # bf16 storage: the same entries rounded (within one bf16 unit; the interpreter truncates)
-    _, m16 = untile(ms.generate_tiles(p, torch.bfloat16, "cpu"), T, cfg.causal)
+    _, m16 = untile(ms.generate_tiles(p, torch.bfloat16, "cpu", fold), T, cfg.causal)
     assert ((m16.float() - m).abs() <= m.abs() * 2**-7).all(), kw
+try:  # causal tiles need the drift they fold in
+    ms.generate_tiles(MixitParams(cfg_(), 1), torch.float32, "cpu")
+    raise AssertionError("causal tiles were made without a drift")
+except ValueError as e:
+    assert "fold the drift" in str(e), e
 print("ok")
 """
 
 # Forward (any row offset) and backward against float64 A @ V with the dense path's A: causal and
 # bidirectional, the depth_alpha path (no identity term), T and n not multiples of 64, one sequence and
-# three (one program for all three, and two programs of two with MAX_WIDTH cut), both loop modes.
+# three (one program for all three, and two programs of two with MAX_WIDTH cut), both loop modes; GQA (2 and
+# 4 heads reading one V head, causal and bidirectional, with a row offset) against V repeated to every head.
 KERNEL_CHECK = r"""
 cases = [({}, 100, 0, 3), ({}, 70, 0, 1), ({}, 100, 37, 2), ({"causal": False}, 70, 0, 3),
          ({"causal": False}, 100, 0, 1), ({"mixit_depth_alpha": 1.0, "mixit_beta": 0.7}, 100, 0, 2),
-         ({"mixit_rng": "philox4x"}, 90, 0, 3), ({"num_kv_heads": 2}, 64, 0, 2)]
+         ({"mixit_rng": "philox4x"}, 90, 0, 3), ({"num_kv_heads": 2}, 64, 0, 2), ({"num_kv_heads": 1}, 100, 0, 1),
+         ({"num_kv_heads": 2, "causal": False}, 70, 0, 2), ({"num_kv_heads": 2}, 100, 37, 1)]
 # run-time loop bounds where this interpreter takes them (mixit_triton.sweep_all_tiles), with the launcher's
 # width and a cut one (head dim 16: two sequences a program); the constant-bound sweep at the launcher's
 sweeps = [True] if ms.sweep_all_tiles() else [False, True]
@@ -88,26 +103,32 @@ for sweep, width in modes:
         full = cfg.max_seq_len if cfg.causal else n
         drift = compute_drift(p, full, "cpu", 16)
         a = mixing_matrix(cfg, 1, full).double()[:, rs:n, :n]
-        tiles = {d: ms.generate_tiles(p, d, "cpu") for d in (torch.float32, torch.bfloat16)}
+        fold = drift if cfg.causal else None
+        tiles = {d: ms.generate_tiles(p, d, "cpu", fold) for d in (torch.float32, torch.bfloat16)}
         m = {d: untile(t, cfg.max_seq_len, cfg.causal)[1].double()[:, rs:n, :n] for d, t in tiles.items()}
         for dtype in (torch.float32, torch.bfloat16):
             where = f"{sweep} {width} {kw} n={n} row_start={rs} b={b} {dtype}"
-            v = torch.randn(b, cfg.num_heads, n, cfg.head_dim).to(dtype).requires_grad_()
-            out = ms.mixit_streamed(v, tiles[dtype], p, drift, rs)
+            # GQA: V's heads shared by the kernels, against the product with them repeated
+            groups = cfg.num_heads // cfg.num_kv_heads
+            v = torch.randn(b, cfg.num_kv_heads, n, cfg.head_dim).to(dtype).requires_grad_()
+            vx = v.repeat_interleave(groups, 1)
+            out = ms.mixit_streamed(v, tiles[dtype], p, drift, rs, groups)
             assert out.dtype == dtype and out.shape == (b, cfg.num_heads, n - rs, cfg.head_dim), where
             if dtype == torch.float32:
-                ref = a @ v.double()
+                ref = a @ vx.double()
                 tol = dict(rtol=0, atol=4e-6)
             else:  # the product with the stored bf16 entries, exact but for the output's rounding
-                a16 = a.clone()
-                a16[1:] += cfg.mixit_beta * (m[dtype] - m[torch.float32])
-                ref = a16 @ v.double()
+                a16 = a.clone()  # causal tiles hold beta (M - drift 1^T), bidirectional ones beta M
+                a16[1:] += m[dtype] - m[torch.float32]
+                ref = a16 @ vx.double()
                 tol = dict(rtol=2**-7, atol=1e-5)
             torch.testing.assert_close(out.double(), ref, **tol, msg=lambda e: f"{where} forward: {e}")
             if rs == 0:
                 g = torch.randn(out.shape).to(dtype)
                 (got,) = torch.autograd.grad(out, v, g)
                 (want,) = torch.autograd.grad(ref, v, g.double())
+                if groups > 1 and dtype == torch.bfloat16:  # a sum over the group's heads, rounded once: the
+                    tol = dict(rtol=2**-7, atol=2**-7 * float(want.abs().max()))  # rounding of its larger terms
                 torch.testing.assert_close(got.double(), want.double(), **tol, msg=lambda e: f"{where} backward: {e}")
 print("ok", sweeps)
 """
@@ -119,7 +140,7 @@ made = []
 real = layers.generate_tiles
 layers.generate_tiles = lambda *a, **k: made.append(a[0].layer) or real(*a, **k)
 x = torch.randint(0, 50, (3, 71))
-for kw in ({}, {"causal": False}, {"mixit_depth_alpha": 1.0}):
+for kw in ({}, {"causal": False}, {"mixit_depth_alpha": 1.0}, {"num_kv_heads": 2}):
     grads, losses = [], []
     for impl in ("dense", "streamed"):
         model = build_model(cfg_(mixit_impl=impl, **kw), seed=0)
@@ -135,6 +156,17 @@ for kw in ({}, {"causal": False}, {"mixit_depth_alpha": 1.0}):
         torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-5)
     assert made == [0, 1], (kw, made)  # once per layer: the tiles are cached for the model's life
     made.clear()
+# the trainer's selective and full checkpointing around the streamed kernels (run again in the backward)
+from pretrain.parallelize import apply_activation_checkpointing
+runs = []
+for mode in ("none", "selective", "full"):
+    model = build_model(cfg_(mixit_impl="streamed", num_kv_heads=2), seed=0)
+    apply_activation_checkpointing(model, mode)
+    loss = model(x[:, :-1], labels=x[:, 1:])
+    loss.backward()
+    runs.append((loss.detach(), [q.grad for q in model.parameters() if q.grad is not None]))
+for loss, grads in runs[1:]:
+    assert torch.equal(loss, runs[0][0]) and all(torch.equal(a, b) for a, b in zip(grads, runs[0][1]))
 model = build_model(cfg_(mixit_impl="streamed"), seed=0).eval()
 with torch.no_grad():
     full = model(x[:, :30])
@@ -188,13 +220,15 @@ def test_streamed_equals_dense_on_gpu(kw):
 
     cfg = preset("tiny", variant="mixit", vocab_size=50, max_seq_len=1000, hidden_size=512, num_heads=4, **kw)
     p = MixitParams(cfg, 1)
-    assert torch.equal(generate_tiles(p, torch.bfloat16, "cuda"), generate_tiles(p, torch.float32, "cuda").bfloat16())
     n = 900
     full = cfg.max_seq_len if cfg.causal else n
-    a = mixing_matrix(cfg, 1, full, "cuda")[:, :n, :n].double()
     drift = compute_drift(p, full, "cuda", 128)
+    fold = drift if cfg.causal else None
+    tiles = generate_tiles(p, torch.bfloat16, "cuda", fold)
+    assert torch.equal(tiles, generate_tiles(p, torch.float32, "cuda", fold).bfloat16())
+    a = mixing_matrix(cfg, 1, full, "cuda")[:, :n, :n].double()
     v = torch.randn(3, cfg.num_heads, n, cfg.head_dim, device="cuda").bfloat16().requires_grad_()
-    out = mixit_streamed(v, generate_tiles(p, torch.bfloat16, "cuda"), p, drift)
+    out = mixit_streamed(v, tiles, p, drift)
     ref = a @ v.double()
     torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
     g = torch.randn_like(ref).bfloat16()

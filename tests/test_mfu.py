@@ -8,11 +8,15 @@ import json
 
 import pytest
 import torch
+import yaml
 from conftest import REPO
 
 import model.mfu as mfu_mod
+from model import ModelConfig, preset
+from model.flops import flops_per_token
 from pretrain import loop
 from pretrain import setup as setup_mod
+from pretrain.metrics import format_line
 from pretrain.train import train
 
 
@@ -75,6 +79,21 @@ def test_records_carry_mfu_and_its_peak_source(tmp_path, monkeypatch):
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in recs if "tflops" in r]
     assert steps
+    cfg = ModelConfig.from_dict(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["model"])
+    full, half = (flops_per_token(cfg, 32, causal_half=c)["train"] for c in (False, True))
     for r in steps:
         assert r["mfu_peak"] == "configured"
         assert r["mfu"] == pytest.approx(r["tflops"] / peak, rel=1e-12)
+        # beside it, attention's causal half only (the convention counts the whole square)
+        assert r["mfu_causal"] == pytest.approx(r["mfu"] * half / full, rel=1e-12) and half < full
+    assert "(causal half " in format_line(steps[-1])
+
+
+def test_causal_half_counts_half_of_attention_for_causal_models_only():
+    for variant in ("standard", "mixit"):
+        cfg = preset("tiny", variant=variant, vocab_size=64, max_seq_len=128)
+        full, half = (flops_per_token(cfg, 128, causal_half=c)["train"] for c in (False, True))
+        per_layer = (12 if variant == "standard" else 4) * 128 * cfg.hidden_size  # fwd + bwd attention
+        assert full - half == pytest.approx(cfg.num_layers * per_layer / 2)
+        bidirectional = cfg.replace(causal=False)
+        assert flops_per_token(bidirectional, 128, causal_half=True) == flops_per_token(bidirectional, 128)

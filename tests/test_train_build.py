@@ -78,17 +78,19 @@ def _mlp_calls(model) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("mode", ["full", "selective"])
 @pytest.mark.parametrize("masked", [False, True])
-def test_activation_checkpointing_recomputes_every_block_with_and_without_masks(masked):
-    cfg = preset("tiny", vocab_size=V, max_seq_len=T, causal=True)
+def test_activation_checkpointing_recomputes_every_block_with_and_without_masks(masked, mode):
+    """Against the plain model (mode none): the same loss and gradients, bit for bit; `selective` runs each
+    block's forward again too (its matrix products and attention are replayed from what it kept)."""
+    cfg = preset("tiny", vocab_size=V, max_seq_len=T, causal=True, num_kv_heads=2)
     x = torch.randint(0, V, (2, T + 1))
     doc_ids = torch.tensor([[0] * 10 + [1] * 14, [0] * 24]) if masked else None
     results = []
     for ac in (False, True):
         model = build_model(cfg, seed=0)
         keys = list(model.state_dict())
-        if ac:
-            assert apply_activation_checkpointing(model) == cfg.num_layers
+        assert apply_activation_checkpointing(model, mode if ac else "none") == (cfg.num_layers if ac else 0)
         calls = _mlp_calls(model)
         loss = model(x[:, :-1], labels=x[:, 1:], doc_ids=doc_ids)
         loss.backward()

@@ -65,6 +65,16 @@ def attention_backend(
     return "flash_varlen", "packed documents, flash-attn installed"
 
 
+def sdpa_native_gqa(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Whether SDPA takes K and V with fewer heads than Q itself (`enable_gqa`) for this call, instead of
+    copies repeated to Q's heads: on the CPU always (its flash kernel reads the shared heads); on CUDA
+    only where the flash kernel takes the call (fp16/bf16, no mask, head dim <= 256), because elsewhere
+    `enable_gqa` falls back to the unfused math kernel, slower than the copies."""
+    if not q.is_cuda:
+        return True
+    return q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and q.shape[-1] <= 256
+
+
 def mixit_dense_bytes(num_heads: int, num_layers: int, max_seq_len: int, element_bytes: int) -> int:
     """Bytes the dense mixing matrices of every layer hold on one device (the dense path's cache)."""
     return num_layers * num_heads * max_seq_len**2 * element_bytes
@@ -92,16 +102,21 @@ def mixit_backend(
     device_memory: int | None = None,
     streamed_bytes: int | None = None,
     causal: bool = True,
+    layer: int = 0,
+    num_layers: int = 1,
 ) -> tuple[str, str]:
-    """(impl, reason) for MixiT mixing: 'dense', 'blocked', 'triton' or 'streamed'.
+    """(impl, reason) for MixiT mixing in layer `layer` of `num_layers`: 'dense', 'blocked', 'triton' or
+    'streamed'.
 
-    On CUDA `dense_bytes` and `streamed_bytes` (mixit_dense_bytes and mixit_streamed_bytes of the model)
-    are compared with the device's memory (`device_memory`, default: the device's total), so the rule can
-    be evaluated for any device size. Causal: the stored tiles wherever they fit; they are the dense
-    matrix's nonzero half, read once per group of sequences with the tiles above the diagonal skipped,
-    where dense's batched product reads and multiplies the whole square. Bidirectional: the tiles are
-    the whole square too, as many bytes as the dense matrices, so dense (one cuBLAS product) keeps the
-    sizes where it fits, and the tiles take over above it.
+    On CUDA `dense_bytes` and `streamed_bytes` (mixit_dense_bytes and mixit_streamed_bytes of the model's
+    `num_layers` layers) are compared with the device's memory (`device_memory`, default: the device's
+    total), so the rule can be evaluated for any device size. Causal: the stored tiles wherever they fit;
+    they are the dense matrix's nonzero half, read once per group of sequences with the tiles above the
+    diagonal skipped, where dense's batched product reads and multiplies the whole square. Bidirectional:
+    the tiles are the whole square too, as many bytes as the dense matrices, so dense (one cuBLAS product)
+    keeps the sizes where it fits, and the tiles take over above it. Where neither fits for every layer,
+    the leading layers whose tiles fit stream and the others regenerate (the tiles chunked by layer: the
+    1b preset at T 16,384, 124.5 GiB of bf16 tiles, streams 8 of its 16 layers on a 141 GB card).
     """
     if mixit_impl != "auto":
         return mixit_impl, f"mixit_impl={mixit_impl}"
@@ -118,6 +133,16 @@ def mixit_backend(
             return "streamed", f"CUDA with Triton, {tiles_size}"
         if dense_fits:  # short T only, where padding to whole tiles outweighs the half the triangle saves
             return "dense", dense_size
+        budget = MIXIT_STREAMED_MEMORY_FRACTION * device_memory
+        per_layer = streamed_bytes / num_layers if streamed_bytes else None
+        leading = min(num_layers, int(budget // per_layer)) if per_layer else 0
+        if layer < leading:
+            return "streamed", (
+                f"CUDA with Triton, the stored tiles of the first {leading} of {num_layers} layers: "
+                f"{leading * per_layer / 2**30:.2f} GiB <= {budget / 2**30:.2f} GiB of the device"
+            )
+        if leading:
+            return "triton", f"CUDA with Triton, layers from {leading}: {tiles_size} for all {num_layers}"
         return "triton", f"CUDA with Triton, {tiles_size}"
     if max_seq_len <= MIXIT_DENSE_MAX_T:
         return "dense", f"max_seq_len {max_seq_len} <= {MIXIT_DENSE_MAX_T}"
