@@ -10,10 +10,9 @@ from torch import nn
 
 from common.errors import ConfigError
 
-from . import init
 from .config import ModelConfig
 from .freezing import apply_freeze
-from .init import is_hidden_matrix
+from .init import draw_seed, is_hidden_matrix, normal
 from .layers import Block, KVCache, LMHead, RMSNorm, rope_cos_sin, width_factor
 
 
@@ -38,7 +37,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, init_seed: int | None = None):
         super().__init__()
         self.cfg = cfg
-        self.init_seed = init.draw_seed() if init_seed is None else int(init_seed)
+        self.init_seed = draw_seed() if init_seed is None else int(init_seed)
         d = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
         self.embed_positions = (
@@ -79,7 +78,7 @@ class Transformer(nn.Module):
             std = cfg.init_std / math.sqrt(cfg.width_mult)  # µP: 1/sqrt(m) (m = 1 under the standard one)
         else:
             std = cfg.init_std
-        return init.normal(shape, std, self.init_seed, name)
+        return normal(shape, std, self.init_seed, name)
 
     def set_step(self, step: int) -> list[str]:
         """Apply the freeze schedule in effect at optimizer step `step`; returns frozen names."""
