@@ -13,6 +13,7 @@ own real tokens, so a padded row gives the tokens it gives alone.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -24,7 +25,9 @@ from common.errors import ConfigError
 
 from .config import ModelConfig
 from .hf_format import MODEL_TYPE
-from .transformer import Transformer
+from .transformer import Transformer, new_tokens_that_fit
+
+log = logging.getLogger(__name__)
 
 
 class TrainablePartsConfig(PretrainedConfig):
@@ -87,6 +90,23 @@ class TrainablePartsForCausalLM(PreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.model.lm_head
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: Any = None, *args: Any, **kwargs: Any):
+        """transformers' generate(), stopped where the context is full (as eval.generate stops, with the same
+        line): asked for more new tokens than fit after the prompt, it generates those that fit."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        config = generation_config if generation_config is not None else self.generation_config
+        if ids is not None and ids.dim() == 2:
+            n, T = ids.shape[1], self.model.cfg.max_seq_len
+            max_new = kwargs.get("max_new_tokens", config.max_new_tokens)
+            if max_new is None and kwargs.get("max_length") is not None:
+                max_new = kwargs["max_length"] - n
+            fit, cut = new_tokens_that_fit(T, n, max_new) if max_new is not None else (None, None)
+            if cut and fit:  # a prompt that fills the context alone is the forward's error
+                log.warning(cut)
+                kwargs["max_new_tokens"] = fit
+                kwargs.pop("max_length", None)
+        return super().generate(inputs, generation_config, *args, **kwargs)
 
     def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
         """transformers' preparation, except where no cache can serve (a bidirectional model, a padded

@@ -124,6 +124,19 @@ class Transformer(nn.Module):
         return KVCache(self.cfg.num_layers)
 
 
+def new_tokens_that_fit(max_seq_len: int, prompt_len: int, wanted: int) -> tuple[int, str | None]:
+    """How many of `wanted` new tokens a model of `max_seq_len` positions generates after a prompt of
+    `prompt_len` tokens (the last one predicted from a full context: the sequence ends at max_seq_len + 1
+    tokens), and, when that is fewer than wanted, the one line every generate path says as it stops there."""
+    fit = max(0, max_seq_len + 1 - prompt_len)
+    if wanted <= fit:
+        return wanted, None
+    return fit, (
+        f"generate: {wanted} new tokens asked, {fit} fit after a prompt of {prompt_len} tokens in the model's "
+        f"max_seq_len={max_seq_len}; generation stops there"
+    )
+
+
 def build_model(cfg: ModelConfig, seed: int | None = None, device: torch.device | str | None = None) -> Transformer:
     """Construct (and initialise) a model; `seed` (the init seed) makes the initial weights reproducible."""
     model = Transformer(cfg, init_seed=seed)

@@ -186,3 +186,30 @@ def test_a_llama_export_ships_no_code(tmp_path):
     exported(tmp_path, "frozen_qk")
     assert "auto_map" not in json.loads((tmp_path / "hf" / "config.json").read_text())
     assert not list((tmp_path / "hf").glob("*.py"))
+
+
+@pytest.mark.parametrize("variant", ["mixit", "shaped"])
+def test_generation_past_max_seq_len_stops_where_the_context_is_full_with_one_line(tmp_path, variant, caplog):
+    """Asked for more tokens than fit, eval.generate and the export's generate() stop at the same length
+    (max_seq_len + 1 tokens in all) and each says so in one line; MixiT's generate() used to raise."""
+    ours, hf = exported(tmp_path, variant)
+    fit = T + 1 - len(PROMPT)
+    with caplog.at_level(logging.WARNING):
+        want = generate(ours, PROMPT, 40)
+    assert len(want) == fit
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"generate: 40 new tokens asked, {fit} fit after a prompt of 5 tokens in the model's max_seq_len={T}; generation stops there"
+    ]
+    x = torch.tensor([PROMPT])
+    for ask in ({"max_new_tokens": 40}, {"max_length": 45}):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            got = hf.generate(x, do_sample=False, **ask)[0, len(PROMPT) :].tolist()
+        assert got == want
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # what fits is generated without a word
+        assert hf.generate(x, max_new_tokens=fit, do_sample=False)[0, len(PROMPT) :].tolist() == want
+        assert generate(ours, PROMPT, fit) == want
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
