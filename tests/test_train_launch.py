@@ -562,3 +562,4 @@ def test_two_nodes_that_do_not_share_the_run_dir_stop_in_one_line_not_a_hang(tmp
         assert p.returncode == 2 and len(lines) == 1, err[-2000:]
         assert "rank 1 on " in lines[0] and "does not see rank 0's run dir" in lines[0] and "Fix:" in lines[0]
     assert not (tmp_path / "node1" / "runs" / "shared" / "checkpoints").exists()
+    assert not (tmp_path / "node0" / "runs" / "shared").exists()  # rank 0's mark went with the run dir it made
