@@ -59,6 +59,8 @@ class OptimConfig:
     decay_steps: int | None = None  # cosine/linear: None -> max_steps - warmup_steps
     decay_fraction: float = 0.2  # wsd: the last share of max_steps that decays (1-sqrt) to min_lr
     decay_start: int | None = None  # wsd: the first decaying step; None -> max_steps * (1 - decay_fraction)
+    # resume under a schedule that changes the rate of a step already trained (pretrain/resume.py check_schedule)
+    allow_schedule_change: bool = False
     no_decay: list[str] = field(default_factory=lambda: ["bias", "norm", "embed"])  # names without weight decay
     torch_adam: bool = True  # torch.optim.AdamW (no JIT build); false -> DeepSpeed's fused Adam
     fused: bool = True  # torch AdamW's fused kernel (CPU and CUDA: ~4x its foreach step on CPU)

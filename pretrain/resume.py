@@ -3,7 +3,7 @@
 A checkpoint fits when it describes the same model (variant, shapes), was trained on the same
 tokenizer as the data, and was written under the same parallel layout (DeepSpeed's
 partitioned files only load under the layout that wrote them; a universal checkpoint loads
-under any).
+under any). Its learning-rate schedule: pretrain/schedule_change.py.
 """
 
 from __future__ import annotations

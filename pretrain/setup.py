@@ -29,6 +29,7 @@ from .periodic_save import PeriodicSave
 from .profiling import StepProfiler
 from .resume import agreed_resume_point, check_fits, check_layout
 from .run_dir import check_run_dir, resolved_config, write_config
+from .schedule_change import check_schedule
 from .task_model import model_config
 from .trackers import build_trackers
 from .validation import Validation
@@ -96,6 +97,9 @@ def build_run(
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
     layout.check_layers(mcfg.num_layers)
     check_fits(point, cfg, mcfg, getattr(probe, "tokenizer_id", None))
+    schedule_change = check_schedule(point, cfg)  # refused unless allowed, else said in the log
+    if schedule_change:
+        point.notes.append(schedule_change)
     del probe
     resolved = resolved_config(cfg, mcfg)
     if rank == 0 or not overwrite:  # same answer on every rank; only rank 0 clears for --overwrite
