@@ -106,10 +106,12 @@ def _launch_dry(tokens: list[str]) -> list[str]:
 
 
 def _plan_of_launch(tokens: list[str]) -> list[str]:
-    """The same training arguments as a --dry-run on the world size the launch line asks for."""
+    """The same training arguments as a --dry-run on the world size the launch line asks for, without the
+    data (a GPU cluster's shards are not in the clone)."""
     gpus = int(_arg(tokens, "--gpus") or 8)
     nodes = 2 if "--hostfile" in tokens else 1
-    return ["python", "-m", "pretrain.train", *_train_args(tokens), "--dry-run", "--world-size", str(gpus * nodes)]
+    plan = ["--dry-run", "--without-data", "--world-size", str(gpus * nodes)]
+    return ["python", "-m", "pretrain.train", *_train_args(tokens), *plan]
 
 
 def _printed_launch(root: Path, out: str, tokens: list[str]) -> None:
