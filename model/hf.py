@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from common.deepspeed_import import import_deepspeed
 
@@ -69,7 +70,13 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, eos_id: int | None
         hf.generation_config.pad_token_id = eos_id  # no pad token: generate() pads a finished row with EOS
     if isinstance(hf, TrainablePartsForCausalLM):
         hf.config.auto_map = auto_map()
-    hf.save_pretrained(out, safe_serialization=True)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for writing one small file set is noise (and a log's garbage)
+    try:
+        hf.save_pretrained(out, safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     if isinstance(hf, TrainablePartsForCausalLM):
         write_modelling_code(out)
     return out
