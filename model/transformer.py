@@ -101,8 +101,8 @@ class Transformer(nn.Module):
         past = cache.length if cache is not None else 0
         if past + t > self.cfg.max_seq_len:
             raise ConfigError(
-                f"sequence length {past + t} exceeds model.max_seq_len={self.cfg.max_seq_len}; "
-                "use shorter sequences or a model built with a larger max_seq_len"
+                f"sequence length {past + t} exceeds model.max_seq_len={self.cfg.max_seq_len}. "
+                "Fix: use shorter sequences or a model built with a larger max_seq_len"
             )
         attn_mask = None
         if doc_ids is not None:

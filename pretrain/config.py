@@ -222,7 +222,7 @@ class RunConfig:
         if t.global_batch_tokens is not None and t.global_batch_tokens % t.seq_len:
             raise RecipeError(
                 f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
-                f"train.seq_len={t.seq_len}; use e.g. {t.seq_len * max(1, t.global_batch_tokens // t.seq_len)}"
+                f"train.seq_len={t.seq_len}. Fix: use e.g. {t.seq_len * max(1, t.global_batch_tokens // t.seq_len)}"
             )
         if (t.max_steps is None) == (t.max_tokens is None):
             raise RecipeError(
