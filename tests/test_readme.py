@@ -312,6 +312,23 @@ def test_every_documented_command_has_a_rule():
     assert readme[:2] == ["./demo.sh", "tests/run"], "the README's two set-up commands come first"
 
 
+def test_what_the_documented_commands_write_is_ignored_by_git():
+    """A new user who runs the docs' commands in a clone finds what they wrote ignored, not a dozen untracked
+    paths (tok/, shards/, valid-gcide/, exports/ ... at the repository's root were not)."""
+    written = {
+        tokens[tokens.index(flag) + 1]
+        for _, cmd in _all_commands()
+        for tokens in [shlex.split(cmd)]
+        for flag in ("--out", "--out-dir", "--run-dir", "--output_path")
+        if flag in tokens
+    }
+    assert {"tok", "shards", "valid-gcide", "results.json"} <= written
+    checked = subprocess.run(
+        ["git", "check-ignore", "--no-index", *sorted(written)], cwd=REPO, capture_output=True, text=True
+    )
+    assert set(checked.stdout.split()) == written
+
+
 def test_doc_commands_parse_blocks_continuations_comments_and_chains():
     text = "x\n```bash\na --b 'c d'  # note\ne \\\n  f && g *.txt\n# only a comment\n```\n```python\nno\n```\n"
     assert doc_commands(text) == ["a --b 'c d'", "e f", "g *.txt"]
