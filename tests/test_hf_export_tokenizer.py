@@ -95,9 +95,10 @@ def test_export_refuses_a_tokenizer_for_native_weights_in_one_line(tmp_path, sp_
 
 
 def test_tiny_cpu_mixit_run_exports_says_why_no_tokenizer_and_generates(tmp_path, capsys):
-    """The recipe a new user starts with (MixiT on a synthetic task), end to end in plain transformers."""
+    """The recipe a new user starts with (here MixiT, on its synthetic task), end to end in plain transformers."""
     run = tmp_path / "run"
-    over = ["train.max_steps=2", "checkpoint.every_steps=0", "train.eval_every_steps=0", "logging.tensorboard=false"]
+    over = ["model.variant=mixit", "train.max_steps=2", "checkpoint.every_steps=0", "train.eval_every_steps=0"]
+    over += ["logging.tensorboard=false"]
     train("recipes/tiny_cpu.yaml", over, run_dir=run)
     assert export_main(["--checkpoint", str(run), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0
     out = capsys.readouterr().out

@@ -28,6 +28,7 @@ from typing import Callable
 import pytest
 
 from checkpoint import tag_format
+from pretrain.config import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/TRAINING.md")
@@ -327,6 +328,14 @@ def test_what_the_documented_commands_write_is_ignored_by_git():
         ["git", "check-ignore", "--no-index", *sorted(written)], cwd=REPO, capture_output=True, text=True
     )
     assert set(checked.stdout.split()) == written
+
+
+def test_the_readmes_first_training_command_trains_the_standard_model():
+    """The first model a new user trains is the standard one (recipes/tiny_cpu.yaml trained MixiT)."""
+    first = next(c for d, c in _all_commands() if d == "README.md" and c.startswith("python -m pretrain.train "))
+    tokens = shlex.split(first)
+    overrides = [t for t in tokens[tokens.index("--recipe") + 2 :] if "=" in t and not t.startswith("-")]
+    assert load_recipe(REPO / _arg(tokens, "--recipe"), overrides).model.variant == "standard", first
 
 
 def test_doc_commands_parse_blocks_continuations_comments_and_chains():

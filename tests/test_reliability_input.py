@@ -115,8 +115,8 @@ def test_overwrite_replaces_the_old_run(tmp_path):
 
 
 def test_checkpoint_of_another_variant_or_shape_is_refused(trained, tmp_path, no_engine):
-    with pytest.raises(RecipeError, match="variant: config has 'standard', checkpoint has 'mixit'.*Fix"):
-        train(RECIPE, BASE + ["model.variant=standard"], run_dir=tmp_path, resume=str(trained))
+    with pytest.raises(RecipeError, match="variant: config has 'mixit', checkpoint has 'standard'.*Fix"):
+        train(RECIPE, BASE + ["model.variant=mixit"], run_dir=tmp_path, resume=str(trained))
     with pytest.raises(RecipeError, match="hidden_size: config has 96"):
         train(RECIPE, BASE + ["model.hidden_size=96"], run_dir=tmp_path, resume=str(trained))
 
