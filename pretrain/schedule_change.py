@@ -39,12 +39,9 @@ def check_schedule(point: ResumePoint, cfg: RunConfig) -> str | None:
     if point.tag_dir is None or not isinstance(recipe, dict):
         return None
     old = _recorded_schedule(cfg, recipe)
+    keys = [k for k in SCHEDULE_KEYS if getattr(old.optim, k) != getattr(cfg.optim, k)]
     changes = [f"train.max_steps {old.max_steps} -> {cfg.max_steps}"] if old.max_steps != cfg.max_steps else []
-    changes += [
-        f"optim.{k} {getattr(old.optim, k)} -> {getattr(cfg.optim, k)}"
-        for k in SCHEDULE_KEYS
-        if getattr(old.optim, k) != getattr(cfg.optim, k)
-    ]
+    changes += [f"optim.{k} {getattr(old.optim, k)} -> {getattr(cfg.optim, k)}" for k in keys]
     if not changes:
         return None
     step = point.step
@@ -57,11 +54,7 @@ def check_schedule(point: ResumePoint, cfg: RunConfig) -> str | None:
     if changed is None:
         return f"learning-rate schedule changed on resume ({what}): the {step} steps trained keep their rates; {rates}"
     if not cfg.optim.allow_schedule_change:
-        restore = [
-            f"optim.{k}={getattr(old.optim, k)}"
-            for k in SCHEDULE_KEYS
-            if getattr(old.optim, k) != getattr(cfg.optim, k)
-        ]
+        restore = [f"optim.{k}={getattr(old.optim, k)}" for k in keys]  # the overrides that give the old schedule
         if old.max_steps != cfg.max_steps:
             t = old.train
             restore.insert(
