@@ -15,6 +15,7 @@ import pytest
 import torch
 from fixtures import make_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.dynamic_module_utils import get_imports
 
 import model.hf  # noqa: F401  (registers TrainablePartsForCausalLM, as a user's script does)
 from data_pipeline.tokenizer import load_tokenizer
@@ -160,6 +161,10 @@ def test_an_export_ships_its_modelling_code_and_generates_without_this_repositor
         ours, _ = exported(tmp_path / name, variant, **kw)
         config = json.loads((tmp_path / name / "hf" / "config.json").read_text())
         assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_trainable_parts.TrainablePartsForCausalLM"
+        # what transformers asks of a remote file (on the Hub, of every file): packages it names, GPU ones too
+        for f in (tmp_path / name / "hf").glob("*.py"):
+            asked = set(get_imports(f)) - set(sys.stdlib_module_names)
+            assert asked <= {"torch", "transformers", "safetensors"}, (f.name, asked)
         want[str(tmp_path / name / "hf")] = generate(ours, PROMPT, 12, use_cache=ours.cfg.causal)
     site = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
     elsewhere = tmp_path / "elsewhere"
