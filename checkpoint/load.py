@@ -70,14 +70,14 @@ def _load_for_eval(p: Path, device: str | torch.device) -> tuple[torch.nn.Module
         problems = tag_format.verify(p)
         if problems:
             raise FileNotFoundError(
-                f"{p} fails verification against its {tag_format.COMPLETE} marker ({'; '.join(problems[:3])}); "
-                "use an earlier checkpoint"
+                f"{p} fails verification against its {tag_format.COMPLETE} marker ({'; '.join(problems[:3])}). "
+                "Fix: use an earlier checkpoint"
             )
         return model_from_checkpoint(p, device)
     if (p / tag_format.STATE).is_file():
         raise FileNotFoundError(
             f"{p} is an incomplete checkpoint (no {tag_format.COMPLETE} marker: the save was "
-            "interrupted); use an earlier checkpoint"
+            "interrupted). Fix: use an earlier checkpoint"
         )
     if (p / "checkpoints").is_dir() or p.name == "checkpoints":
         run = p if (p / "checkpoints").is_dir() else p.parent

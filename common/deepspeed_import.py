@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import os
 import runpy
 import sys
 from types import ModuleType
@@ -28,9 +29,14 @@ COMPILED_AT_IMPORT = ("deepspeed.runtime.zero.muon.muon_optimizer",)  # absent f
 
 
 def import_deepspeed() -> ModuleType:
-    """The deepspeed package; on the first import in a process, HIDDEN are hidden from it."""
+    """The deepspeed package; on the first import in a process, HIDDEN are hidden from it. Where no CUDA
+    device is visible, DeepSpeed's accelerator is the CPU, said in DS_ACCELERATOR (unless it is set), as
+    a CPU run sets it (pretrain/distributed.py): DeepSpeed's own detection comes to the same answer with a
+    warning line on every import (an export, an evaluation of a DeepSpeed checkpoint)."""
     if "deepspeed" in sys.modules:
         return sys.modules["deepspeed"]
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
     hidden = [name for name in HIDDEN if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # `import mlflow` raises ImportError: DeepSpeed's optional path

@@ -77,8 +77,8 @@ def read_examples(
             rows = csv.DictReader(f)
             if rows.fieldnames is None or text_field not in rows.fieldnames or label_field not in rows.fieldnames:
                 raise DataError(
-                    f"{path}: CSV header {rows.fieldnames} lacks {text_field!r}/{label_field!r}; "
-                    "set data.text_field / data.label_field"
+                    f"{path}: CSV header {rows.fieldnames} lacks {text_field!r}/{label_field!r}. "
+                    "Fix: set data.text_field / data.label_field"
                 )
             out = [(r[text_field], r[label_field]) for r in rows]
     else:
@@ -157,7 +157,7 @@ class ClassificationLoader(RankShare):
             if not 0 < n_val < len(every):
                 raise DataError(
                     f"{self.source}: val_fraction={frac} leaves {n_val} of {len(every)} examples for "
-                    "validation; use a fraction that gives both splits examples, or data.val_source"
+                    "validation. Fix: use a fraction that gives both splits examples, or data.val_source"
                 )
             rank_of = Permutation(len(every), derive_key(self.seed, "classify-split"))(np.arange(len(every)))
             keep = rank_of < n_val if self.split == "val" else rank_of >= n_val

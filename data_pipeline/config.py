@@ -41,7 +41,7 @@ def parse_mixture_string(spec: str) -> list[dict]:
             continue
         if "=" not in part:
             raise DataError(
-                f"DataConfig.source: mixture entry {part!r} has no weight; write it as PATH=WEIGHT, "
+                f"DataConfig.source: mixture entry {part!r} has no weight. Fix: write it as PATH=WEIGHT, "
                 "e.g. 'mixture:/data/web=0.7,/data/code=0.3'"
             )
         path, _, weight = part.rpartition("=")
@@ -54,7 +54,7 @@ def normalize_mixture(mixture: Any) -> list[dict]:
     if not isinstance(mixture, (list, tuple)) or not mixture:
         raise DataError(
             "DataConfig.mixture must be a non-empty list of {path, weight} dicts, "
-            f"got {mixture!r}; e.g. mixture=[{{'path': 'data/web', 'weight': 0.7}}, ...]"
+            f"got {mixture!r}. Fix: e.g. mixture=[{{'path': 'data/web', 'weight': 0.7}}, ...]"
         )
     out = []
     for i, entry in enumerate(mixture):
@@ -72,8 +72,8 @@ def normalize_mixture(mixture: Any) -> list[dict]:
             weight = float(raw)
         except (TypeError, ValueError):
             raise DataError(
-                f"DataConfig.mixture[{i}] (path {entry['path']!r}): weight {raw!r} is not a number; "
-                "use a non-negative number such as 0.3"
+                f"DataConfig.mixture[{i}] (path {entry['path']!r}): weight {raw!r} is not a number. "
+                "Fix: use a non-negative number such as 0.3"
             ) from None
         if not math.isfinite(weight) or weight < 0:
             raise DataError(f"DataConfig.mixture[{i}] (path {entry['path']!r}): weight {raw!r} must be finite and >= 0")
@@ -167,16 +167,18 @@ class DataConfig:
             self.mixture = normalize_mixture(self.mixture)
         elif self.mixture is not None:
             raise DataError(
-                f"DataConfig.mixture is set but source={self.source!r}; set source='mixture' to train on the mixture"
+                f"DataConfig.mixture is set but source={self.source!r}. Fix: set source='mixture' to train on the mixture"
             )
         if self.source.startswith("synthetic:"):
             name = self.source.split(":", 1)[1]
             if name not in TASKS:
-                raise DataError(f"DataConfig.source: unknown synthetic task {name!r}; choose one of {sorted(TASKS)}")
+                raise DataError(
+                    f"DataConfig.source: unknown synthetic task {name!r}. Fix: choose one of {sorted(TASKS)}"
+                )
         if not isinstance(self.task_args, dict):
             raise DataError(f"DataConfig.task_args must be a dict, got {type(self.task_args).__name__}")
         if self.task_args and not self.source.startswith("synthetic:"):
-            raise DataError("DataConfig.task_args only applies to source='synthetic:<task>'; remove it")
+            raise DataError("DataConfig.task_args only applies to source='synthetic:<task>'. Fix: remove it")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise DataError(f"DataConfig.seed must be a non-negative int, got {self.seed!r}")
         self.val_fraction = check_val_fraction(self.val_fraction)

@@ -109,7 +109,7 @@ class ShardSource:
             what = "training" if split == "train" else f"validation (val_fraction={cfg.val_fraction})"
             raise DataError(
                 f"{self.dir}: the {'validation set' if whole else what} region has {self.stop - self.start} tokens, "
-                f"fewer than seq_len+1 = {seq_len + 1}; use more data, a shorter seq_len"
+                f"fewer than seq_len+1 = {seq_len + 1}. Fix: use more data, a shorter seq_len"
                 + ("" if split == "train" else " or a larger val_fraction")
             )
 
@@ -138,7 +138,7 @@ class SyntheticSource:
         if self.task.max_len > seq_len + 1:
             raise DataError(
                 f"synthetic:{cfg.task_name} makes sequences of up to {self.task.max_len} tokens but seq_len={seq_len} "
-                f"holds {seq_len + 1}; use seq_len >= {self.task.max_len - 1} or smaller task_args"
+                f"holds {seq_len + 1}. Fix: use seq_len >= {self.task.max_len - 1} or smaller task_args"
             )
         self.seq_len = seq_len
         self.tokenizer_id = self.task.tokenizer_id
@@ -452,7 +452,7 @@ class Loader:
             if state.get(key) != mine:
                 raise DataError(
                     f"loader state has {key}={state.get(key)!r} but this loader has {mine!r}: the checkpoint was "
-                    "made on a different data stream, so its position means nothing here; use the original data "
+                    "made on a different data stream, so its position means nothing here. Fix: use the original data "
                     "config, or start the data from the beginning by not loading the data state"
                 )
         self._samples_seen = int(state["samples_seen"])
@@ -502,8 +502,8 @@ def build_loader(
         raise DataError(f"build_loader: dp_rank must be in [0, {dp_world_size}), got {dp_rank!r}")
     if global_batch_size % dp_world_size:
         raise DataError(
-            f"build_loader: global_batch_size {global_batch_size} is not divisible by dp_world_size {dp_world_size}; "
-            f"use a multiple of {dp_world_size} (e.g. {(global_batch_size // dp_world_size + 1) * dp_world_size})"
+            f"build_loader: global_batch_size {global_batch_size} is not divisible by dp_world_size {dp_world_size}. "
+            f"Fix: use a multiple of {dp_world_size} (e.g. {(global_batch_size // dp_world_size + 1) * dp_world_size})"
         )
     if cfg.kind == "synthetic":
         sources, weights = [SyntheticSource(cfg, split, seq_len)], None
@@ -511,7 +511,7 @@ def build_loader(
         entries = cfg.mixture if cfg.kind == "mixture" else [{"path": cfg.source, "weight": 1.0}]
         if split == "val" and cfg.val_fraction == 0:
             raise DataError(
-                "build_loader(split='val'): DataConfig.val_fraction is 0, so there is no validation split; set it > 0"
+                "build_loader(split='val'): DataConfig.val_fraction is 0, so there is no validation split. Fix: set it > 0"
             )
         sources = [ShardSource(e["path"], cfg, split, seq_len, verify_record) for e in entries]
         weights = [e["weight"] for e in entries]
@@ -520,8 +520,8 @@ def build_loader(
             if (s.tokenizer_id, s.vocab_size) != (first.tokenizer_id, first.vocab_size):
                 raise DataError(
                     f"mixture: {s.dir}/manifest.json has tokenizer {s.tokenizer_id} (vocab {s.vocab_size}) but "
-                    f"{first.dir}/manifest.json has {first.tokenizer_id} (vocab {first.vocab_size}); "
-                    "prepare every component with the same --tokenizer"
+                    f"{first.dir}/manifest.json has {first.tokenizer_id} (vocab {first.vocab_size}). "
+                    "Fix: prepare every component with the same --tokenizer"
                 )
         if cfg.tokenizer is not None:
             tok = load_tokenizer(cfg.tokenizer)
@@ -529,7 +529,7 @@ def build_loader(
                 if s.tokenizer_id != tok.identity:
                     raise DataError(
                         f"{s.dir}/manifest.json records tokenizer {s.tokenizer_id} but the training config's tokenizer "
-                        f"{tok.path} is {tok.identity}; re-run prepare with --tokenizer {tok.path}, or set "
+                        f"{tok.path} is {tok.identity}. Fix: re-run prepare with --tokenizer {tok.path}, or set "
                         "data.tokenizer to the tokenizer the shards were made with"
                     )
     if cfg.vocab_size is not None:
@@ -537,8 +537,8 @@ def build_loader(
             if s.vocab_size != cfg.vocab_size:
                 where = f"{s.dir}/manifest.json" if isinstance(s, ShardSource) else cfg.source
                 raise DataError(
-                    f"{where} has vocab_size {s.vocab_size} but the training config says vocab_size={cfg.vocab_size}; "
-                    "set the model's vocab_size to the data's, or re-prepare the data with the matching tokenizer"
+                    f"{where} has vocab_size {s.vocab_size} but the training config says vocab_size={cfg.vocab_size}. "
+                    "Fix: set the model's vocab_size to the data's, or re-prepare the data with the matching tokenizer"
                 )
     return Loader(sources, weights, cfg, split, seq_len, global_batch_size, dp_rank, dp_world_size)
 

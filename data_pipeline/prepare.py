@@ -66,11 +66,11 @@ def resolve_source(sources: list[str] | str) -> SourceSpec:
         sources = [str(sources)]
     sources = [str(s) for s in sources]
     if not sources:
-        raise DataError("prepare: --source is empty; pass local text/jsonl/parquet files or hf:NAME")
+        raise DataError("prepare: --source is empty. Fix: pass local text/jsonl/parquet files or hf:NAME")
     if any(s.startswith("hf:") for s in sources):
         if len(sources) != 1:
             raise DataError(
-                "prepare: an hf:NAME source cannot be combined with other sources; prepare them separately and use a mixture"
+                "prepare: an hf:NAME source cannot be combined with other sources. Fix: prepare them separately and use a mixture"
             )
         parts = sources[0][3:].split(":")
         if not parts[0]:
@@ -114,7 +114,7 @@ def resolve_source(sources: list[str] | str) -> SourceSpec:
         builders.add(EXT_BUILDER[ext])
     if len(builders) > 1:
         raise DataError(
-            f"prepare: --source mixes file types {sorted(builders)}; prepare each type into its own --out and combine them with a mixture"
+            f"prepare: --source mixes file types {sorted(builders)}. Fix: prepare each type into its own --out and combine them with a mixture"
         )
     return SourceSpec(kind="local", builder=builders.pop(), files=[str(Path(f).resolve()) for f in files])
 
@@ -159,7 +159,9 @@ def open_dataset(spec: SourceSpec, text_field: str, where: dict[str, str] | None
     try:
         first = next(iter(ds))
     except StopIteration:
-        raise DataError(f"prepare: source {spec.files or spec.hf_name} yields no records; check the input") from None
+        raise DataError(
+            f"prepare: source {spec.files or spec.hf_name} yields no records. Fix: check the input"
+        ) from None
     except Exception as e:  # noqa: BLE001
         if spec.kind == "hf":
             raise _hf_offline_error(spec, e) from e
@@ -167,8 +169,8 @@ def open_dataset(spec: SourceSpec, text_field: str, where: dict[str, str] | None
     if text_field not in first:
         origin = spec.files[0] if spec.files else spec.hf_name
         raise DataError(
-            f"prepare: records of {origin} have no field {text_field!r} (fields: {sorted(first)}); "
-            "pass --text-field NAME"
+            f"prepare: records of {origin} have no field {text_field!r} (fields: {sorted(first)}). "
+            "Fix: pass --text-field NAME"
         )
     if where:
         missing = sorted(set(where) - set(first))
@@ -310,15 +312,15 @@ def prepare(
             say(f"{out} is already complete ({m['num_tokens']} tokens in {len(m['shards'])} shards)")
             return m
         raise DataError(
-            f"prepare: {mpath} was written by a different prepare run (source, tokenizer or shard size differ); "
-            "use a new --out directory or delete this one"
+            f"prepare: {mpath} was written by a different prepare run (source, tokenizer or shard size differ). "
+            "Fix: use a new --out directory or delete this one"
         )
     state = {"config": config, "shards": [], "next_doc": 0}
     if ppath.is_file():
         state = json.loads(ppath.read_text())
         if state.get("config") != config:
             raise DataError(
-                f"prepare: {ppath} belongs to an interrupted run with different settings; re-run that exact command "
+                f"prepare: {ppath} belongs to an interrupted run with different settings. Fix: re-run that exact command "
                 "to finish it, or use a new --out directory (or delete this one)"
             )
     ds = open_dataset(spec, text_field, where)  # after the cheap checks, before any worker starts
@@ -357,7 +359,7 @@ def prepare(
     num_tokens = sum(s["num_tokens"] for s in shards)
     if num_tokens == 0:
         where = ", ".join(spec.files) if spec.files else spec.hf_name
-        raise DataError(f"prepare: {where} contains no non-empty documents; check --source and --text-field")
+        raise DataError(f"prepare: {where} contains no non-empty documents. Fix: check --source and --text-field")
     manifest = {
         "format_version": FORMAT_VERSION,
         "complete": True,

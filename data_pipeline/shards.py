@@ -85,19 +85,21 @@ def parse_manifest(text: bytes | str, where: str) -> dict:
     try:
         m = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{where} is not valid JSON ({e}); delete the directory and re-run prepare") from e
+        raise DataError(f"{where} is not valid JSON ({e}). Fix: delete the directory and re-run prepare") from e
     if not isinstance(m, dict):
-        raise DataError(f"{where} is not a manifest (a JSON object); re-run prepare")
+        raise DataError(f"{where} is not a manifest (a JSON object). Fix: re-run prepare")
     required = ("format_version", "tokenizer_id", "vocab_size", "dtype", "eos_id", "shards", "num_tokens")
     missing = [k for k in required if k not in m]
     if missing:
-        raise DataError(f"{where} lacks keys {missing}; it was not written by data_pipeline.prepare, re-run prepare")
+        raise DataError(
+            f"{where} lacks keys {missing}: it was not written by data_pipeline.prepare. Fix: re-run prepare"
+        )
     if m["format_version"] != FORMAT_VERSION:
         raise DataError(
-            f"{where}: format_version {m['format_version']} is not supported (expected {FORMAT_VERSION}); re-run prepare"
+            f"{where}: format_version {m['format_version']} is not supported (expected {FORMAT_VERSION}). Fix: re-run prepare"
         )
     if not m.get("complete", False):
-        raise DataError(f"{where} is marked incomplete; re-run the same prepare command to finish it")
+        raise DataError(f"{where} is marked incomplete. Fix: re-run the same prepare command to finish it")
     return m
 
 
@@ -107,23 +109,23 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     mpath = d / MANIFEST
     if not d.exists():
         raise DataError(
-            f"data directory {d} does not exist; create it with "
+            f"data directory {d} does not exist. Fix: create it with "
             "'python -m data_pipeline.prepare --source FILES --tokenizer DIR --out DIR'"
         )
     if not mpath.is_file():
         if (d / PROGRESS).is_file():
             raise DataError(
-                f"{mpath} is missing but {d / PROGRESS} exists: preparation was interrupted; "
-                "re-run the same 'python -m data_pipeline.prepare' command to finish it"
+                f"{mpath} is missing but {d / PROGRESS} exists: preparation was interrupted. "
+                "Fix: re-run the same 'python -m data_pipeline.prepare' command to finish it"
             )
         raise DataError(
-            f"{mpath} not found: {d} is not a prepared shard directory; create it with "
+            f"{mpath} not found: {d} is not a prepared shard directory. Fix: create it with "
             "'python -m data_pipeline.prepare --source FILES --tokenizer DIR --out DIR'"
         )
     try:
         text = mpath.read_bytes()
     except OSError as e:
-        raise DataError(f"{mpath} cannot be read ({e}); check its permissions") from e
+        raise DataError(f"{mpath} cannot be read ({e}). Fix: check its permissions") from e
     return parse_manifest(text, str(mpath))
 
 
@@ -135,7 +137,7 @@ def idx_file_bytes(num_docs: int) -> int:
 
 
 FIX_SHARDS = (
-    "re-run 'python -m data_pipeline.prepare' into a fresh --out directory (or restore the file from a good copy)"
+    "Fix: re-run 'python -m data_pipeline.prepare' into a fresh --out directory (or restore the file from a good copy)"
 )
 
 
@@ -149,7 +151,7 @@ def _check_sizes(d: Path, manifest: dict) -> list[tuple[str, int, int]]:
             try:
                 st = p.stat()
             except FileNotFoundError:
-                raise DataError(f"shard file {p} listed in {d / MANIFEST} is missing; {FIX_SHARDS}") from None
+                raise DataError(f"shard file {p} listed in {d / MANIFEST} is missing. {FIX_SHARDS}") from None
             if st.st_size != want:
                 what = (
                     f"the manifest says {s['num_tokens']} tokens ({want} bytes)"
@@ -158,7 +160,7 @@ def _check_sizes(d: Path, manifest: dict) -> list[tuple[str, int, int]]:
                 )
                 raise DataError(
                     f"shard {p} has {st.st_size} bytes but {what}: the file is truncated or was "
-                    f"overwritten; {FIX_SHARDS}"
+                    f"overwritten. {FIX_SHARDS}"
                 )
             state.append((p.name, st.st_size, st.st_mtime_ns))
     return state
@@ -173,7 +175,7 @@ def check_token_range(path: Path, dtype: np.dtype, vocab: int, where: str) -> No
         if mx >= vocab:
             raise DataError(
                 f"shard {where} contains token id {mx} >= vocab_size {vocab} from its manifest: "
-                f"it was made with a different tokenizer; {FIX_SHARDS}"
+                f"it was made with a different tokenizer. {FIX_SHARDS}"
             )
     del arr
 
@@ -184,10 +186,10 @@ def _verify_contents(d: Path, manifest: dict) -> None:
         bin_path, idx_path = d / f"{s['name']}.bin", d / f"{s['name']}.idx"
         if file_sha256(bin_path).hexdigest() != s["sha256"]:
             raise DataError(
-                f"shard {bin_path} fails its sha256 check against {d / MANIFEST} (corrupted bytes); {FIX_SHARDS}"
+                f"shard {bin_path} fails its sha256 check against {d / MANIFEST} (corrupted bytes). {FIX_SHARDS}"
             )
         if "idx_sha256" in s and file_sha256(idx_path).hexdigest() != s["idx_sha256"]:
-            raise DataError(f"document index {idx_path} fails its sha256 check against {d / MANIFEST}; {FIX_SHARDS}")
+            raise DataError(f"document index {idx_path} fails its sha256 check against {d / MANIFEST}. {FIX_SHARDS}")
         check_token_range(bin_path, dtype, vocab, str(bin_path))
         check_offsets(np.load(idx_path, mmap_mode="r"), s, str(idx_path))
 
@@ -196,7 +198,7 @@ def check_offsets(offs: np.ndarray, shard: dict, where: str) -> None:
     if len(offs) != shard["num_docs"] + 1 or (
         len(offs) and (int(offs[0]) != 0 or int(offs[-1]) != shard["num_tokens"])
     ):
-        raise DataError(f"document index {where} does not match {shard['name']}.bin and the manifest; {FIX_SHARDS}")
+        raise DataError(f"document index {where} does not match {shard['name']}.bin and the manifest. {FIX_SHARDS}")
 
 
 # ---- a record of what was verified, so a run hashes its data once -------------------------
@@ -334,7 +336,7 @@ class ShardSet:
                 why = "was replaced or modified (inode or mtime changed) while this run was reading it"
             else:
                 return
-        raise DataError(f"shard {p} {why}; {FIX_SHARDS}, then resume from the last checkpoint")
+        raise DataError(f"shard {p} {why}. {FIX_SHARDS}, then resume from the last checkpoint")
 
     def _bin(self, i: int) -> np.ndarray:
         self._check_live(i)  # size first: never map a short file
@@ -354,7 +356,7 @@ class ShardSet:
             try:
                 a = np.load(p, mmap_mode="r")
             except (OSError, ValueError) as e:
-                raise DataError(f"document index {p} cannot be read ({e}); {FIX_SHARDS}") from e
+                raise DataError(f"document index {p} cannot be read ({e}). {FIX_SHARDS}") from e
             check_offsets(a, self.manifest["shards"][i], str(p))
             self._idx[i] = a
         return a

@@ -95,7 +95,7 @@ class RemoteStore:
             return None  # fsspec's HTTP info() reports any failure, a refused connection too, as not found
         if isinstance(e, FileNotFoundError):
             return DataError(
-                f"{self.url_of(name)} was not found on the server; upload the whole prepared directory "
+                f"{self.url_of(name)} was not found on the server. Fix: upload the whole prepared directory "
                 f"(manifest.json and every shard_*.bin/.idx) to {self.url}, or fix data.source"
             )
         status = getattr(e, "status", None)  # an HTTP answer (aiohttp's ClientResponseError)
@@ -179,7 +179,7 @@ class RemoteStore:
                         )
                     raise DataError(
                         f"{self.url_of(name)}: bytes [{a}, {b}) returned only {len(r)} bytes; the remote "
-                        f"file is shorter than its manifest says (truncated or replaced); {FIX_SHARDS}"
+                        f"file is shorter than its manifest says (truncated or replaced). {FIX_SHARDS}"
                     )
                 out[i] = bytes(r)
             if not failed:
@@ -387,7 +387,7 @@ class RemoteShardSet(ShardSet):
                     raise DataError(
                         f"shard {self.store.url_of(name + '.bin')} fails its sha256 check against "
                         f"{self.store.url_of(MANIFEST)}: the remote file differs from the one prepared "
-                        f"(corrupted or replaced); {FIX_SHARDS}"
+                        f"(corrupted or replaced). {FIX_SHARDS}"
                     )
                 check_token_range(tmp, self.dtype, int(self.manifest["vocab_size"]), self.store.url_of(name + ".bin"))
                 os.replace(tmp, whole)
@@ -425,7 +425,7 @@ class RemoteShardSet(ShardSet):
             raise DataError(
                 f"shard {self.store.url_of(name)} has {size} bytes but {self.store.url_of(MANIFEST)} "
                 f"says {self.manifest['shards'][i]['num_tokens']} tokens ({self._nbytes(i)} bytes): the "
-                f"remote file is truncated or was replaced; {FIX_SHARDS}"
+                f"remote file is truncated or was replaced. {FIX_SHARDS}"
             )
         self._sized.add(i)
 
@@ -482,14 +482,14 @@ class RemoteShardSet(ShardSet):
             if "idx_sha256" in s and hashlib.sha256(data).hexdigest() != s["idx_sha256"]:
                 raise DataError(
                     f"document index {self.store.url_of(name)} fails its sha256 check against "
-                    f"{self.store.url_of(MANIFEST)}; {FIX_SHARDS}"
+                    f"{self.store.url_of(MANIFEST)}. {FIX_SHARDS}"
                 )
             self.cache.put(path, data)
         try:
             a = np.load(io.BytesIO(data), allow_pickle=False)
         except ValueError as e:
             raise DataError(
-                f"document index {self.store.url_of(name)} is not a valid .npy file ({e}); {FIX_SHARDS}"
+                f"document index {self.store.url_of(name)} is not a valid .npy file ({e}). {FIX_SHARDS}"
             ) from e
         check_offsets(a, s, self.store.url_of(name))
         self._idx[i] = a

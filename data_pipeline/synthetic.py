@@ -130,7 +130,7 @@ class Task:
                 words, mask = self.generate(rng, index, split)
             else:  # pragma: no cover - only for degenerate task_args with a handful of distinct examples
                 raise DataError(
-                    f"synthetic task {self.name!r}: too few distinct examples to split train/test; enlarge task_args"
+                    f"synthetic task {self.name!r}: too few distinct examples to split train/test. Fix: enlarge task_args"
                 )
         words = words + [EOS]
         mask = list(mask) + [int(self.score_eos)]
@@ -487,7 +487,7 @@ class KHopInduction(Task):
             y = khop_target(seq, self.k)
             if y is not None:
                 return [f"s{t}" for t in seq] + ["=", f"s{y}"], [0] * (len(seq) + 1) + [1]
-        raise DataError(f"khop: could not draw a sequence with a defined {self.k}-hop chain; raise length")
+        raise DataError(f"khop: could not draw a sequence with a defined {self.k}-hop chain. Fix: raise length")
 
 
 class KHopDense(KHopInduction):
@@ -519,7 +519,7 @@ class KHopDense(KHopInduction):
                 mask += [0, 0 if y is None else 1]
             if khop_target(seq, self.k) is not None:  # the last position is always scored
                 return words, mask
-        raise DataError(f"khop_dense: could not draw a sequence with a defined {self.k}-hop chain; raise length")
+        raise DataError(f"khop_dense: could not draw a sequence with a defined {self.k}-hop chain. Fix: raise length")
 
 
 class CopySpan(Task):
@@ -628,5 +628,5 @@ def get_task(name: str, seed: int = DEFAULT_SEED, **task_args) -> Task:
     if name.startswith("synthetic:"):
         name = name.split(":", 1)[1]
     if name not in TASKS:
-        raise DataError(f"unknown synthetic task {name!r}; choose one of {list_tasks()}")
+        raise DataError(f"unknown synthetic task {name!r}. Fix: choose one of {list_tasks()}")
     return TASKS[name](seed=seed, **task_args)

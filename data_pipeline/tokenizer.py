@@ -136,7 +136,9 @@ class Tokenizer:
             pad = int(self._sp.pad_id())
             self.pad_id = pad if pad >= 0 else self.eos_id
             if self.eos_id < 0:
-                raise DataError(f"{p / SP_MODEL}: the SentencePiece model has no EOS piece; retrain it with eos_id set")
+                raise DataError(
+                    f"{p / SP_MODEL}: the SentencePiece model has no EOS piece. Fix: retrain it with eos_id set"
+                )
         elif any((p / f).is_file() for f in HF_FILES):
             from transformers import AutoTokenizer  # deferred: heavy
 
@@ -145,8 +147,8 @@ class Tokenizer:
                 self._hf = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False, local_files_only=True)
             except Exception as e:  # noqa: BLE001 - re-raised with the directory and fix
                 raise DataError(
-                    f"{self.path}: could not load as a HuggingFace tokenizer directory ({type(e).__name__}: {e}); "
-                    "it must contain tokenizer.json or tokenizer_config.json written by save_pretrained()"
+                    f"{self.path}: could not load as a HuggingFace tokenizer directory ({type(e).__name__}: {e}). "
+                    "Fix: a directory holding tokenizer.json or tokenizer_config.json written by save_pretrained()"
                 ) from e
             h = hashlib.sha256()
             for name in HF_FILES:
@@ -158,8 +160,8 @@ class Tokenizer:
             eos = self._hf.eos_token_id if self._hf.eos_token_id is not None else self._hf.sep_token_id
             if eos is None:
                 raise DataError(
-                    f"{self.path}: this HF tokenizer defines no eos_token (nor sep_token); documents are separated "
-                    "by EOS, so set tokenizer.eos_token and save_pretrained() again"
+                    f"{self.path}: this HF tokenizer defines no eos_token (nor sep_token), and documents are separated "
+                    "by EOS. Fix: set tokenizer.eos_token and save_pretrained() again"
                 )
             self.eos_id = int(eos)
             self.bos_id = -1 if self._hf.bos_token_id is None else int(self._hf.bos_token_id)
@@ -309,10 +311,10 @@ def train_sentencepiece(
 
     files = [Path(f) for f in inputs]
     if not files:
-        raise DataError("tokenizer train: no --input files given; pass one or more local text files")
+        raise DataError("tokenizer train: no --input files given. Fix: pass one or more local text files")
     for f in files:
         if not f.is_file():
-            raise DataError(f"tokenizer train: input file {f} does not exist; check the path (local files only)")
+            raise DataError(f"tokenizer train: input file {f} does not exist. Fix: check the path (local files only)")
     if any(f.suffix == ".jsonl" for f in files):
         Path(out).mkdir(parents=True, exist_ok=True)
         lines_file = Path(out) / "tokenizer_input.tmp.txt"
@@ -330,7 +332,9 @@ def train_sentencepiece(
             lines_file.unlink(missing_ok=True)
     for f in files:
         if f.stat().st_size == 0:
-            raise DataError(f"tokenizer train: input file {f} is empty; remove it from --input or fill it with text")
+            raise DataError(
+                f"tokenizer train: input file {f} is empty. Fix: remove it from --input or fill it with text"
+            )
     if vocab_size < 1:
         raise DataError(
             f"tokenizer train: --vocab-size {vocab_size} must be positive. Fix: pass e.g. --vocab-size 8000"

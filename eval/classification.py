@@ -39,7 +39,7 @@ def evaluate_classification(
     data = {**{k: v for k, v in (meta.get("data") or {}).items() if k in known}, **args}
     if not data.get("source"):
         raise EvalError(
-            "task classification: no data (the checkpoint records none); pass --task-args "
+            "task classification: no data (the checkpoint records none). Fix: pass --task-args "
             '\'{"source": "classify:FILE.jsonl"}\''
         )
     seq_len = int(extra.get("seq_len") or meta.get("seq_len") or model.cfg.max_seq_len)

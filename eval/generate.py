@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Sequence
 
@@ -21,8 +22,11 @@ import torch
 
 from common.cli import CliParser, run_cli
 from common.errors import EvalError
+from model.transformer import new_tokens_that_fit
 
 from .loading import load_checkpoint, missing_tokenizer_error, pick_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 def is_greedy(top_k: int | None = None, top_p: float | None = None, temperature: float | None = None) -> bool:
@@ -70,7 +74,8 @@ def generate(
 ):
     """Continue `prompt_ids` (1-D, or 2-D for a batch of equal-length prompts), greedily unless a
     temperature > 0, top_k or top_p asks for sampling; returns the new ids (list per row, cut after
-    the first `eos_id`) and, with return_logits, the (b, new, V) logits that produced them."""
+    the first `eos_id`) and, with return_logits, the (b, new, V) logits that produced them. Generation
+    stops where the model's context is full, with one line that says so (model.transformer.new_tokens_that_fit)."""
     device = next(model.parameters()).device
     x = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)
     single = x.dim() == 1
@@ -80,8 +85,12 @@ def generate(
         raise EvalError("generate: empty prompt")
     T = model.cfg.max_seq_len
     if x.shape[1] > T:
-        raise EvalError(f"generate: prompt of {x.shape[1]} tokens exceeds max_seq_len={T}")
-    steps = min(max_new_tokens, T - x.shape[1] + 1)
+        raise EvalError(
+            f"generate: prompt of {x.shape[1]} tokens exceeds max_seq_len={T}. Fix: a prompt of at most {T} tokens"
+        )
+    steps, cut = new_tokens_that_fit(T, x.shape[1], max_new_tokens)
+    if cut:
+        log.warning(cut)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     cache = model.new_cache() if use_cache else None
     seq, new, all_logits = x, [], []

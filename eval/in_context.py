@@ -44,7 +44,7 @@ def loss_by_position(model, tokens, window: int, n_windows: int, batch_size: int
     if int(t[: n * window].max()) >= model.cfg.vocab_size:
         raise EvalError(
             f"icl: token id {int(t.max())} is outside the model vocabulary ({model.cfg.vocab_size}); "
-            "the tokenizer does not match the checkpoint"
+            "the tokenizer does not match the checkpoint. Fix: the tokenizer it was trained with (omit --tokenizer)"
         )
     total = torch.zeros(window - 1, dtype=torch.float64)
     for i in range(0, n, batch_size):

@@ -20,6 +20,8 @@ decides the prediction.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +244,25 @@ def exact_match_task_config(path: str | Path, tokenizer) -> dict[str, Any]:
     }
 
 
+def quiet_git_probe() -> None:
+    """lm-eval records the git commit of the working directory with `git describe`, whose "fatal: not a git
+    repository" reaches the terminal wherever lm-eval runs outside a checkout. The same probe, with git's
+    own complaint kept off the terminal (lm-eval's answer unchanged: the commit, else the one its files name)."""
+    import lm_eval.evaluator as evaluator  # deferred: heavy
+    from lm_eval.loggers.utils import get_commit_from_path  # deferred: heavy
+
+    def git_commit_hash() -> str | None:
+        try:
+            return subprocess.run(
+                ["git", "describe", "--always"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())
+
+    if hasattr(evaluator, "get_git_commit_hash"):
+        evaluator.get_git_commit_hash = git_commit_hash
+
+
 def run_lm_eval(
     lm: TrainablePartsLM, tasks: list[str], limit: int | float | None = None, num_fewshot: int | None = None
 ) -> dict[str, dict[str, float]]:
@@ -250,6 +271,7 @@ def run_lm_eval(
     import lm_eval  # deferred: heavy
     from lm_eval.tasks import TaskManager  # deferred: heavy
 
+    quiet_git_probe()
     ours = set(offline_tasks())
     specs: list[Any] = [
         task_config(t)

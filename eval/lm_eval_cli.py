@@ -8,7 +8,9 @@ over, what lm-eval cannot: `import model.hf` registers TrainablePartsForCausalLM
 µP and bidirectional exports) with transformers' Auto classes, so lm-eval's `hf` model loads those exports
 with no remote code; importing eval.lm_eval_adapter registers lm-eval model `trainable_parts` (any checkpoint
 of ours, with its own tokenizer or `tokenizer=bytes`); and `--include_path eval/tasks` (the bundled offline
-tasks, whose data is found beside their YAML from any working directory) is added unless one is given.
+tasks, whose data is found beside their YAML from any working directory) is added unless one is given; and
+lm-eval's probe of the working directory's git commit runs without git's "fatal: not a git repository"
+outside a checkout.
 A local `hf` directory is checked first (one with no tokenizer is refused in one line) and, where it holds
 our class, gets `backend=causal` in --model_args.
 """
@@ -26,7 +28,7 @@ from common.cli import run_cli
 from common.errors import EvalError
 from model.hf import MODEL_TYPE  # the import registers TrainablePartsForCausalLM with the Auto classes
 
-from .lm_eval_adapter import TASK_DIR  # the import registers lm-eval model `trainable_parts`
+from .lm_eval_adapter import TASK_DIR, quiet_git_probe  # the import registers lm-eval model `trainable_parts`
 
 HF_MODELS = ("hf", "hf-auto", "huggingface")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         given = not args or _span(args, "--include_path") is not None
         extra = [] if given else ["--include_path", str(TASK_DIR)]
         sys.argv = ["lm-eval", *args, *extra]  # lm-eval's parser reads sys.argv
+        quiet_git_probe()
         cli_evaluate()
 
     return run_cli(body)

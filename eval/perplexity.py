@@ -106,7 +106,7 @@ def perplexity(
     if t.numel() and int(t.max()) >= model.cfg.vocab_size:
         raise EvalError(
             f"token id {int(t.max())} is outside the model vocabulary ({model.cfg.vocab_size}); "
-            "the tokenizer does not match the checkpoint"
+            "the tokenizer does not match the checkpoint. Fix: the tokenizer it was trained with (omit --tokenizer)"
         )
     window = min(window or model.cfg.max_seq_len + 1, model.cfg.max_seq_len + 1)  # window-1 inputs fit the model
     stride = stride or window - 1  # default: no recomputation beyond the one shared token

@@ -98,6 +98,15 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def checkpoint_table(result: dict[str, Any]) -> str:
+    """One checkpoint's headline metrics as a markdown table, a row each, under a line naming it."""
+    ck = result.get("checkpoint", {})
+    rows = [(k, _fmt(v)) for k, v in result.get("metrics", {}).items() if headline(k)]
+    return f"{ck.get('path')} (step {ck.get('step')}, {ck.get('variant')})\n" + markdown_table(
+        ["metric", "value"], rows, right_from=1
+    )
+
+
 def write_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path) -> None:
     """The headline metrics as a markdown table, every metric as CSV."""
     cols = list(INFO_COLS) + sorted({k for r in rows for k in r if k not in INFO_COLS and headline(k)})

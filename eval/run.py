@@ -49,7 +49,15 @@ from .classification import evaluate_classification
 from .in_context import icl_score
 from .lm_eval_adapter import TrainablePartsLM, lm_eval_task_name, run_lm_eval
 from .loading import load_checkpoint, load_tokenizer, missing_tokenizer_error, pick_tokenizer
-from .report import flatten, plot_metrics, read_jsonl, rows_from_results, write_table, write_tensorboard
+from .report import (
+    checkpoint_table,
+    flatten,
+    plot_metrics,
+    read_jsonl,
+    rows_from_results,
+    write_table,
+    write_tensorboard,
+)
 from .synthetic_tasks import evaluate_task, get_task, task_to_score
 
 
@@ -430,9 +438,10 @@ def run(a: argparse.Namespace) -> int:
         res = evaluate_checkpoint(a.checkpoint, tasks, opts)
         if D.is_main():
             text = json.dumps(res, indent=2)
-            if a.out:
+            if a.out:  # the headline numbers here, every number in the file
                 Path(a.out).parent.mkdir(parents=True, exist_ok=True)
                 Path(a.out).write_text(text + "\n")
+                print(checkpoint_table(res))
                 print(f"wrote {a.out}", file=sys.stderr)
             else:
                 print(text)
@@ -448,7 +457,10 @@ def run(a: argparse.Namespace) -> int:
         rep = write_reports(by_run, out_dir)
         if a.out:
             Path(a.out).write_text(json.dumps(by_run, indent=2) + "\n")
-        print(json.dumps(rep, indent=2))
+        print(Path(rep["table"]).read_text(), end="")  # the headline numbers; every number in the CSV
+        print(
+            f"wrote {rep['table']}, {rep['csv']}, {rep['tensorboard']} and {len(rep['plots'])} plots", file=sys.stderr
+        )
     return 0
 
 

@@ -1,20 +1,15 @@
 """HuggingFace interop through transformers: export to `from_pretrained`-loadable checkpoints (safetensors),
-and the registered class that generates with them (reading a directory back needs no transformers:
+and the registration of the class that generates with them (reading a directory back needs no transformers:
 model/hf_format.py).
 
 Softmax variants (standard, frozen_qk, frozen_mlp, random_transformer) are Llama-3 networks and export
 to a plain `LlamaForCausalLM` directory (parameter names already match: export adds the `model.`
 prefix); the config's `trainable_parts` entry keeps our ModelConfig, so an import restores it exactly.
 MixiT, shaped attention, µP and bidirectional models are not Llamas: they export to
-`TrainablePartsForCausalLM`, registered with the Auto classes when this module is imported (no remote code),
-so `import model.hf` comes before `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`.
-
-Generation: `TrainablePartsForCausalLM` is a `GenerationMixin`, so `.generate()` works as for any causal LM.
-Causal models decode with transformers' own cache (`DynamicCache`), filled by our layers through
-`_CacheView`: keys and values for softmax and shaped attention, values only for MixiT. Two cases recompute
-the whole sequence at every step instead (no cache): bidirectional models, whose earlier positions change
-with every new token, and batches with padding (an attention_mask with zeros), where each row is run on its
-own real tokens, so a padded row gives the tokens it gives alone.
+`TrainablePartsForCausalLM` (model/hf_modeling.py) with its modelling code beside the weights and an
+`auto_map` in config.json (model/hf_code.py), so any process with torch and transformers loads them when the
+user opts in to remote code (trust_remote_code); in a process with this repository, `import model.hf` registers the class with the
+Auto classes instead, and they load with no remote code (this project's own loaders never pass it).
 """
 
 from __future__ import annotations
@@ -22,153 +17,22 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
 
-import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    GenerationMixin,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
-)
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
-from common.constants import IGNORE_INDEX
 from common.deepspeed_import import import_deepspeed
-from common.errors import ConfigError
 
 from .config import ModelConfig
+from .hf_code import auto_map, write_modelling_code
 from .hf_format import MODEL_TYPE, is_llama, llama_config_fields
+from .hf_modeling import TrainablePartsConfig, TrainablePartsForCausalLM
 from .transformer import Transformer
 
 
 def llama_config(cfg: ModelConfig) -> LlamaConfig:
     """transformers' LlamaConfig of a network that is a Llama (model/hf_format.py refuses one that is not)."""
     return LlamaConfig(**llama_config_fields(cfg))
-
-
-# ---- every other variant (registered class) -----------------------------------------------
-class TrainablePartsConfig(PretrainedConfig):
-    model_type = MODEL_TYPE
-
-    def __init__(self, trainable_parts: dict[str, Any] | None = None, **kwargs: Any):
-        self.trainable_parts = trainable_parts or {}
-        cfg = ModelConfig.from_dict(self.trainable_parts)
-        kwargs.setdefault("tie_word_embeddings", cfg.tie_embeddings)
-        super().__init__(**kwargs)
-        self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
-        self.num_hidden_layers, self.max_position_embeddings = cfg.num_layers, cfg.max_seq_len
-
-
-class _CacheView:
-    """Our layers' cache interface (model.layers.KVCache) over a transformers `Cache`, so that `generate()`
-    owns the cache (its length, beam reordering) and our layers fill it. MixiT keeps values only; its key
-    slot holds one channel of the values, because a transformers cache measures its length by the keys."""
-
-    def __init__(self, cache: Any):
-        self.cache = cache
-
-    @property
-    def length(self) -> int:
-        return int(self.cache.get_seq_length())
-
-    def past_length(self, layer: int) -> int:
-        return int(self.cache.get_seq_length(layer))
-
-    def update(self, layer: int, k: torch.Tensor | None, v: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        keys, values = self.cache.update(v[..., :1] if k is None else k, v, layer)
-        return (None if k is None else keys), values
-
-
-# the output's cache field: `cache` in newer transformers, `past_key_values` before
-_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-def _is_padded(attention_mask: torch.Tensor | None) -> bool:
-    return attention_mask is not None and not bool(attention_mask.bool().all())
-
-
-class TrainablePartsForCausalLM(PreTrainedModel, GenerationMixin):
-    config_class = TrainablePartsConfig
-    base_model_prefix = "model"
-    _no_split_modules = ["Block"]
-
-    def __init__(self, config: TrainablePartsConfig):
-        super().__init__(config)
-        self.model = Transformer(ModelConfig.from_dict(config.trainable_parts))
-        if self.model.cfg.tie_embeddings:
-            self._tied_weights_keys = {"model.lm_head.weight": "model.embed_tokens.weight"}
-        self.post_init()
-
-    def _init_weights(self, module: torch.nn.Module) -> None:
-        pass  # Transformer initialises itself; loading overwrites every tensor anyway
-
-    def get_input_embeddings(self) -> torch.nn.Module:
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self) -> torch.nn.Module:
-        return self.model.lm_head
-
-    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
-        """transformers' preparation, except where no cache can serve (a bidirectional model, a padded
-        batch): then the whole sequence goes in at every step and the cache stays out."""
-        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
-        if not self.model.cfg.causal or _is_padded(kwargs.get("attention_mask")):
-            inputs["input_ids"] = input_ids
-            for name in ("cache", "past_key_values", "cache_position", "position_ids"):
-                inputs.pop(name, None)
-        return inputs
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: Any = None,
-        past_key_values: Any = None,
-        use_cache: bool | None = None,
-        **_: Any,
-    ) -> CausalLMOutputWithPast:
-        """Logits of `input_ids` (after what `cache` holds). An attention_mask with zeros (padding) runs
-        each row on its real tokens alone, without a cache; pad positions get zero logits."""
-        cache = cache if cache is not None else past_key_values
-        if use_cache is False or not self.model.cfg.causal:
-            cache = None
-        if _is_padded(attention_mask):
-            if cache is not None and cache.get_seq_length() > 0:
-                raise ConfigError(
-                    "a padded batch (attention_mask with zeros) cannot continue from a cache. "
-                    "Fix: pass the whole sequences with use_cache=False, or generate() (it recomputes padded batches)"
-                )
-            logits = self._padded_logits(input_ids, attention_mask)
-            cache = None
-        else:
-            logits = self.model(input_ids, cache=None if cache is None else _CacheView(cache))
-        loss = None
-        if labels is not None:  # HF convention: labels are the inputs, shifted here
-            loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX
-            )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache})
-
-    def _padded_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Each row's logits from its real tokens alone (MixiT's matrix and positions start at its first real
-        token, as they would unpadded); a row of padding only gets zeros."""
-        keep = attention_mask[:, -input_ids.shape[1] :].bool()
-        out = None
-        for row in range(input_ids.shape[0]):
-            if not keep[row].any():
-                continue
-            logits = self.model(input_ids[row, keep[row]][None])[0]
-            if out is None:
-                out = logits.new_zeros(*input_ids.shape, logits.shape[-1])
-            out[row, keep[row]] = logits
-        if out is None:
-            raise ConfigError("every row of the batch is padding (attention_mask all zeros). Fix: pass real tokens")
-        return out
 
 
 AutoConfig.register(MODEL_TYPE, TrainablePartsConfig, exist_ok=True)
@@ -193,9 +57,9 @@ def to_hf(model: Transformer) -> PreTrainedModel:
 
 
 def export_hf(model: Transformer, out_dir: str | os.PathLike, eos_id: int | None = None) -> Path:
-    """Write a `from_pretrained`-loadable directory (safetensors, true dtype). `eos_id` (the tokenizer's
-    end of document) goes into the config and generation_config, so `generate()` stops where
-    eval.generate stops."""
+    """Write a `from_pretrained`-loadable directory (safetensors, true dtype; for a network that is not a
+    Llama, also its modelling code, named by config.json's `auto_map`). `eos_id` (the tokenizer's end of
+    document) goes into the config and generation_config, so `generate()` stops where eval.generate stops."""
     out = Path(out_dir)
     # save_pretrained imports DeepSpeed where it is installed: this import leaves out mlflow (1.3 s)
     if importlib.util.find_spec("deepspeed"):
@@ -204,5 +68,15 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, eos_id: int | None
     if eos_id is not None:
         hf.config.eos_token_id = hf.generation_config.eos_token_id = eos_id
         hf.generation_config.pad_token_id = eos_id  # no pad token: generate() pads a finished row with EOS
-    hf.save_pretrained(out, safe_serialization=True)
+    if isinstance(hf, TrainablePartsForCausalLM):
+        hf.config.auto_map = auto_map()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for writing one small file set is noise (and a log's garbage)
+    try:
+        hf.save_pretrained(out, safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    if isinstance(hf, TrainablePartsForCausalLM):
+        write_modelling_code(out)
     return out

@@ -32,7 +32,7 @@ def llama_config_fields(cfg: ModelConfig) -> dict[str, Any]:
     """transformers' LlamaConfig arguments for a network that is exactly a Llama."""
     if not is_llama(cfg):
         raise ConfigError(
-            f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama; use export_hf, "
+            f"variant {cfg.variant!r} (causal={cfg.causal}) is not a Llama. Fix: use export_hf, "
             "which writes it to the registered TrainablePartsForCausalLM class"
         )
     return dict(
@@ -67,7 +67,7 @@ def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         files = [p.name for p in path.glob("*.safetensors")]
     if not files:
         raise FileNotFoundError(
-            f"{path} has no *.safetensors weights; convert the checkpoint to safetensors "
+            f"{path} has no *.safetensors weights. Fix: convert the checkpoint to safetensors "
             "(pickle .bin files are not loaded, since they can run code)"
         )
     sd: dict[str, torch.Tensor] = {}

@@ -60,8 +60,8 @@ def load_native(path: str | os.PathLike, device: torch.device | str = "cpu") -> 
     path = Path(path)
     if not is_native(path):
         raise FileNotFoundError(
-            f"{path} is not a native checkpoint (needs {WEIGHTS_NAME} and {CONFIG_NAME}); "
-            "export one with `python -m pretrain.export --checkpoint RUN/checkpoints/TAG --out DIR`"
+            f"{path} is not a native checkpoint (needs {WEIGHTS_NAME} and {CONFIG_NAME}). "
+            "Fix: export one with `python -m pretrain.export --checkpoint RUN/checkpoints/TAG --out DIR`"
         )
     cfg, meta = read_native_config(path)
     model = Transformer(cfg)

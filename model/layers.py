@@ -16,7 +16,6 @@ from torch import nn
 from common.constants import IGNORE_INDEX
 from common.errors import ConfigError
 
-from . import mixit
 from .config import ModelConfig
 from .kernels.flash import flash_attention, flash_attention_varlen, segments_from_mask
 from .kernels.loss import linear_cross_entropy
@@ -31,6 +30,8 @@ from .kernels.select import (
     mixit_streamed_bytes,
     sdpa_native_gqa,
 )
+from .mixit import branch_scale as mixit_branch_scale
+from .mixit import mixing_matrix
 
 
 class RMSNorm(nn.Module):
@@ -367,7 +368,7 @@ class MixingAttention(nn.Module):
         full_t = self.cfg.max_seq_len if self.cfg.causal else t
         key = (str(device), dtype, full_t)
         if key not in self._cache:
-            self._cache[key] = mixit.mixing_matrix(self.cfg, self.layer, full_t, device, dtype)
+            self._cache[key] = mixing_matrix(self.cfg, self.layer, full_t, device, dtype)
         return self._cache[key][:, :t, :t]
 
     def document_matrix(self, attn_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -439,7 +440,7 @@ class Block(nn.Module):
         self.skip_scale, self.branch_scale = 1.0, 1.0
         if cfg.mixer == "mixit":
             if cfg.mixit_depth_alpha != 0:
-                self.branch_scale = mixit.branch_scale(cfg)
+                self.branch_scale = mixit_branch_scale(cfg)
             elif cfg.mixit_residual_scale is not None:
                 s = cfg.mixit_residual_scale
                 self.skip_scale, self.branch_scale = s, math.sqrt(1.0 - s * s)

@@ -22,8 +22,8 @@ import torch
 
 from common.errors import ConfigError
 
-from . import rng
 from .config import ModelConfig
+from .rng import matrix_normals, mixit_key, uniform
 
 
 def head_sigmas(cfg: ModelConfig, layer: int) -> torch.Tensor:
@@ -33,7 +33,7 @@ def head_sigmas(cfg: ModelConfig, layer: int) -> torch.Tensor:
         return torch.full((cfg.num_heads,), 1.0 / math.sqrt(T), dtype=torch.float64)
     u = torch.stack(
         [
-            rng.uniform(rng.mixit_key(cfg.mixit_seed, layer, h), torch.zeros(1, dtype=torch.int64))[0]
+            uniform(mixit_key(cfg.mixit_seed, layer, h), torch.zeros(1, dtype=torch.int64))[0]
             for h in range(cfg.num_heads)
         ]
     ).double()
@@ -45,8 +45,8 @@ def raw_block(
     cfg: ModelConfig, layer: int, head: int, rows: torch.Tensor, cols: torch.Tensor, sigma: float
 ) -> torch.Tensor:
     """sigma * z[i, j] for i in rows, j in cols (float32), without masking: any block, any device."""
-    key = rng.mixit_key(cfg.mixit_seed, layer, head)
-    return rng.matrix_normals(key, rows, cols, cfg.max_seq_len, cfg.mixit_rng) * sigma
+    key = mixit_key(cfg.mixit_seed, layer, head)
+    return matrix_normals(key, rows, cols, cfg.max_seq_len, cfg.mixit_rng) * sigma
 
 
 # entries of one row block while the dense matrix is built: the generator's int64 temporaries of a

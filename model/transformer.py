@@ -10,10 +10,9 @@ from torch import nn
 
 from common.errors import ConfigError
 
-from . import init
 from .config import ModelConfig
 from .freezing import apply_freeze
-from .init import is_hidden_matrix
+from .init import draw_seed, is_hidden_matrix, normal
 from .layers import Block, KVCache, LMHead, RMSNorm, rope_cos_sin, width_factor
 
 
@@ -38,7 +37,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, init_seed: int | None = None):
         super().__init__()
         self.cfg = cfg
-        self.init_seed = init.draw_seed() if init_seed is None else int(init_seed)
+        self.init_seed = draw_seed() if init_seed is None else int(init_seed)
         d = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
         self.embed_positions = (
@@ -79,7 +78,7 @@ class Transformer(nn.Module):
             std = cfg.init_std / math.sqrt(cfg.width_mult)  # µP: 1/sqrt(m) (m = 1 under the standard one)
         else:
             std = cfg.init_std
-        return init.normal(shape, std, self.init_seed, name)
+        return normal(shape, std, self.init_seed, name)
 
     def set_step(self, step: int) -> list[str]:
         """Apply the freeze schedule in effect at optimizer step `step`; returns frozen names."""
@@ -102,8 +101,8 @@ class Transformer(nn.Module):
         past = cache.length if cache is not None else 0
         if past + t > self.cfg.max_seq_len:
             raise ConfigError(
-                f"sequence length {past + t} exceeds model.max_seq_len={self.cfg.max_seq_len}; "
-                "use shorter sequences or a model built with a larger max_seq_len"
+                f"sequence length {past + t} exceeds model.max_seq_len={self.cfg.max_seq_len}. "
+                "Fix: use shorter sequences or a model built with a larger max_seq_len"
             )
         attn_mask = None
         if doc_ids is not None:
@@ -123,6 +122,19 @@ class Transformer(nn.Module):
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.num_layers)
+
+
+def new_tokens_that_fit(max_seq_len: int, prompt_len: int, wanted: int) -> tuple[int, str | None]:
+    """How many of `wanted` new tokens a model of `max_seq_len` positions generates after a prompt of
+    `prompt_len` tokens (the last one predicted from a full context: the sequence ends at max_seq_len + 1
+    tokens), and, when that is fewer than wanted, the one line every generate path says as it stops there."""
+    fit = max(0, max_seq_len + 1 - prompt_len)
+    if wanted <= fit:
+        return wanted, None
+    return fit, (
+        f"generate: {wanted} new tokens asked, {fit} fit after a prompt of {prompt_len} tokens in the model's "
+        f"max_seq_len={max_seq_len}; generation stops there"
+    )
 
 
 def build_model(cfg: ModelConfig, seed: int | None = None, device: torch.device | str | None = None) -> Transformer:

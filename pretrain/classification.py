@@ -50,7 +50,7 @@ def backbone_config(cfg: RunConfig, vocab_size: int | None) -> ModelConfig | Non
     if vocab_size is not None and mcfg.vocab_size < vocab_size:
         raise RecipeError(
             f"classification.init_from={s['init_from']}: the checkpoint's vocabulary {mcfg.vocab_size} "
-            f"is smaller than the data's {vocab_size}; use the tokenizer it was trained with"
+            f"is smaller than the data's {vocab_size}. Fix: use the tokenizer it was trained with"
         )
     if mcfg.max_seq_len < cfg.train.seq_len:
         raise RecipeError(f"the backbone's max_seq_len={mcfg.max_seq_len} < train.seq_len={cfg.train.seq_len}")

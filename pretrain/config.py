@@ -67,6 +67,8 @@ class OptimConfig:
     decay_steps: int | None = None  # cosine/linear: None -> max_steps - warmup_steps
     decay_fraction: float = 0.2  # wsd: the last share of max_steps that decays (1-sqrt) to min_lr
     decay_start: int | None = None  # wsd: the first decaying step; None -> max_steps * (1 - decay_fraction)
+    # resume under a schedule that changes the rate of a step already trained (pretrain/resume.py check_schedule)
+    allow_schedule_change: bool = False
     no_decay: list[str] = field(default_factory=lambda: ["bias", "norm", "embed"])  # names without weight decay
     torch_adam: bool = True  # torch.optim.AdamW (no JIT build); false -> DeepSpeed's fused Adam
     fused: bool = True  # torch AdamW's fused kernel (CPU and CUDA: ~4x its foreach step on CPU)
@@ -234,7 +236,7 @@ class RunConfig:
         if t.global_batch_tokens is not None and t.global_batch_tokens % t.seq_len:
             raise RecipeError(
                 f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
-                f"train.seq_len={t.seq_len}; use e.g. {t.seq_len * max(1, t.global_batch_tokens // t.seq_len)}"
+                f"train.seq_len={t.seq_len}. Fix: use e.g. {t.seq_len * max(1, t.global_batch_tokens // t.seq_len)}"
             )
         if (t.max_steps is None) == (t.max_tokens is None):
             raise RecipeError(

@@ -1,5 +1,6 @@
 """`--dry-run`: print the resolved config, parameter counts, FLOPs, memory per rank and the
-layout, and refuse an impossible layout, without hardware (meta tensors only)."""
+layout, and refuse an impossible layout or data the run would refuse (read as the run reads it), without
+hardware (meta tensors only). `--without-data` plans a run whose data is elsewhere."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 import yaml
 
+from common.errors import RecipeError
 from model import ModelConfig
 
 from . import loaders
@@ -21,12 +23,15 @@ from .run_dir import resolved_config
 from .task_model import model_config
 
 
-def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, str]:
+def resolve_model(cfg: RunConfig, read_data: bool = True) -> tuple[ModelConfig, str]:
     """(the model a run of `cfg` would build, where its vocabulary comes from) without training: the
-    vocabulary is the recipe's, else the data's, else the preset's when the data is not readable here."""
+    vocabulary is the recipe's, else the data's, else the preset's when the data is not readable here
+    (or not read: `read_data` False)."""
     vocab = cfg.model.fields.get("vocab_size")
     vocab_note = ""
-    if vocab is None:
+    if vocab is None and not read_data:
+        vocab_note = " (preset default; the data was not read: --without-data)"
+    elif vocab is None:
         try:
             vocab = loaders.loader(cfg, "train").vocab_size
             vocab_note = " (from the data)"
@@ -46,10 +51,27 @@ def print_config(cfg: RunConfig, out=None) -> None:
     out.write(yaml.safe_dump(resolved_config(cfg, mcfg), sort_keys=False))
 
 
-def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
-    """Print the plan; raise RecipeError for an impossible layout. Builds nothing real."""
-    mcfg, vocab_note = resolve_model(cfg)
+def dry_run(cfg: RunConfig, world_size: int, out=None, data: bool = True) -> dict[str, Any]:
+    """Print the plan; raise RecipeError for an impossible layout or, with `data`, for data the run would
+    refuse (read as the run reads it, writing nothing). Builds nothing real."""
     layout = plan_layout(cfg, world_size)
+    if data:
+        try:
+            probe = loaders.check_data(cfg, layout.data_parallel)
+        except RecipeError as e:  # the run's own line, and the plan without the data
+            msg, alt = str(e).rstrip(". "), "plan without the data: --dry-run --without-data"
+            raise RecipeError(
+                f"{msg}; or {alt}" if "Fix:" in msg else f"{msg}. Fix: make the data readable here, or {alt}"
+            ) from None
+        data_vocab = getattr(probe, "vocab_size", None)
+        mcfg = model_config(cfg, data_vocab)
+        named = "the recipe's" if "vocab_size" in cfg.model.fields else "the preset's"
+        if data_vocab is None or data_vocab == mcfg.vocab_size:
+            vocab_note = "" if data_vocab is None else " (from the data)"
+        else:
+            vocab_note = f" ({named}; the data's vocabulary is {data_vocab})"
+    else:
+        mcfg, vocab_note = resolve_model(cfg, read_data=False)
     layout.check_layers(mcfg.num_layers)
     fpt, src = train_flops_per_token(mcfg, cfg.train.seq_len, 0)
     zero = build_ds_config(cfg, layout, on_cpu=cfg.train.device == "cpu", hidden_size=mcfg.hidden_size).get(
@@ -89,6 +111,7 @@ def dry_run(cfg: RunConfig, world_size: int, out=sys.stdout) -> dict[str, Any]:
         "tokens_per_step": cfg.tokens_per_step,
         "max_steps": cfg.max_steps,
     }
+    out = out or sys.stdout
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p("# resolved config")
     p(yaml.safe_dump(resolved_config(cfg, mcfg), sort_keys=False).rstrip())

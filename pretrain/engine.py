@@ -59,7 +59,7 @@ def param_groups(module: torch.nn.Module, cfg: RunConfig, width_mult: float = 1.
     ]
     if not groups:
         raise RecipeError(
-            "no trainable parameters at this step (every group is frozen); check model.frozen_groups "
+            "no trainable parameters at this step (every group is frozen). Fix: check model.frozen_groups "
             "and model.freeze_schedule"
         )
     return groups

@@ -22,6 +22,20 @@ def loader(cfg: RunConfig, split: str, dp_rank: int = 0, dp_world_size: int = 1,
     return build_loader(cfg.data, split=split, **_batching(cfg, dp_rank, dp_world_size, verify_record))
 
 
+def check_data(cfg: RunConfig, dp_world_size: int, verify_record: Path | None = None):
+    """The training data's first loader (its vocabulary sizes the model), and a held-out split when the
+    run evaluates: bad, empty or corrupt data is reported here, before any model is built (by a run and by
+    its --dry-run alike). Shards are sha256-checked (once per run where `verify_record` keeps the record)."""
+    try:
+        probe = loader(cfg, "train", 0, dp_world_size, verify_record=verify_record)
+        if cfg.train.eval_every_steps:  # fail now, not at the first evaluation, if there is no val split
+            if val_sets(cfg, 0, dp_world_size, verify_record, getattr(probe, "tokenizer_id", None)) is None:
+                loader(cfg, "val", 0, dp_world_size, verify_record=verify_record)
+    except ValueError as e:  # DataError and the built-in reader's errors name the file and the fix
+        raise RecipeError(f"data: {e}") from None
+    return probe
+
+
 def val_sets(
     cfg: RunConfig, dp_rank: int = 0, dp_world_size: int = 1, verify_record: Path | None = None, tokenizer_id=None
 ):

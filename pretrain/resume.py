@@ -3,7 +3,7 @@
 A checkpoint fits when it describes the same model (variant, shapes), was trained on the same
 tokenizer as the data, and was written under the same parallel layout (DeepSpeed's
 partitioned files only load under the layout that wrote them; a universal checkpoint loads
-under any).
+under any). Its learning-rate schedule: pretrain/schedule_change.py.
 """
 
 from __future__ import annotations
@@ -98,9 +98,13 @@ def agreed_resume_point(
     every rank must see that mark (the run dir is on a filesystem all nodes share) and read the checkpoint
     rank 0 picked, else every rank raises the same RecipeError naming the ranks, hosts and paths. Decided
     per rank, a node whose disk lacks the checkpoint would start fresh while the others resume, and the
-    job would hang in its first collective until the collective bound."""
-    token, point, error = None, None, None
+    job would hang in its first collective until the collective bound. The mark goes once every rank has
+    looked (with the run dir, where it held nothing else), so a run refused later leaves nothing behind."""
+    if world == 1:  # one process: nothing to agree on, nothing to mark
+        return resume_point(cfg, run_dir, resume, overwrite)
+    token, point, error, made = None, None, None, False
     if rank == 0:
+        made = not Path(run_dir).exists()
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex
         (Path(run_dir) / RENDEZVOUS).write_text(token)
@@ -108,18 +112,22 @@ def agreed_resume_point(
             point = resume_point(cfg, run_dir, resume, overwrite)
         except RecipeError as e:  # said on every rank, not on rank 0 alone while the others wait
             error = str(e)
-    if world == 1:
-        if error:
-            raise RecipeError(error)
-        return point
+    marker = Path(run_dir) / RENDEZVOUS
+
+    def unmark() -> None:  # rank 0, once every rank has looked
+        marker.unlink(missing_ok=True)
+        if made and not any(Path(run_dir).iterdir()):
+            Path(run_dir).rmdir()
+
     tag = None if point is None or point.tag_dir is None else str(point.tag_dir)
     shared = [token, tag, error, str(Path(run_dir).resolve())]
     dist.broadcast_object_list(shared, src=0)
     token, tag, error, first = shared
     if error:
+        if rank == 0:
+            unmark()
         raise RecipeError(error)
     problem = ""
-    marker = Path(run_dir) / RENDEZVOUS
     if not (marker.is_file() and marker.read_text() == token):
         here = str(Path(run_dir).resolve())
         own = "" if here == first else f" (its own is {here})"
@@ -133,6 +141,8 @@ def agreed_resume_point(
             problem = f"cannot read the checkpoint rank 0 resumes from, {tag} ({type(e).__name__}: {e})"
     problems = [None] * world
     dist.all_gather_object(problems, (rank, socket.gethostname(), problem))
+    if rank == 0:
+        unmark()
     bad = [f"rank {r} on {host} {p}" for r, host, p in problems if p]
     if bad:
         raise RecipeError(

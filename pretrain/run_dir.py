@@ -32,7 +32,17 @@ MUTABLE = {
     "checkpoint": None,
     "logging": None,
     "parallel": None,
-    "optim": ("decay_steps",),
+    # the learning-rate schedule: a resume checks it against the checkpoint's own (pretrain/resume.py)
+    "optim": (
+        "lr",
+        "min_lr",
+        "warmup_steps",
+        "decay",
+        "decay_steps",
+        "decay_fraction",
+        "decay_start",
+        "allow_schedule_change",
+    ),
     # where the shards live and how they are fetched: a run may move between local and remote
     # storage (the loader's own fingerprint refuses a different token stream)
     "data": (

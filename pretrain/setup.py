@@ -31,6 +31,7 @@ from .periodic_save import PeriodicSave
 from .profiling import StepProfiler
 from .resume import agreed_resume_point, check_fits, check_layout
 from .run_dir import check_run_dir, resolved_config, write_config
+from .schedule_change import check_schedule
 from .task_model import model_config
 from .trackers import build_trackers
 from .validation import Validation
@@ -44,20 +45,6 @@ class Run:
     model_engine: ModelEngine
     logger: Logger
     loop: TrainingLoop
-
-
-def check_data(cfg: RunConfig, dp_world_size: int, run_dir: Path):
-    """The training data's first loader (its vocabulary sizes the model), and a held-out split when the
-    run evaluates: bad, empty or corrupt data is reported here, before any model is built. Shards are
-    sha256-checked once per run (the record in the run dir); other ranks and later starts check sizes."""
-    try:
-        probe = loaders.loader(cfg, "train", 0, dp_world_size, verify_record=run_dir)
-        if cfg.train.eval_every_steps:  # fail now, not at the first evaluation, if there is no val split
-            if loaders.val_sets(cfg, 0, dp_world_size, run_dir, getattr(probe, "tokenizer_id", None)) is None:
-                loaders.loader(cfg, "val", 0, dp_world_size, verify_record=run_dir)
-    except ValueError as e:  # DataError and the built-in reader's errors name the file and the fix
-        raise RecipeError(f"data: {e}") from None
-    return probe
 
 
 def build_logger(ctx: RunContext) -> Logger:
@@ -102,10 +89,13 @@ def build_run(
     torch.manual_seed(cfg.seed)
     point = agreed_resume_point(cfg, run_dir, resume, overwrite, rank, world)
     layout = plan_layout(cfg, world)
-    probe = check_data(cfg, layout.data_parallel, run_dir)
+    probe = loaders.check_data(cfg, layout.data_parallel, run_dir)
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
     layout.check_layers(mcfg.num_layers)
     check_fits(point, cfg, mcfg, getattr(probe, "tokenizer_id", None))
+    schedule_change = check_schedule(point, cfg)  # refused unless allowed, else said in the log
+    if schedule_change:
+        point.notes.append(schedule_change)
     del probe
     resolved = resolved_config(cfg, mcfg)
     if rank == 0 or not overwrite:  # same answer on every rank; only rank 0 clears for --overwrite

@@ -152,12 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print-config", action="store_true", help="print the resolved recipe (YAML); train nothing")
     ap.add_argument("--print-run-dir", action="store_true", help="print the run directory; train nothing")
     ap.add_argument("--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)")
+    ap.add_argument(
+        "--without-data",
+        action="store_true",
+        help="--dry-run without reading the data (a plan made away from it; vocabulary: model.vocab_size, else the preset's)",
+    )
     ap.add_argument("--resume", default="auto", help="auto (latest complete checkpoint), never, or a path")
     ap.add_argument("--run-dir", default=None, help="default: runs/<name>")
     ap.add_argument("--overwrite", action="store_true", help="replace a different run already in the run dir")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     args = ap.parse_intermixed_args(argv)
+    if args.without_data and not args.dry_run:
+        ap.error("--without-data plans without the data: it goes with --dry-run")
     orphan.stop_when_launcher_dies()  # a rank whose launcher died saves a checkpoint and stops
     try:
         if args.print_config:
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             cfg = load_recipe(args.recipe, args.overrides)
             check_inputs(cfg)
-            dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
+            dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)), data=not args.without_data)
             return 0
         res = train(args.recipe, args.overrides, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
         shutdown_distributed(finished=True, run_dir=res.run_dir)

@@ -34,7 +34,7 @@ def to_universal(tag_dir: str | Path, out_root: str | Path, workers: int = 1) ->
     problems = ckpt.verify(tag_dir)
     if problems:
         raise FileNotFoundError(
-            f"{tag_dir} fails verification ({'; '.join(problems[:3])}); convert an earlier checkpoint"
+            f"{tag_dir} fails verification ({'; '.join(problems[:3])}). Fix: convert an earlier checkpoint"
         )
     verify_checkpoint_dir(tag_dir)  # a crafted pickle is refused here, with its name
     out = Path(out_root) / tag_dir.name

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create or reuse the project's virtual environment (.venv) and install what pyproject.toml asks
-# for that is not there yet. Idempotent: a stamp of the dependency files makes a second call return
-# in well under a second.
+# Create or reuse the project's virtual environment (.venv), install what pyproject.toml asks for that
+# is not there yet, and install the project itself into it (editable: the folders stay where they are,
+# and every `python -m ...` command works from any directory). Idempotent: a stamp of the dependency
+# files makes a second call return in well under a second.
 #   EXTRAS="dev"     extras to install (the test command adds dev; EXTRAS=gpu asks for flash-attn/Liger)
 #   VENV=.venv       where the environment lives
 #   PYTHON=python3   the interpreter the environment is made from. Where it already imports torch (a
@@ -134,12 +135,15 @@ try:
 except ImportError:  # pip's own copy, present wherever pip is
     from pip._vendor.packaging.requirements import Requirement
 
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+pyproject = tomllib.load(open("pyproject.toml", "rb"))
+project = pyproject["project"]
 if sys.argv[1] == "gpu":
     reqs = project["optional-dependencies"]["gpu"]
 else:
     extras = [e for e in sys.argv[2].split(",") if e and e != "gpu"]
     reqs = project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
+    # what installing the project itself needs (below): it is built with the environment's own setuptools
+    reqs += pyproject["build-system"]["requires"]
 
 
 def satisfied(req: Requirement, extra: str = "") -> bool:
@@ -186,6 +190,12 @@ if [ "$want_gpu" = 1 ]; then
 elif [ "$have_gpu" = 1 ]; then
   echo "[bootstrap] using the host's torch and kernels; EXTRAS=gpu scripts/bootstrap.sh tries flash-attn and Liger"
 fi
+# The project itself, editable: its folders stay where they are and Python finds its packages (those
+# pyproject.toml lists) from any working directory, after the directory's own. --no-deps: its
+# dependencies are above; --no-build-isolation: built with the environment's setuptools (a build
+# requirement, installed above), so no index is asked.
+echo "[bootstrap] installing the project itself (editable, from $PWD)"
+pip_install --no-deps --no-build-isolation -e .
 # The bytecode of the heavy packages this call installed (every run imports them), written now even
 # where the caller's environment says not to write bytecode (PYTHONDONTWRITEBYTECODE), which would
 # otherwise recompile them in every process. Only a cache: an import that fails here fails again,

@@ -1,13 +1,15 @@
 """scripts/bootstrap.sh on a GPU host with no network: it reuses the interpreter's torch and
 packages and asks no index when nothing is missing; a wheelhouse installs what is missing without
 an index; a fresh environment gets torch from pip and the rest from uv (pip where uv fails), from
-the sources pip is configured with. Real processes: bootstrap itself, pip, uv, a fake `nvidia-smi`
+the sources pip is configured with; every environment holds the project itself, editable, so its
+modules import from any directory. Real processes: bootstrap itself, pip, uv, a fake `nvidia-smi`
 that answers like a GPU host's."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -61,8 +63,8 @@ def test_gpu_host_offline_reuses_torch_and_installs_nothing(tmp_path):
     assert out.returncode == 0, log
     assert "every dependency is already installed" in log, log
     assert "installing torch" not in log, log
-    # a fresh venv holds pip (and setuptools on older Pythons); nothing else was installed into it
-    assert installed(venv) <= {"pip", "setuptools"}, installed(venv)
+    # a fresh venv holds pip (and setuptools on older Pythons) and the project itself; nothing else was installed
+    assert installed(venv) <= {"pip", "setuptools", "trainable_parts"}, installed(venv)
     torch_file = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import torch; print(torch.__file__)"],
         env=env,
@@ -75,6 +77,18 @@ def test_gpu_host_offline_reuses_torch_and_installs_nothing(tmp_path):
 
     assert Path(torch_file.stdout.strip()) == Path(torch.__file__), "the environment imports another torch"
 
+    # the project is installed (editable): its modules import from another directory, from this checkout
+    elsewhere = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import eval, model; print(eval.__file__); print(model.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert [Path(f).parent.parent for f in elsewhere.stdout.split()] == [REPO, REPO], elsewhere.stdout
+
     # the stamp: a second call is a no-op
     t0 = time.perf_counter()
     again = bootstrap(env)
@@ -82,25 +96,39 @@ def test_gpu_host_offline_reuses_torch_and_installs_nothing(tmp_path):
     assert time.perf_counter() - t0 < 5
 
 
-def _write_wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal pure-Python wheel (one module), as a wheelhouse would hold."""
+def _write_wheel(folder: Path, name: str, version: str, files: dict[str, bytes] | None = None) -> Path:
+    """A pure-Python wheel, as a wheelhouse would hold: `files` (paths in the wheel -> bytes), by default
+    one module and the metadata."""
     dist_info = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}.py": f"__version__ = {version!r}\n",
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    files = files or {
+        f"{name}.py": f"__version__ = {version!r}\n".encode(),
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
     record.append(f"{dist_info}/RECORD,,")
     whl = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
-        for path, text in files.items():
-            z.writestr(path, text)
+        for path, data in files.items():
+            z.writestr(path, data)
         z.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
     return whl
+
+
+def _wheel_of_installed(folder: Path, name: str) -> Path:
+    """A wheel of the distribution this interpreter has installed (a pure-Python one), for a find-links
+    folder that must hold a real package."""
+    dist = importlib.metadata.distribution(name)
+    skip = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
+    files = {
+        str(f): f.locate().read_bytes()
+        for f in dist.files
+        if "__pycache__" not in f.parts and not (f.parent.name.endswith(".dist-info") and f.name in skip)
+    }
+    return _write_wheel(folder, name, dist.version, files)
 
 
 def _project_needing_the_probe(tmp_path: Path) -> Path:
@@ -132,7 +160,7 @@ def test_wheelhouse_installs_what_is_missing_without_an_index(tmp_path):
     out = bootstrap(dict(env, WHEELHOUSE=str(wheelhouse)), root)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "installing 1 packages: tp-wheelhouse-probe>=1.0" in out.stdout, out.stdout
-    assert installed(venv) - {"pip", "setuptools"} == {"tp_wheelhouse_probe"}
+    assert installed(venv) - {"pip", "setuptools"} == {"tp_wheelhouse_probe", "trainable_parts"}
 
 
 @pytest.mark.parametrize("uv_works", [True, False], ids=["uv", "uv fails: pip"])
@@ -148,6 +176,7 @@ def test_a_fresh_environment_installs_through_uv_from_pips_configuration(tmp_pat
     wheels.mkdir()
     _write_wheel(wheels, "torch", "2.13.0")  # stands in for torch: only its name and version count here
     _write_wheel(wheels, "tp_wheelhouse_probe", "1.2")
+    _wheel_of_installed(wheels, "setuptools")  # the project's build requirement (older Pythons bundle an older one)
     tools = tmp_path / "tools"
     tools.mkdir()
     if uv_works:
@@ -173,7 +202,7 @@ def test_a_fresh_environment_installs_through_uv_from_pips_configuration(tmp_pat
     log = out.stdout + out.stderr
     assert out.returncode == 0, log
     assert ("installed with uv" in log) == uv_works and ("uv failed; pip installs instead" in log) != uv_works, log
-    assert installed(tmp_path / "venv") - {"pip", "setuptools"} == {"torch", "tp_wheelhouse_probe"}
+    assert installed(tmp_path / "venv") - {"pip", "setuptools"} == {"torch", "tp_wheelhouse_probe", "trainable_parts"}
 
 
 def test_missing_wheelhouse_is_refused(tmp_path):

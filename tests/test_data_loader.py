@@ -313,7 +313,7 @@ def test_bad_loader_arguments(data, tmp_path):
         _loader(data["A"], gbs=10, W=4)
     with pytest.raises(DataError, match="dp_rank must be in"):
         _loader(data["A"], W=2, r=2)
-    with pytest.raises(DataError, match="does not exist; create it with"):
+    with pytest.raises(DataError, match="does not exist. Fix: create it with"):
         _loader(tmp_path / "missing")
     with pytest.raises(DataError, match="fewer than seq_len"):
         build_loader(

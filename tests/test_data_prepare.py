@@ -308,7 +308,7 @@ def test_uint32_for_large_vocab():
 
 
 def test_read_manifest_errors(tmp_path):
-    with pytest.raises(DataError, match="does not exist; create it with"):
+    with pytest.raises(DataError, match="does not exist. Fix: create it with"):
         read_manifest(tmp_path / "nothing")
     with pytest.raises(DataError, match="not a prepared shard directory"):
         read_manifest(tmp_path)

@@ -251,7 +251,7 @@ def test_outage_during_a_size_check_is_retried_not_missing(served, tmp_path):
 
 
 def test_missing_manifest_and_bad_scheme(served, tmp_path):
-    with pytest.raises(DataError, match=r"/nothing/manifest\.json was not found on the server; upload the whole"):
+    with pytest.raises(DataError, match=r"/nothing/manifest\.json was not found on the server\. Fix: upload the whole"):
         loader(cfg_for(served, "http", tmp_path, f"{served['http'].url}/nothing"))
     with pytest.raises(DataError, match="install the fsspec backend for nope://"):
         loader(DataConfig(source="nope://bucket/x"))

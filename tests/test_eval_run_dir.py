@@ -1,4 +1,5 @@
-"""--run-dir: every checkpoint evaluated once (incremental), table + CSV + TensorBoard + PNG per metric."""
+"""--run-dir: every checkpoint evaluated once (incremental), table + CSV + TensorBoard + PNG per metric; what
+eval.run writes to a file it also shows (it printed only "wrote FILE")."""
 
 import csv
 import json
@@ -46,6 +47,9 @@ def test_run_dirs_incremental_reports(tmp_path, capsys):
         "--no-progress",
     ]
     assert main(args) == 0
+    printed = capsys.readouterr()
+    assert printed.out == (out / "results.md").read_text()  # the headline table, shown
+    assert printed.err.startswith(f"wrote {out / 'results.md'}, {out / 'results.csv'}")
     rows = read_jsonl(a / "eval" / "results.jsonl")
     assert [r["checkpoint"]["step"] for r in rows] == [10, 20]
     assert rows[1]["checkpoint"]["tokens_seen"] == 20000 and rows[1]["checkpoint"]["variant"] == "standard"
@@ -84,3 +88,20 @@ def test_flatten():
     f = flatten({"t": {"acc": 0.5, "by_length": {"4": {"acc": 1}}, "grid": [[1]], "name": "x"}})
     assert f == {"t/acc": 0.5, "t/by_length/4/acc": 1.0}
     json.dumps(f)
+
+
+def test_a_checkpoint_evaluated_into_a_file_shows_its_headline_numbers(tmp_path, capsys):
+    ck = make_run(tmp_path, "standard", [7]) / "checkpoints" / "step_00000007"
+    out = tmp_path / "results.json"
+    args = ["--checkpoint", str(ck), "--tasks", "induction,kv_recall", "--lengths", "4", "--num-pairs", "2"]
+    assert main([*args, "--n", "2", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr()
+    metrics = json.loads(out.read_text())["metrics"]
+    lines = printed.out.splitlines()
+    assert lines[0].endswith("(step 7, standard)") and lines[1] == "| metric | value |"
+    assert (
+        f"| induction/acc | {metrics['induction/acc']:.4g} |" in lines
+        and f"| kv_recall/loss | {metrics['kv_recall/loss']:.4g} |" in lines
+    )
+    assert not [x for x in lines if "/by_" in x]  # the per-length details stay in the file
+    assert printed.err == f"wrote {out}\n"

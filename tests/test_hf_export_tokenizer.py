@@ -1,10 +1,16 @@
 """The tokenizer of an HF export: what export says when it writes none, and the SentencePiece conversion
-giving SentencePiece's ids and text back (lines that start with a space included)."""
+giving SentencePiece's ids and text back (lines that start with a space included); and export's output is
+its own lines only."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+from conftest import REPO
 from fixtures import make_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -89,9 +95,10 @@ def test_export_refuses_a_tokenizer_for_native_weights_in_one_line(tmp_path, sp_
 
 
 def test_tiny_cpu_mixit_run_exports_says_why_no_tokenizer_and_generates(tmp_path, capsys):
-    """The recipe a new user starts with (MixiT on a synthetic task), end to end in plain transformers."""
+    """The recipe a new user starts with (here MixiT, on its synthetic task), end to end in plain transformers."""
     run = tmp_path / "run"
-    over = ["train.max_steps=2", "checkpoint.every_steps=0", "train.eval_every_steps=0", "logging.tensorboard=false"]
+    over = ["model.variant=mixit", "train.max_steps=2", "checkpoint.every_steps=0", "train.eval_every_steps=0"]
+    over += ["logging.tensorboard=false"]
     train("recipes/tiny_cpu.yaml", over, run_dir=run)
     assert export_main(["--checkpoint", str(run), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0
     out = capsys.readouterr().out
@@ -103,3 +110,20 @@ def test_tiny_cpu_mixit_run_exports_says_why_no_tokenizer_and_generates(tmp_path
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert type(hf).__name__ == "TrainablePartsForCausalLM"
     assert hf.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False).shape == (1, 7)
+
+
+def test_export_prints_its_own_lines_only(tmp_path):
+    """No DeepSpeed accelerator warning (DS_ACCELERATOR unset, no GPU) and no progress bar, which a new user
+    met on every export: what was written, and why no tokenizer was."""
+    model = build_model(preset("tiny", variant="mixit", vocab_size=64, max_seq_len=32), seed=0)
+    save_native(model, tmp_path / "native", {"step": 1})
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    cmd = [sys.executable, "-m", "pretrain.export", "--checkpoint", str(tmp_path / "native"), "--format", "hf"]
+    out = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "hf")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("no tokenizer exported: the checkpoint records no tokenizer"), lines
+    assert lines[1] == f"wrote hf checkpoint to {tmp_path / 'hf'}"

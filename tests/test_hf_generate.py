@@ -1,14 +1,21 @@
 """Generation in plain transformers: every variant's export, loaded with AutoModelForCausalLM after
-`import model.hf`, generates greedily what eval.generate generates from the checkpoint it came from."""
+`import model.hf`, generates greedily what eval.generate generates from the checkpoint it came from; and an
+export of a variant transformers does not know does so with the modelling code it ships, in a process
+without this repository."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from fixtures import make_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.dynamic_module_utils import get_imports
 
 import model.hf  # noqa: F401  (registers TrainablePartsForCausalLM, as a user's script does)
 from data_pipeline.tokenizer import load_tokenizer
@@ -120,3 +127,94 @@ def test_autotokenizer_loads_a_mixit_export_without_the_model_type_warning(tmp_p
     assert not [r.getMessage() for r in seen if "model of type" in r.getMessage()]
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").generation_config.eos_token_id == tok.eos_id
     assert hf_tok(" the river", add_special_tokens=False)["input_ids"] == tok.encode(" the river")
+
+
+# A process with torch and transformers and none of this repository: no site processing (so no editable
+# install of the project), only the site-packages directories of this environment on the path, run from
+# another directory.
+WITHOUT_REPOSITORY = """
+import importlib.util, json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+assert importlib.util.find_spec("model") is None and importlib.util.find_spec("common") is None, "the repository is importable"
+import torch
+from transformers import AutoModelForCausalLM
+prompt, out = json.loads(sys.argv[2]), {}
+for d in sys.argv[3:]:
+    hf = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True).eval()
+    ids = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+    out[d] = [type(hf).__module__, ids[0, len(prompt) :].tolist()]
+print(json.dumps(out))
+"""
+
+
+def test_an_export_ships_its_modelling_code_and_generates_without_this_repository(tmp_path):
+    """MixiT (its matrix regenerated from the seed by the shipped Philox code), shaped and bidirectional
+    exports carry their code (`auto_map`): transformers loads them with trust_remote_code where `import
+    model` fails, and they generate what eval.generate generates from their checkpoints."""
+    cases = {
+        "mixit": ("mixit", {"num_kv_heads": 2, "tie_embeddings": True}),
+        "shaped": ("shaped", {}),
+        "bidirectional": ("standard", {"causal": False}),
+    }
+    want = {}
+    for name, (variant, kw) in cases.items():
+        ours, _ = exported(tmp_path / name, variant, **kw)
+        config = json.loads((tmp_path / name / "hf" / "config.json").read_text())
+        assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_trainable_parts.TrainablePartsForCausalLM"
+        # what transformers asks of a remote file (on the Hub, of every file): packages it names, GPU ones too
+        for f in (tmp_path / name / "hf").glob("*.py"):
+            asked = set(get_imports(f)) - set(sys.stdlib_module_names)
+            assert asked <= {"torch", "transformers", "safetensors"}, (f.name, asked)
+        want[str(tmp_path / name / "hf")] = generate(ours, PROMPT, 12, use_cache=ours.cfg.causal)
+    site = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_MODULES_CACHE"] = str(tmp_path / "modules")  # where transformers copies remote code
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", WITHOUT_REPOSITORY, json.dumps(site), json.dumps(PROMPT), *want],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    for d, tokens in want.items():
+        module, ids = got[d]
+        assert module.startswith("transformers_modules.") and module.endswith(".modeling_trainable_parts"), module
+        assert ids == tokens, d
+
+
+def test_a_llama_export_ships_no_code(tmp_path):
+    exported(tmp_path, "frozen_qk")
+    assert "auto_map" not in json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert not list((tmp_path / "hf").glob("*.py"))
+
+
+@pytest.mark.parametrize("variant", ["mixit", "shaped"])
+def test_generation_past_max_seq_len_stops_where_the_context_is_full_with_one_line(tmp_path, variant, caplog):
+    """Asked for more tokens than fit, eval.generate and the export's generate() stop at the same length
+    (max_seq_len + 1 tokens in all) and each says so in one line; MixiT's generate() used to raise."""
+    ours, hf = exported(tmp_path, variant)
+    fit = T + 1 - len(PROMPT)
+    with caplog.at_level(logging.WARNING):
+        want = generate(ours, PROMPT, 40)
+    assert len(want) == fit
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"generate: 40 new tokens asked, {fit} fit after a prompt of 5 tokens in the model's max_seq_len={T}; generation stops there"
+    ]
+    x = torch.tensor([PROMPT])
+    for ask in ({"max_new_tokens": 40}, {"max_length": 45}):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            got = hf.generate(x, do_sample=False, **ask)[0, len(PROMPT) :].tolist()
+        assert got == want
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # what fits is generated without a word
+        assert hf.generate(x, max_new_tokens=fit, do_sample=False)[0, len(PROMPT) :].tolist() == want
+        assert generate(ours, PROMPT, fit) == want
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -64,6 +64,7 @@ def test_lm_eval_cli_scores_a_mixit_export_from_any_directory(tmp_path, tok):
     assert 0 <= res["tp_kv_recall"]["acc,none"] <= 1 and 0 <= res["tp_passkey"]["exact_match,none"] <= 1
     assert res["tp_text"]["bits_per_byte,none"] > 0
     assert "'backend': 'causal'" in done.stdout + done.stderr  # our class, said to lm-eval to be causal
+    assert "fatal: not a git repository" not in done.stderr  # lm-eval's git probe, outside a checkout
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from typing import Callable
 import pytest
 
 from checkpoint import tag_format
+from pretrain.config import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/TRAINING.md")
@@ -106,10 +107,12 @@ def _launch_dry(tokens: list[str]) -> list[str]:
 
 
 def _plan_of_launch(tokens: list[str]) -> list[str]:
-    """The same training arguments as a --dry-run on the world size the launch line asks for."""
+    """The same training arguments as a --dry-run on the world size the launch line asks for, without the
+    data (a GPU cluster's shards are not in the clone)."""
     gpus = int(_arg(tokens, "--gpus") or 8)
     nodes = 2 if "--hostfile" in tokens else 1
-    return ["python", "-m", "pretrain.train", *_train_args(tokens), "--dry-run", "--world-size", str(gpus * nodes)]
+    plan = ["--dry-run", "--without-data", "--world-size", str(gpus * nodes)]
+    return ["python", "-m", "pretrain.train", *_train_args(tokens), *plan]
 
 
 def _printed_launch(root: Path, out: str, tokens: list[str]) -> None:
@@ -308,6 +311,31 @@ def test_every_documented_command_has_a_rule():
         rule_for(c)
     readme = [c for d, c in cmds if d == "README.md"]
     assert readme[:2] == ["./demo.sh", "tests/run"], "the README's two set-up commands come first"
+
+
+def test_what_the_documented_commands_write_is_ignored_by_git():
+    """A new user who runs the docs' commands in a clone finds what they wrote ignored, not a dozen untracked
+    paths (tok/, shards/, valid-gcide/, exports/ ... at the repository's root were not)."""
+    written = {
+        tokens[tokens.index(flag) + 1]
+        for _, cmd in _all_commands()
+        for tokens in [shlex.split(cmd)]
+        for flag in ("--out", "--out-dir", "--run-dir", "--output_path")
+        if flag in tokens
+    }
+    assert {"tok", "shards", "valid-gcide", "results.json"} <= written
+    checked = subprocess.run(
+        ["git", "check-ignore", "--no-index", *sorted(written)], cwd=REPO, capture_output=True, text=True
+    )
+    assert set(checked.stdout.split()) == written
+
+
+def test_the_readmes_first_training_command_trains_the_standard_model():
+    """The first model a new user trains is the standard one (recipes/tiny_cpu.yaml trained MixiT)."""
+    first = next(c for d, c in _all_commands() if d == "README.md" and c.startswith("python -m pretrain.train "))
+    tokens = shlex.split(first)
+    overrides = [t for t in tokens[tokens.index("--recipe") + 2 :] if "=" in t and not t.startswith("-")]
+    assert load_recipe(REPO / _arg(tokens, "--recipe"), overrides).model.variant == "standard", first
 
 
 def test_doc_commands_parse_blocks_continuations_comments_and_chains():

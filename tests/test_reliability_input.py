@@ -115,8 +115,8 @@ def test_overwrite_replaces_the_old_run(tmp_path):
 
 
 def test_checkpoint_of_another_variant_or_shape_is_refused(trained, tmp_path, no_engine):
-    with pytest.raises(RecipeError, match="variant: config has 'standard', checkpoint has 'mixit'.*Fix"):
-        train(RECIPE, BASE + ["model.variant=standard"], run_dir=tmp_path, resume=str(trained))
+    with pytest.raises(RecipeError, match="variant: config has 'mixit', checkpoint has 'standard'.*Fix"):
+        train(RECIPE, BASE + ["model.variant=mixit"], run_dir=tmp_path, resume=str(trained))
     with pytest.raises(RecipeError, match="hidden_size: config has 96"):
         train(RECIPE, BASE + ["model.hidden_size=96"], run_dir=tmp_path, resume=str(trained))
 
@@ -137,3 +137,13 @@ def test_empty_dataset_is_refused_before_the_model(tmp_path, no_engine):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(RecipeError, match="data: .*empty.txt.*shorter than one sequence"):
         train(RECIPE, BASE + [f"data.source=text:{tmp_path / 'empty.txt'}"], run_dir=tmp_path / "r", resume="never")
+    assert not (tmp_path / "r").exists()  # a refused run leaves no run dir behind (it left a .rendezvous mark)
+
+
+def test_a_refused_run_leaves_an_existing_run_dir_as_it_was(tmp_path, no_engine):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(RecipeError, match="model.max_seq_len=16 < train.seq_len=32"):
+        train(RECIPE, BASE + ["model.max_seq_len=16"], run_dir=run, resume="never")
+    assert [p.name for p in run.iterdir()] == ["notes.txt"]

@@ -248,7 +248,8 @@ WORLD = {"1b_gpu_zero1.yaml": 64, "8b_gpu_pipeline.yaml": 32, "tiny_cpu.yaml": 2
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO_ROOT / "recipes").glob("*.yaml")))
 def test_every_recipe_dry_runs(recipe):
-    info = dry_run(load_recipe(f"recipes/{recipe}"), WORLD.get(recipe, 1), out=io.StringIO())
+    """Planned without their data: a GPU recipe's shards are on its cluster, not here."""
+    info = dry_run(load_recipe(f"recipes/{recipe}"), WORLD.get(recipe, 1), out=io.StringIO(), data=False)
     assert info["params_trainable"] > 0 and info["train_flops_per_token"] > 0
 
 
@@ -287,6 +288,23 @@ def test_print_config_shows_the_resolved_recipe(capsys):
 )
 def test_every_data_source_holds_out_the_same_default_fraction(data):
     assert parse_data(data).val_fraction == VAL_FRACTION
+
+
+def test_dry_run_refuses_data_the_run_would_refuse(tmp_path, capsys):
+    """--dry-run reads the data as the run does: a data.source that does not exist is one error line and
+    exit 2 (it exited 0, saying "data not readable" on line 139 of 145); --without-data plans without it."""
+    missing = tmp_path / "no-shards"
+    args = ["--recipe", "recipes/tiny_cpu.yaml", "--dry-run", f"data.source={missing}"]
+    assert train_main(args) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: data: data directory {missing} does not exist"), err
+    assert err[0].endswith("plan without the data: --dry-run --without-data") and not captured.out
+    assert train_main([*args, "--without-data"]) == 0
+    assert "vocab_size: 32000 (preset default; the data was not read: --without-data)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a plan's option only
+        train_main(["--recipe", "recipes/tiny_cpu.yaml", "--without-data"])
+    assert "it goes with --dry-run" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

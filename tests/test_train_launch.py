@@ -567,3 +567,4 @@ def test_two_nodes_that_do_not_share_the_run_dir_stop_in_one_line_not_a_hang(tmp
         own = tmp_path / "node1" / "runs" / "shared"
         assert f"does not see rank 0's run dir {tmp_path / 'node0' / 'runs' / 'shared'} (its own is {own})" in lines[0]
     assert not (tmp_path / "node1" / "runs" / "shared" / "checkpoints").exists()
+    assert not (tmp_path / "node0" / "runs" / "shared").exists()  # rank 0's mark went with the run dir it made

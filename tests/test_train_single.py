@@ -155,7 +155,8 @@ def test_freeze_schedule_applies_at_its_step_and_across_resume(tmp_path):
 
 
 def test_mixit_export_keeps_matrix_and_weights(tmp_path):
-    res = train(RECIPE, FAST + ["train.max_steps=3"], run_dir=tmp_path / "run", resume="never")
+    mixit = FAST + ["model.variant=mixit"]
+    res = train(RECIPE, mixit + ["train.max_steps=3"], run_dir=tmp_path / "run", resume="never")
     tag = res.last_checkpoint
     model, meta = load_for_eval(tag)
     assert meta["step"] == 3 and meta["variant"] == "mixit" and meta["tokens_seen"] == 3 * 8 * 32
@@ -179,7 +180,7 @@ def test_mixit_export_keeps_matrix_and_weights(tmp_path):
     assert torch.equal(hf.eval()(ids), model(ids))  # exact in fp32, as the README says
     # resuming under another layout without a universal checkpoint is refused with the fix
     with pytest.raises(RecipeError, match="pretrain.universal"):
-        train(RECIPE, FAST + ["train.max_steps=4", "parallel.ds_config=zero2"], run_dir=tmp_path / "run")
+        train(RECIPE, mixit + ["train.max_steps=4", "parallel.ds_config=zero2"], run_dir=tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_for_eval(tmp_path)
 
@@ -191,7 +192,13 @@ def test_doc_ids_reach_the_model_in_training(tmp_path):
     f = tmp_path / "lines.txt"
     f.write_text("".join(f"{i}+{i % 7}={i + i % 7}\n" for i in range(300)))
     data = {"source": f"text:{f}", "documents": "lines", "return_doc_ids": True, "val_fraction": 0.1}
-    over = FAST + [f"data={json.dumps(data)}", "train.max_steps=1", "optim.lr=0", "optim.min_lr=0"]
+    over = FAST + [
+        "model.variant=mixit",
+        f"data={json.dumps(data)}",
+        "train.max_steps=1",
+        "optim.lr=0",
+        "optim.min_lr=0",
+    ]
     res = train(RECIPE, over, run_dir=tmp_path / "run", resume="never")
     model, _ = load_for_eval(res.last_checkpoint)  # lr 0: the initial weights
     batch = next(TextLoader(parse_data(data), "train", 32, 8))

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import mixit, rng
 from ..config import ModelConfig
+from ..mixit import head_sigmas
+from ..rng import matrix_normals, mixit_key
 
 
 class MixitParams:
@@ -22,8 +23,8 @@ class MixitParams:
     def __init__(self, cfg: ModelConfig, layer: int):
         self.cfg, self.layer = cfg, layer
         H = cfg.num_heads
-        self.keys = [rng.mixit_key(cfg.mixit_seed, layer, h) for h in range(1, H)]
-        self.sigmas = [float(s) for s in mixit.head_sigmas(cfg, layer)[1:].float()]
+        self.keys = [mixit_key(cfg.mixit_seed, layer, h) for h in range(1, H)]
+        self.sigmas = [float(s) for s in head_sigmas(cfg, layer)[1:].float()]
         self.beta = float(cfg.mixit_beta)
         self.identity = cfg.mixit_depth_alpha == 0
         self.causal = cfg.causal
@@ -42,7 +43,7 @@ def raw_slab(p: MixitParams, rows: torch.Tensor, ncols: int, keys: torch.Tensor,
 
     The same numbers as mixit.raw_block (Philox is evaluated with a per-head key tensor)."""
     cols = torch.arange(ncols, device=rows.device, dtype=torch.int64)
-    return rng.matrix_normals(keys, rows, cols, p.T, p.generator) * sigmas
+    return matrix_normals(keys, rows, cols, p.T, p.generator) * sigmas
 
 
 def slabs(p: MixitParams, row_start: int, n: int, block: int, dtype, device):

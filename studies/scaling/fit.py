@@ -302,7 +302,9 @@ def _minimise(starts, logN, logD, logL, delta) -> tuple[np.ndarray, float]:
         if np.isfinite(value) and value < best_value:
             best_theta, best_value = res.x, value
     if best_theta is None:
-        raise StudyError("the joint fit did not converge from any starting point; check that loss falls with N and D")
+        raise StudyError(
+            "the joint fit did not converge from any starting point. Fix: check that loss falls with N and D"
+        )
     return best_theta, best_value
 
 
