@@ -259,7 +259,7 @@ def render(rows: list[dict]) -> str:
         )  # fmt: skip
     md = markdown_table(header, table, align="rllrrrrlrrl")
     sweep = sorted(
-        (r for r in rows if r.get("stage") == "sweep"),
+        (r for r in rows if r.get("stage") == "sweep" and r["steps"] == STEPS_1X),  # the ladder's: its own table
         key=lambda r: (*row_key(r)[:2], arm_order(row_key(r)[2]), r["lr"]),
     )
     if sweep:

@@ -38,6 +38,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
+import model.kernels.mixit_blocked as mixit_blocked_mod
 import model.mixit as mixit_mod
 from model import VARIANTS, preset
 from model.kernels import mixit_streamed, mixit_triton, select
@@ -158,7 +159,7 @@ def _run_forward_checks() -> None:  # runs in the subprocess, after the guard is
 
             return launch
 
-    mixit_mod.head_sigmas = real_head_sigmas
+    mixit_mod.head_sigmas = mixit_blocked_mod.head_sigmas = real_head_sigmas  # every module that holds the name
     regenerating = (LaunchStub("forward", float32_contiguous), LaunchStub("backward", float32_contiguous), None)
     mixit_triton._kernels = lambda: regenerating
     names = (("generate", 0), ("streamed forward", 3), ("streamed backward", 3))  # and where the tiles are
