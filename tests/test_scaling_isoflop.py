@@ -279,6 +279,24 @@ def test_a_grid_split_across_machines_trains_its_chains_and_merges_whole_ones(co
     assert capsys.readouterr().err.startswith("error: ") and not (tmp_path / "absent.jsonl").exists()
 
 
+def test_a_merged_chains_runs_the_grid_already_holds_go_to_the_repeats_once(tmp_path):
+    """A chain trained again to larger budgets (its own --out) holds runs the grid has: those trained to the
+    same step go to the repeats' log (a device check), once; a stable run of the same name but another length
+    is neither appended nor a repeat; the new branches are appended."""
+    rows, theirs, repeats = tmp_path / "rows.jsonl", tmp_path / "share.jsonl", tmp_path / "check.jsonl"
+    for run, steps, branch in [("standard-w32-s1", 10, None), ("standard-w32-s1-b10", 12, 10)]:
+        append_row(rows, {"run": run, "steps": steps, "branch_step": branch, "device": "cuda"})
+    chain = [("standard-w32-s1", 20, None), ("standard-w32-s1-b10", 12, 10), ("standard-w32-s1-b20", 24, 20)]
+    for run, steps, branch in chain:
+        append_row(theirs, {"run": run, "steps": steps, "branch_step": branch, "device": "cpu"})
+    for _ in range(2):
+        assert merge_share(rows, theirs, repeats_path=repeats)[0] in (["standard-w32-s1"], [])
+    assert [(r["run"], r["device"]) for r in read_rows(rows)] == [
+        ("standard-w32-s1", "cuda"), ("standard-w32-s1-b10", "cuda"), ("standard-w32-s1-b20", "cpu"),
+    ]  # fmt: skip
+    assert [(r["run"], r["device"]) for r in read_rows(repeats)] == [("standard-w32-s1-b10", "cpu")]
+
+
 def test_one_naming_rule_names_runs_and_finds_their_chains():
     """A plan's names, a row's parsed fields and a merge's chains all come from `run_name`: a branch's chain
     is its stable run, and a name outside the rule is its own chain."""

@@ -593,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     mg.add_argument("--rows", required=True, help="the grid's row log (appended under its lock)")
     mg.add_argument("--share", required=True, help="the row log the other machine's isoflop --chains wrote")
     mg.add_argument("--chains", help="VARIANT-SIZE-sSEED,...: only these chains of the share")
+    mg.add_argument("--repeats", help="where the share's runs the grid already holds go (a device check's row log)")
     for p in (la, lr, iso):
         p.add_argument("--jobs", type=int, default=1, help="runs side by side (each with cores/jobs threads)")
         p.add_argument("--rows", help="JSON-lines log: a row per finished run; runs in it are skipped")
@@ -619,7 +620,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "merge":
             taken, left = merge_share(
-                Path(args.rows), Path(args.share), args.chains.split(",") if args.chains else None
+                Path(args.rows),
+                Path(args.share),
+                args.chains.split(",") if args.chains else None,
+                Path(args.repeats) if args.repeats else None,
             )
             print(
                 f"{args.rows}: took the chains {', '.join(taken) or 'none'}; left out (unfinished): {', '.join(left) or 'none'}"

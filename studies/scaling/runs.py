@@ -290,12 +290,16 @@ def recollect(rows_path: Path, runs_dir: Path) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def merge_share(rows_path: Path, share_path: Path, only: list[str] | None = None) -> tuple[list[str], list[str]]:
+def merge_share(
+    rows_path: Path, share_path: Path, only: list[str] | None = None, repeats_path: Path | None = None
+) -> tuple[list[str], list[str]]:
     """Append to `rows_path` the rows of another machine's share of the grid (`share_path`, that
     machine's copy of the row log) that it lacks, whole chains only: a chain whose last branch (the one
     at its stable run's last step) is missing is left out, so its runs stay with the machine that trains
     the rest of it. `only`: these chains (stable-run names) and no other, e.g. a device check's rows taken
-    from a share whose copy also holds the grid's. Returns (the chains taken, the chains left out)."""
+    from a share whose copy also holds the grid's. `repeats_path`: where the taken chains' runs that the
+    grid already holds, trained again to the same step, go (a device check where the devices differ, a
+    replay where not), once each. Returns (the chains taken, the chains left out)."""
     for path, what in (
         (rows_path, "the grid's row log"),
         (share_path, "the row log the other machine wrote (its --rows)"),
@@ -313,6 +317,7 @@ def merge_share(rows_path: Path, share_path: Path, only: list[str] | None = None
 
     def add(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         have = {r["run"] for r in rows}
+        steps = {r["run"]: r.get("steps") for r in rows}
         for name, chain in chains.items():
             new = [r for r in chain if r["run"] not in have]
             stable = next((r for r in chain if r["run"] == name), None)
@@ -321,9 +326,13 @@ def merge_share(rows_path: Path, share_path: Path, only: list[str] | None = None
             if stable is not None and any(r.get("branch_step") == stable["steps"] for r in chain):
                 taken.append(name)
                 rows = rows + new
+                repeats.extend(r for r in chain if r["run"] in have and r["steps"] == steps[r["run"]])
             else:
                 left.append(name)
         return rows
 
+    repeats: list[dict[str, Any]] = []
     update_rows(rows_path, add)
+    if repeats_path is not None and repeats:
+        update_rows(repeats_path, lambda rows: rows + [r for r in repeats if r not in rows])
     return taken, left
