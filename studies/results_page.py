@@ -34,7 +34,7 @@ from common.errors import StudyError
 from eval.report import markdown_table
 from pretrain.config import load_recipe
 
-from . import arithmetic, induction, parity, retrieval
+from . import arithmetic, induction, induction_checkpoints, parity, retrieval
 from .rows import read_rows
 from .scaling.profiles import paired_gaps
 from .spread import Spread
@@ -513,6 +513,9 @@ TABLES: dict[str, Callable[[list[Cell], Path], str]] = {
         + "\n"
     ),
     "induction": lambda _, data_dir: induction.render_rows(read_rows(data_dir / "induction" / "runs.jsonl")),
+    "induction-checkpoints": lambda _, data_dir: (
+        induction_checkpoints.render(read_rows(data_dir / "induction" / "scaling_checkpoints.jsonl")) + "\n"
+    ),
     "retrieval-baselines": lambda _, data_dir: retrieval.baselines_table(RETRIEVAL_BASELINES) + "\n",
 }
 
