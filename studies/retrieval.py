@@ -399,10 +399,9 @@ def render(rows: list[dict]) -> str:
     if not rows:
         return "(no runs yet)"
     lines = [
-        "| pairs (keys, values) | variant | rate | steps | seeds | held-out accuracy (mean ± std) | per seed (%) | "
-        "solved (≥ 90 %), 95 % interval | "
-        "median step solved |",
-        "|---:|---|---:|---:|---:|---:|---|---:|---:|",
+        "| pairs (keys, values) | variant | rate | steps | seeds | trained (loss below ln V - 0.05) | "
+        "held-out accuracy (mean ± std) | per seed (%) | solved (≥ 90 %), 95 % interval | median step solved |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -424,13 +423,14 @@ def render(rows: list[dict]) -> str:
             median = f"{solved[len(solved) // 2]}" if solved else "—"
             per_seed = ", ".join(f"{100 * r['acc']:.1f}" for r in rs)
             lo, hi = wilson(len(solved), len(rs))
+            trained = sum(not did_not_train(r) for r in rs)
             lines.append(
-                f"| {p} ({k}, {v}) | {variant} | {rs[0]['lr']:g} | {steps} | {len(rs)} | {100 * acc.mean:.1f} ± "
+                f"| {p} ({k}, {v}) | {variant} | {rs[0]['lr']:g} | {steps} | {len(rs)} | {trained}/{len(rs)} | {100 * acc.mean:.1f} ± "
                 f"{100 * acc.std:.1f} % | {per_seed} | {len(solved)}/{len(rs)} ({100 * lo:.0f}-{100 * hi:.0f} %) | {median} |"
             )
-        lines.append(f"| {p} ({k}, {v}) | *chance (1/{v})* | | | | {100 / v:.1f} % | | | |")
+        lines.append(f"| {p} ({k}, {v}) | *chance (1/{v})* | | | | | {100 / v:.1f} % | | | |")
         guess = "*in-context guess (most frequent context value, exact)*"
-        lines.append(f"| {p} ({k}, {v}) | {guess} | | | | {100 * mode_guess_exact(p, v):.1f} % | | | |")
+        lines.append(f"| {p} ({k}, {v}) | {guess} | | | | | {100 * mode_guess_exact(p, v):.1f} % | | | |")
     sweep = sorted(
         (r for r in rows if r["seed"] == 0 and r.get("stage") != "curve"),
         key=lambda r: (
