@@ -126,7 +126,8 @@ def test_study_end_to_end_resumes_from_rows(tmp_path, capsys):
         line = next(x for x in text.splitlines() if x.startswith(f"| 2 (32, 32) | {variant} |"))
         seed_accs = [100 * r["acc"] for r in rows if r["variant"] == variant and r["seed"] == 1]
         assert "| 6 | 2 |" in line and f"{seed_accs[0]:.1f}" in line  # 6 steps, the best rate's two seeds
-    assert "*chance (1/32)* | | | | 3.1 %" in text and "after" in text and "old" not in text
+        assert re.search(r"\| 6 \| 2 \| [0-2]/2 \|", line), line  # how many of them trained
+    assert "*chance (1/32)* | | | | | 3.1 %" in text and "after" in text and "old" not in text
 
 
 def test_page_table_is_rendered_from_the_committed_rows():
