@@ -413,14 +413,21 @@ class MixingAttention(nn.Module):
             drift = self.drift(total, x.device)
             out = mixit_streamed(v, self.tiles(x.device, v.dtype), self.mixit_params(), drift, past, groups)
             return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
-        v = _expand_kv(v, groups)
         if impl == "dense":
             a = self.matrix(total, x.device, v.dtype)[:, past:total, :total]  # rows of the new positions
             # one product per head over the whole batch, (H, t, total) @ (H, total, b*dh): a broadcast
-            # matmul would first copy A to every sequence (b*H*t^2 entries a step)
-            vh = v.permute(1, 2, 0, 3).reshape(cfg.num_heads, total, b * cfg.head_dim)
-            out = torch.bmm(a, vh).view(cfg.num_heads, t, b, cfg.head_dim).permute(2, 0, 1, 3)  # (b, H, t, dh)
+            # matmul would first copy A to every sequence (b*H*t^2 entries a step). With GQA, head h reads
+            # V's head h // groups: one product per member g of a group, heads g, g + groups, ... (a view
+            # of A), against V's shared heads, so V is never repeated
+            vh = v.permute(1, 2, 0, 3).reshape(cfg.num_kv_heads, total, b * cfg.head_dim)
+            if groups == 1:
+                out = torch.bmm(a, vh)
+            else:
+                a = a.unflatten(0, (cfg.num_kv_heads, groups))
+                out = torch.stack([torch.bmm(a[:, g], vh) for g in range(groups)], 1)
+            out = out.view(cfg.num_heads, t, b, cfg.head_dim).permute(2, 0, 1, 3)  # (b, H, t, dh)
         else:
+            v = _expand_kv(v, groups)
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)
             out = fn(v, self.mixit_params(), drift, past, cfg.mixit_block_size)

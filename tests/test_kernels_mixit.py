@@ -221,6 +221,52 @@ def test_cuda_rule_streams_the_leading_layers_whose_tiles_fit(monkeypatch):
     assert _auto_on_cuda("1b", 8192, H100) == "streamed"
 
 
+@pytest.mark.parametrize("past", [0, 9])
+def test_dense_gqa_reads_vs_shared_heads_without_repeating_them(past):
+    """The dense path with 2 heads a V head: each head's output is A_h @ V_(h // 2) (the repeated-head
+    reference, float64) in the forward and in V's gradient, and V is never repeated to every head (as
+    repeat_interleave does, by expand + clone)."""
+    cfg = cfg_(num_heads=4, num_kv_heads=2, mixit_impl="dense")
+    layer = MixingAttention(cfg, 1).double()
+    torch.manual_seed(0)
+    t, b = 12, 2
+    v = torch.randn(b, cfg.num_kv_heads, past + t, cfg.head_dim, dtype=torch.float64, requires_grad=True)
+    a = layer.matrix(past + t, torch.device("cpu"), torch.float64)[:, past:, :]
+    ref = a @ v.repeat_interleave(2, dim=1)  # (b, H, t, dh)
+    layer.v_proj = torch.nn.Identity()  # the mixing alone: x is V's heads, flattened
+    layer.o_proj = torch.nn.Identity()
+    x = v.transpose(1, 2).reshape(b, past + t, cfg.num_kv_heads * cfg.head_dim)
+
+    class Past:  # a KV cache that holds V's first `past` positions
+        def past_length(self, i):
+            return past
+
+        def update(self, i, k, new):
+            return None, torch.cat([v[:, :, :past], new], 2)
+
+    with OpNames() as ops:
+        out = layer(x[:, past:], cache=Past() if past else None)
+    assert not [op for op in ops.seen if "expand" in op or "repeat" in op], ops.seen
+    got = out.view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    g = torch.randn_like(ref)
+    (dv_ref,) = torch.autograd.grad(ref, v, g)
+    (dv,) = torch.autograd.grad(got, v, g)
+    torch.testing.assert_close(dv, dv_ref, rtol=0, atol=1e-12)
+
+
+class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """The ATen ops a block of code runs, by name."""
+
+    def __enter__(self):
+        self.seen = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):
     import model.mixit as mixit_mod
 
