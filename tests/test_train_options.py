@@ -1,5 +1,5 @@
 """The trainer's speed options against its plain path on the CPU: `train.activation_checkpointing`
-(none | selective | full | auto) and `train.compile` give the plain run's losses; the recipe's earlier
+(none | selective | full | auto), `train.compile` and fused AdamW give the plain run's losses; the recipe's earlier
 true/false still read; the engine applies what it logs."""
 
 from __future__ import annotations
@@ -47,12 +47,30 @@ def test_checkpointing_modes_train_as_the_plain_path(tmp_path, monkeypatch, vari
     """fp32, ZeRO-1 on one CPU rank: none, selective and full give the same losses bit for bit; auto picks
     `none` for a tiny model (it fits any host) and says why."""
     built = engines(monkeypatch)
+    recomputed = []  # the context each block's recomputation ran under, one entry per block and step
+    orig_checkpoint = parallelize.checkpoint
+
+    def spy(*a, **k):
+        recomputed.append(k.get("context_fn"))
+        return orig_checkpoint(*a, **k)
+
+    monkeypatch.setattr(parallelize, "checkpoint", spy)
     plain = losses(tmp_path, "none", f"model.variant={variant}")
     assert sorted(plain) == list(range(1, STEPS + 1))
+    assert recomputed == []
+    blocks = sum(isinstance(m, parallelize.Block) for m in built[0].model.modules())
+    calls = {}
     for mode in ("selective", "full", "auto"):
+        before = len(recomputed)
         got = losses(tmp_path, mode, f"model.variant={variant}", f"train.activation_checkpointing={mode}")
         assert got == plain, (mode, got, plain)
+        calls[mode] = recomputed[before:]
     assert [e.checkpointing for e in built] == ["none", "selective", "full", "none"]
+    # the blocks really were recomputed, under the mode's policy: one checkpoint a block and micro-batch
+    micro_batches = STEPS * 8 // 4  # tiny_cpu: 8 sequences a step, 4 a forward
+    assert len(calls["selective"]) == len(calls["full"]) == blocks * micro_batches, (blocks, calls)
+    assert all(c is not None for c in calls["selective"]) and all(c is None for c in calls["full"])
+    assert calls["auto"] == []
     assert built[-1].checkpointing_reason.startswith("auto: none ")
 
 
@@ -76,6 +94,19 @@ def test_compiled_blocks_train_as_the_plain_path(tmp_path, monkeypatch):
         assert compiled[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
     names = [n for n, _ in built[-1].model.named_parameters()]
     assert names == [n for n, _ in built[0].model.named_parameters()]  # in place: no _orig_mod
+
+
+def test_fused_adamw_trains_as_the_foreach_step(tmp_path, monkeypatch):
+    """`optim.fused` (the default, on every device torch has the kernel for: CPU and CUDA) against torch's
+    foreach AdamW: the same losses to float32 rounding, and each run's optimizer is the one asked for."""
+    built = engines(monkeypatch)
+    fused = losses(tmp_path, "fused", "optim.fused=true")
+    foreach = losses(tmp_path, "foreach", "optim.fused=false")
+    assert [bool(e.inner_optimizer.defaults["fused"]) for e in built] == [True, False]
+    assert sorted(fused) == list(range(1, STEPS + 1))
+    for step, loss in foreach.items():
+        assert fused[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+    assert fused[STEPS] != fused[1]  # the steps moved the weights
 
 
 def test_checkpointing_reads_its_earlier_booleans_and_refuses_other_values():
