@@ -133,23 +133,37 @@ def differences(prints: list[tuple[str, dict[str, str], str]]) -> list[str]:
     return out
 
 
+def gathered(mine: tuple[str, dict[str, str], str], world: int) -> list[tuple[str, dict[str, str], str]]:
+    """Collective: every rank's (where, fingerprint, commit)."""
+    if world == 1:
+        return [mine]
+    prints: list = [None] * world
+    dist.all_gather_object(prints, mine)
+    return prints
+
+
+def refuse_differences(prints: list[tuple[str, dict[str, str], str]], what: str, fix: str) -> None:
+    """The same NodesDisagree on every rank where the gathered fingerprints differ."""
+    diffs = differences(prints)
+    if diffs:
+        more = f" (and {len(diffs) - SHOWN} more)" if len(diffs) > SHOWN else ""
+        raise NodesDisagree(
+            f"the ranks of this job were not given the same {what}: {'; '.join(diffs[:SHOWN])}{more}. {fix}"
+        )
+
+
 def agree(cfg: RunConfig, device: torch.device, rank: int, world: int) -> dict[str, Any]:
     """Collective: every rank's fingerprint gathered and compared; a difference is the same NodesDisagree on every
     rank. Returns what code.json records."""
     sources = sources_sha256()
     mine = (where(), fingerprint(cfg, device, world, sources), commit())
-    prints = [mine]
-    if world > 1:
-        prints = [None] * world
-        dist.all_gather_object(prints, mine)
-    diffs = differences(prints)
-    if diffs:
-        more = f" (and {len(diffs) - SHOWN} more)" if len(diffs) > SHOWN else ""
-        raise NodesDisagree(
-            f"the ranks of this job were not given the same run: {'; '.join(diffs[:SHOWN])}{more}. Fix: start every "
-            "node with the same recipe, overrides, checkout and environment (python -m pretrain.preflight compares "
-            "the checkouts and versions of the nodes)"
-        )
+    prints = gathered(mine, world)
+    refuse_differences(
+        prints,
+        "run",
+        "Fix: start every node with the same recipe, overrides, checkout and environment (python -m pretrain.preflight "
+        "compares the checkouts and versions of the nodes)",
+    )
     return {
         "commit": mine[2],
         "sources_sha256": sources,
@@ -157,6 +171,23 @@ def agree(cfg: RunConfig, device: torch.device, rank: int, world: int) -> dict[s
         "fingerprint_sha256": hashlib.sha256(json.dumps(mine[1], sort_keys=True).encode()).hexdigest(),
         "nodes": list(dict.fromkeys(who for who, _, _ in prints)),
     }
+
+
+def agree_on_data(probe: Any, world: int) -> None:
+    """Collective, once each rank has read its training data: the same data on every rank (its manifest's hash,
+    vocabulary and tokenizer). A recipe names a path; node-local copies at that path may hold other data, whose
+    vocabulary would size another model (a collective of mismatched sizes later) or train apart silently."""
+    mine = {
+        "the data's manifest": str(getattr(probe, "fingerprint", None)),
+        "the data's vocabulary size": str(getattr(probe, "vocab_size", None)),
+        "the data's tokenizer": str(getattr(probe, "tokenizer_id", None)),
+    }
+    refuse_differences(
+        gathered((where(), mine, ""), world),
+        "data",
+        "Fix: give every node the same prepared data (one shared directory, or node-local copies of the same "
+        "data_pipeline.prepare output)",
+    )
 
 
 def write_code(run_dir: Path, agreed: dict[str, Any]) -> None:

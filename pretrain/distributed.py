@@ -282,8 +282,11 @@ def rank_failure_message(exc: BaseException, bound: str, run_dir: Path) -> str:
     """The line a rank stops with when a collective failed: the bound in force (`bound`), the last complete
     checkpoint and the fix."""
     latest = tag_format.latest_checkpoint(run_dir)
+    cause = "another rank died or hangs"
+    if "size doesn't match" in str(exc) or "size does not match" in str(exc):
+        cause = "the ranks sent tensors of different sizes, so they do not run the same model or data"
     return (
-        f"a collective operation failed or waited more than {bound}: another rank died or hangs ({first_line(exc)}). "
+        f"a collective operation failed or waited more than {bound}: {cause} ({first_line(exc)}). "
         f"This rank stops. Last complete checkpoint: {latest if latest else 'none'}. Fix: find why the other rank "
         "stopped (its log), then restart every rank with --resume auto"
     )

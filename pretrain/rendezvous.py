@@ -139,9 +139,18 @@ def meet(rank: int, world: int, bound_s: float) -> dist.Store:
 
 
 def wait_for_all(store: dist.Store, rank: int, world: int, bound_s: float, deadline: float) -> dist.Store:
-    """Count this rank in, then poll until every rank is in, one refused, or the deadline passed."""
+    """Count this rank in, then poll until every rank is in, one refused, or the deadline passed. A store that
+    already counts this rank, or more ranks than the world, is another job's (its rank 0 took the port first)."""
+    taken = store.check([f"{ARRIVED}/{rank}"])
     store.set(f"{ARRIVED}/{rank}", where())
     arrived = store.add(ARRIVED, 1)
+    if taken or arrived > world:
+        seen = f"it already counts a rank {rank}" if taken else f"{arrived} ranks arrived of a world of {world}"
+        raise RendezvousError(
+            f"the rendezvous at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} belongs to another "
+            f"job ({seen}): another job's rank 0 holds that port. Fix: another --master-port, the same on every node "
+            "(python -m pretrain.preflight checks it)"
+        )
     while arrived < world:
         if store.check([REFUSED]):
             store.add(KNOWN, 1)

@@ -15,7 +15,7 @@ from common.errors import RecipeError
 from model.mfu import peak_tflops
 
 from . import faults, loaders
-from .agreement import agree, write_code
+from .agreement import agree, agree_on_data, write_code
 from .bounds import CollectiveBounds
 from .callbacks import Callback
 from .config import RunConfig
@@ -90,6 +90,7 @@ def build_run(
     point = agreed_resume_point(cfg, run_dir, resume, overwrite, rank, world)
     layout = plan_layout(cfg, world)
     probe = loaders.check_data(cfg, layout.data_parallel, run_dir)
+    agree_on_data(probe, world)
     mcfg = model_config(cfg, getattr(probe, "vocab_size", None))
     layout.check_layers(mcfg.num_layers)
     check_fits(point, cfg, mcfg, getattr(probe, "tokenizer_id", None))

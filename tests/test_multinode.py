@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from conftest import REPO, finish_ranks, free_port, rank_env, read_losses
 
 from checkpoint import tag_format as ckpt
+from pretrain import rendezvous
 
 # ssh HOST COMMAND: COMMAND in a fresh environment (a login shell on another node keeps nothing of the
 # launcher's), plus the lines of $STANDIN/HOST.env, with each "FROM TO" line of $STANDIN/HOST.map applied
@@ -443,20 +445,72 @@ def test_a_node_that_never_arrives_or_a_port_held_by_another_program_is_one_line
     holder.bind(("127.0.0.1", 0))
     holder.listen(8)
     held = holder.getsockname()[1]
+    # another job's rendezvous, both of its ranks in: its store answers, so only what it counts tells it apart
+    other_port = free_port()
+    other_job = dist.TCPStore("127.0.0.1", other_port, 2, True, wait_for_workers=False)
+    counted = dist.PrefixStore(f"{rendezvous.PREFIX}0/", other_job)
+    for r in range(2):
+        counted.set(f"{rendezvous.ARRIVED}/{r}", "node of another job")
+    counted.add(rendezvous.ARRIVED, 2)
     bound = ["parallel.rendezvous_timeout_s=8"]
     try:
         start = time.monotonic()
         alone = start_nodes(free_port(), [[*bound, "--run-dir", str(tmp_path / "alone")], None])
         lost = start_nodes(free_port(), [None, [*bound, "--run-dir", str(tmp_path / "lost")]])
         both = start_nodes(held, [[*bound, "--run-dir", str(tmp_path / "held")]] * 2)
-        lines = error_lines([*alone, *lost, *both], timeout=300)
+        joined = start_nodes(other_port, [None, [*bound, "--run-dir", str(tmp_path / "joined")]])
+        lines = error_lines([*alone, *lost, *both, *joined], timeout=300)
         waited = time.monotonic() - start
     finally:
         holder.close()
+        del counted, other_job
     assert lines[0].startswith(
         "error: rank(s) 1 of 2 never arrived at the rendezvous within parallel.rendezvous_timeout_s=8s"
     )
     assert lines[1].startswith("error: nothing answered at 127.0.0.1:") and "(Connection refused)" in lines[1]
     assert lines[2].startswith(f"error: port {held} on node 0 ({socket.gethostname()}) is held by another program")
     assert lines[3].startswith(f"error: 127.0.0.1:{held} accepts connections but is not rank 0's rendezvous")
+    assert lines[4].startswith(
+        f"error: the rendezvous at 127.0.0.1:{other_port} belongs to another job (it already counts a rank 1)"
+    ), lines[4]
     assert waited < 90
+
+
+def test_ranks_that_read_different_data_at_one_path_stop_naming_it(tmp_path):
+    """Two real gloo ranks whose data (node-local copies at one path, say) differ in vocabulary: both stop with
+    the same line naming the data's keys and the nodes, where the model each would size from its data would have
+    met in a collective of mismatched sizes (gloo's abort on one rank, a wait for the start-up bound on the
+    other)."""
+    code = (
+        "import sys, types, torch.distributed as dist\n"
+        "from common.errors import NodesDisagree\n"
+        "from pretrain.agreement import agree_on_data\n"
+        "dist.init_process_group('gloo')\n"
+        "vocab = 256 if dist.get_rank() == 0 else 512\n"
+        "probe = types.SimpleNamespace(fingerprint=f'manifest-{vocab}', vocab_size=vocab, tokenizer_id='tok')\n"
+        "try:\n"
+        "    agree_on_data(probe, dist.get_world_size())\n"
+        "except NodesDisagree as e:\n"
+        "    print('error:', e)\n"
+        "    sys.exit(2)\n"
+    )
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=dict(rank_env(r, 2, port), CROSS_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    lines = error_lines(procs, timeout=120)
+    assert lines[0] == lines[1], lines
+    said = lines[0]
+    host = socket.gethostname()
+    assert said.startswith("error: the ranks of this job were not given the same data: "), said
+    assert f"the data's vocabulary size: 256 on node 0 ({host}), 512 on node 1 ({host})" in said
+    assert f"the data's manifest: manifest-256 on node 0 ({host}), manifest-512 on node 1 ({host})" in said
+    assert "tokenizer" not in said.split(". Fix:")[0]  # the same on both: not named

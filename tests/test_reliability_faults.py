@@ -25,6 +25,7 @@ from common.errors import CheckpointWriteFailed, DataError, NonFiniteLoss
 from data_pipeline import prepare as prep
 from pretrain import bounds, faults
 from pretrain.config import RunConfig
+from pretrain.distributed import rank_failure_message
 from pretrain.train import train
 
 RECIPE = "recipes/tiny_cpu.yaml"
@@ -456,3 +457,16 @@ def test_a_slow_checkpoint_write_waits_for_checkpoint_timeout_not_the_step_timeo
     procs[1].communicate()
     assert procs[0].returncode == 3 and "another rank died or hangs" in out, out[-3000:]
     assert ckpt.list_checkpoints(held) == []
+
+
+def test_a_collective_of_mismatched_sizes_is_named_as_such(tmp_path):
+    """gloo's size mismatch (ranks that build different models or read different data) is not reported as a
+    dead or hung peer."""
+    said = rank_failure_message(
+        RuntimeError("[enforce fail at gloo/transport/tcp/pair.cc:446] Received data size doesn't match expected size"),
+        "the step bound of 300s",
+        tmp_path,
+    )
+    assert "the ranks sent tensors of different sizes" in said and "died or hangs" not in said, said
+    dead = rank_failure_message(RuntimeError("Connection closed by peer"), "the step bound of 300s", tmp_path)
+    assert "another rank died or hangs" in dead, dead
