@@ -414,7 +414,11 @@ def _encoded(batches, tok, workers: int):
         for first, texts in batches:
             yield first, encode_docs(texts, tok, num_threads=os.cpu_count() or 1)
         return
-    with mp.get_context("spawn").Pool(workers, initializer=init_worker, initargs=(tok.path,)) as pool:
+    # Ended by close + join, not the context manager's terminate(): a consumer that stops early (a full disk)
+    # closes this generator, and terminate() can hang for good joining its task thread while that thread is
+    # blocked writing a batch to a worker. The batches in flight are bounded, so joining waits seconds.
+    pool = mp.get_context("spawn").Pool(workers, initializer=init_worker, initargs=(tok.path,))
+    try:
         pending: deque = deque()
         for first, texts in batches:
             pending.append((first, pool.apply_async(encode_docs, (texts,))))
@@ -424,6 +428,9 @@ def _encoded(batches, tok, workers: int):
         while pending:
             first, res = pending.popleft()
             yield first, res.get()
+    finally:
+        pool.close()
+        pool.join()
 
 
 def main(argv: list[str] | None = None) -> int:
