@@ -230,6 +230,12 @@ def chosen_runs(rows: list[dict]) -> dict[tuple, list[dict]]:
     for (*setting, _), rs in sorted(groups.items()):
         if tuple(setting) not in chosen or rank(rs) > rank(chosen[tuple(setting)]):
             chosen[tuple(setting)] = sorted(rs, key=lambda r: r["seed"])
+    # As many seeds at two rates (the ladder trains 1x again at the rate its 4x sweep chose): the rate the
+    # sweep at these steps chose is the study's, whatever the other scored
+    for (d, layout, steps, arm), rs in chosen.items():
+        own = groups.get((d, layout, steps, arm, sweep_choice(rows, d, layout, arm, steps)))
+        if own is not None and len(own) == len(rs):
+            chosen[(d, layout, steps, arm)] = sorted(own, key=lambda r: r["seed"])
     return chosen
 
 
@@ -284,16 +290,21 @@ def render(rows: list[dict]) -> str:
     )
 
 
+def sweep_choice(rows: list[dict], digits: int, layout: str, arm: str, steps: int) -> float | None:
+    """The rate the sweep at these steps chose for the arm; None without a finished sweep there (or at an edge)."""
+    args = argparse.Namespace(stage="seeds", steps=steps, lr=None, lr_digits=None, lr_steps=steps,
+                              grid=list(GRID), extend=2, seed_list=[0], seeds=1)  # fmt: skip
+    try:
+        return cells_for(args, rows, digits, layout, arm)[0].lr
+    except StudyError:
+        return None
+
+
 def ladder_rate(rows: list[dict], arm: str) -> float | None:
     """The rate an arm trains at on every rung of the ladder: the sweep's choice at the steps its LADDER
     entries name (MixiT's 4x sweep; standard's 1x one); None while that sweep is unfinished or at an edge."""
     lr_steps = next(ch["lr_steps"] for st, ch in LADDER if st == "seeds" and ch["variants"] == [arm])
-    args = argparse.Namespace(stage="seeds", steps=lr_steps, lr=None, lr_digits=None, lr_steps=lr_steps,
-                              grid=list(GRID), extend=2, seed_list=[0], seeds=1)  # fmt: skip
-    try:
-        return cells_for(args, rows, 3, "reference", arm)[0].lr
-    except StudyError:
-        return None
+    return sweep_choice(rows, 3, "reference", arm, lr_steps)
 
 
 def verdict(standard: list[dict], mixit: list[dict]) -> str:

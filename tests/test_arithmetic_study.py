@@ -96,6 +96,18 @@ def test_a_sweep_only_arm_is_shown_at_its_best_rate_and_seeds_win_once_they_exis
     assert [r["seed"] for r in chosen_runs(sweep + seeds)[(3, "reference", 1250, "mixit")]] == [0, 1, 2]
 
 
+def test_seeds_at_another_rate_chosen_elsewhere_do_not_replace_the_sweeps_choice():
+    """The ladder trains 1x again at the rate its 4x sweep chose: with as many seeds at both rates, the
+    study's table keeps the rate its own sweep at those steps chose, though the other scores better."""
+    sweep = [_row(lr, 0, 1250, None, 0.2 if lr == 1e-3 else 0.6) for lr in (3.33e-4, 1e-3, 3e-3, 1e-2, 3e-2)]
+    own = [_row(1e-3, s, 1250, None, 0.3, stage="seeds") for s in range(1, 5)]
+    other = [_row(1e-2, s, 1250, 500 if s == 1 else None, 0.1, stage="seeds") for s in range(1, 5)]
+    chosen = chosen_runs(sweep + own + other)[(3, "reference", 1250, "mixit")]
+    assert [(r["lr"], r["seed"]) for r in chosen] == [(1e-3, s) for s in range(5)]
+    # more seeds still win over the sweep's one seed a rate
+    assert {r["lr"] for r in chosen_runs(sweep + other)[(3, "reference", 1250, "mixit")]} == {1e-2}
+
+
 def _row(lr, seed, steps, solved_at, loss, stage="sweep"):
     exact = 1.0 if solved_at else 0.1
     return {
