@@ -215,28 +215,28 @@ def train_run(cell: Cell, args: argparse.Namespace) -> dict:
 
 def chosen_runs(rows: list[dict]) -> dict[tuple, list[dict]]:
     """{(digits, layout, steps, arm): its runs at the rate with the most seeds}; among rates with as many
-    seeds (the sweep, one seed each), the best by the sweep's order: exact match, token accuracy, loss
-    (seed means). Diverged runs are left out (the sweep's table shows them)."""
+    seeds, the one the sweep at those steps chose, else (the sweep, one seed each) the best by the sweep's
+    order: exact match, token accuracy, loss (seed means). Diverged runs are left out (the sweep's table
+    shows them)."""
     groups: dict[tuple, list[dict]] = {}
     for r in (r for r in rows if r["acc"] is not None):
         d, layout, arm, lr, _, steps = row_key(r)
         groups.setdefault((d, layout, steps, arm, lr), []).append(r)
 
-    def rank(rs: list[dict]) -> tuple:
-        means = [sum(x) / len(rs) for x in zip(*(score(r) for r in rs))]
-        return (len(rs), *means)
+    # with as many seeds at two rates (the ladder trains 1x again at the rate its 4x sweep chose), the rate
+    # the sweep at these steps chose is the study's, whatever the other scored
+    swept = {(d, lay, st, arm): sweep_choice(rows, d, lay, arm, st) for d, lay, st, arm, _ in groups}
 
-    chosen: dict[tuple, list[dict]] = {}
-    for (*setting, _), rs in sorted(groups.items()):
-        if tuple(setting) not in chosen or rank(rs) > rank(chosen[tuple(setting)]):
-            chosen[tuple(setting)] = sorted(rs, key=lambda r: r["seed"])
-    # As many seeds at two rates (the ladder trains 1x again at the rate its 4x sweep chose): the rate the
-    # sweep at these steps chose is the study's, whatever the other scored
-    for (d, layout, steps, arm), rs in chosen.items():
-        own = groups.get((d, layout, steps, arm, sweep_choice(rows, d, layout, arm, steps)))
-        if own is not None and len(own) == len(rs):
-            chosen[(d, layout, steps, arm)] = sorted(own, key=lambda r: r["seed"])
-    return chosen
+    def rank(key: tuple, rs: list[dict]) -> tuple:
+        means = [sum(x) / len(rs) for x in zip(*(score(r) for r in rs))]
+        return (len(rs), key[4] == swept[key[:4]], *means)
+
+    chosen: dict[tuple, tuple] = {}
+    for key, rs in sorted(groups.items()):
+        ranked = rank(key, rs)
+        if key[:4] not in chosen or ranked > chosen[key[:4]][0]:
+            chosen[key[:4]] = (ranked, sorted(rs, key=lambda r: r["seed"]))
+    return {setting: rs for setting, (_, rs) in chosen.items()}
 
 
 def render(rows: list[dict]) -> str:

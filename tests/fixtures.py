@@ -11,6 +11,9 @@ import random
 import sys
 from pathlib import Path
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from data_pipeline.prepare import prepare
 from data_pipeline.tokenizer import train_sentencepiece
 from studies.static_server import LoopbackServer, http_server  # noqa: F401  (the tests' servers)
@@ -122,3 +125,18 @@ def upload_dir(local: str | Path, url: str, storage_options: dict | None = None)
     for p in sorted(Path(local).iterdir()):
         if p.is_file():
             fs.pipe_file(f"{root}/{p.name}", p.read_bytes())
+
+
+class OpDtypes(TorchDispatchMode):
+    """Records (op, output dtype, output numel) of every aten op run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.seen.append((str(func), t.dtype, t.numel()))
+        return out

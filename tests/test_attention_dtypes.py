@@ -3,7 +3,7 @@ float64 rotation; the K/V heads repeated), forward and backward, and RoPE agains
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from fixtures import OpDtypes
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -12,21 +12,6 @@ from model.hf_format import llama_config_fields
 from model.kernels import select
 from model.layers import SoftmaxAttention, apply_rope, rope_cos_sin
 from model.transformer import doc_positions_and_mask
-
-
-class OpDtypes(TorchDispatchMode):
-    """Records (op, output dtype, output numel) of every aten op run under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen: list[tuple[str, torch.dtype, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.seen.append((str(func), t.dtype, t.numel()))
-        return out
 
 
 def test_rope_rotates_bf16_without_an_fp32_copy_within_bf16_rounding_of_float64():

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from fixtures import OpDtypes
 
 from model import preset
 from model.kernels import select
@@ -244,27 +245,15 @@ def test_dense_gqa_reads_vs_shared_heads_without_repeating_them(past):
         def update(self, i, k, new):
             return None, torch.cat([v[:, :, :past], new], 2)
 
-    with OpNames() as ops:
+    with OpDtypes() as ops:
         out = layer(x[:, past:], cache=Past() if past else None)
-    assert not [op for op in ops.seen if "expand" in op or "repeat" in op], ops.seen
+    assert not [op for op, _, _ in ops.seen if "expand" in op or "repeat" in op], ops.seen
     got = out.view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
     g = torch.randn_like(ref)
     (dv_ref,) = torch.autograd.grad(ref, v, g)
     (dv,) = torch.autograd.grad(got, v, g)
     torch.testing.assert_close(dv, dv_ref, rtol=0, atol=1e-12)
-
-
-class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
-    """The ATen ops a block of code runs, by name."""
-
-    def __enter__(self):
-        self.seen = []
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):

@@ -47,7 +47,7 @@ def test_checkpointing_modes_train_as_the_plain_path(tmp_path, monkeypatch, vari
     """fp32, ZeRO-1 on one CPU rank: none, selective and full give the same losses bit for bit; auto picks
     `none` for a tiny model (it fits any host) and says why."""
     built = engines(monkeypatch)
-    recomputed = []  # the context each block's recomputation ran under, one entry per block and step
+    recomputed = []  # the context each block's recomputation ran under, one entry per block and micro-batch
     orig_checkpoint = parallelize.checkpoint
 
     def spy(*a, **k):
