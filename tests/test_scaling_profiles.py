@@ -97,6 +97,31 @@ def test_optima_laws_and_multiplier_come_back_from_the_law(tmp_path):
     assert g["seeds"] == 2 and g["gap"] > 0 and g["interval"] is not None
 
 
+def test_a_budget_beyond_the_grid_is_predicted_from_the_laws(tmp_path, capsys):
+    """L* and N* at 4x and 16x the largest budget come back from the known law, inside their intervals, and
+    a variant worth a quarter of standard's data is predicted at a quarter there too."""
+    rng = np.random.default_rng(1)
+    rows = rows_from_law(seeds=2, noise=0.002, rng=rng) + rows_from_law("mixit", k=0.25, seeds=2, noise=0.002, rng=rng)
+    beyond = [4 * BUDGETS[-1], 16 * BUDGETS[-1]]
+    result = analyse(rows, n_boot=300, predict_at=beyond)
+    for C in beyond:
+        std, mixit = result["predicted"]["standard"][C], result["predicted"]["mixit"][C]
+        n, d = n_star(C), C / (6 * n_star(C))
+        assert std["L_star"] == pytest.approx(law(n, d), rel=0.01)
+        assert std["N_star"] == pytest.approx(n, rel=0.2)
+        assert std["L_interval"][0] < std["L_star"] < std["L_interval"][1] and "multiplier" not in std
+        assert mixit["multiplier"] == pytest.approx(0.25, rel=0.15)
+        assert mixit["multiplier_interval"][0] < mixit["multiplier"] < mixit["multiplier_interval"][1]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert (
+        main(["profiles", "--rows", str(path), "--out", str(tmp_path / "p"), "--boot", "50", "--predict", "3.2e16"])
+        == 0
+    )
+    assert "Predicted beyond the grid" in capsys.readouterr().out
+    assert set(json.loads((tmp_path / "p" / "profiles.json").read_text())["predicted"]["mixit"]) == {"3.2e+16"}
+
+
 def test_the_bound_from_rows_reads_standards_stable_curves_averaged_over_seeds():
     """A stable run's validation on the way (constant rate, no cooldown) is a standard run of that compute:
     the bound is the least compute at which standard's seed-mean loss reached the variant's, not the

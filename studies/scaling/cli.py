@@ -255,6 +255,19 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def budgets(text: str) -> list[float]:
+    """'3.52e14,1.408e15' -> [3.52e14, 1.408e15]: FLOP budgets, each positive."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive FLOPs (e.g. 3.52e14,1.408e15)"
+        )
+    return values
+
+
 def write_profiles(args: argparse.Namespace) -> int:
     """The IsoFLOP analysis of a row log, as JSON, a markdown report and a figure."""
     again = read_rows(args.device_check) if args.device_check else None
@@ -263,7 +276,9 @@ def write_profiles(args: argparse.Namespace) -> int:
             f"--device-check {args.device_check} holds no rows. Fix: the rows of a device_isoflop.sh --check"
         )
     rows = read_rows(args.rows)
-    result = analyse(shift_rows(rows, args.shift) if args.shift else rows, n_boot=args.boot, again=again)
+    result = analyse(
+        shift_rows(rows, args.shift) if args.shift else rows, n_boot=args.boot, again=again, predict_at=args.predict
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = report_markdown(result)
@@ -573,6 +588,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--boot", type=int, default=1000, help="bootstrap draws")
     pr.add_argument("--device-check", help="rows of runs of the grid trained again on another device")
     pr.add_argument("--shift", help="VARIANT@DEVICE=NATS,...: move those rows' losses first (a sensitivity check)")
+    pr.add_argument(
+        "--predict", type=budgets, default=[], help="BUDGET,...: predict each variant's L*, N* and multiplier there"
+    )
     bd = sub.add_parser(
         "band", help="the compute multiplier under every analysis choice, beside its interval (studies/scaling/band.py)"
     )

@@ -50,11 +50,11 @@ LADDER: dict[str, dict[str, int]] = {
     "n2000k": dict(hidden_size=160, num_layers=6, num_heads=10, intermediate_size=480),
 }
 # The IsoFLOP grid's widths (studies/scaling/isoflop.py): depth 4, head dim 16, intermediate 3 x width, so
-# only the width changes and µP's width rule carries a rate from one size to the next; 13k .. 3.4M
+# only the width changes and µP's width rule carries a rate from one size to the next; 13k .. 13.6M
 # non-embedding parameters (52 width^2).
 WIDTHS: dict[str, dict[str, int]] = {
     f"w{w}": dict(hidden_size=w, num_layers=4, num_heads=w // 16, intermediate_size=3 * w)
-    for w in (16, 32, 48, 64, 96, 128, 192, 256)
+    for w in (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 }
 SHAPES = {**LADDER, **WIDTHS}
 

@@ -344,6 +344,33 @@ def held_out(fits: dict[str, dict[float, Profile]]) -> dict[str, Any]:
     return out
 
 
+def predictions(law: dict[str, dict], budgets: list[float]) -> dict[str, Any]:
+    """Each variant's L* and N* at budgets beyond the grid, read off its laws through every identified optimum
+    (interval: the laws' bootstrap draws), and the variants' multipliers there (draw j of a variant's line
+    through draw j of standard's): what a larger budget is predicted to measure, written before it runs."""
+    out: dict[str, Any] = {}
+    std = law.get(STANDARD, {}).get("L")
+    for variant, fitted in law.items():
+        if "error" in fitted:
+            out[variant] = {"error": fitted["error"]}
+            continue
+        per: dict[float, dict[str, Any]] = {}
+        for c in budgets:
+            at = {k: np.exp(fitted[k]["draws"] @ [1.0, math.log(c)]) for k in ("L", "N")}
+            e: dict[str, Any] = {}
+            for k in ("L", "N"):
+                e[f"{k}_star"] = math.exp(fitted[k]["intercept"] + fitted[k]["exponent"] * math.log(c))
+                e[f"{k}_interval"] = interval(at[k])
+            if variant != STANDARD and std is not None:
+                n = min(len(at["L"]), len(std["draws"]))
+                i, s = std["draws"][:n].T
+                e["multiplier"] = multiplier(std, e["L_star"], c)
+                e["multiplier_interval"] = interval(np.exp((np.log(at["L"][:n]) - i) / s) / c)
+            per[c] = e
+        out[variant] = per
+    return out
+
+
 def paired_gaps(rows: list[dict[str, Any]], metric: str, rng: np.random.Generator, n_boot: int) -> list[dict]:
     """Variant minus standard at the same (budget, size, seed), so the same data order: the mean over
     seeds and, with >= 2 seeds, a bootstrap interval over them."""
@@ -376,9 +403,11 @@ def analyse(
     seed: int = 0,
     again: list[dict[str, Any]] | None = None,
     half: int = HALF_WINDOW,
+    predict_at: list[float] = (),
 ) -> dict:
     """Everything above from the rows (and `again`: a device check's rows; `half`: each parabola's sizes
-    on either side of the lowest); JSON-ready but for the bootstrap arrays (dropped by `to_json`)."""
+    on either side of the lowest; `predict_at`: budgets beyond the grid to predict); JSON-ready but for the
+    bootstrap arrays (dropped by `to_json`)."""
     rng = np.random.default_rng(seed)
     fits = profiles_from_rows(rows, metric)
     if not fits:
@@ -397,6 +426,7 @@ def analyse(
             fits, {v: law[v] for v in law if "L" in law[v]}, standard_curve(rows, metric)
         ),
         "held_out": held_out(fits),
+        "predicted": predictions(law, sorted(predict_at)),
         "paired_gaps": paired_gaps(rows, metric, rng, n_boot),
         "devices": devices(fits),
         "device_check": device_check(rows, again or [], metric),
@@ -522,6 +552,15 @@ def report_markdown(result: dict) -> str:
             )
     md += ["### Held out: the largest budget predicted from the others", ""]
     md += [markdown_table(["variant", "budget", "L* predicted vs measured", "error", "multiplier predicted"], held), ""]
+    if any("error" not in e and e for e in result["predicted"].values()):
+        pred = [
+            [variant, f"{c:.3g}", f"{e['L_star']:.3f} {_fmt_interval(e['L_interval'], '.3f')}",
+             f"{e['N_star']:.3g} {_fmt_interval(e['N_interval'], '.3g')}",
+             f"{e['multiplier']:.3g} {_fmt_interval(e['multiplier_interval'], '.3g')}" if "multiplier" in e else "—"]
+            for variant, per in result["predicted"].items() if "error" not in per for c, e in per.items()
+        ]  # fmt: skip
+        md += ["### Predicted beyond the grid: each law through every identified optimum, read at a larger budget", ""]
+        md += [markdown_table(["variant", "budget", "L*", "N* (non-embedding)", "multiplier"], pred), ""]
     gaps = [
         [
             g["variant"],
@@ -570,8 +609,11 @@ def to_json(result: dict) -> dict:
         v: {**m, "per_budget": {f"{c:.6g}": e for c, e in m["per_budget"].items()}}
         for v, m in result["multipliers"].items()
     }
+    predicted = {
+        v: e if "error" in e else {f"{c:.6g}": x for c, x in e.items()} for v, e in result["predicted"].items()
+    }
     return {**result, "profiles": profiles, "laws": laws, "multipliers": mult,
-            "held_out": result["held_out"]}  # fmt: skip
+            "held_out": result["held_out"], "predicted": predicted}  # fmt: skip
 
 
 def plot_profiles(result: dict, png: Path) -> Path:
