@@ -426,11 +426,10 @@ class MixingAttention(nn.Module):
                 a = a.unflatten(0, (cfg.num_kv_heads, groups))
                 out = torch.stack([torch.bmm(a[:, g], vh) for g in range(groups)], 1)
             out = out.view(cfg.num_heads, t, b, cfg.head_dim).permute(2, 0, 1, 3)  # (b, H, t, dh)
-        else:
-            v = _expand_kv(v, groups)
+        else:  # V's heads shared in the kernels (GQA), not repeated
             fn = mixit_triton if impl == "triton" else mixit_blocked
             drift = self.drift(total, x.device)
-            out = fn(v, self.mixit_params(), drift, past, cfg.mixit_block_size)
+            out = fn(v, self.mixit_params(), drift, past, cfg.mixit_block_size, groups)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
 
 

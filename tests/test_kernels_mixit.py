@@ -54,13 +54,15 @@ def test_slab_rng_equals_reference_blocks(generator):
 @pytest.mark.parametrize("kw", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("n, row_start", [(T, 0), (23, 0), (23, 7)])
 def test_blocked_equals_dense_forward_and_backward(kw, n, row_start):
+    """With GQA (the gqa case: 2 heads a V head) V holds the shared heads and the reference repeats them."""
     cfg = cfg_(**kw)
     p = MixitParams(cfg, 1)
     drift = compute_drift(p, cfg.max_seq_len if cfg.causal else n, "cpu", 16)
     torch.manual_seed(0)
-    v = torch.randn(2, cfg.num_heads, n, cfg.head_dim, dtype=torch.float64, requires_grad=True)
+    groups = cfg.num_heads // cfg.num_kv_heads
+    v = torch.randn(2, cfg.num_kv_heads, n, cfg.head_dim, dtype=torch.float64, requires_grad=True)
     a = dense(cfg, 1, n)[:, row_start:]
-    out, ref = mixit_blocked(v, p, drift, row_start, 16), a @ v
+    out, ref = mixit_blocked(v, p, drift, row_start, 16, groups), a @ v.repeat_interleave(groups, dim=1)
     torch.testing.assert_close(out, ref, rtol=0, atol=2e-6)
     g = torch.randn_like(ref)
     (got,) = torch.autograd.grad(out, v, g)
@@ -222,12 +224,14 @@ def test_cuda_rule_streams_the_leading_layers_whose_tiles_fit(monkeypatch):
     assert _auto_on_cuda("1b", 8192, H100) == "streamed"
 
 
+@pytest.mark.parametrize("impl", ["dense", "blocked"])
 @pytest.mark.parametrize("past", [0, 9])
-def test_dense_gqa_reads_vs_shared_heads_without_repeating_them(past):
-    """The dense path with 2 heads a V head: each head's output is A_h @ V_(h // 2) (the repeated-head
-    reference, float64) in the forward and in V's gradient, and V is never repeated to every head (as
-    repeat_interleave does, by expand + clone)."""
-    cfg = cfg_(num_heads=4, num_kv_heads=2, mixit_impl="dense")
+def test_gqa_reads_vs_shared_heads_without_repeating_them(past, impl):
+    """The dense and blocked paths with 2 heads a V head: each head's output is A_h @ V_(h // 2) (the
+    repeated-head reference, float64) in the forward and in V's gradient, and V is never repeated to every
+    head (as repeat_interleave does, by expand + clone)."""
+    cfg = cfg_(num_heads=4, num_kv_heads=2, mixit_impl=impl)
+    atol = 1e-12 if impl == "dense" else 2e-6  # blocked: drift is computed in float32
     layer = MixingAttention(cfg, 1).double()
     torch.manual_seed(0)
     t, b = 12, 2
@@ -247,13 +251,14 @@ def test_dense_gqa_reads_vs_shared_heads_without_repeating_them(past):
 
     with OpDtypes() as ops:
         out = layer(x[:, past:], cache=Past() if past else None)
-    assert not [op for op, _, _ in ops.seen if "expand" in op or "repeat" in op], ops.seen
+    repeated = b * cfg.num_heads * (past + t) * cfg.head_dim  # V at every head (the blocked path expands smaller)
+    assert not [op for op, _, n in ops.seen if ("expand" in op or "repeat" in op) and n == repeated], ops.seen
     got = out.view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got, ref, rtol=0, atol=atol)
     g = torch.randn_like(ref)
     (dv_ref,) = torch.autograd.grad(ref, v, g)
     (dv,) = torch.autograd.grad(got, v, g)
-    torch.testing.assert_close(dv, dv_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(dv, dv_ref, rtol=0, atol=atol)
 
 
 def test_blocked_never_builds_the_dense_matrix(monkeypatch):
@@ -278,6 +283,7 @@ torch.manual_seed(0)
 cases = [({}, 24, 0), ({}, 17, 5), ({"mixit_beta": 0.7, "mixit_depth_alpha": 1.0}, 24, 0), ({"causal": False}, 17, 0)]
 four = {"mixit_rng": "philox4x"}  # four columns per Philox call; T 22 is not a multiple of 4
 cases += [(four, 17, 5), ({**four, "causal": False, "max_seq_len": 22}, 22, 0)]
+cases += [({"num_kv_heads": 2}, 24, 0), ({"num_kv_heads": 2, "causal": False}, 17, 0), ({"num_kv_heads": 1}, 17, 5)]
 # Run-time loop bounds where this interpreter takes them (newer Triton), and the constant-bound
 # sweep that an older interpreter under numpy >= 2.4 needs, in both cases against the reference.
 sweeps = [True] if mt.sweep_all_tiles() else [False, True]
@@ -289,9 +295,10 @@ for sweep in sweeps:
         full = cfg.max_seq_len if cfg.causal else n
         a = mixing_matrix(cfg, 1, full).double()[:, rs:n, :n]
         drift = compute_drift(p, full, "cpu", 16)
-        v = torch.randn(2, cfg.num_heads, n, cfg.head_dim, requires_grad=True)
-        out = mt.mixit_triton(v, p, drift, rs, 16)
-        ref = a @ v.double()
+        groups = cfg.num_heads // cfg.num_kv_heads  # GQA: V holds the shared heads, the reference repeats them
+        v = torch.randn(2, cfg.num_kv_heads, n, cfg.head_dim, requires_grad=True)
+        out = mt.mixit_triton(v, p, drift, rs, 16, groups)
+        ref = a @ v.double().repeat_interleave(groups, dim=1)
         err = (out.double() - ref).abs().max().item()
         assert err < 2e-6, (sweep, kw, n, rs, "forward", err)
         if rs == 0:
@@ -317,7 +324,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("kw", [{}, {"causal": False}, {"mixit_depth_alpha": 1.0}])
+@pytest.mark.parametrize("kw", [{}, {"causal": False}, {"mixit_depth_alpha": 1.0}, {"num_kv_heads": 2}])
 def test_triton_equals_dense_on_gpu(kw):
     pytest.importorskip("triton")
     from model.kernels.mixit_triton import mixit_triton
@@ -328,9 +335,10 @@ def test_triton_equals_dense_on_gpu(kw):
     full = cfg.max_seq_len if cfg.causal else n
     a = mixing_matrix(cfg, 1, full, "cuda")[:, :n, :n].double()
     drift = compute_drift(p, full, "cuda", 128)
-    v = torch.randn(2, cfg.num_heads, n, cfg.head_dim, device="cuda", requires_grad=True)
-    out = mixit_triton(v, p, drift, 0, 64)
-    ref = a @ v.double()
+    groups = cfg.num_heads // cfg.num_kv_heads
+    v = torch.randn(2, cfg.num_kv_heads, n, cfg.head_dim, device="cuda", requires_grad=True)
+    out = mixit_triton(v, p, drift, 0, 64, groups)
+    ref = a @ v.double().repeat_interleave(groups, dim=1)
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=5e-3)  # tf32 dots
     g = torch.randn_like(ref)
     (got,) = torch.autograd.grad(out, v, g.float())

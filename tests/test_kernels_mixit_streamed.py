@@ -55,7 +55,7 @@ for kw in ({}, {"causal": False}, {"mixit_rng": "philox4x"}, {"mixit_rng": "phil
     padded, m = untile(ms.generate_tiles(p, torch.float32, "cpu", fold), T, cfg.causal)
     probe = copy.copy(p)
     probe.identity, probe.beta = False, 1.0
-    eye = torch.eye(T).expand(1, hr, T, T).contiguous()
+    eye = torch.eye(T).expand(1, cfg.num_heads, T, T).contiguous()  # every head's V (head 0's unread)
     drawn = mt.triton_forward(probe, eye, torch.zeros(hr, T), 0, 64)[0]
     idx = torch.arange(T)
     seen = idx[:, None] >= idx[None, :] if cfg.causal else torch.ones(T, T, dtype=torch.bool)

@@ -101,18 +101,39 @@ def cumsum_rows(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
 
 
 # ---- the random heads 1..H-1 --------------------------------------------------------------
-def blocked_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
-    """v: (b, H-1, n, dh) float32; drift (H-1, >=n) -> (b, H-1, n - row_start, dh)."""
+def kv_heads(p: MixitParams, groups: int, device) -> torch.Tensor | slice:
+    """V's head that each random head 1..H-1 reads (h // groups): an index, or a slice without GQA."""
+    n = len(p.keys)
+    return slice(1, n + 1) if groups == 1 else torch.arange(1, n + 1, device=device) // groups
+
+
+def mix_slab(m: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
+    """M V for one slab: m (H-1, rows, ncols), v (b, H / groups, ncols, dh) -> (b, H-1, rows, dh), head h
+    against V's head h // groups. With GQA the slab gains a zero head 0 and stacks each group's rows, so one
+    product per V head reads it once (V is never repeated to every head)."""
+    if groups == 1:
+        return torch.matmul(m, v[:, 1:])
+    rows, ncols = m.shape[1:]
+    full = torch.cat([m.new_zeros(1, rows, ncols), m]).view(v.shape[1], groups * rows, ncols)
+    return torch.matmul(full, v).view(v.shape[0], -1, rows, v.shape[3])[:, 1:]
+
+
+def blocked_forward(
+    p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int, groups: int = 1
+) -> torch.Tensor:
+    """v: (b, H / groups, n, dh) float32, every head's values (head 0's too); drift (H-1, >=n) ->
+    (b, H-1, n - row_start, dh) for the random heads."""
     n = v.shape[2]
     dev = v.device
+    kv = kv_heads(p, groups, dev)
     cs = cumsum_rows(v) if p.causal else v.sum(2, keepdim=True).expand_as(v)
-    out = torch.empty(v.shape[0], v.shape[1], n - row_start, v.shape[3], dtype=v.dtype, device=dev)
+    out = torch.empty(v.shape[0], len(p.keys), n - row_start, v.shape[3], dtype=v.dtype, device=dev)
     for r0, rows, m, ncols in slabs(p, row_start, n, block, v.dtype, dev):
-        mv = torch.matmul(m, v[:, :, :ncols])  # (b, H-1, rows, dh)
+        mv = mix_slab(m, v[:, :, :ncols], groups)  # (b, H-1, rows, dh)
         sl = slice(r0, r0 + len(rows))
-        o = p.beta * (mv - drift[None, :, sl, None].to(v.dtype) * cs[:, :, sl])
+        o = p.beta * (mv - drift[None, :, sl, None].to(v.dtype) * cs[:, kv, sl])
         if p.identity:
-            o = o + v[:, :, sl]
+            o = o + v[:, kv, sl]
         out[:, :, r0 - row_start : r0 - row_start + len(rows)] = o
     return out
 
@@ -147,15 +168,19 @@ def _work(x: torch.Tensor) -> torch.Tensor:
 
 class SinkAndRandomHeads(torch.autograd.Function):
     """A V: the sink head elementwise, the random heads 1..H-1 by `heads`, a (forward, backward) pair
-    (blocked_forward and blocked_backward above, or the Triton kernels' in mixit_triton.py)."""
+    (blocked_forward and blocked_backward above, or the Triton kernels' in mixit_triton.py). With GQA
+    (`groups` heads a V head) the forward reads V's shared heads and the backward sums each group's dV."""
 
     @staticmethod
-    def forward(ctx, v, p, drift, row_start, block, heads):
+    def forward(ctx, v, p, drift, row_start, block, heads, groups):
         ctx.p, ctx.drift, ctx.row_start, ctx.block, ctx.n, ctx.dtype = p, drift, row_start, block, v.shape[2], v.dtype
-        ctx.heads = heads
+        ctx.heads, ctx.groups = heads, groups
         vf = _work(v)
         out0 = sink_forward(vf[:, 0], row_start)
-        rest = heads[0](p, vf[:, 1:], drift, row_start, block) if v.shape[1] > 1 else vf[:, 1:, row_start:]
+        if p.keys:
+            rest = heads[0](p, vf, drift, row_start, block, groups)
+        else:
+            rest = vf.new_zeros(v.shape[0], 0, v.shape[2] - row_start, v.shape[3])
         return torch.cat([out0[:, None], rest], 1).to(v.dtype)
 
     @staticmethod
@@ -166,13 +191,17 @@ class SinkAndRandomHeads(torch.autograd.Function):
             rest = ctx.heads[1](ctx.p, gf[:, 1:], ctx.drift, ctx.row_start, ctx.n, ctx.block)
         else:
             rest = gf.new_zeros(g.shape[0], 0, ctx.n, g.shape[3])
-        return torch.cat([dv0[:, None], rest], 1).to(ctx.dtype), None, None, None, None, None
+        dv = torch.cat([dv0[:, None], rest], 1)  # (b, H, n, dh): every head's share
+        if ctx.groups > 1:
+            dv = dv.unflatten(1, (-1, ctx.groups)).sum(2)
+        return dv.to(ctx.dtype), None, None, None, None, None, None
 
 
 def mixit_blocked(
-    v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0, block: int = 128
+    v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0, block: int = 128, groups: int = 1
 ) -> torch.Tensor:
-    """A V for rows row_start..n-1 (A the layer's mixing matrices), v: (b, H, n, dh).
+    """A V for rows row_start..n-1 (A the layer's mixing matrices), v: (b, H / groups, n, dh), head h
+    mixing V's head h // groups (GQA); out (b, H, n - row_start, dh).
 
     drift: (H-1, >= n) from compute_drift (causal: for any n' >= n; bidirectional: for n)."""
-    return SinkAndRandomHeads.apply(v, p, drift, row_start, block, (blocked_forward, blocked_backward))
+    return SinkAndRandomHeads.apply(v, p, drift, row_start, block, (blocked_forward, blocked_backward), groups)

@@ -24,7 +24,7 @@ ARG_TYPES = {
     **dict.fromkeys(["V", "CS", "O", "SIG", "DRIFT", "G", "DV"], "*fp32"),
     "KEYS": "*i64",
     "beta": "fp32",
-    **dict.fromkeys(["n", "row_start", "T", "Hr"], "i32"),
+    **dict.fromkeys(["n", "row_start", "T", "Hr", "GROUPS"], "i32"),
     **dict.fromkeys(["svb", "svh", "svt", "sob", "soh", "sot", "sdh", "sgb", "sgh", "sgt"], "i32"),
 }
 
@@ -64,6 +64,7 @@ def _kernels():
         sot,
         sdh,
         Hr,
+        GROUPS,
         DH: tl.constexpr,
         IDENT: tl.constexpr,
         CAUSAL: tl.constexpr,
@@ -83,7 +84,8 @@ def _kernels():
         d_ok = d < DH
         key = tl.load(KEYS + h)
         sigma = tl.load(SIG + h)
-        v_base = V + b * svb + h * svh
+        kvh = (h + 1) // GROUPS  # random head h + 1 reads V's head (h + 1) // GROUPS (GQA)
+        v_base = V + b * svb + kvh * svh
         acc = tl.zeros((BM, BD), dtype=tl.float32)
         if CAUSAL:
             hi = tl.minimum(n, row_start + (pid_m + 1) * BM)
@@ -107,7 +109,7 @@ def _kernels():
             acc += tl.dot(m, vb.to(tl.float32))
         tile = rows[:, None] * svt + d[None, :]
         tmask = row_ok[:, None] & d_ok[None, :]
-        cs = tl.load(CS + b * svb + h * svh + tile, mask=tmask, other=0.0)
+        cs = tl.load(CS + b * svb + kvh * svh + tile, mask=tmask, other=0.0)
         drift = tl.load(DRIFT + h * sdh + rows, mask=row_ok, other=0.0)
         out = beta * (acc - drift[:, None] * cs)
         if IDENT:
@@ -243,13 +245,17 @@ def tiles(dh: int, block: int) -> Tiles:
     return Tiles(b, b, bd, 8 if b >= 64 else 4, 3)
 
 
-def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int) -> torch.Tensor:
-    """Heads 1..H-1: v (b, H-1, n, dh) -> (b, H-1, n - row_start, dh), computed in float32."""
+def triton_forward(
+    p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_start: int, block: int, groups: int = 1
+) -> torch.Tensor:
+    """Heads 1..H-1: v (b, H / groups, n, dh), every head's values, head h reading V's head h // groups ->
+    (b, H-1, n - row_start, dh), computed in float32."""
     import triton  # deferred: heavy
 
     v = v.float().contiguous()
     fwd = _kernels()[0]
-    b, Hr, n, dh = v.shape
+    b, _, n, dh = v.shape
+    Hr = len(p.keys)
     cs = cumsum_rows(v) if p.causal else v.sum(2, keepdim=True).expand_as(v).contiguous()
     out = torch.empty(b, Hr, n - row_start, dh, dtype=torch.float32, device=v.device)
     keys = torch.tensor(p.keys, dtype=torch.int64, device=v.device)
@@ -259,7 +265,7 @@ def triton_forward(p: MixitParams, v: torch.Tensor, drift: torch.Tensor, row_sta
     grid = (b * Hr, triton.cdiv(n - row_start, t.BM))
     strides = (*v.stride()[:3], *out.stride()[:3], drift.stride(0))
     meta = dict(DH=dh, IDENT=p.identity, CAUSAL=p.causal, **launch_meta(t, n, p.generator))
-    fwd[grid](v, cs, out, keys, sig, drift, n, row_start, p.T, p.beta, *strides, Hr, **meta)
+    fwd[grid](v, cs, out, keys, sig, drift, n, row_start, p.T, p.beta, *strides, Hr, groups, **meta)
     return out
 
 
@@ -292,7 +298,7 @@ def triton_backward(
 
 
 def mixit_triton(
-    v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0, block: int = 64
+    v: torch.Tensor, p: MixitParams, drift: torch.Tensor, row_start: int = 0, block: int = 64, groups: int = 1
 ) -> torch.Tensor:
     """A V for rows row_start..n-1 via the fused kernel; same contract as mixit_blocked."""
-    return SinkAndRandomHeads.apply(v, p, drift, row_start, block, (triton_forward, triton_backward))
+    return SinkAndRandomHeads.apply(v, p, drift, row_start, block, (triton_forward, triton_backward), groups)
