@@ -174,6 +174,24 @@ def test_a_failed_check_trains_only_with_a_rate_per_width_through_its_two_optima
         transfer_rates(str(tmp_path / "failed.json"), ["frozen_qk"], ["frozen_qk", "mixit"])
 
 
+def test_the_rate_check_trains_every_run_at_a_multiple_of_its_rate(corpus, tmp_path, monkeypatch):
+    """--lr-factor 0.5: every run's rate (one rate, or a rate per width through the optima) and its min_lr
+    halve, nothing else changes; a factor that is not positive is one error before any work."""
+    _, over = corpus
+    planned = {}
+    monkeypatch.setattr("studies.scaling.isoflop.train_plan", lambda args, runs, what: planned.update(runs=runs) or 0)
+    args = ["isoflop", "--recipe", "recipes/tiny_cpu.yaml", "--variants", "standard", "--grid", "1e10=w32:w48"]
+    args += ["--lr-from", lr_json(tmp_path / "lr.json"), "--min-steps", "3", "--max-epochs", "50"]
+    args += ["--out", str(tmp_path / "out"), "--rows", str(tmp_path / "rows.jsonl"), *over]
+    assert main([*args, "--lr-factor", "0.5"]) == 0
+    assert [x for r in planned["runs"] for x in (r.lr, r.min_lr)] == pytest.approx([2e-3, 2e-4] * 4)
+    assert main(args) == 0 and {r.lr for r in planned["runs"]} == {4e-3}
+    rate = transfer_rates(lr_json(tmp_path / "lr.json"), ["standard"])["standard"]
+    per_width = type(rate)(1e-2, None, "x", {"w32": 3.2e-2, "w128": 8e-3})
+    assert per_width.scaled(2).at("w64") == pytest.approx(2 * per_width.at("w64"))
+    assert main([*args, "--lr-factor", "0"]) == 2
+
+
 def test_extra_seeds_stop_at_the_budget_they_are_needed_for(corpus, tmp_path):
     """--more-seeds w32=3@2e10: seeds 1 and 2 of w32 train its chain only to the 2e10 branch (their stable
     run ends at its step); seed 0 keeps every budget, and w48 keeps one seed."""

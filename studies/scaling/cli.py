@@ -580,6 +580,12 @@ def main(argv: list[str] | None = None) -> int:
     iso.add_argument(
         "--chains", help="VARIANT-SIZE[-sSEED],...: train only these chains of the grid (a grid split across machines)"
     )
+    iso.add_argument(
+        "--lr-factor",
+        type=float,
+        default=1.0,
+        help="every run at this multiple of its transferred rate (the rate check; its own --rows and --out)",
+    )
     iso.add_argument("--plan-only", action="store_true", help="print the runs and their FLOPs, train nothing")
     iso.add_argument("--slurm", action="store_true", help="write Slurm scripts instead of running")
     pr = sub.add_parser("profiles", help="IsoFLOP optima, laws, compute multipliers (studies/scaling/profiles.py)")

@@ -57,6 +57,11 @@ class TransferRate:
     source: str
     optima: dict[str, float] | None = None  # a failed check's best rate per width: the rate then moves with it
 
+    def scaled(self, factor: float) -> "TransferRate":
+        """The same rule at `factor` times every rate: a check of the rate at the longest horizon."""
+        optima = {k: factor * v for k, v in self.optima.items()} if self.optima else None
+        return TransferRate(factor * self.rate, self.model, self.source, optima)
+
     def at(self, size: str) -> float:
         """The rate `size` trains at: the one rate, or log-linear in log width through the two optima."""
         if self.optima is None:
@@ -308,15 +313,18 @@ def run_isoflop(args) -> int:
     standard_grid = parse_grid(args.standard_grid) if args.standard_grid else None
     more, caps = more_seeds(args.more_seeds)
     seeds = {"*": args.seeds, **more}
+    if not args.lr_factor > 0:
+        raise StudyError(f"--lr-factor {args.lr_factor:g} must be positive. Fix: e.g. --lr-factor 0.5")
+    rates = transfer_rates(
+        args.lr_from, args.variants.split(","), args.per_width_rates.split(",") if args.per_width_rates else []
+    )
     runs = plan_isoflop(
         args.recipe,
         args.variants.split(","),
         grid,
         seeds,
         args.cooldown,
-        transfer_rates(
-            args.lr_from, args.variants.split(","), args.per_width_rates.split(",") if args.per_width_rates else []
-        ),
+        {v: r.scaled(args.lr_factor) for v, r in rates.items()},
         args.min_lr_fraction,
         args.overrides,
         args.min_steps,
