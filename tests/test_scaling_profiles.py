@@ -103,7 +103,10 @@ def test_a_budget_beyond_the_grid_is_predicted_from_the_laws(tmp_path, capsys):
     rng = np.random.default_rng(1)
     rows = rows_from_law(seeds=2, noise=0.002, rng=rng) + rows_from_law("mixit", k=0.25, seeds=2, noise=0.002, rng=rng)
     beyond = [4 * BUDGETS[-1], 16 * BUDGETS[-1]]
-    result = analyse(rows, n_boot=300, predict_at=beyond)
+    result = analyse(rows, n_boot=300, predict_at=[BUDGETS[-1], *beyond])
+    # mixit's L* at C is standard's at C/4: inside standard's measured optima at the grid's top, beyond them at 16x
+    assert not result["predicted"]["mixit"][BUDGETS[-1]]["extrapolated"]
+    assert result["predicted"]["mixit"][beyond[-1]]["extrapolated"]
     for C in beyond:
         std, mixit = result["predicted"]["standard"][C], result["predicted"]["mixit"][C]
         n, d = n_star(C), C / (6 * n_star(C))

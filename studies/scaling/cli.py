@@ -261,7 +261,7 @@ def budgets(text: str) -> list[float]:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         values = []
-    if not values or min(values) <= 0:
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of positive FLOPs (e.g. 3.52e14,1.408e15)"
         )

@@ -344,10 +344,11 @@ def held_out(fits: dict[str, dict[float, Profile]]) -> dict[str, Any]:
     return out
 
 
-def predictions(law: dict[str, dict], budgets: list[float]) -> dict[str, Any]:
+def predictions(law: dict[str, dict], budgets: list[float], measured: list[float] = ()) -> dict[str, Any]:
     """Each variant's L* and N* at budgets beyond the grid, read off its laws through every identified optimum
     (interval: the laws' bootstrap draws), and the variants' multipliers there (draw j of a variant's line
-    through draw j of standard's): what a larger budget is predicted to measure, written before it runs."""
+    through draw j of standard's; `extrapolated` where the predicted L* lies outside standard's `measured`
+    optima): what a larger budget is predicted to measure, written before it runs."""
     out: dict[str, Any] = {}
     std = law.get(STANDARD, {}).get("L")
     for variant, fitted in law.items():
@@ -366,6 +367,7 @@ def predictions(law: dict[str, dict], budgets: list[float]) -> dict[str, Any]:
                 i, s = std["draws"][:n].T
                 e["multiplier"] = multiplier(std, e["L_star"], c)
                 e["multiplier_interval"] = interval(np.exp((np.log(at["L"][:n]) - i) / s) / c)
+                e["extrapolated"] = not (measured and min(measured) <= e["L_star"] <= max(measured))
             per[c] = e
         out[variant] = per
     return out
@@ -426,7 +428,9 @@ def analyse(
             fits, {v: law[v] for v in law if "L" in law[v]}, standard_curve(rows, metric)
         ),
         "held_out": held_out(fits),
-        "predicted": predictions(law, sorted(predict_at)),
+        "predicted": predictions(
+            law, sorted(predict_at), [p.vertex[1] for p in fits.get(STANDARD, {}).values() if p.vertex is not None]
+        ),
         "paired_gaps": paired_gaps(rows, metric, rng, n_boot),
         "devices": devices(fits),
         "device_check": device_check(rows, again or [], metric),
@@ -556,7 +560,8 @@ def report_markdown(result: dict) -> str:
         pred = [
             [variant, f"{c:.3g}", f"{e['L_star']:.3f} {_fmt_interval(e['L_interval'], '.3f')}",
              f"{e['N_star']:.3g} {_fmt_interval(e['N_interval'], '.3g')}",
-             f"{e['multiplier']:.3g} {_fmt_interval(e['multiplier_interval'], '.3g')}" if "multiplier" in e else "—"]
+             f"{e['multiplier']:.3g} {_fmt_interval(e['multiplier_interval'], '.3g')}"
+             + (" (extrapolated)" if e["extrapolated"] else "") if "multiplier" in e else "—"]
             for variant, per in result["predicted"].items() if "error" not in per for c, e in per.items()
         ]  # fmt: skip
         md += ["### Predicted beyond the grid: each law through every identified optimum, read at a larger budget", ""]
