@@ -16,6 +16,7 @@ from studies.scaling.lr import (
     choose_rates,
     extra_rates,
     lr_table,
+    rate_check,
     rate_overrides,
     rate_rule,
     transfer_check,
@@ -243,3 +244,40 @@ def test_extra_rates_extend_one_variants_grid_only():
     for bad in ("shaped=1e-3", "mixit=", "mixit=fast", "mixit=-1e-3"):
         with pytest.raises(StudyError, match="--extra-lrs"):
             extra_rates(bad, ["standard", "mixit"])
+
+
+def test_the_rate_check_moves_only_past_its_bar_and_refuses_an_incomplete_grid(tmp_path, capsys):
+    """At x0.5, x1, x2 with seeds 0 and 1: a neighbour whose seed mean beats x1's by more than 2 sigma / sqrt(2)
+    moves the rate, one within it does not; a repeated row counts once, and a missing seed or rate is one
+    error."""
+
+    def row(variant, lr, seed, loss, **kw):
+        return {"variant": variant, "lr": lr, "seed": seed, "final_val_loss": loss, "cooled": True, "size": "w96",
+                "budget": 8.8e13, **kw}  # fmt: skip
+
+    sigma = 0.03  # bar 0.0424
+    rows = [
+        row("standard", lr, s, loss + 0.01 * s)
+        for lr, loss in ((5e-3, 2.80), (1e-2, 2.79), (2e-2, 2.76))
+        for s in (0, 1)
+    ]
+    rows += [row("frozen_qk", lr, s, loss) for lr, loss in ((4e-3, 3.10), (8e-3, 3.20), (1.6e-2, 3.25)) for s in (0, 1)]
+    rows += [row("standard", 1e-2, 0, 9.0), row("standard", 1e-2, 2, 9.0), row("standard", 1e-2, 0, 9.0, size="w64")]
+    result = rate_check(rows, 8.8e13, "w96", {"standard": sigma, "frozen_qk": sigma})
+    assert not result["standard"]["moves"] and result["standard"]["mean"][1] == pytest.approx(2.795)  # 0.03 < bar
+    assert result["frozen_qk"]["moves"] and result["frozen_qk"]["factor"] == 0.5
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    noise = tmp_path / "profiles.json"
+    noise.write_text(json.dumps({"noise": {"standard": {"sigma": sigma}, "frozen_qk": {"sigma": sigma}}}))
+    args = ["rate-check", "--rows", str(path), "--noise-from", str(noise), "--out", str(tmp_path / "out")]
+    assert main(args) == 0 and "moves to x0.5" in capsys.readouterr().out
+    with pytest.raises(StudyError, match="seeds missing"):
+        rate_check(
+            [r for r in rows if not (r["lr"] == 2e-2 and r["seed"] == 1)],
+            8.8e13,
+            "w96",
+            {"standard": sigma, "frozen_qk": sigma},
+        )
+    with pytest.raises(StudyError, match="not x0.5, x1, x2"):
+        rate_check([r for r in rows if r["lr"] != 5e-3], 8.8e13, "w96", {"standard": sigma, "frozen_qk": sigma})

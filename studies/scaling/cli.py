@@ -59,7 +59,7 @@ from .fit import (
 )
 from .isoflop import run_isoflop
 from .ladder import LADDER, run_ladder, shape_overrides
-from .lr import lr_sweep, sensitivity_table, transfer_sensitivity
+from .lr import lr_sweep, rate_check, rate_check_table, sensitivity_table, transfer_sensitivity
 from .profiles import analyse, plot_multipliers, plot_profiles, report_markdown, shift_rows, to_json
 from .runs import (
     DONE,
@@ -324,6 +324,24 @@ def write_transfer(args: argparse.Namespace) -> int:
     (out / "transfer.md").write_text(md)
     print(md)
     print(f"wrote {out / 'transfer.json'}, {out / 'transfer.md'}")
+    return 0
+
+
+def write_rate_check(args: argparse.Namespace) -> int:
+    """The rate at the longest horizon from the grid's, the seeds' and the --lr-factor runs' rows."""
+    rows = [r for path in args.rows.split(",") for r in read_rows(path)]
+    try:
+        noise = {v: n["sigma"] for v, n in json.loads(Path(args.noise_from).read_text())["noise"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StudyError(f"--noise-from {args.noise_from}: {e}. Fix: the grid's profiles.json") from None
+    result = rate_check(rows, args.budget, args.size, noise)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = rate_check_table(result)
+    (out / "rate_check.json").write_text(json.dumps(result, indent=2))
+    (out / "rate_check.md").write_text(md)
+    print(md)
+    print(f"wrote {out / 'rate_check.json'}, {out / 'rate_check.md'}")
     return 0
 
 
@@ -610,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--rows", required=True, help="PATH[,PATH...]: lr-sweep row logs (each its own models)")
     tr.add_argument("--out", required=True)
     tr.add_argument("--draws", type=int, default=1000, help="bootstrap draws over seeds")
+    rk = sub.add_parser("rate-check", help="the rate at the longest horizon: x0.5, x1, x2 (studies/scaling/lr.py)")
+    rk.add_argument("--rows", required=True, help="PATH[,PATH...]: the grid's, the seeds' and the --lr-factor rows")
+    rk.add_argument("--budget", type=float, default=8.8e13)
+    rk.add_argument("--size", default="w96")
+    rk.add_argument("--noise-from", required=True, help="the grid's profiles.json (its per-run noise per variant)")
+    rk.add_argument("--out", required=True)
     rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
     rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")
     rc.add_argument("--runs", required=True, help="the study's runs/ directory")
@@ -638,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
             return write_band(args)
         if args.cmd == "transfer":
             return write_transfer(args)
+        if args.cmd == "rate-check":
+            return write_rate_check(args)
         if args.cmd == "recollect":
             given, gone = recollect(Path(args.rows), Path(args.runs))
             print(f"{args.rows}: {given} row(s) given new fields; {gone} without a run dir under {args.runs}")

@@ -384,3 +384,47 @@ def lr_sweep(args) -> int:
         f"{'isoflop' if any('transfer' in r for r in rule.values()) else 'ladder'} --lr-from {out / 'lr.json'} ..."
     )
     return 0
+
+
+def rate_check(
+    rows: list[dict[str, Any]], budget: float, size: str, noise: dict[str, float], seeds: tuple[int, ...] = (0, 1)
+) -> dict[str, dict]:
+    """The rate at the longest horizon (docs/SCALING.md, "The rate at the longest horizon", stated before its
+    runs): per variant, the seed-mean final loss of the cooled runs at `budget` and `size` at the transferred
+    rate (the middle of three) and at 0.5x and 2x it, the same `seeds` at each. The rate **moves** if a
+    neighbour's mean is below the middle's by more than 2 sigma / sqrt(2) (`noise`: the variant's pooled loss
+    noise per run); a row repeated across row logs counts once (the first)."""
+    cells: dict[str, dict[float, dict[int, float]]] = {}
+    for r in rows:
+        if r.get("cooled") and r.get("size") == size and math.isclose(r.get("budget") or 0, budget, rel_tol=1e-6):
+            cells.setdefault(r["variant"], {}).setdefault(float(r["lr"]), {}).setdefault(r["seed"], r["final_val_loss"])
+    out = {}
+    for variant, by_rate in sorted(cells.items()):
+        rates = sorted(by_rate)
+        if len(rates) != 3 or not all(math.isclose(b / a, 2, rel_tol=1e-3) for a, b in zip(rates, rates[1:])):
+            raise StudyError(
+                f"{variant} at {budget:.3g} FLOPs, {size}: rates {[f'{x:g}' for x in rates]}, not x0.5, x1, x2 of one "
+                "rate. Fix: the rows of the three --lr-factor runs and the grid's at that budget and size"
+            )
+        missing = {f"{lr:g}": [s for s in seeds if s not in by_rate[lr]] for lr in rates}
+        if any(missing.values()):
+            raise StudyError(f"{variant}: seeds missing at {missing}. Fix: train them, or name the seeds there are")
+        if variant not in noise:
+            raise StudyError(f"no noise per run for {variant}. Fix: the grid's profiles.json (its `noise`)")
+        mean = {lr: float(np.mean([by_rate[lr][s] for s in seeds])) for lr in rates}
+        x1 = rates[1]
+        bar = 2 * noise[variant] / math.sqrt(2)
+        better = [lr for lr in (rates[0], rates[2]) if mean[lr] < mean[x1] - bar]
+        best = min(better, key=mean.get) if better else x1
+        out[variant] = {"rates": rates, "mean": [mean[lr] for lr in rates], "bar": bar, "seeds": list(seeds),
+                        "moves": bool(better), "best": best, "factor": best / x1}  # fmt: skip
+    return out
+
+
+def rate_check_table(result: dict[str, dict]) -> str:
+    rows = [
+        [v, ", ".join(f"{lr:.3g}" for lr in c["rates"]), ", ".join(f"{m:.3f}" for m in c["mean"]), f"{c['bar']:.3f}",
+         f"moves to x{c['factor']:g}" if c["moves"] else "stays at x1"]
+        for v, c in result.items()
+    ]  # fmt: skip
+    return markdown_table(["variant", "rates (x0.5, x1, x2)", "seed-mean final loss", "bar", "rule"], rows) + "\n"
