@@ -394,9 +394,10 @@ class MixingAttention(nn.Module):
                 "pack without doc_ids"
             )
         v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        if attn_mask is not None:
-            v = _expand_kv(v, cfg.num_heads // cfg.num_kv_heads)
-            out = torch.matmul(self.document_matrix(attn_mask, v.dtype), v)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        if attn_mask is not None:  # each group's rows stacked against V's shared head (GQA), V not repeated
+            a = self.document_matrix(attn_mask, v.dtype).reshape(b, cfg.num_kv_heads, groups * t, t)
+            out = torch.matmul(a, v).view(b, cfg.num_heads, t, cfg.head_dim)
             return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.hidden_size))
         past = 0
         if cache is not None:
@@ -407,7 +408,6 @@ class MixingAttention(nn.Module):
             raise ConfigError(
                 f"sequence length {total} exceeds model.max_seq_len={cfg.max_seq_len} (MixiT matrix size)"
             )
-        groups = cfg.num_heads // cfg.num_kv_heads
         impl = self.impl(x.device, v.dtype)
         if impl == "streamed":  # V's heads shared in the kernels (GQA), not repeated
             drift = self.drift(total, x.device)

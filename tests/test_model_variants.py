@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from fixtures import OpDtypes
 
 from model import VARIANTS, preset
 from model.freezing import groups_of
@@ -161,17 +162,21 @@ def test_cached_decoding_equals_full_forward(variant):
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["standard", "frozen_qk", "mixit"])
-def test_document_mask_isolates_documents(variant):
+@pytest.mark.parametrize("variant, kv", [("standard", None), ("frozen_qk", None), ("mixit", None), ("mixit", 2)])
+def test_document_mask_isolates_documents(variant, kv):
     """A packed row with doc_ids gives every document the logits it has alone: masking, and for
-    MixiT (mixing indexed by absolute position) the position reset too."""
-    model = build_model(tiny(variant), seed=0).eval()
+    MixiT (mixing indexed by absolute position) the position reset too, also with GQA (kv: V's heads)."""
+    model = build_model(tiny(variant, num_kv_heads=kv), seed=0).eval()
     docs = [torch.randint(0, V, (1, n)) for n in (10, 3, 11)]
     other = [torch.randint(0, V, (1, n)) for n in (24,)]
     packed = torch.cat([torch.cat(docs, dim=1), torch.cat(other, dim=1)])
     doc_ids = torch.tensor([[0] * 10 + [1] * 3 + [2] * 11, [0] * 24])
-    with torch.no_grad():
+    with torch.no_grad(), OpDtypes() as ops:
         out = model(packed, doc_ids=doc_ids)
+    if kv:  # V at every head (with one V head per head that is V's own size, which matmul's views take)
+        repeated = 2 * model.cfg.num_heads * 24 * model.cfg.head_dim
+        assert not [op for op, _, n in ops.seen if ("expand" in op or "repeat" in op) and n == repeated], ops.seen
+    with torch.no_grad():
         alone = torch.cat([model(d) for d in docs], dim=1)
         torch.testing.assert_close(out[:1], alone, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out[1:], model(other[0]), rtol=1e-5, atol=1e-5)
