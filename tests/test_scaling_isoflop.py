@@ -6,6 +6,7 @@ trains each share's chains and merges back whole chains only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -16,7 +17,7 @@ from common.errors import StudyError
 from studies.rows import append_row, read_rows
 from studies.scaling.cli import main
 from studies.scaling.isoflop import more_seeds, only_chains, parse_grid, plan_isoflop, transfer_rates
-from studies.scaling.ladder import LadderRun
+from studies.scaling.ladder import LadderRun, refuse_other_rates
 from studies.scaling.runs import RUN_NAME, chain_name, merge_share, run_name
 
 MUP = [
@@ -184,12 +185,25 @@ def test_the_rate_check_trains_every_run_at_a_multiple_of_its_rate(corpus, tmp_p
     args += ["--lr-from", lr_json(tmp_path / "lr.json"), "--min-steps", "3", "--max-epochs", "50"]
     args += ["--out", str(tmp_path / "out"), "--rows", str(tmp_path / "rows.jsonl"), *over]
     assert main([*args, "--lr-factor", "0.5"]) == 0
-    assert [x for r in planned["runs"] for x in (r.lr, r.min_lr)] == pytest.approx([2e-3, 2e-4] * 4)
+    halved = planned["runs"]
+    assert [x for r in halved for x in (r.lr, r.min_lr)] == pytest.approx([2e-3, 2e-4] * 4)
     assert main(args) == 0 and {r.lr for r in planned["runs"]} == {4e-3}
+    assert [dataclasses.replace(r, lr=None, min_lr=None) for r in halved] == [
+        dataclasses.replace(r, lr=None, min_lr=None) for r in planned["runs"]
+    ]
     rate = transfer_rates(lr_json(tmp_path / "lr.json"), ["standard"])["standard"]
     per_width = type(rate)(1e-2, None, "x", {"w32": 3.2e-2, "w128": 8e-3})
     assert per_width.scaled(2).at("w64") == pytest.approx(2 * per_width.at("w64"))
-    assert main([*args, "--lr-factor", "0"]) == 2
+    assert main([*args, "--lr-factor", "0"]) == 2 and main([*args, "--lr-factor", "inf"]) == 2
+
+
+def test_a_plan_refuses_rows_that_hold_its_runs_at_another_rate(tmp_path):
+    """Run names do not carry the rate: the rate check's runs pointed at the grid's rows would be skipped as
+    done; one line instead, before anything trains."""
+    runs = [LadderRun("standard", "w96", 0, 100, 80, lr=2e-3, budget=1e10)]
+    refuse_other_rates(runs, [{"run": runs[0].name, "lr": 2e-3}], "rows.jsonl")  # the same rate (6 figures): fine
+    with pytest.raises(StudyError, match="holds standard-w96-s0-b80 at lr 0.004; this plan trains it at 0.002"):
+        refuse_other_rates(runs, [{"run": runs[0].name, "lr": 4e-3}], "rows.jsonl")
 
 
 def test_extra_seeds_stop_at_the_budget_they_are_needed_for(corpus, tmp_path):

@@ -262,22 +262,30 @@ def test_the_rate_check_moves_only_past_its_bar_and_refuses_an_incomplete_grid(t
         for s in (0, 1)
     ]
     rows += [row("frozen_qk", lr, s, loss) for lr, loss in ((4e-3, 3.10), (8e-3, 3.20), (1.6e-2, 3.25)) for s in (0, 1)]
+    # 0.05 below x1: past 2 sigma / sqrt(2) = 0.042, short of 2 sigma; rates as rows hold them (6 figures)
+    rows += [
+        row("mixit", lr, s, loss)
+        for lr, loss in ((0.0059596, 4.20), (0.0119192, 4.15), (0.0238385, 4.10))
+        for s in (0, 1)
+    ]
     rows += [row("standard", 1e-2, 0, 9.0), row("standard", 1e-2, 2, 9.0), row("standard", 1e-2, 0, 9.0, size="w64")]
-    result = rate_check(rows, 8.8e13, "w96", {"standard": sigma, "frozen_qk": sigma})
+    result = rate_check(rows, 8.8e13, "w96", {"standard": sigma, "frozen_qk": sigma, "mixit": sigma})
+    assert result["mixit"]["moves"] and result["mixit"]["factor"] == 2.0
     assert not result["standard"]["moves"] and result["standard"]["mean"][1] == pytest.approx(2.795)  # 0.03 < bar
     assert result["frozen_qk"]["moves"] and result["frozen_qk"]["factor"] == 0.5
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     noise = tmp_path / "profiles.json"
-    noise.write_text(json.dumps({"noise": {"standard": {"sigma": sigma}, "frozen_qk": {"sigma": sigma}}}))
+    noise.write_text(json.dumps({"noise": {v: {"sigma": sigma} for v in ("standard", "frozen_qk", "mixit")}}))
     args = ["rate-check", "--rows", str(path), "--noise-from", str(noise), "--out", str(tmp_path / "out")]
     assert main(args) == 0 and "moves to x0.5" in capsys.readouterr().out
+    assert main([*args[:2], str(tmp_path / "absent.jsonl"), *args[3:]]) == 2
     with pytest.raises(StudyError, match="seeds missing"):
         rate_check(
             [r for r in rows if not (r["lr"] == 2e-2 and r["seed"] == 1)],
             8.8e13,
             "w96",
-            {"standard": sigma, "frozen_qk": sigma},
+            dict.fromkeys(result, sigma),
         )
     with pytest.raises(StudyError, match="not x0.5, x1, x2"):
-        rate_check([r for r in rows if r["lr"] != 5e-3], 8.8e13, "w96", {"standard": sigma, "frozen_qk": sigma})
+        rate_check([r for r in rows if r["lr"] != 5e-3], 8.8e13, "w96", dict.fromkeys(result, sigma))

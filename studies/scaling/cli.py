@@ -329,6 +329,9 @@ def write_transfer(args: argparse.Namespace) -> int:
 
 def write_rate_check(args: argparse.Namespace) -> int:
     """The rate at the longest horizon from the grid's, the seeds' and the --lr-factor runs' rows."""
+    missing = [p for p in args.rows.split(",") if not Path(p).is_file()]
+    if missing:
+        raise StudyError(f"--rows: no such row log {', '.join(missing)}. Fix: the paths of the runs' row logs")
     rows = [r for path in args.rows.split(",") for r in read_rows(path)]
     try:
         noise = {v: n["sigma"] for v, n in json.loads(Path(args.noise_from).read_text())["noise"].items()}

@@ -313,7 +313,7 @@ def run_isoflop(args) -> int:
     standard_grid = parse_grid(args.standard_grid) if args.standard_grid else None
     more, caps = more_seeds(args.more_seeds)
     seeds = {"*": args.seeds, **more}
-    if not args.lr_factor > 0:
+    if not (math.isfinite(args.lr_factor) and args.lr_factor > 0):
         raise StudyError(f"--lr-factor {args.lr_factor:g} must be positive. Fix: e.g. --lr-factor 0.5")
     rates = transfer_rates(
         args.lr_from, args.variants.split(","), args.per_width_rates.split(",") if args.per_width_rates else []

@@ -252,6 +252,19 @@ def run_ladder(args) -> int:
     return train_plan(args, runs, "ladder")
 
 
+def refuse_other_rates(runs: list[LadderRun], rows: list[dict], rows_path) -> None:
+    """A planned run whose name the rows hold at another rate is another plan's (run names do not carry the
+    rate: the rate check's --lr-factor runs share the grid's names); skipping it as done would be silent."""
+    planned = {r.name: r.lr for r in runs if r.lr is not None}
+    for row in rows:
+        lr = planned.get(row.get("run"))
+        if lr is not None and row.get("lr") is not None and not math.isclose(float(row["lr"]), lr, rel_tol=1e-5):
+            raise StudyError(
+                f"{rows_path} holds {row['run']} at lr {row['lr']:g}; this plan trains it at {lr:.6g}. Fix: give this "
+                "plan its own --rows and --out (the rate check: docs/SCALING.md)"
+            )
+
+
 def train_plan(args, runs: list[LadderRun], study: str) -> int:
     """Train a plan of stable runs and their branches under `args.out` (or write the Slurm scripts with
     --slurm), each finished run a row in `args.rows`; `study` names the plan file and the trackers' group."""
@@ -263,6 +276,7 @@ def train_plan(args, runs: list[LadderRun], study: str) -> int:
         return write_slurm(args, runs, out)
     log, threads = RowLog(args.rows), threads_per_job(args.jobs)
     have = log.names()
+    refuse_other_rates(runs, log.rows(), args.rows)
     chains: dict[str, list[LadderRun]] = {}
     for run in runs:
         chains.setdefault(run.stable_name, []).append(run)
