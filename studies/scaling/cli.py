@@ -292,16 +292,20 @@ def write_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_report(out_dir: str, stem: str, data: Any, md: str) -> None:
+    """DIR/STEM.json and DIR/STEM.md of one analysis, the markdown printed, then where they went."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=2))
+    (out / f"{stem}.md").write_text(md)
+    print(md)
+    print(f"wrote {out / f'{stem}.json'}, {out / f'{stem}.md'}")
+
+
 def write_band(args: argparse.Namespace) -> int:
     """The compute multiplier under every analysis choice (studies/scaling/band.py), as JSON and markdown."""
     result = band(read_rows(args.rows), n_boot=args.boot, draws=args.draws)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    md = band_markdown(result)
-    (out / "band.json").write_text(json.dumps(band_json(result), indent=2))
-    (out / "band.md").write_text(md + "\n")
-    print(md)
-    print(f"wrote {out / 'band.json'}, {out / 'band.md'}")
+    write_report(args.out, "band", band_json(result), band_markdown(result) + "\n")
     return 0
 
 
@@ -317,13 +321,7 @@ def write_transfer(args: argparse.Namespace) -> int:
         raise StudyError(
             f"--rows {args.rows}: no variant swept at two widths. Fix: an lr-sweep's --sizes w32,w128 rows"
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    md = sensitivity_table(checks)
-    (out / "transfer.json").write_text(json.dumps(checks, indent=2))
-    (out / "transfer.md").write_text(md)
-    print(md)
-    print(f"wrote {out / 'transfer.json'}, {out / 'transfer.md'}")
+    write_report(args.out, "transfer", checks, sensitivity_table(checks))
     return 0
 
 
@@ -338,13 +336,7 @@ def write_rate_check(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise StudyError(f"--noise-from {args.noise_from}: {e}. Fix: the grid's profiles.json") from None
     result = rate_check(rows, args.budget, args.size, noise)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    md = rate_check_table(result)
-    (out / "rate_check.json").write_text(json.dumps(result, indent=2))
-    (out / "rate_check.md").write_text(md)
-    print(md)
-    print(f"wrote {out / 'rate_check.json'}, {out / 'rate_check.md'}")
+    write_report(args.out, "rate_check", result, rate_check_table(result))
     return 0
 
 

@@ -275,8 +275,9 @@ def train_plan(args, runs: list[LadderRun], study: str) -> int:
     if args.slurm:
         return write_slurm(args, runs, out)
     log, threads = RowLog(args.rows), threads_per_job(args.jobs)
-    have = log.names()
-    refuse_other_rates(runs, log.rows(), args.rows)
+    rows = log.rows()
+    refuse_other_rates(runs, rows, args.rows)
+    have = {r["run"] for r in rows}
     chains: dict[str, list[LadderRun]] = {}
     for run in runs:
         chains.setdefault(run.stable_name, []).append(run)
