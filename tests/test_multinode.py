@@ -482,9 +482,10 @@ def test_ranks_that_read_different_data_at_one_path_stop_naming_it(tmp_path):
     met in a collective of mismatched sizes (gloo's abort on one rank, a wait for the start-up bound on the
     other)."""
     code = (
-        "import sys, types, torch.distributed as dist\n"
+        "import types, torch.distributed as dist\n"
         "from common.errors import NodesDisagree\n"
         "from pretrain.agreement import agree_on_data\n"
+        "from pretrain.distributed import exit_process\n"
         "dist.init_process_group('gloo')\n"
         "vocab = 256 if dist.get_rank() == 0 else 512\n"
         "probe = types.SimpleNamespace(fingerprint=f'manifest-{vocab}', vocab_size=vocab, tokenizer_id='tok')\n"
@@ -492,7 +493,7 @@ def test_ranks_that_read_different_data_at_one_path_stop_naming_it(tmp_path):
         "    agree_on_data(probe, dist.get_world_size())\n"
         "except NodesDisagree as e:\n"
         "    print('error:', e)\n"
-        "    sys.exit(2)\n"
+        "    exit_process(2)  # as the trainer ends: interpreter teardown with a live gloo group can abort\n"
     )
     port = free_port()
     procs = [
