@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -157,10 +158,14 @@ def test_wheelhouse_installs_what_is_missing_without_an_index(tmp_path):
     failed = bootstrap(env, root)
     assert failed.returncode != 0, failed.stdout + failed.stderr
 
-    out = bootstrap(dict(env, WHEELHOUSE=str(wheelhouse)), root)
+    # a caller that says not to write bytecode (as container images often do) still gets the environment's
+    # bytecode, written once: otherwise every process compiles what it imports from source again
+    out = bootstrap(dict(env, WHEELHOUSE=str(wheelhouse), PYTHONDONTWRITEBYTECODE="1"), root)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "installing 1 packages: tp-wheelhouse-probe>=1.0" in out.stdout, out.stdout
     assert installed(venv) - {"pip", "setuptools"} == {"tp_wheelhouse_probe", "trainable_parts"}
+    (probe,) = venv.glob("lib/python*/site-packages/tp_wheelhouse_probe.py")
+    assert Path(importlib.util.cache_from_source(str(probe))).is_file(), "no bytecode for the installed module"
 
 
 @pytest.mark.parametrize("uv_works", [True, False], ids=["uv", "uv fails: pip"])
