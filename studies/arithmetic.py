@@ -88,6 +88,9 @@ LADDER = (
     ("seeds", {"variants": ["standard"], "steps": 16 * STEPS_1X, "lr_steps": STEPS_1X}),
 )
 LADDER_ARMS = ("standard", "mixit")
+# The CPU-hours the arithmetic rows may hold before the ladder starts no new run (the page's cap, stated before
+# the 16x rung): once it is spent, a rung's verdict is stated on the seeds it left, at least 3 an arm.
+LADDER_CPU_H = 12.9
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,8 @@ def verdict(standard: list[dict], mixit: list[dict]) -> str:
     """The page's rule (docs/results/arithmetic.md, written before the first runs), on one rung's seeds."""
     ks, km = sum(map(solved, standard)), sum(map(solved, mixit))
     es, em = Spread.of(r["exact_match"] for r in standard), Spread.of(r["exact_match"] for r in mixit)
-    if km >= ks and abs(em.mean - es.mean) <= max(es.std, em.std, 0.05):
+    # solve fractions: the rule's km >= ks where both arms have 5 seeds, and fair where the cap left fewer
+    if km * len(standard) >= ks * len(mixit) and abs(em.mean - es.mean) <= max(es.std, em.std, 0.05):
         return "holds"
     if 2 * ks > len(standard) and km <= 1:
         return "refuted"
@@ -323,10 +327,11 @@ def verdict(standard: list[dict], mixit: list[dict]) -> str:
 def render_ladder(rows: list[dict]) -> str:
     """Markdown: the budget ladder (3 digits, reference layout), per rung and arm at its ladder rate, the
     solve count with its 95 % interval, exact match and token accuracy over seeds, and the page's verdict
-    where both arms have 5 seeds; then MixiT's 4x sweep per rate."""
+    where both arms have 5 seeds, or at least 3 once the rows hold LADDER_CPU_H; then MixiT's 4x sweep per rate."""
     rates = {arm: ladder_rate(rows, arm) for arm in LADDER_ARMS}
+    capped = sum(r["cpu_s"] for r in rows) >= LADDER_CPU_H * 3600
     header = ["steps", "examples", "arm", "rate", "seeds", "solved (≥ 90 %), 95 % interval", "exact match (mean ± std)",
-              "token accuracy", "step solved, per seed", "verdict (5 seeds each)"]  # fmt: skip
+              "token accuracy", "step solved, per seed", f"verdict (5 seeds each, or what {LADDER_CPU_H} CPU-h left)"]  # fmt: skip
     table = []
     for steps in sorted({ch["steps"] for _, ch in LADDER} | {STEPS_1X}):
         runs = {
@@ -335,7 +340,10 @@ def render_ladder(rows: list[dict]) -> str:
                         key=lambda r: r["seed"])[:5]
             for arm in LADDER_ARMS
         }  # fmt: skip
-        said = verdict(runs["standard"], runs["mixit"]) if all(len(rs) == 5 for rs in runs.values()) else "—"
+        seeds = [len(rs) for rs in runs.values()]
+        said = verdict(runs["standard"], runs["mixit"]) if min(seeds) == 5 or (capped and min(seeds) >= 3) else "—"
+        if said != "—" and min(seeds) < 5:
+            said += f" (standard {seeds[0]}, MixiT {seeds[1]} seeds: the cap)"
         for arm, rs in runs.items():
             if not rs:
                 table.append([steps, f"{steps * 256:,}", arm, f"{rates[arm]:g}" if rates[arm] else "—", 0] + ["—"] * 5)

@@ -12,7 +12,17 @@ import pytest
 from common.errors import StudyError
 from pretrain.config import load_recipe
 from pretrain.task_model import model_config
-from studies.arithmetic import cells_for, chosen_runs, main, read_rows, render, verdict
+from studies.arithmetic import (
+    GRID,
+    LADDER_CPU_H,
+    cells_for,
+    chosen_runs,
+    main,
+    read_rows,
+    render,
+    render_ladder,
+    verdict,
+)
 from studies.shared import arm_overrides
 from studies.spread import wilson
 
@@ -153,3 +163,25 @@ def test_the_ladder_verdict_is_the_pages_rule():
     assert verdict(runs(5), runs(1)) == "refuted"
     assert verdict(runs(2), runs(0)) == "the budget decides nothing"
     assert verdict(runs(5), runs(3)) == "partly (3/5 against 5/5)"
+
+
+def test_the_ladder_states_a_rungs_verdict_on_the_seeds_its_cpu_cap_left():
+    """A rung shows its verdict with 5 seeds an arm; once the rows hold the cap (LADDER_CPU_H), with the
+    seeds the cap left (at least 3 an arm, solve fractions compared), and says so."""
+
+    def arm_rows(arm, steps, seeds, stage="seeds", lr=1e-2, solved_at=100):
+        return [_row(lr, s, steps, solved_at, 0.01, stage) | {"arm": arm, "variant": arm, "cpu_s": 1.0} for s in seeds]
+
+    sweeps = [r for lr in GRID for r in arm_rows("mixit", 5000, range(3), "sweep", lr, 100 if lr == 1e-2 else None)]
+    sweeps += [r for lr in GRID for r in arm_rows("standard", 1250, [0], "sweep", lr, 100 if lr == 3e-3 else None)]
+    rungs = arm_rows("mixit", 20000, range(5)) + arm_rows("standard", 20000, range(4), lr=3e-3)
+
+    def rung_verdict(rows):
+        line = next(x for x in render_ladder(rows).splitlines() if x.startswith("| 20000 |") and "| mixit |" in x)
+        return line.rstrip(" |").rsplit("| ", 1)[1]
+
+    assert rung_verdict(sweeps + rungs) == "—"
+    rungs[0]["cpu_s"] = LADDER_CPU_H * 3600
+    assert rung_verdict(sweeps + rungs) == "holds (standard 4, MixiT 5 seeds: the cap)"
+    assert rung_verdict(sweeps + rungs[:5] + rungs[5:7]) == "—"  # 2 standard seeds: no verdict, cap or not
+    assert verdict(rungs[5:9], rungs[:4] + [rungs[4] | {"step_solved": None, "exact_match": 0.1}]) != "holds"
