@@ -17,6 +17,7 @@ from studies.scaling.lr import (
     extra_rates,
     lr_table,
     rate_check,
+    rate_check_table,
     rate_overrides,
     rate_rule,
     transfer_check,
@@ -289,3 +290,32 @@ def test_the_rate_check_moves_only_past_its_bar_and_refuses_an_incomplete_grid(t
         )
     with pytest.raises(StudyError, match="not x0.5, x1, x2"):
         rate_check([r for r in rows if r["lr"] != 5e-3], 8.8e13, "w96", dict.fromkeys(result, sigma))
+
+
+def test_the_rate_checks_second_seed_is_needed_only_within_2_sigma_of_x1():
+    """The budget's stage B (docs/SCALING.md): a neighbour whose seed 0 lies 2 sigma or more above x1's mean
+    does not move the rate on that seed alone; one within 2 sigma needs its seed 1; --variants leaves out a
+    variant whose check waits for a GPU."""
+
+    def row(variant, lr, seed, loss):
+        return {"variant": variant, "lr": lr, "seed": seed, "final_val_loss": loss, "cooled": True, "size": "w96",
+                "budget": 8.8e13}  # fmt: skip
+
+    sigma = 0.014
+    x1 = [row("frozen_qk", 8e-3, s, 3.20) for s in (0, 1)]
+    far = [row("frozen_qk", 4e-3, 0, 3.20 + 2.1 * sigma)]
+    near = [row("frozen_qk", 1.6e-2, 0, 3.20 + 1.9 * sigma)]
+    mixit = [row("mixit", 1e-2, 0, 4.2)]  # x1 only: its check is not on the CPU
+    noise = {"frozen_qk": sigma}
+    with pytest.raises(StudyError, match=r"seeds missing at \{'0.016': \[1\]\}"):
+        rate_check(x1 + far + near + mixit, 8.8e13, "w96", noise, variants=["frozen_qk"])
+    rows = x1 + far + near + [row("frozen_qk", 1.6e-2, 1, 3.15)] + mixit
+    result = rate_check(rows, 8.8e13, "w96", noise, variants=["frozen_qk"])["frozen_qk"]
+    assert (
+        result["seeds_per_rate"] == [[0], [0, 1], [0, 1]] and not result["moves"]
+    )  # (3.2266 + 3.15) / 2 > 3.2 - 0.0198
+    assert "(seed 0 only: 2 sigma above x1)" in rate_check_table({"frozen_qk": result})
+    rows[-2] = row("frozen_qk", 1.6e-2, 1, 3.10)  # mean 3.163: below 3.20 - 0.0198, it moves
+    assert rate_check(rows, 8.8e13, "w96", noise, variants=["frozen_qk"])["frozen_qk"]["factor"] == 2.0
+    with pytest.raises(StudyError, match="rates"):
+        rate_check(rows, 8.8e13, "w96", noise | {"mixit": sigma})  # every variant: MixiT has one rate

@@ -41,7 +41,7 @@ from model import PRESETS
 from pretrain.config import load_recipe
 
 from ..rows import read_rows
-from ..shared import check_variants, study_parser
+from ..shared import check_variants, names, study_parser
 from .band import band
 from .band import report_markdown as band_markdown
 from .band import to_json as band_json
@@ -335,7 +335,7 @@ def write_rate_check(args: argparse.Namespace) -> int:
         noise = {v: n["sigma"] for v, n in json.loads(Path(args.noise_from).read_text())["noise"].items()}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise StudyError(f"--noise-from {args.noise_from}: {e}. Fix: the grid's profiles.json") from None
-    result = rate_check(rows, args.budget, args.size, noise)
+    result = rate_check(rows, args.budget, args.size, noise, variants=args.variants)
     write_report(args.out, "rate_check", result, rate_check_table(result))
     return 0
 
@@ -628,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     rk.add_argument("--budget", type=float, default=8.8e13)
     rk.add_argument("--size", default="w96")
     rk.add_argument("--noise-from", required=True, help="the grid's profiles.json (its per-run noise per variant)")
+    rk.add_argument("--variants", type=names, help="only these (default: every variant with rows at the size)")
     rk.add_argument("--out", required=True)
     rc = sub.add_parser("recollect", help="add the fields rows written by older code lack, from their run dirs")
     rc.add_argument("--rows", required=True, help="a study's row log (rewritten in place, under its lock)")

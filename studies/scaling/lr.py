@@ -387,17 +387,29 @@ def lr_sweep(args) -> int:
 
 
 def rate_check(
-    rows: list[dict[str, Any]], budget: float, size: str, noise: dict[str, float], seeds: tuple[int, ...] = (0, 1)
+    rows: list[dict[str, Any]],
+    budget: float,
+    size: str,
+    noise: dict[str, float],
+    seeds: tuple[int, ...] = (0, 1),
+    variants: list[str] | None = None,
 ) -> dict[str, dict]:
     """The rate at the longest horizon (docs/SCALING.md, "The rate at the longest horizon", stated before its
     runs): per variant, the seed-mean final loss of the cooled runs at `budget` and `size` at the transferred
     rate (the middle of three) and at 0.5x and 2x it, the same `seeds` at each. The rate **moves** if a
     neighbour's mean is below the middle's by more than 2 sigma / sqrt(2) (`noise`: the variant's pooled loss
-    noise per run); a row repeated across row logs counts once (the first)."""
+    noise per run); a row repeated across row logs counts once (the first). The budget's two stages: a
+    neighbour whose first seed lies 2 sigma or more above the middle's mean does not move it on that seed alone
+    (the rest could move it only from 4.8 sigma below), so its other seeds need not train."""
     cells: dict[str, dict[float, dict[int, float]]] = {}
     for r in rows:
         if r.get("cooled") and r.get("size") == size and math.isclose(r.get("budget") or 0, budget, rel_tol=1e-6):
             cells.setdefault(r["variant"], {}).setdefault(float(r["lr"]), {}).setdefault(r["seed"], r["final_val_loss"])
+    if variants is not None:
+        absent = [v for v in variants if v not in cells]
+        if absent:
+            raise StudyError(f"no rows for {absent} at {budget:.3g} FLOPs, {size}. Fix: --variants of those trained")
+        cells = {v: cells[v] for v in variants}
     out = {}
     for variant, by_rate in sorted(cells.items()):
         rates = sorted(by_rate)
@@ -406,26 +418,39 @@ def rate_check(
                 f"{variant} at {budget:.3g} FLOPs, {size}: rates {[f'{x:g}' for x in rates]}, not x0.5, x1, x2 of one "
                 "rate. Fix: the rows of the three --lr-factor runs and the grid's at that budget and size"
             )
-        missing = {f"{lr:g}": [s for s in seeds if s not in by_rate[lr]] for lr in rates}
-        if any(missing.values()):
-            raise StudyError(f"{variant}: seeds missing at {missing}. Fix: train them, or name the seeds there are")
         if variant not in noise:
             raise StudyError(f"no noise per run for {variant}. Fix: the grid's profiles.json (its `noise`)")
-        mean = {lr: float(np.mean([by_rate[lr][s] for s in seeds])) for lr in rates}
-        x1 = rates[1]
-        bar = 2 * noise[variant] / math.sqrt(2)
-        better = [lr for lr in (rates[0], rates[2]) if mean[lr] < mean[x1] - bar]
+        x1, sigma = rates[1], noise[variant]
+        if any(s not in by_rate[x1] for s in seeds):
+            raise StudyError(f"{variant}: seeds missing at {x1:g} (x1). Fix: train them, or name the seeds there are")
+        x1_mean = float(np.mean([by_rate[x1][s] for s in seeds]))
+        used = {x1: list(seeds)}
+        for lr in (rates[0], rates[2]):
+            first = by_rate[lr].get(seeds[0])
+            screened = first is not None and first >= x1_mean + 2 * sigma
+            used[lr] = [seeds[0]] if screened else list(seeds)
+            missing = [s for s in used[lr] if s not in by_rate[lr]]
+            if missing:
+                raise StudyError(
+                    f"{variant}: seeds missing at {{'{lr:g}': {missing}}}. Fix: train them, or name the seeds there are"
+                )
+        mean = {lr: float(np.mean([by_rate[lr][s] for s in used[lr]])) for lr in rates}
+        bar = 2 * sigma / math.sqrt(2)
+        better = [lr for lr in (rates[0], rates[2]) if len(used[lr]) == len(seeds) and mean[lr] < mean[x1] - bar]
         best = min(better, key=mean.get) if better else x1
         factor = {rates[0]: 0.5, x1: 1.0, rates[2]: 2.0}[best]  # nominal: rows hold rates to 6 figures
         out[variant] = {"rates": rates, "mean": [mean[lr] for lr in rates], "bar": bar, "seeds": list(seeds),
-                        "moves": bool(better), "best": best, "factor": factor}  # fmt: skip
+                        "seeds_per_rate": [used[lr] for lr in rates], "moves": bool(better), "best": best,
+                        "factor": factor}  # fmt: skip
     return out
 
 
 def rate_check_table(result: dict[str, dict]) -> str:
     rows = [
-        [v, ", ".join(f"{lr:.3g}" for lr in c["rates"]), ", ".join(f"{m:.3f}" for m in c["mean"]), f"{c['bar']:.3f}",
-         f"moves to x{c['factor']:g}" if c["moves"] else "stays at x1"]
+        [v, ", ".join(f"{lr:.3g}" for lr in c["rates"]),
+         ", ".join(f"{m:.3f}" + ("" if len(u) == len(c["seeds"]) else f" (seed {u[0]} only: 2 sigma above x1)")
+                   for m, u in zip(c["mean"], c["seeds_per_rate"])),
+         f"{c['bar']:.3f}", f"moves to x{c['factor']:g}" if c["moves"] else "stays at x1"]
         for v, c in result.items()
     ]  # fmt: skip
     return markdown_table(["variant", "rates (x0.5, x1, x2)", "seed-mean final loss", "bar", "rule"], rows) + "\n"
